@@ -1,0 +1,190 @@
+"""The ``simkv`` command: a thin layer over :func:`simkv.build_scenario` and :func:`simkv.simulate`.
+
+Any error caused by input is printed as one line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from simkv.errors import SimkvError
+from simkv.units import format_bytes
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit code 2)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that describe a scenario, shared by ``run`` and ``validate``."""
+    from simkv import scenario as sc
+
+    m = p.add_argument_group("model (a preset, optionally with some dimensions overridden)")
+    m.add_argument("--model", default=sc.DEFAULT_MODEL, help=f"preset name, or 'custom' (default {sc.DEFAULT_MODEL}; see `simkv models`)")
+    m.add_argument("--layers", type=int, help="attention layers")
+    m.add_argument("--heads", type=int, help="query heads")
+    m.add_argument("--kv-heads", type=int, help="key/value heads (fewer than heads: GQA)")
+    m.add_argument("--head-dim", type=int, help="head size")
+    m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the policy's runtime default)")
+
+    w = p.add_argument_group("workload (one stateful session)")
+    w.add_argument("--prompt", type=int, default=sc.DEFAULT_PROMPT, help=f"prompt tokens (default {sc.DEFAULT_PROMPT})")
+    w.add_argument("--decode", type=int, default=sc.DEFAULT_DECODE, help=f"generated tokens (default {sc.DEFAULT_DECODE})")
+    w.add_argument("--turns", type=int, default=0, help="further chat turns after the first answer (default 0)")
+    w.add_argument("--turn-tokens", type=int, default=64, help="user tokens appended per chat turn (default 64)")
+    w.add_argument("--turn-decode", type=int, help="tokens generated per chat turn (default: --decode)")
+    w.add_argument("--beam", type=int, default=1, help="beam width for every answer: fork, decode, select (default 1)")
+    w.add_argument(
+        "--ops",
+        help="explicit operations instead of the above, e.g. prefill:32,decode:100,fork:4,decode:50,"
+        "reorder,select:0,reset,prefill:16,decode:10",
+    )
+
+
+def add_policy_arguments(p: argparse.ArgumentParser) -> None:
+    from simkv import scenario as sc
+
+    g = p.add_argument_group("allocation policy and device")
+    g.add_argument("--policy", default=sc.DEFAULT_POLICY, help=f"policy name (default {sc.DEFAULT_POLICY}; see `simkv policies`)")
+    g.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", help="override a policy parameter (repeatable)")
+    g.add_argument("--device-memory", default=sc.DEFAULT_DEVICE_MEMORY, help=f"device memory, e.g. 16GiB (default {sc.DEFAULT_DEVICE_MEMORY})")
+
+
+def scenario_from_args(args: argparse.Namespace):
+    from policies import parse_policy_opts
+    from simkv.scenario import build_scenario
+
+    return build_scenario(
+        model=None if args.model == "custom" else args.model,
+        layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
+        precision=args.precision, policy=args.policy, policy_options=parse_policy_opts(args.policy_opt),
+        prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
+        turn_decode=args.turn_decode, beam=args.beam, ops=args.ops, device_memory=args.device_memory,
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from simkv.scenario import simulate
+
+    scenario = scenario_from_args(args)
+    result = simulate(scenario, engine=args.engine, progress=not args.json)
+    if args.ledger:
+        result.ledger.write(args.ledger)
+    if args.timeline:
+        from simkv.figures import timeline, write_html
+
+        write_html(timeline(result), args.timeline)
+    if args.json:
+        out = result.summary()
+        out["per_layer"] = result.per_layer()
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_summary(result))
+        for what, path in (("ledger", args.ledger), ("timeline", args.timeline)):
+            if path:
+                print(f"  {what:<22}{path}")
+    return 0
+
+
+def render_summary(result) -> str:
+    """The human-readable report of ``simkv run``."""
+    m, s = result.metrics, result.scenario
+    spike = f"{format_bytes(m.max_spike_bytes)}" + (f" at step {m.max_spike_step}" if m.max_spike_step is not None else "")
+    lines = [
+        f"simkv: {s.describe()}",
+        f"  {'engine':<22}{result.engine}",
+        f"  {'steps':<22}{m.steps:,}",
+        f"  {'KV bytes per token':<22}{format_bytes(s.precision.kv_bytes_per_token(s.model))} (all layers, K+V, with scales)",
+        f"  {'peak allocated':<22}{format_bytes(m.peak_allocated_bytes)}",
+        f"  {'peak resident':<22}{format_bytes(m.peak_resident_bytes)}",
+        f"  {'mean allocated':<22}{format_bytes(m.mean_allocated_bytes)}",
+        f"  {'final allocated':<22}{format_bytes(m.final_allocated_bytes)}",
+        f"  {'final used':<22}{format_bytes(m.used_bytes)}",
+        f"  {'final waste':<22}{format_bytes(m.waste_bytes)} ({m.waste_pct:.1f} %: "
+        f"{format_bytes(m.waste_reserved_bytes)} headroom, {format_bytes(m.waste_transient_bytes)} old buffers)",
+        f"  {'reallocations':<22}{m.realloc_count:,} (K/V data buffers replaced)",
+        f"  {'bytes copied':<22}{format_bytes(m.bytes_copied)}",
+        f"  {'largest spike':<22}{spike}",
+    ]
+    layers = result.per_layer()
+    for entry in layers[:2]:
+        steps = entry["alloc_steps"]
+        shown = ", ".join(map(str, steps[:12])) + (f", … ({len(steps)} in all)" if len(steps) > 12 else "")
+        lines.append(f"  {'layer 0 ' + entry['tensor'].upper() + ' allocs at':<22}steps {shown}")
+    if result.oom:
+        lines.append(f"  OUT OF MEMORY: {result.oom}")
+    return "\n".join(lines)
+
+
+def _cmd_policies(args: argparse.Namespace) -> int:
+    from policies import REGISTRY
+
+    for name, cls in REGISTRY.items():
+        print(f"{name}: {cls.summary}")
+        print(f"    default precision {cls.default_precision}; source: {cls.__module__.replace('.', '/')}.py")
+        for f in cls.options():
+            print(f"    {f.name}={f.default!s:<16} {f.metadata.get('help', '')}")
+        print()
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from simkv.models import PRESETS
+    from simkv.precision import PRECISIONS
+
+    f16 = PRECISIONS["f16"]
+    print(f"{'model':<16}{'layers':>7}{'heads':>7}{'kv_heads':>10}{'head_dim':>10}{'f16 KV/token':>15}")
+    for m in PRESETS.values():
+        print(f"{m.name:<16}{m.layers:>7}{m.heads:>7}{m.kv_heads:>10}{m.head_dim:>10}{format_bytes(f16.kv_bytes_per_token(m)):>15}")
+    print("\nprecisions: " + ", ".join(f"{p.name} ({p.bits} bit{'; ' + p.note if p.note else ''})" for p in PRECISIONS.values()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from simkv.scenario import ENGINES
+
+    parser = _Parser(prog="simkv", description="KV-cache memory simulator and policy lab for LLM inference.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="simulate one scenario and report its memory", description=(
+        "Simulate a stateful LLM session and report peak/mean memory, waste, reallocations, copies and spikes. "
+        "With no arguments: llama-3-8b, openvino-gpu policy, 1,024-token prompt, 2,048 generated tokens."
+    ))
+    add_scenario_arguments(run)
+    add_policy_arguments(run)
+    o = run.add_argument_group("output")
+    o.add_argument("--engine", choices=ENGINES, default="fast", help="fast (events only) or reference (every step, every layer)")
+    o.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    o.add_argument("--ledger", metavar="PATH", help="write every alloc/copy/free event (.csv or .parquet)")
+    o.add_argument("--timeline", metavar="PATH.html", help="write the memory timeline as a self-contained HTML page")
+    run.set_defaults(func=_cmd_run)
+
+    sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
+    sub.add_parser("models", help="list model presets and precisions").set_defaults(func=_cmd_models)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SimkvError as err:
+        print(f"simkv {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `simkv run --json | head`
+        return 0
+    except OSError as err:  # an output path that cannot be written
+        print(f"simkv {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The ledger: every allocation, copy and free, in the order the runtime performs them.
+
+One row per event, columnar (a numpy structured array), so that a ledger of
+millions of rows stays cheap and two ledgers compare with one call.
+
+Columns:
+
+``step``            0 = first inference (prefill), then one per operation
+``phase``           prefill | turn | decode | fork | reorder | select | reset
+``request``         request id (0 for a single session)
+``layer``           attention layer
+``tensor``          k | v | k_scale | v_scale | k_beam | v_beam
+``op``              alloc | copy | free
+``bytes``           bytes allocated, copied or freed
+``capacity_tokens`` capacity of the buffer the row is about
+``used_tokens``     alloc: tokens it holds after the step; copy: tokens copied;
+                    free: tokens it held when freed
+``buffer``          id of the buffer (unique within a run): pairs allocs with frees
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from simkv.errors import ConfigError
+
+PHASES = ("prefill", "turn", "decode", "fork", "reorder", "select", "reset")
+TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam")
+OPS = ("alloc", "copy", "free")
+ALLOC, COPY, FREE = range(3)
+PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
+TENSOR_CODE = {name: i for i, name in enumerate(TENSORS)}
+
+ROW = np.dtype(
+    [
+        ("step", np.int64),
+        ("phase", np.int8),
+        ("request", np.int32),
+        ("layer", np.int32),
+        ("tensor", np.int8),
+        ("op", np.int8),
+        ("bytes", np.int64),
+        ("capacity_tokens", np.int64),
+        ("used_tokens", np.int64),
+        ("buffer", np.int64),
+    ]
+)
+COLUMNS = ROW.names
+_LABELS = {"phase": PHASES, "tensor": TENSORS, "op": OPS}
+
+
+class Ledger:
+    """Append-only event log. Engines append blocks of rows; readers use :attr:`rows`."""
+
+    def __init__(self) -> None:
+        self._chunks: list[np.ndarray] = []
+        self._rows: np.ndarray | None = np.empty(0, dtype=ROW)
+
+    def append(self, rows: np.ndarray) -> None:
+        if len(rows):
+            self._chunks.append(rows)
+            self._rows = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """All rows as one structured array (``ledger.rows["bytes"]`` …)."""
+        if self._rows is None:
+            self._rows = np.concatenate(self._chunks) if self._chunks else np.empty(0, dtype=ROW)
+            self._chunks = [self._rows]
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ledger) and np.array_equal(self.rows, other.rows)
+
+    __hash__ = None  # mutable
+
+    def of(self, op: str | None = None, tensor: str | None = None) -> np.ndarray:
+        """Rows filtered by operation and/or tensor name."""
+        rows = self.rows
+        mask = np.ones(len(rows), dtype=bool)
+        if op is not None:
+            mask &= rows["op"] == OPS.index(op)
+        if tensor is not None:
+            mask &= rows["tensor"] == TENSOR_CODE[tensor]
+        return rows[mask]
+
+    def records(self) -> list[dict]:
+        """Rows as dicts with names instead of codes (for tables and JSON)."""
+        return [dict(zip(COLUMNS, row)) for row in self._labelled_rows()]
+
+    def _labelled_rows(self):
+        rows = self.rows
+        cols = [
+            np.asarray(_LABELS[name], dtype=object)[rows[name]] if name in _LABELS else rows[name].tolist()
+            for name in COLUMNS
+        ]
+        return zip(*cols)
+
+    def write(self, path: str | Path) -> Path:
+        """Write CSV, or Parquet when the path ends in ``.parquet``."""
+        path = Path(path)
+        if path.suffix == ".parquet":
+            return self._write_parquet(path)
+        if path.suffix not in (".csv", ""):
+            raise ConfigError(f"ledger path must end in .csv or .parquet, got {path.name!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(COLUMNS)
+            writer.writerows(self._labelled_rows())
+        return path
+
+    def _write_parquet(self, path: Path) -> Path:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("writing Parquet needs pyarrow: pip install 'simkv[parquet]'") from None
+        rows = self.rows
+        table = pa.table(
+            {
+                name: pa.DictionaryArray.from_arrays(rows[name].astype(np.int32), list(_LABELS[name]))
+                if name in _LABELS
+                else rows[name]
+                for name in COLUMNS
+            }
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+        return path
+
+
+def make_rows(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=ROW)

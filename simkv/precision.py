@@ -1,0 +1,62 @@
+"""KV-cache element types and the metadata runtimes store beside them.
+
+Bytes are counted as the runtimes lay them out (DESIGN.md §2, §3):
+
+* CPU plugin, u8 / u4: data ``[cap, B, H_kv, S]`` plus, per K and per V, an f32
+  (scale, zero-point) pair per token per head: ``[cap, B, H_kv, 2]`` × 4 B.
+* GPU plugin, i8: data ``[B, H_kv, cap, S]`` plus an f16 (scale, zero-point)
+  pair per token per head, interleaved ``[B, H_kv, cap, 2]`` × 2 B.
+* f32 / f16 / bf16: data only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simkv.errors import ConfigError
+from simkv.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    name: str
+    #: Bits per stored element of K or V.
+    bits: int
+    #: Bytes of (scale, zero-point) metadata per token per KV head; 0 if none.
+    meta_bytes_per_head: int = 0
+    note: str = ""
+
+    def data_bytes_per_token(self, model: ModelSpec) -> int:
+        """Bytes one token occupies in one K (or V) data buffer, for one batch row."""
+        bits = model.kv_heads * model.head_dim * self.bits
+        if bits % 8:
+            raise ConfigError(f"{self.name} needs kv_heads x head_dim to fill whole bytes")
+        return bits // 8
+
+    def meta_bytes_per_token(self, model: ModelSpec) -> int:
+        """Bytes one token occupies in one K (or V) scale/zero-point buffer, for one batch row."""
+        return model.kv_heads * self.meta_bytes_per_head
+
+    def kv_bytes_per_token(self, model: ModelSpec) -> int:
+        """Logical bytes of one token across the whole model: K + V (+ metadata) of every layer."""
+        return 2 * model.layers * (self.data_bytes_per_token(model) + self.meta_bytes_per_token(model))
+
+
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision("f32", 32),
+        Precision("f16", 16),
+        Precision("bf16", 16),
+        Precision("u8", 8, meta_bytes_per_head=8, note="CPU plugin: f32 scale + zero-point per token per head"),
+        Precision("u4", 4, meta_bytes_per_head=8, note="CPU plugin: f32 scale + zero-point per token per head"),
+        Precision("i8", 8, meta_bytes_per_head=4, note="GPU plugin: f16 scale + zero-point per token per head"),
+    )
+}
+
+
+def get_precision(name: str) -> Precision:
+    try:
+        return PRECISIONS[name.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}") from None

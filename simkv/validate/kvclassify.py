@@ -1,0 +1,263 @@
+"""Tell which raw allocations of an OpenVINO CPU run belong to the KV cache, and to which layer.
+
+Why this is not done with stack-frame names
+-------------------------------------------
+The PyPI build of ``libopenvino_intel_cpu_plugin.so`` is stripped and its internal
+symbols are hidden: memray resolves every frame inside the plugin to ``<unknown>``, so
+``updatePastkv`` / ``updateBeamTable`` never appear in a trace.  What memray *does*
+give is ``native_stack_id``: one id per distinct native call stack.  The plugin
+allocates each KV buffer from its own source line (``new_memory(S)`` for K and
+``new_memory(SV)`` for V in ``updatePastkv``, two ``std::make_shared<Memory>`` in
+``updateBeamTable``, two ``PlainTensor::resize`` for the u8/u4 scale/zero-point
+buffers, and again separate lines in ``resetBeamTablePastkv``), and every layer runs
+the same code, so a *call site* (stack id) is a stable name for "K data", "V beam
+table", ... across layers and steps -- it only has to be labelled once.
+
+How a call site gets its label (no capacity rule is assumed)
+------------------------------------------------------------
+For an allocation of ``size`` bytes made in an inference with batch ``B`` that leaves
+``L`` tokens in the cache, each buffer kind implies a capacity in tokens:
+
+* data  ``[cap, B, H_kv, S]`` of the KV element type -> ``cap = 8*size / (B*H*S*bits)``
+* scale ``[cap, B, H_kv, 2]`` f32 (u8/u4 only)        -> ``cap = size / (B*H*8)``
+* beam  ``[B, cap]`` i32                              -> ``cap = size / (B*4)``
+
+A hypothesis is *valid* when ``cap`` is a whole number ``>= L`` (the buffer must hold
+the state); the smallest valid capacity wins (a scale buffer is also a whole number of
+beam rows, but a larger one).  The layouts are those of ``scaled_attn.cpp``; the
+capacity itself is an *output* of the classification, so a simulator's growth rule
+is tested, not assumed.
+
+A site is labelled only from a *layer run*: consecutive ``posix_memalign`` calls (no
+other ``posix_memalign`` in between) forming K/V pairs -- two calls of equal size and
+equal kind from two different sites, K first (the plugin always allocates K before V)
+-- with exactly one data pair, one beam pair and (u8/u4) at most one scale pair, all
+implying the *same* capacity (``updateBeamTable``/``updatePastkv`` and
+``resetBeamTablePastkv`` size every buffer of a layer from the same ``2*(L0+L1)``, and
+decide to grow on the same condition).  Coincidences -- an activation that happens to
+be a multiple of the data unit (the bf16 k projection [B,H,P,S] at prefill equals a u8
+buffer of capacity 2P), oneDNN scratch pairs of 768 B that look like u8 data of
+capacity 6 when P = 1 -- do not form such runs.  Once labelled, every allocation at that
+site is KV, wherever it happens; the j-th allocation of a site inside one operation is
+layer j (the SDPA nodes execute in layer order).
+
+``past_view`` marks the one extra state-shaped buffer of the model: an f32
+``[B_state, H_kv, L0, S]`` block (B_state = batch of the stored state *before* the
+inference; one block for the whole model, not per layer: the MemoryInput past-KV
+edges), recognised by that exact size.  It is reported so a simulator can model its
+address space (it is never written), but it is not part of the cache.  It is
+reallocated only when it must grow, so after a reset or a select it is reused
+silently; a reused block is not re-labelled.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Iterable, Sequence
+
+__all__ = [
+    "KV_KINDS",
+    "KVDims",
+    "OpContext",
+    "RawRecord",
+    "SiteLabel",
+    "Classification",
+    "element_bits",
+    "classify",
+]
+
+#: Buffer kinds a KV event can carry (plus "past_view" and "other").
+KV_KINDS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam")
+
+_BITS = {"u4": 4, "i4": 4, "u8": 8, "i8": 8, "bf16": 16, "f16": 16, "f32": 32}
+
+
+def element_bits(precision: str) -> int:
+    """Bits per stored KV element for an effective ``kv_cache_precision`` string."""
+    try:
+        return _BITS[precision]
+    except KeyError as exc:
+        raise ValueError(f"unknown KV cache precision {precision!r}") from exc
+
+
+@dataclass(frozen=True)
+class KVDims:
+    """What the classifier must know about the model (not about the cache policy)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    precision: str  # effective kv_cache_precision, e.g. "u8"
+
+    @property
+    def bits(self) -> int:
+        return element_bits(self.precision)
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits < 16
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """Shape facts of one scenario operation (inference or reset)."""
+
+    seq: int
+    batch: int  # batch of the inputs (after a fork/select: the new width)
+    past_len: int  # L0, tokens stored before the operation
+    total_len: int  # L0 + L1 after the operation (0 after a reset)
+    state_batch: int = 0  # batch of the stored state before the operation (0: same as batch)
+
+    @property
+    def past_batch(self) -> int:
+        return self.state_batch or self.batch
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One allocator call inside an operation, in stream order."""
+
+    seq: int
+    op: str  # "alloc" | "free"
+    size: int
+    address: int
+    site: int  # memray native_stack_id of the allocation (frees: of their allocation)
+    allocator: str  # memray AllocatorType name of the allocation
+    thread: int
+
+
+@dataclass(frozen=True)
+class SiteLabel:
+    kind: str
+    first_seen_seq: int
+
+
+@dataclass
+class Classification:
+    """Per-record labels, parallel to the input record list."""
+
+    kinds: list[str]
+    layers: list[int | None]
+    capacities: list[int | None]  # implied capacity (tokens) of KV allocations
+    sites: dict[int, SiteLabel]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _hypotheses(size: int, ctx: OpContext, dims: KVDims) -> tuple[str, int] | None:
+    """Best (kind, capacity) for an allocation, or None when no KV layout fits."""
+    b, h, s = ctx.batch, dims.kv_heads, dims.head_dim
+    units = {"data": Fraction(b * h * s * dims.bits, 8), "beam": Fraction(b * 4)}
+    if dims.quantized:
+        units["scale"] = Fraction(b * h * 2 * 4)
+    best: tuple[str, int] | None = None
+    for kind, unit in units.items():
+        cap = Fraction(size) / unit
+        if cap.denominator != 1 or cap < max(ctx.total_len, 1):
+            continue
+        if best is None or cap < best[1]:
+            best = (kind, int(cap))
+    return best
+
+
+_PAIR_KINDS = {"data": ("k", "v"), "scale": ("k_scale", "v_scale"), "beam": ("k_beam", "v_beam")}
+
+
+def _discover_sites(
+    records: Sequence[RawRecord], contexts: dict[int, OpContext], dims: KVDims, warnings: list[str]
+) -> dict[int, SiteLabel]:
+    """Label call sites from layer runs of K/V pairs (see module docstring).
+
+    A site that two runs label differently is dropped (reported in ``warnings``)."""
+    labels: dict[int, SiteLabel] = {}
+    conflicted: set[int] = set()
+    by_seq: dict[int, list[tuple[RawRecord, tuple[str, int] | None]]] = defaultdict(list)
+    for rec in records:
+        if rec.op == "alloc" and rec.allocator == "POSIX_MEMALIGN":
+            by_seq[rec.seq].append((rec, _hypotheses(rec.size, contexts[rec.seq], dims)))
+
+    for seq, stream in sorted(by_seq.items()):
+        i = 0
+        while i < len(stream):
+            pairs: list[tuple[str, RawRecord, RawRecord]] = []
+            j = i
+            while j + 1 < len(stream):
+                (a, ha), (b, hb) = stream[j], stream[j + 1]
+                if ha is None or ha != hb or a.size != b.size or a.site == b.site:
+                    break
+                pairs.append((ha[0], a, b))
+                j += 2
+            sites_in_run = [r.site for _, a, b in pairs for r in (a, b)]
+            kinds_in_run = [kind for kind, _, _ in pairs]
+            caps_in_run = {stream[k][1][1] for k in range(i, j)}  # type: ignore[index]
+            if (
+                "data" in kinds_in_run
+                and "beam" in kinds_in_run
+                and len(set(kinds_in_run)) == len(kinds_in_run)
+                and len(caps_in_run) == 1
+                and len(set(sites_in_run)) == len(sites_in_run)
+            ):
+                for kind, a, b in pairs:
+                    for rec, name in zip((a, b), _PAIR_KINDS[kind]):
+                        old = labels.get(rec.site)
+                        if old is None:
+                            labels[rec.site] = SiteLabel(name, seq)
+                        elif old.kind != name:
+                            conflicted.add(rec.site)
+                            warnings.append(
+                                f"site {rec.site} labelled {old.kind} (seq {old.first_seen_seq}) and {name} (seq {seq})"
+                            )
+                i = j
+            else:
+                i += 1
+    return {site: label for site, label in labels.items() if site not in conflicted}
+
+
+def classify(records: Sequence[RawRecord], contexts: Iterable[OpContext], dims: KVDims) -> Classification:
+    """Label every record with a kind, a layer and (for KV allocations) the implied capacity."""
+    ctx = {c.seq: c for c in contexts}
+    warnings: list[str] = []
+    sites = _discover_sites(records, ctx, dims, warnings)
+
+    kinds: list[str] = []
+    layers: list[int | None] = []
+    caps: list[int | None] = []
+    per_seq_site_count: dict[tuple[int, int], int] = defaultdict(int)
+    per_seq_site_total: dict[tuple[int, int], int] = defaultdict(int)
+    for rec in records:
+        if rec.op == "alloc" and rec.site in sites:
+            per_seq_site_total[(rec.seq, rec.site)] += 1
+    for (seq, site), n in sorted(per_seq_site_total.items()):
+        if n != dims.layers:
+            warnings.append(f"seq {seq}: site {site} ({sites[site].kind}) allocated {n}x for {dims.layers} layers")
+
+    by_address: dict[int, tuple[str, int | None, int | None]] = {}
+    for rec in records:
+        c = ctx[rec.seq]
+        if rec.op == "free":
+            kind, layer, cap = by_address.pop(rec.address, ("other", None, None))
+            kinds.append(kind)
+            layers.append(layer)
+            caps.append(cap)
+            continue
+        kind, layer, cap = "other", None, None
+        if rec.site in sites:
+            kind = sites[rec.site].kind
+            key = (rec.seq, rec.site)
+            if per_seq_site_total[key] == dims.layers:
+                layer = per_seq_site_count[key]
+            per_seq_site_count[key] += 1
+            hyp = _hypotheses(rec.size, c, dims)
+            cap = hyp[1] if hyp else None
+        elif (
+            rec.allocator == "POSIX_MEMALIGN"
+            and c.past_len > 0
+            and rec.size == c.past_batch * dims.kv_heads * c.past_len * dims.head_dim * 4
+        ):
+            kind = "past_view"
+        by_address[rec.address] = (kind, layer, cap)
+        kinds.append(kind)
+        layers.append(layer)
+        caps.append(cap)
+    return Classification(kinds, layers, caps, sites, warnings)

@@ -1,0 +1,541 @@
+"""Run a stateful-decoding scenario on a compiled OpenVINO CPU model and observe its KV memory.
+
+This is the *observation* half of ``simkv validate``: it produces the ground truth a
+simulator's ledger is compared with, event by event.  For every scenario operation
+(prefill, decode step, chat turn, reset, beam fork / reorder / select) it records
+
+* every allocator call the process made during that operation (memray; see
+  :mod:`.memtrace`), with exact size and address, classified as K / V data,
+  K / V scale-zero-point, K / V beam table, ``past_view`` or ``other``, with the layer
+  when it can be inferred (see :mod:`.kvclassify`);
+* RSS, VmSize and the RSS high-water mark of the operation (``/proc/self/status``;
+  VmHWM is reset before each operation by writing "5" to ``/proc/self/clear_refs``);
+* the operation's wall-clock latency.
+
+Steps: ``step`` is the inference index (0 = first prefill, +1 per inference).  A
+``reset_state()`` is an operation of its own (``phase="reset"``) that carries the
+step number the *next* inference will get; ``seq`` numbers all operations.
+
+Caveats worth knowing before reading numbers: with memray on, latency includes
+unwinding every allocation and RSS includes memray's buffers -- run with
+``tracker="none"`` for clean latency/RSS.  glibc serves allocations below
+``M_MMAP_THRESHOLD`` from its heap, whose slack makes RSS a staircase; start Python
+with ``MALLOC_MMAP_THRESHOLD_=65536`` for RSS that follows written bytes (recorded in
+``RunFacts.malloc_env``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+import openvino as ov
+
+from .kvclassify import KV_KINDS, Classification, KVDims, OpContext, RawRecord, classify
+from .memtrace import Recorder, TraceSummary, read_segments
+from .ovmodel import RuntimeInspection, inspect_runtime, require_fused
+
+__all__ = [
+    "Op",
+    "Scenario",
+    "AllocEvent",
+    "StepSample",
+    "RunFacts",
+    "Observation",
+    "kv_dims_from_model",
+    "observe",
+    "cpu_flags",
+]
+
+PHASES = ("prefill", "decode", "chat", "fork", "reorder", "select", "reset")
+
+
+# --------------------------------------------------------------------------- scenario
+
+
+@dataclass(frozen=True)
+class Op:
+    """One scenario operation.
+
+    ``prefill``: T prompt tokens on an empty (fresh or reset) state; batch 1 unless
+    ``beam_idx`` is ``range(batch)``.  ``decode``: one token per beam.  ``chat``: T tokens appended to the stored
+    history (a user turn).  ``fork``/``reorder``/``select``: one decode token per beam
+    with an explicit ``beam_idx``; the new batch is ``len(beam_idx)``.  ``reset``:
+    ``request.reset_state()``, no inference.
+    """
+
+    phase: str
+    tokens: int = 1
+    beam_idx: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"unknown phase {self.phase!r}")
+        if self.phase != "reset" and self.tokens < 1:
+            raise ValueError("an inference needs at least one token")
+
+
+class Scenario:
+    """Fluent builder of an operation list: ``Scenario().prefill(32).decode(300)``."""
+
+    def __init__(self, ops: Iterable[Op] = ()) -> None:
+        self.ops: list[Op] = list(ops)
+
+    def prefill(self, tokens: int, batch: int = 1) -> "Scenario":
+        """A prompt of ``tokens`` tokens (per row) on an empty state (start or after reset)."""
+        self.ops.append(Op("prefill", tokens, tuple(range(batch)) if batch != 1 else None))
+        return self
+
+    def decode(self, steps: int) -> "Scenario":
+        self.ops.extend(Op("decode", 1) for _ in range(steps))
+        return self
+
+    def chat(self, tokens: int) -> "Scenario":
+        self.ops.append(Op("chat", tokens))
+        return self
+
+    def reset(self) -> "Scenario":
+        self.ops.append(Op("reset", 0))
+        return self
+
+    def fork(self, width: int) -> "Scenario":
+        """Batch 1 -> ``width`` beams, all copies of beam 0 (``beam_idx=[0]*width``)."""
+        self.ops.append(Op("fork", 1, (0,) * width))
+        return self
+
+    def reorder(self, beam_idx: Sequence[int]) -> "Scenario":
+        """Same width, beams permuted/duplicated by ``beam_idx``."""
+        self.ops.append(Op("reorder", 1, tuple(beam_idx)))
+        return self
+
+    def select(self, beam: int) -> "Scenario":
+        """Width -> 1 keeping ``beam`` (``beam_idx=[beam]``)."""
+        self.ops.append(Op("select", 1, (beam,)))
+        return self
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def describe(self) -> str:
+        """Compact text form, e.g. ``prefill(32) -> decode x300 -> fork([0, 0])``."""
+        parts: list[tuple[str, int]] = []
+        for op in self.ops:
+            if op.phase in ("decode", "reset"):
+                label = op.phase
+            elif op.phase == "prefill":
+                label = f"prefill({op.tokens}" + (f", batch={len(op.beam_idx)})" if op.beam_idx else ")")
+            elif op.phase == "chat":
+                label = f"chat({op.tokens})"
+            else:
+                label = f"{op.phase}({list(op.beam_idx or ())})"
+            if parts and parts[-1][0] == label:
+                parts[-1] = (label, parts[-1][1] + 1)
+            else:
+                parts.append((label, 1))
+        return " -> ".join(lbl if n == 1 else f"{lbl} x{n}" for lbl, n in parts)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class AllocEvent:
+    """One allocation or free observed inside an operation, in stream order."""
+
+    index: int  # position among all returned events
+    seq: int  # operation index
+    step: int  # inference index (reset: index of the next inference)
+    phase: str
+    op: str  # "alloc" | "free"
+    bytes: int
+    address: int
+    kind: str  # k v k_scale v_scale k_beam v_beam past_view other
+    layer: int | None
+    capacity: int | None  # tokens the buffer holds (KV allocations and their frees)
+    site: int  # memray native_stack_id of the allocation (call-site fingerprint)
+    allocator: str
+    thread: int
+
+    @property
+    def is_kv(self) -> bool:
+        return self.kind in KV_KINDS
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """Per-operation process measurements."""
+
+    seq: int
+    step: int
+    phase: str
+    batch: int
+    tokens: int  # new tokens per beam (0 for reset)
+    past_len: int  # L0 before
+    total_len: int  # L0 + L1 after (0 after reset)
+    latency_s: float
+    rss_bytes: int
+    vmsize_bytes: int
+    hwm_bytes: int | None  # peak RSS during the operation (None if clear_refs failed)
+    kv_live_bytes: int | None = None  # live K/V/scale/beam bytes after the op (tracked runs)
+
+
+@dataclass
+class RunFacts:
+    openvino_version: str
+    memray_version: str | None
+    python_version: str
+    cpu_model: str
+    cpu_flags: dict[str, bool]
+    requested: dict[str, str]
+    kv_cache_precision: str | None
+    inference_precision: str | None
+    fused: bool
+    layers: int
+    kv_heads: int
+    head_dim: int
+    tracker: str
+    scenario: str
+    malloc_env: dict[str, str]
+    trace: dict[str, int] = field(default_factory=dict)
+    kv_sites: dict[int, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Observation:
+    events: list[AllocEvent]
+    samples: list[StepSample]
+    facts: RunFacts
+
+    def kv_events(self, include_view: bool = False) -> list[AllocEvent]:
+        keep = set(KV_KINDS) | ({"past_view"} if include_view else set())
+        return [e for e in self.events if e.kind in keep]
+
+    def events_by_seq(self, kv_only: bool = True) -> dict[int, list[AllocEvent]]:
+        out: dict[int, list[AllocEvent]] = {}
+        for e in self.kv_events() if kv_only else self.events:
+            out.setdefault(e.seq, []).append(e)
+        return out
+
+    def signature(self, include_view: bool = True) -> list[tuple]:
+        """Address- and site-free KV event sequence; equal for equal runs (determinism)."""
+        return [
+            (e.seq, e.step, e.phase, e.op, e.bytes, e.kind, e.layer, e.capacity)
+            for e in self.kv_events(include_view)
+        ]
+
+    def to_dict(self) -> dict:
+        return {
+            "facts": asdict(self.facts),
+            "samples": [asdict(s) for s in self.samples],
+            "events": [asdict(e) for e in self.events],
+        }
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def cpu_flags() -> tuple[str, dict[str, bool]]:
+    """CPU model and the flags that decide the CPU plugin's default precisions."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name") and model in ("unknown", "", "x86_64"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "avx512_vnni")
+    return model, {f: f in flags for f in wanted}
+
+
+def _proc_status() -> dict[str, int]:
+    out: dict[str, int] = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmSize", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def kv_dims_from_model(model: ov.Model, kv_cache_precision: str) -> KVDims:
+    """Layers, KV heads and head size read from the model's state variables.
+
+    Variables are expected as optimum-intel names them (``past_key_values.N.key`` /
+    ``.value``, or anything whose shape is [B, H_kv, L, S] with static H_kv and S).
+    """
+    shapes = []
+    for var in model.get_variables():
+        shape = var.get_info().data_shape
+        if shape.rank.is_static and shape.rank.get_length() == 4 and shape[1].is_static and shape[3].is_static:
+            shapes.append((shape[1].get_length(), shape[3].get_length()))
+    if not shapes or len(shapes) % 2:
+        raise ValueError("cannot read [B, H_kv, L, S] state variables from the model")
+    if len(set(shapes)) != 1:
+        raise ValueError(f"state variables differ in shape: {sorted(set(shapes))}")
+    h, s = shapes[0]
+    return KVDims(layers=len(shapes) // 2, kv_heads=h, head_dim=s, precision=kv_cache_precision)
+
+
+class _Feeder:
+    """Makes the four optimum-style inputs for each inference and tracks L and B."""
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        self.vocab = vocab
+        self.rng = np.random.default_rng(seed)
+        self.batch = 1
+        self.length = 0
+
+    def inputs(self, op: Op) -> dict[str, np.ndarray]:
+        if op.phase == "prefill":
+            if self.length:
+                raise ValueError("prefill needs an empty state: add reset() before a new prompt")
+            beam = np.arange(len(op.beam_idx) if op.beam_idx else 1, dtype=np.int32)
+        else:
+            if not self.length:
+                raise ValueError(f"{op.phase} needs a stored history: start with prefill()")
+            beam = np.asarray(op.beam_idx if op.beam_idx is not None else range(self.batch), dtype=np.int32)
+        if op.phase != "prefill" and op.beam_idx is not None and max(op.beam_idx) >= self.batch:
+            raise ValueError(f"beam_idx {list(op.beam_idx)} out of range for batch {self.batch}")
+        b, t, l0 = len(beam), op.tokens, self.length
+        return {
+            "input_ids": self.rng.integers(0, self.vocab, size=(b, t), dtype=np.int64),
+            "attention_mask": np.ones((b, l0 + t), dtype=np.int64),
+            "position_ids": np.broadcast_to(np.arange(l0, l0 + t, dtype=np.int64), (b, t)).copy(),
+            "beam_idx": beam,
+        }
+
+    def advance(self, op: Op, batch: int) -> None:
+        if op.phase == "reset":
+            self.length = 0
+        else:
+            self.length += op.tokens
+            self.batch = batch
+
+
+# --------------------------------------------------------------------------- observe
+
+
+def observe(
+    compiled: ov.CompiledModel,
+    scenario: Scenario,
+    dims: KVDims | None = None,
+    model: ov.Model | None = None,
+    tracker: str = "memray",
+    trace_path: str | None = None,
+    other_min_bytes: int = 0,
+    vocab: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    inspection: RuntimeInspection | None = None,
+) -> Observation:
+    """Run ``scenario`` on ``compiled`` (one infer request) and return what happened.
+
+    ``dims`` (layers, kv heads, head size, effective precision) is needed to classify
+    events; it is derived from ``model`` and the runtime model when not given.
+    ``tracker``: "memray" (events + samples) or "none" (samples only, clean latency).
+    ``other_min_bytes``: keep non-KV events of at least this size (0 keeps all).
+    ``inspection``: the result of :func:`~simkv.validate.ovmodel.compile_checked`
+    (keeps the requested hints in the facts); re-read from ``compiled`` when omitted.
+    Raises :class:`~simkv.validate.ovmodel.NotFusedError` if the model is not fused.
+    """
+    if tracker not in ("memray", "none"):
+        raise ValueError("tracker must be 'memray' or 'none'")
+    inspection = require_fused(inspection or inspect_runtime(compiled))
+    if dims is None:
+        if model is None:
+            raise ValueError("give dims or the ov.Model the compiled model was built from")
+        dims = kv_dims_from_model(model, inspection.kv_cache_precision or "u8")
+    if vocab is None:
+        vocab = _vocab_of(compiled)
+
+    request = compiled.create_infer_request()
+    feeder = _Feeder(vocab, seed)
+    contexts: list[OpContext] = []
+    raw_samples: list[dict] = []
+    n_infer = sum(op.phase != "reset" for op in scenario.ops)
+    bar = _progress(n_infer, progress)
+    recorder = Recorder(trace_path, enabled=tracker == "memray")
+    step = 0
+    try:
+        with recorder:
+            for seq, op in enumerate(scenario.ops):
+                past = feeder.length
+                if op.phase == "reset":
+                    batch, tensors = feeder.batch, None
+                else:
+                    arrays = feeder.inputs(op)
+                    past = feeder.length
+                    batch = arrays["input_ids"].shape[0]
+                    tensors = {k: ov.Tensor(v) for k, v in arrays.items()}
+                    for name, tensor in tensors.items():
+                        request.set_tensor(name, tensor)
+                hwm_ok = _reset_hwm()
+                with recorder.operation(seq):
+                    t0 = time.perf_counter()
+                    if tensors is None:
+                        request.reset_state()
+                    else:
+                        request.infer(share_outputs=True)
+                    latency = time.perf_counter() - t0
+                status = _proc_status()
+                state_batch = feeder.batch
+                feeder.advance(op, batch)
+                contexts.append(OpContext(seq, batch, past, feeder.length, state_batch))
+                raw_samples.append(
+                    dict(
+                        seq=seq,
+                        step=step,
+                        phase=op.phase,
+                        batch=batch,
+                        tokens=0 if tensors is None else op.tokens,
+                        past_len=past,
+                        total_len=feeder.length,
+                        latency_s=latency,
+                        rss_bytes=status.get("VmRSS", 0),
+                        vmsize_bytes=status.get("VmSize", 0),
+                        hwm_bytes=status.get("VmHWM") if hwm_ok else None,
+                    )
+                )
+                if tensors is not None:
+                    step += 1
+                    bar.update(1)
+        bar.close()
+        events, summary, classification = [], TraceSummary(), None
+        if tracker == "memray":
+            records, summary = read_segments(recorder.path, len(scenario.ops))
+            classification = classify(records, contexts, dims)
+            events = _events(records, classification, raw_samples, other_min_bytes)
+    finally:
+        recorder.cleanup()
+
+    samples = _with_kv_live(raw_samples, events if tracker == "memray" else None)
+    facts = _facts(inspection, dims, tracker, scenario, summary, classification)
+    return Observation(events, samples, facts)
+
+
+def _vocab_of(compiled: ov.CompiledModel) -> int:
+    shape = compiled.output("logits").get_partial_shape()
+    last = shape[shape.rank.get_length() - 1]
+    return last.get_length() if last.is_static else 1000
+
+
+def _progress(total: int, enabled: bool):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="simkv observe", unit="inf", disable=not enabled, leave=False)
+    except ImportError:  # pragma: no cover - tqdm is a declared dependency
+        class _Null:
+            def update(self, n: int) -> None: ...
+            def close(self) -> None: ...
+
+        return _Null()
+
+
+def _events(
+    records: list[RawRecord], cls: Classification, samples: list[dict], other_min_bytes: int
+) -> list[AllocEvent]:
+    by_seq = {s["seq"]: s for s in samples}
+    out: list[AllocEvent] = []
+    for rec, kind, layer, cap in zip(records, cls.kinds, cls.layers, cls.capacities):
+        if kind == "other" and rec.size < other_min_bytes:
+            continue
+        s = by_seq[rec.seq]
+        out.append(
+            AllocEvent(
+                index=len(out),
+                seq=rec.seq,
+                step=s["step"],
+                phase=s["phase"],
+                op=rec.op,
+                bytes=rec.size,
+                address=rec.address,
+                kind=kind,
+                layer=layer,
+                capacity=cap,
+                site=rec.site,
+                allocator=rec.allocator,
+                thread=rec.thread,
+            )
+        )
+    return out
+
+
+def _with_kv_live(raw: list[dict], events: list[AllocEvent] | None) -> list[StepSample]:
+    live = 0
+    per_seq: dict[int, int] = {}
+    if events is not None:
+        for e in events:
+            if e.is_kv:
+                live += e.bytes if e.op == "alloc" else -e.bytes
+            per_seq[e.seq] = live
+    out, last = [], 0
+    for s in raw:
+        if events is not None:
+            last = per_seq.get(s["seq"], last)
+        out.append(StepSample(**s, kv_live_bytes=last if events is not None else None))
+    return out
+
+
+def _facts(
+    inspection: RuntimeInspection,
+    dims: KVDims,
+    tracker: str,
+    scenario: Scenario,
+    summary: TraceSummary,
+    cls: Classification | None,
+) -> RunFacts:
+    try:
+        import memray
+
+        memray_version = memray.__version__ if hasattr(memray, "__version__") else _dist_version("memray")
+    except ImportError:  # pragma: no cover
+        memray_version = None
+    model, flags = cpu_flags()
+    return RunFacts(
+        openvino_version=ov.__version__,
+        memray_version=memray_version,
+        python_version=platform.python_version(),
+        cpu_model=model,
+        cpu_flags=flags,
+        requested=inspection.requested,
+        kv_cache_precision=inspection.kv_cache_precision,
+        inference_precision=inspection.inference_precision,
+        fused=inspection.fused,
+        layers=dims.layers,
+        kv_heads=dims.kv_heads,
+        head_dim=dims.head_dim,
+        tracker=tracker,
+        scenario=scenario.describe(),
+        malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        trace=asdict(summary),
+        kv_sites={site: label.kind for site, label in (cls.sites.items() if cls else [])},
+        warnings=list(cls.warnings) if cls else [],
+    )
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # pragma: no cover
+        return None
