@@ -104,14 +104,23 @@ class TraceSummary:
     operations_seen: int = 0
     untracked_frees: int = 0  # frees inside operations of memory allocated elsewhere
     frees_outside: int = 0  # operation-allocated memory freed between operations
+    dropped_small: int = 0  # small non-posix_memalign allocations not returned
 
 
-def read_segments(path: str | Path, n_ops: int) -> tuple[list[RawRecord], TraceSummary]:
+def read_segments(
+    path: str | Path, n_ops: int, keep_min_bytes: int = 0, always_keep: frozenset[str] = frozenset({"POSIX_MEMALIGN"})
+) -> tuple[list[RawRecord], TraceSummary]:
     """Read a memray capture and return the allocator calls made inside operations.
 
     Frees are matched to their allocation by address (memray does not store the size
     or stack of a free); frees of memory allocated before tracking or between
     operations are counted, not returned.
+
+    To keep long runs small (a decode step makes thousands of small Python/oneDNN
+    calls), only allocations made with an allocator in ``always_keep`` (the CPU
+    plugin allocates every tensor buffer with ``posix_memalign``, and the KV
+    classifier needs all of them to see adjacency) or of at least ``keep_min_bytes``
+    bytes are returned, with their frees.
     """
     import memray
 
@@ -146,11 +155,15 @@ def read_segments(path: str | Path, n_ops: int) -> tuple[list[RawRecord], TraceS
                     summary.frees_outside += 1
                 continue
             if known is None:
-                summary.untracked_frees += 1
+                summary.untracked_frees += 1  # allocated before tracking, outside ops, or dropped
                 continue
             size, site, kind = known
             out.append(RawRecord(current, "free", size, rec.address, site, kind, rec.tid))
         elif alloc in _ALLOC and current is not None:
+            if alloc not in always_keep and rec.size < keep_min_bytes:
+                live.pop(rec.address, None)  # address reused by an untracked allocation
+                summary.dropped_small += 1
+                continue
             live[rec.address] = (rec.size, rec.native_stack_id, alloc)
             out.append(RawRecord(current, "alloc", rec.size, rec.address, rec.native_stack_id, alloc, rec.tid))
     reader.close()

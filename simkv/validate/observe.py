@@ -340,7 +340,7 @@ def observe(
     model: ov.Model | None = None,
     tracker: str = "memray",
     trace_path: str | None = None,
-    other_min_bytes: int = 0,
+    other_min_bytes: int = 4096,
     vocab: int | None = None,
     seed: int = 0,
     progress: bool = True,
@@ -351,7 +351,9 @@ def observe(
     ``dims`` (layers, kv heads, head size, effective precision) is needed to classify
     events; it is derived from ``model`` and the runtime model when not given.
     ``tracker``: "memray" (events + samples) or "none" (samples only, clean latency).
-    ``other_min_bytes``: keep non-KV events of at least this size (0 keeps all).
+    ``other_min_bytes``: non-KV events smaller than this are not returned (0 returns
+    every allocator call; a long run then holds millions of events).  Every
+    ``posix_memalign`` call is still read, because the classifier needs them all.
     ``inspection``: the result of :func:`~simkv.validate.ovmodel.compile_checked`
     (keeps the requested hints in the facts); re-read from ``compiled`` when omitted.
     Raises :class:`~simkv.validate.ovmodel.NotFusedError` if the model is not fused.
@@ -420,7 +422,7 @@ def observe(
         bar.close()
         events, summary, classification = [], TraceSummary(), None
         if tracker == "memray":
-            records, summary = read_segments(recorder.path, len(scenario.ops))
+            records, summary = read_segments(recorder.path, len(scenario.ops), keep_min_bytes=other_min_bytes)
             classification = classify(records, contexts, dims)
             events = _events(records, classification, raw_samples, other_min_bytes)
     finally:

@@ -1,0 +1,115 @@
+"""End-to-end tests of the ``simkv`` command, run as a user would (a subprocess)."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+JSON_KEYS = {
+    "peak_allocated_bytes", "peak_resident_bytes", "final_allocated_bytes", "mean_allocated_bytes",
+    "used_bytes", "realloc_count", "bytes_copied", "max_spike_bytes", "steps",
+}
+LEDGER_COLUMNS = ["step", "phase", "request", "layer", "tensor", "op", "bytes", "capacity_tokens", "used_tokens", "buffer"]
+TINY = ["--model", "custom", "--layers", "2", "--kv-heads", "8", "--head-dim", "64"]
+
+
+def simkv(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_run_without_arguments_runs_the_default_scenario():
+    out = simkv("run").stdout
+    assert "llama-3-8b" in out and "openvino-gpu" in out and "prefill:1024,decode:2048" in out
+    for label in ("peak allocated", "peak resident", "mean allocated", "reallocations", "bytes copied", "largest spike"):
+        assert label in out
+
+
+def test_json_summary_has_the_contract_keys_as_integers():
+    data = json.loads(simkv("run", *TINY, "--precision", "u8", "--policy", "openvino-cpu",
+                            "--prompt", "32", "--decode", "4200", "--json").stdout)
+    assert JSON_KEYS <= data.keys()
+    assert all(isinstance(data[k], int) for k in JSON_KEYS)
+    assert data["steps"] == 4201 and data["realloc_count"] == 2 * 2 * 7
+    assert data["per_layer"][0]["alloc_steps"] == [0, 33, 99, 231, 495, 1023, 2079, 4191]
+
+
+def test_ledger_csv_and_parquet(tmp_path):
+    csv_path, pq_path = tmp_path / "ledger.csv", tmp_path / "ledger.parquet"
+    simkv("run", *TINY, "--policy", "openvino-cpu", "--prompt", "32", "--decode", "100", "--ledger", str(csv_path))
+    with csv_path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == LEDGER_COLUMNS
+    assert rows[0]["phase"] == "prefill" and rows[0]["tensor"] == "k" and rows[0]["op"] == "alloc"
+    assert {r["step"] for r in rows} == {"0", "33", "99"}
+    simkv("run", *TINY, "--policy", "openvino-cpu", "--prompt", "32", "--decode", "100", "--ledger", str(pq_path))
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pq.read_table(pq_path)
+    assert table.column_names == LEDGER_COLUMNS and table.num_rows == len(rows)
+
+
+def test_outputs_are_byte_identical_across_runs(tmp_path):
+    outputs = []
+    for i in range(2):
+        ledger, timeline = tmp_path / f"l{i}.csv", tmp_path / f"t{i}.html"
+        js = simkv("run", "--prompt", "100", "--decode", "500", "--json", "--ledger", str(ledger), "--timeline", str(timeline)).stdout
+        outputs.append((js, ledger.read_bytes(), timeline.read_bytes()))
+    assert outputs[0] == outputs[1]
+    assert b"plotly" in outputs[0][2]
+
+
+def test_reference_engine_gives_the_same_summary():
+    args = (*TINY, "--prompt", "20", "--decode", "300", "--turns", "1", "--beam", "3", "--json")
+    fast = json.loads(simkv("run", *args).stdout)
+    ref = json.loads(simkv("run", *args, "--engine", "reference").stdout)
+    assert fast == ref
+
+
+def test_policies_and_models_listings():
+    policies = simkv("policies").stdout
+    for name in ("openvino-gpu", "openvino-cpu", "fixed", "geometric", "exact", "static"):
+        assert f"{name}:" in policies
+    assert "headroom_base=128" in policies and "stagger=64" in policies
+    models = simkv("models").stdout
+    for name in ("llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2.5-7b", "phi-3.5-mini", "tinyllama-1.1b", "gpt2"):
+        assert name in models
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt", "-5"], "prompt must be a positive integer"),
+        (["--layers", "-2"], "layers must be a positive integer"),
+        (["--prompt", "abc"], "invalid int value"),
+        (["--policy", "magic"], "unknown policy 'magic'"),
+        (["--model", "gpt-9"], "unknown model 'gpt-9'"),
+        (["--precision", "fp8"], "unknown precision 'fp8'"),
+        (["--policy-opt", "stagger"], "--policy-opt expects KEY=VALUE"),
+        (["--policy-opt", "stagger=lots"], "not a valid int"),
+        (["--policy", "static", "--prompt", "5000"], "does not fit max_prompt_len"),
+        (["--device-memory=-1GiB"], "cannot read '-1GiB' as a size"),
+        (["--ops", "decode:5"], "needs a prompt first"),
+        (["--ledger", "/proc/nope/x.csv", "--decode", "5"], "No such file or directory"),
+        (["--ledger", "out.xlsx", "--decode", "5"], "must end in .csv or .parquet"),
+        (["--engine", "turbo"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli", "run", *args], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_out_of_memory_is_reported():
+    proc = simkv("run", "--device-memory", "100MiB", "--policy", "openvino-cpu")
+    assert "OUT OF MEMORY" in proc.stdout
+    data = json.loads(simkv("run", "--device-memory", "100MiB", "--policy", "openvino-cpu", "--json").stdout)
+    assert data["oom_step"] is not None and data["oom"].startswith("out of memory")
