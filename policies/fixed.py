@@ -3,8 +3,8 @@
 This is the GPU plugin's rule (DESIGN.md §2, ``cap' = L + P_id``) with the
 stagger removed (``P_id = N`` for every primitive): all layers run out of room
 on the same step, so their reallocation spikes add up. Mechanics default to
-the GPU plugin's (old buffer freed at the next inference, reset frees, no
-headroom past 90 % of device memory) so that
+the GPU plugin's (old buffer freed at the next inference, reset frees, two
+beam tables per primitive, no headroom past 90 % of device memory) so that
 comparing ``fixed`` with ``openvino-gpu`` isolates the effect of the stagger.
 """
 
@@ -24,6 +24,7 @@ class Fixed(Policy):
     free_old: str = option("next_inference", "when a replaced buffer is freed: immediate | end_of_step | next_inference")
     reset: str = option("free", "what reset_state() does to KV buffers: keep | free")
     first_touch: bool = option(False, "host memory: resident only once written (else resident = allocated)")
+    beam_tables: int = option(2, "i32 beam tables [B, cap] per K and per V primitive")
     headroom_limit: float = option(0.9, "no headroom once an allocation would fill this share of device memory (0 = off)")
     tokens: int = option(128, "headroom N in tokens added on every (re)allocation")
 

@@ -130,7 +130,7 @@ def _cmd_policies(args: argparse.Namespace) -> int:
         print(f"{name}: {cls.summary}")
         print(f"    default precision {cls.default_precision}; source: {cls.__module__.replace('.', '/')}.py")
         for f in cls.options():
-            print(f"    {f.name}={f.default!s:<16} {f.metadata.get('help', '')}")
+            print(f"    {f.name + '=' + str(f.default):<30} {f.metadata.get('help', '')}")
         print()
     return 0
 

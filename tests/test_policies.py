@@ -19,7 +19,7 @@ def test_registry_has_the_builtin_policies():
 
 def test_fixed_is_the_gpu_rule_without_stagger():
     gpu = run(**SMALL, policy="openvino-gpu", policy_options={"stagger": 1, "headroom_base": 50}, prompt=20, decode=300)
-    fixed = run(**SMALL, policy="fixed", policy_options={"tokens": 50, "beam_tables": 2}, prompt=20, decode=300)
+    fixed = run(**SMALL, policy="fixed", policy_options={"tokens": 50}, prompt=20, decode=300)
     assert_same_run(gpu, fixed)
     # Without stagger every layer reallocates on the same steps.
     steps = {tuple(a[0] for a in rows_of(fixed, op="alloc", tensor="k", layer=la)) for la in range(3)}
