@@ -1,19 +1,23 @@
 """OpenVINO GPU plugin: staggered additive headroom per kv_cache primitive.
 
-Source (DESIGN.md §2): openvinotoolkit/openvino
-``src/plugins/intel_gpu/src/graph/kv_cache.cpp`` and ``primitive_inst.cpp``
-(``do_runtime_in_place_kv_cache``, ``realloc_if_needed``), PRs #22665, #25580,
-#32916, #28361.
+Rules (docs/DESIGN.md §2), as read in openvinotoolkit/openvino:
 
-* headroom ``P_id = 128 + kv_cache_id % 64`` per primitive (ids K0, V0, K1, V1, …),
-  so layers run out of room on different steps (the stagger);
-* first inference ``cap = P + P_id``; on overflow ``cap' = L0 + L1 + P_id``;
-* no headroom when ``used_device + bytes >= 0.9 × device memory`` (``headroom_limit``);
-* reclaim: rebuilt when ``(needed + P_id) × 10 < cap``;
-* the old buffer stays referenced by ReadValue until the next inference;
-* ``reset_state()`` frees the buffers (late-2025 builds, #32916); ``reset=keep``
-  gives the older keep-and-reuse behaviour (#28361);
-* indirect SDPA keeps two i32 beam tables per primitive, grown the same way.
+* ``kv_cache_inst::get_prealloc_iter_num()`` (``src/plugins/intel_gpu/src/graph/kv_cache.cpp``)
+  returns ``128 + kv_cache_id % 64``: each primitive (K0, V0, K1, V1, …) gets its own
+  headroom so that layers do not all reallocate on the same iteration — the
+  *stagger*. Its comment: the original memory "will be released when the
+  ReadValue is called, i.e., at the next iteration", so old and new coexist
+  for one step;
+* ``primitive_inst::realloc_if_needed`` (``graph/primitive_inst.cpp``) pads the
+  sequence axis by that count (first inference ``cap = P + P_id``; on overflow
+  ``cap' = L0 + L1 + P_id``) when ``ShapePredictor::can_preallocate``
+  (``runtime/shape_predictor.cpp``) allows it: ``device_mem_usage + size <
+  0.90 × max_global_mem_size`` and ``size <= max_alloc_mem_size``; else exact size;
+  and it reclaims a buffer when ``(needed + P_id) × 10 < cap``;
+* ``reset_state()`` frees the buffers in late-2025 builds (PR #32916); older
+  builds keep them for reuse (#28361): ``reset=keep``;
+* indirect SDPA (``impls/ocl/kv_cache.cpp``) keeps a prev and a new i32 beam
+  table per primitive, swapped each step, grown by the same ``P_id``.
 """
 
 from __future__ import annotations

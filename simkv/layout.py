@@ -13,13 +13,16 @@ in that slot holds ``capacity × batch × row_bytes`` bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies.base import Policy
 from simkv.ledger import TENSOR_CODE
 from simkv.models import ModelSpec
 from simkv.precision import Precision
+
+if TYPE_CHECKING:
+    from policies.base import Policy
 
 BEAM_TABLE_BYTES = 4  # i32 per batch row per token
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from policies import Policy, get_policy
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
@@ -19,6 +19,9 @@ from simkv.models import ModelSpec, custom_model, get_model
 from simkv.precision import Precision, get_precision
 from simkv.units import parse_bytes
 from simkv.workload import Workload, chat_session, parse_ops
+
+if TYPE_CHECKING:  # policies imports simkv, so simkv imports policies only when used
+    from policies import Policy
 
 DEFAULT_MODEL = "llama-3-8b"
 DEFAULT_POLICY = "openvino-gpu"
@@ -127,6 +130,8 @@ def build_scenario(
     some dimensions overrides those. ``ops`` (e.g. ``"prefill:32,decode:100,reset"``)
     replaces the prompt/decode/turns/beam description of the workload.
     """
+    from policies import get_policy
+
     base = get_model(model) if model else None
     spec = custom_model(base, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     pol = get_policy(policy, policy_options)

@@ -23,7 +23,6 @@ the classifier uses (symbol names are unavailable: the plugin is stripped).
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,9 +170,3 @@ def read_segments(
         raise RuntimeError(f"trace holds {summary.operations_seen} operations, expected {n_ops}")
     return out, summary
 
-
-def file_size(path: str | Path) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0

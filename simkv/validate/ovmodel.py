@@ -150,14 +150,15 @@ def _rms_norm(x: ov.Output, dim: int, eps: float = 1e-6) -> ov.Node:
     return ops.multiply(ops.multiply(x, inv), _const(np.ones(dim, np.float32)))
 
 
-def _rotate_half(x: ov.Output, half: int) -> ov.Node:
+def _rotate_half(x: ov.Output) -> ov.Node:
     """transformers' ``rotate_half``: concat(-x2, x1) over the last axis."""
     parts = ops.split(x, _const(-1, np.int64), 2)
     return ops.concat([ops.negative(parts.output(1)), parts.output(0)], -1)
 
 
-def _apply_rope(x: ov.Output, cos: ov.Output, sin: ov.Output, half: int) -> ov.Node:
-    return ops.add(ops.multiply(x, cos), ops.multiply(_rotate_half(x, half), sin))
+def _apply_rope(x: ov.Output, cos: ov.Output, sin: ov.Output) -> ov.Node:
+    """q*cos + rotate_half(q)*sin, the HF Llama form (the CPU plugin may fuse it to RoPE)."""
+    return ops.add(ops.multiply(x, cos), ops.multiply(_rotate_half(x), sin))
 
 
 def _project_heads(x: ov.Output, weight: np.ndarray, n_heads: int, head_dim: int) -> ov.Node:
@@ -253,8 +254,8 @@ def build_stateful_decoder(spec: ToyDecoderSpec = ToyDecoderSpec()) -> ov.Model:
     sinks: list[ov.Node] = []
     for layer in range(spec.layers):
         hn = _rms_norm(x, d).output(0)
-        q = _apply_rope(_project_heads(hn, weight(h * s, d), h, s).output(0), cos, sin, half)
-        k = _apply_rope(_project_heads(hn, weight(hk * s, d), hk, s).output(0), cos, sin, half)
+        q = _apply_rope(_project_heads(hn, weight(h * s, d), h, s).output(0), cos, sin)
+        k = _apply_rope(_project_heads(hn, weight(hk * s, d), hk, s).output(0), cos, sin)
         v = _project_heads(hn, weight(hk * s, d), hk, s)
 
         present = []
