@@ -121,6 +121,20 @@ class Policy:
         return self.name + (f" ({', '.join(changed)})" if changed else "")
 
 
+@dataclass(frozen=True)
+class DeviceMechanics(Policy):
+    """Defaults of a GPU runtime (OpenVINO GPU plugin, docs/DESIGN.md §2): the old buffer
+    lives until the next inference, reset frees, device memory is resident as soon as
+    it is allocated, indirect SDPA keeps two beam tables per primitive, and no
+    headroom is granted past 90 % of device memory."""
+
+    free_old: str = option("next_inference", Policy.__dataclass_fields__["free_old"].metadata["help"])
+    reset: str = option("free", Policy.__dataclass_fields__["reset"].metadata["help"])
+    first_touch: bool = option(False, Policy.__dataclass_fields__["first_touch"].metadata["help"])
+    beam_tables: int = option(2, Policy.__dataclass_fields__["beam_tables"].metadata["help"])
+    headroom_limit: float = option(0.9, Policy.__dataclass_fields__["headroom_limit"].metadata["help"])
+
+
 def parse_value(f: dataclasses.Field, text: str):
     """Convert ``--policy-opt`` text to the field's type."""
     kind = type(f.default) if f.default is not None else int

@@ -12,20 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import Policy, option
+from policies.base import DeviceMechanics, option
 from simkv.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Fixed(Policy):
+class Fixed(DeviceMechanics):
     name = "fixed"
     summary = "cap = L + N for every primitive (no stagger): the baseline the GPU stagger improves on"
 
-    free_old: str = option("next_inference", "when a replaced buffer is freed: immediate | end_of_step | next_inference")
-    reset: str = option("free", "what reset_state() does to KV buffers: keep | free")
-    first_touch: bool = option(False, "host memory: resident only once written (else resident = allocated)")
-    beam_tables: int = option(2, "i32 beam tables [B, cap] per K and per V primitive")
-    headroom_limit: float = option(0.9, "no headroom once an allocation would fill this share of device memory (0 = off)")
     tokens: int = option(128, "headroom N in tokens added on every (re)allocation")
 
     def __post_init__(self) -> None:

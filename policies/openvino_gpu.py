@@ -26,21 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.base import Policy, option
+from policies.base import DeviceMechanics, option
 from simkv.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class OpenVINOGPU(Policy):
+class OpenVINOGPU(DeviceMechanics):
     name = "openvino-gpu"
     summary = "GPU plugin: cap = L + 128 + id % 64 per primitive (staggered), old freed next inference"
     default_precision = "f16"
 
-    free_old: str = option("next_inference", "when a replaced buffer is freed: immediate | end_of_step | next_inference")
-    reset: str = option("free", "what reset_state() does to KV buffers: keep | free")
-    first_touch: bool = option(False, "host memory: resident only once written (else resident = allocated)")
-    beam_tables: int = option(2, "i32 beam tables [B, cap] per K and per V primitive")
-    headroom_limit: float = option(0.9, "no headroom once an allocation would fill this share of device memory (0 = off)")
     headroom_base: int = option(128, "tokens of headroom every primitive gets")
     stagger: int = option(64, "headroom modulus: primitive id adds id % stagger tokens (1 = no stagger)")
     reclaim_factor: int = option(10, "rebuild a buffer when (needed + headroom) x factor < capacity (0 = never)")
