@@ -22,6 +22,16 @@ by the engine, steered by the *mechanics* options every policy carries:
     its memory (GPU plugin: 0.9): it gets exactly the tokens it needs. 0 = off.
 ``max_alloc_bytes``
     a buffer larger than this gets no headroom either (0 = no limit).
+``reset_adopts_batch``
+    capacity is a budget of rows (tokens × beams) and the first inference after
+    a reset takes its batch without a rebuild when it fits (CPU plugin).
+``past_view``
+    the runtime keeps one model-wide f32 ``[B, H_kv, L0, S]`` block, grown to
+    the exact size before each inference that needs more (CPU plugin).
+
+The order of a unit's rows within a step follows :attr:`Policy.row_orders`
+when a policy sets it (templates like ``"+k +v =k =v -v -k"``: ``+`` alloc,
+``=`` copy, ``-`` free), else allocs, copies, frees, each in slot order.
 
 Policies are frozen dataclasses: their fields are the parameters a user can
 override with ``--policy-opt key=value``; each field's ``metadata["help"]``
@@ -63,6 +73,10 @@ class Policy:
     #: layer (CPU plugin's fused SDPA node). ``primitive``: K and V are separate
     #: primitives with their own capacity (GPU plugin's kv_cache primitives).
     unit: ClassVar[str] = "primitive"
+    #: Row order of a unit per situation: ``grow`` (also first allocation and reclaim),
+    #: ``grow_empty`` (buffers kept across a reset, nothing stored), ``rebatch``
+    #: (batch width changed). ``None`` or a missing key: allocs, copies, frees.
+    row_orders: ClassVar[dict[str, str] | None] = None
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")
@@ -70,6 +84,8 @@ class Policy:
     beam_tables: int = option(0, "i32 beam tables [B, cap] per K and per V primitive")
     headroom_limit: float = option(0.0, "no headroom once an allocation would fill this share of device memory (0 = off)")
     max_alloc_bytes: int = option(0, "no headroom for a unit larger than this many bytes (0 = no limit)")
+    reset_adopts_batch: bool = option(False, "after reset_state(), the next prompt's batch reuses buffers whose rows fit")
+    past_view: bool = option(False, "one model-wide f32 [B, H_kv, L0, S] block, grown to exact size (CPU plugin)")
 
     def __post_init__(self) -> None:
         if self.free_old not in FREE_TIMINGS:
@@ -119,20 +135,6 @@ class Policy:
             if getattr(self, f.name) != f.default
         ]
         return self.name + (f" ({', '.join(changed)})" if changed else "")
-
-
-@dataclass(frozen=True)
-class DeviceMechanics(Policy):
-    """Defaults of a GPU runtime (OpenVINO GPU plugin, docs/DESIGN.md §2): the old buffer
-    lives until the next inference, reset frees, device memory is resident as soon as
-    it is allocated, indirect SDPA keeps two beam tables per primitive, and no
-    headroom is granted past 90 % of device memory."""
-
-    free_old: str = option("next_inference", Policy.__dataclass_fields__["free_old"].metadata["help"])
-    reset: str = option("free", Policy.__dataclass_fields__["reset"].metadata["help"])
-    first_touch: bool = option(False, Policy.__dataclass_fields__["first_touch"].metadata["help"])
-    beam_tables: int = option(2, Policy.__dataclass_fields__["beam_tables"].metadata["help"])
-    headroom_limit: float = option(0.9, Policy.__dataclass_fields__["headroom_limit"].metadata["help"])
 
 
 def parse_value(f: dataclasses.Field, text: str):

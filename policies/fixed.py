@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import DeviceMechanics, option
+from policies.base import option
+from policies.mechanics import GPUMechanics
 from simkv.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Fixed(DeviceMechanics):
+class Fixed(GPUMechanics):
     name = "fixed"
     summary = "cap = L + N for every primitive (no stagger): the baseline the GPU stagger improves on"
 

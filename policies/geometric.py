@@ -14,15 +14,15 @@ from fractions import Fraction
 
 import numpy as np
 
-from policies.base import Policy, option
+from policies.base import option
+from policies.mechanics import CPUMechanics
 from simkv.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Geometric(Policy):
+class Geometric(CPUMechanics):
     name = "geometric"
     summary = "cap = ceil(ratio x needed) on overflow (ratio 2 = the CPU plugin's doubling)"
-    unit = "layer"
 
     ratio: float = option(1.5, "growth ratio (> 1)")
 

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.base import DeviceMechanics, option
+from policies.base import option
+from policies.mechanics import GPUMechanics
 from simkv.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class OpenVINOGPU(DeviceMechanics):
+class OpenVINOGPU(GPUMechanics):
     name = "openvino-gpu"
     summary = "GPU plugin: cap = L + 128 + id % 64 per primitive (staggered), old freed next inference"
     default_precision = "f16"

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simkv.ledger import TENSOR_CODE
+from simkv.errors import ConfigError
+from simkv.ledger import ALLOC, COPY, FREE, TENSOR_CODE, TENSORS
 from simkv.models import ModelSpec
 from simkv.precision import Precision
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from policies.base import Policy
 
 BEAM_TABLE_BYTES = 4  # i32 per batch row per token
+PAST_VIEW_BYTES = 4  # f32 per element of the CPU plugin's past block
+_OP_SYMBOL = {"+": ALLOC, "=": COPY, "-": FREE}
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +46,26 @@ class Layout:
     def unit_row_bytes(self) -> np.ndarray:
         """Bytes per token per batch row of each unit (all its buffers)."""
         return self.row_bytes[self.unit_slots].sum(axis=1)
+
+    def row_order(self, template: str | None) -> np.ndarray:
+        """Emission order of one unit's rows as indices ``op * slots + slot``.
+
+        ``template`` lists ``+tensor`` (alloc), ``=tensor`` (copy) and ``-tensor``
+        (free) for every tensor of a unit; tensors this precision lacks are skipped.
+        ``None``: allocs, then copies, then frees, each in slot order.
+        """
+        k = self.unit_slots.shape[1]
+        if template is None:
+            return np.arange(3 * k)
+        names = [TENSORS[t] for t in self.tensor[self.unit_slots[0]]]
+        order = [
+            _OP_SYMBOL[token[0]] * k + names.index(token[1:])
+            for token in template.split()
+            if token[1:] in names
+        ]
+        if sorted(order) != list(range(3 * k)):
+            raise ConfigError(f"row order {template!r} must name each of {names} once per operation")
+        return np.asarray(order)
 
     @classmethod
     def build(cls, model: ModelSpec, precision: Precision, policy: Policy) -> Layout:

@@ -8,8 +8,9 @@ Columns:
 ``step``            0 = first inference (prefill), then one per operation
 ``phase``           prefill | turn | decode | fork | reorder | select | reset
 ``request``         request id (0 for a single session)
-``layer``           attention layer
-``tensor``          k | v | k_scale | v_scale | k_beam | v_beam
+``layer``           attention layer (-1 for a model-wide buffer)
+``tensor``          k | v | k_scale | v_scale | k_beam | v_beam | past_view (the CPU
+                    plugin's model-wide f32 past block, see policies/openvino_cpu.py)
 ``op``              alloc | copy | free
 ``bytes``           bytes allocated, copied or freed
 ``capacity_tokens`` capacity of the buffer the row is about
@@ -28,7 +29,7 @@ import numpy as np
 from simkv.errors import ConfigError
 
 PHASES = ("prefill", "turn", "decode", "fork", "reorder", "select", "reset")
-TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam")
+TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam", "past_view")
 OPS = ("alloc", "copy", "free")
 ALLOC, COPY, FREE = range(3)
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}

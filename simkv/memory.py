@@ -40,22 +40,30 @@ class AccountingError(AssertionError):
 
 @dataclass(eq=False)
 class Buffer:
+    """One allocation. Sized in *rows* (token positions × beams) so that a buffer can be
+    reinterpreted for another batch width without changing its bytes (the CPU plugin
+    reuses its buffers across a reset that way); its capacity in tokens follows."""
+
     id: int
     layer: int
     tensor: int
-    capacity: int  # tokens
-    batch: int
-    row_bytes: int  # per token per batch row
+    rows: int  # token rows allocated: capacity × batch at allocation
+    batch: int  # beams it holds now
+    row_bytes: int  # per token per beam
     used: int = 0  # tokens stored
-    written: int = 0  # high-water mark of tokens ever written (first touch)
+    written: int = 0  # high-water mark of rows ever written (first touch; L-major layout)
+
+    @property
+    def capacity(self) -> int:
+        return self.rows // self.batch
 
     @property
     def bytes(self) -> int:
-        return self.capacity * self.batch * self.row_bytes
+        return self.rows * self.row_bytes
 
     @property
     def resident_bytes(self) -> int:
-        return self.written * self.batch * self.row_bytes
+        return self.written * self.row_bytes
 
 
 @dataclass
@@ -68,15 +76,15 @@ class Allocator:
     peak: int = 0  # running maxima, reset by the caller at each step
     resident_peak: int = 0
     next_id: int = 0
-    rows: list[tuple] = field(default_factory=list)
+    log: list[tuple] = field(default_factory=list)
 
     def _record(self, step, phase, request, buf: Buffer, op: int, nbytes: int, used: int) -> None:
-        self.rows.append((step, phase, request, buf.layer, buf.tensor, op, nbytes, buf.capacity, used, buf.id))
+        self.log.append((step, phase, request, buf.layer, buf.tensor, op, nbytes, buf.capacity, used, buf.id))
         self.peak = max(self.peak, self.allocated)
         self.resident_peak = max(self.resident_peak, self.resident)
 
     def alloc(self, step, phase, request, *, layer, tensor, capacity, batch, row_bytes, holds) -> Buffer:
-        buf = Buffer(self.next_id, layer, tensor, capacity, batch, row_bytes)
+        buf = Buffer(self.next_id, layer, tensor, capacity * batch, batch, row_bytes)
         if self.allocated + buf.bytes > self.device_memory:
             raise OutOfMemory(step, layer, buf.bytes, self.allocated, self.device_memory)
         self.next_id += 1
@@ -99,11 +107,12 @@ class Allocator:
         self._record(step, phase, request, dst, COPY, nbytes, tokens)
 
     def write(self, buf: Buffer, tokens: int) -> None:
-        """Rows up to ``tokens`` now hold data: first touch makes them resident."""
-        if tokens > buf.written:
+        """Token positions up to ``tokens`` of every beam now hold data (first touch)."""
+        rows = tokens * buf.batch
+        if rows > buf.written:
             if self.first_touch:
-                self.resident += (tokens - buf.written) * buf.batch * buf.row_bytes
-            buf.written = tokens
+                self.resident += (rows - buf.written) * buf.row_bytes
+            buf.written = rows
 
     def free(self, step, phase, request, buf: Buffer) -> None:
         if self.live.pop(buf.id, None) is not buf:
@@ -115,8 +124,8 @@ class Allocator:
         self._record(step, phase, request, buf, FREE, buf.bytes, buf.used)
 
     def take_rows(self) -> np.ndarray:
-        rows = np.array(self.rows, dtype=ROW) if self.rows else np.empty(0, dtype=ROW)
-        self.rows = []
+        rows = np.array(self.log, dtype=ROW) if self.log else np.empty(0, dtype=ROW)
+        self.log = []
         return rows
 
 

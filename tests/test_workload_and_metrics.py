@@ -90,9 +90,10 @@ def test_units():
 
 
 def test_metrics_of_a_hand_checked_run():
-    # One layer, one f32 head of 16 (64 B/token per tensor), no beam tables, CPU doubling.
+    # One layer, one f32 head of 16 (64 B/token per tensor), CPU doubling without beam tables
+    # nor the past-view block.
     result = run(layers=1, kv_heads=1, head_dim=16, precision="f32", policy="geometric",
-                 policy_options={"ratio": 2}, prompt=4, decode=6)
+                 policy_options={"ratio": 2, "beam_tables": 0, "past_view": False}, prompt=4, decode=6)
     per_token = 2 * 64
     m = result.metrics
     # Steps 0-4 hold cap 8 (1,024 B); step 5 needs 9 → cap 18; alloc new, copy 8 tokens, free old.
