@@ -58,10 +58,11 @@ class Layout:
         if template is None:
             return np.arange(3 * k)
         names = [TENSORS[t] for t in self.tensor[self.unit_slots[0]]]
-        order = [
-            _OP_SYMBOL[token[0]] * k + names.index(token[1:])
+        order = [  # a tensor with several buffers (two beam tables) names them all, in slot order
+            _OP_SYMBOL[token[0]] * k + slot
             for token in template.split()
-            if token[1:] in names
+            for slot, name in enumerate(names)
+            if name == token[1:]
         ]
         if sorted(order) != list(range(3 * k)):
             raise ConfigError(f"row order {template!r} must name each of {names} once per operation")

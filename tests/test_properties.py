@@ -65,6 +65,10 @@ def scenarios(draw):
         opts["headroom_limit"] = draw(st.sampled_from([0.5, 0.9, 1.0]))
     if draw(st.integers(0, 9)) == 0:
         opts["max_alloc_bytes"] = draw(st.integers(10_000, 2_000_000))
+    if draw(st.integers(0, 4)) == 0:
+        opts["beam_tables"] = draw(st.integers(0, 2))
+    if policy != "openvino-cpu" and draw(st.integers(0, 4)) == 0:
+        opts["past_view"] = True
     try:
         return build_scenario(
             model=None,
