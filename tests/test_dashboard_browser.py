@@ -1,0 +1,275 @@
+"""The dashboard end to end in headless Chromium (Debian's, driven by Playwright).
+
+The app runs in-process on a free port (a werkzeug server in a thread); every
+test opens a fresh page at 1280×800, fails on any browser console error or page
+error, and saves a screenshot of what it checked to ``artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium")
+if CHROMIUM is None:
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium); browser tests skipped",
+                allow_module_level=True)
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from simkv.dashboard import create_app  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "artifacts" / "screenshots"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+TIMEOUT = 20_000  # ms, for anything that waits on a callback
+
+
+@pytest.fixture(scope="module")
+def server():
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    srv = make_server("127.0.0.1", 0, create_app().server, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    """A fresh page; the test fails if the browser logs an error or a script throws."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT)
+    errors: list[str] = []
+    pg.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    pg.on("pageerror", lambda err: errors.append(f"pageerror: {err}"))
+    pg.base = server
+    yield pg
+    context.close()
+    assert errors == [], "browser errors:\n" + "\n".join(errors)
+
+
+def open_app(page, query: str = "") -> None:
+    page.goto(page.base + "/" + query)
+    expect(page.locator("#status")).not_to_be_empty()
+
+
+def popt(policy: str, field: str) -> str:
+    return "[id='" + json.dumps({"field": field, "policy": policy, "type": "popt"}, separators=(",", ":")) + "']"
+
+
+def err(key: str) -> str:
+    return "[id='" + json.dumps({"key": key, "type": "err"}, separators=(",", ":")) + "']"
+
+
+def enter(page, selector: str, value: str) -> None:
+    page.fill(selector, value)
+    page.press(selector, "Enter")
+
+
+def card(page, key: str):
+    return page.locator(f"#card-{key}-value")
+
+
+def figure(page, graph: str) -> dict:
+    """What plotly drew in a dcc.Graph: trace names, title, annotations."""
+    return page.evaluate(
+        """id => { const gd = document.querySelector('#' + id + ' .js-plotly-plot');
+                   if (!gd || !gd.layout) return null;
+                   return {names: (gd.data || []).map(t => t.name), points: (gd._fullData || []).map(t => (t.x || []).length),
+                           title: (gd.layout.title && gd.layout.title.text) || '',
+                           notes: (gd.layout.annotations || []).map(a => a.text)}; }""",
+        graph,
+    )
+
+
+def wait_figure(page, graph: str, contains: str) -> dict:
+    page.wait_for_function(
+        """([id, text]) => { const gd = document.querySelector('#' + id + ' .js-plotly-plot');
+                             return gd && gd.layout && gd.layout.title && (gd.layout.title.text || '').includes(text); }""",
+        arg=[graph, contains],
+    )
+    return figure(page, graph)
+
+
+def tab(page, label: str) -> None:
+    page.locator("#tab .tab", has_text=label).click()
+
+
+def test_default_scenario_loads_with_figures_and_cards(page):
+    open_app(page)
+    expect(card(page, "peak_allocated")).to_have_text("407.67 MiB")  # the README's default run
+    expect(card(page, "reallocations")).to_have_text("795")
+    fig = wait_figure(page, "timeline-graph", "openvino-gpu")
+    assert fig["names"][:4] == ["peak in step", "allocated", "resident", "used"]
+    assert fig["names"][4].startswith("reallocation")
+    page.screenshot(path=SHOTS / "01-memory-over-steps.png")
+    tab(page, "Per layer")
+    heat = wait_figure(page, "heatmap-graph", "headroom per layer")
+    assert heat["names"] == [None] or len(heat["names"]) == 1
+    page.screenshot(path=SHOTS / "02-per-layer-stagger.png")
+
+
+def test_policy_parameter_changes_figure_and_cards(page):
+    open_app(page, "?tab=layers")
+    expect(card(page, "peak_allocated")).to_have_text("407.67 MiB")
+    enter(page, popt("openvino-gpu", "stagger"), "1")
+    expect(page.locator("#status")).to_contain_text("stagger=1")
+    # Without the stagger every layer reallocates on the same step (README: 758.58 MiB).
+    expect(card(page, "peak_allocated")).to_have_text("758.58 MiB")
+    expect(card(page, "largest_spike")).not_to_have_text("17.79 MiB")
+    assert "p.stagger=1" in page.url
+    wait_figure(page, "heatmap-graph", "headroom per layer")
+    page.screenshot(path=SHOTS / "03-per-layer-no-stagger.png")
+    tab(page, "Memory over steps")
+    wait_figure(page, "timeline-graph", "stagger=1")
+
+
+def test_choosing_a_policy_shows_its_own_parameters(page):
+    open_app(page)
+    expect(page.locator(popt("openvino-gpu", "stagger"))).to_be_visible()
+    page.click("#policy")
+    page.get_by_role("option", name="openvino-cpu").click()
+    expect(page.locator("#status")).to_contain_text("u8 KV; policy openvino-cpu")
+    expect(page.locator("#precision")).to_contain_text("policy default (u8)")
+    expect(page.locator(popt("openvino-cpu", "growth"))).to_be_visible()
+    expect(page.locator(popt("openvino-gpu", "stagger"))).to_be_hidden()
+    fig = wait_figure(page, "timeline-graph", "policy openvino-cpu")
+    assert fig["names"][-1] == "reallocation" and fig["points"][-1] == 2  # K/V reallocations, not the past view
+    assert "policy=openvino-cpu" in page.url
+
+
+def test_compare_two_policies_shows_the_delta_table(page):
+    open_app(page, "?tab=compare")  # run B defaults to `fixed`
+    table = page.locator("#delta")
+    expect(table).to_contain_text("B − A")
+    expect(table.locator("tr", has_text="peak allocated")).to_contain_text("758.58 MiB")
+    fig = wait_figure(page, "compare-graph", "A: openvino-gpu")
+    assert len(fig["names"]) == 4 and fig["names"][2] == "B: fixed f16: allocated"
+    enter(page, "#cmp1_opts", "tokens=256")
+    enter(page, "#cmp2_opts", "stagger=1")  # no policy on row C yet: ignored
+    expect(table).to_contain_text("B: fixed (tokens=256) f16")
+    for column in ("metric", "A: openvino-gpu f16", "B − A"):
+        expect(table.locator("th", has_text=column).first).to_be_visible()
+    page.screenshot(path=SHOTS / "04-compare.png")
+
+
+def test_bad_input_shows_an_inline_message_and_no_stale_figure(page):
+    open_app(page)
+    expect(card(page, "peak_allocated")).to_have_text("407.67 MiB")
+    wait_figure(page, "timeline-graph", "openvino-gpu")
+    enter(page, "#prompt", "abc")
+    expect(page.locator(err("prompt"))).to_have_text("'abc' is not a number")
+    expect(page.locator("#status")).to_contain_text("Invalid input")
+    expect(card(page, "peak_allocated")).to_have_text("—")
+    fig = wait_figure(page, "timeline-graph", "no result")
+    assert fig["names"] == [] and "fix the input marked in red" in fig["notes"][0]
+    page.screenshot(path=SHOTS / "05-bad-input.png")
+    for value, message in (("-3", "must be at least 1, got -3"), ("", "enter a whole number"),
+                           ("99999999", "at most 1,000,000 in the dashboard")):
+        enter(page, "#prompt", value)
+        expect(page.locator(err("prompt"))).to_contain_text(message)
+    enter(page, "#prompt", "512")
+    expect(page.locator(err("prompt"))).to_be_empty()
+    expect(card(page, "peak_allocated")).not_to_have_text("—")
+    enter(page, "#device_memory", "lots")
+    expect(page.locator(err("device_memory"))).to_contain_text("cannot read 'lots' as a size")
+    expect(card(page, "peak_allocated")).to_have_text("—")
+
+
+def test_prompt_too_long_for_static_and_unknown_ops(page):
+    open_app(page, "?policy=static&prompt=2000&decode=100")
+    expect(page.locator(err("prompt"))).to_contain_text("a 2000-token prompt does not fit max_prompt_len=1024")
+    expect(page.locator(err("popt.static.max_prompt_len"))).to_contain_text("does not fit")
+    assert figure(page, "timeline-graph")["names"] == []
+    enter(page, popt("static", "max_prompt_len"), "2048")
+    expect(page.locator(err("prompt"))).to_be_empty()
+    expect(page.locator("#status")).to_contain_text("static (max_prompt_len=2048)")
+    page.locator("#ops-details summary").click()
+    enter(page, "#ops", "prefill:32,decode:10,teleport:3")
+    expect(page.locator(err("ops"))).to_contain_text("unknown operation 'teleport'")
+    expect(page.locator("#prompt")).to_be_disabled()  # the ops replace the simple workload fields
+    page.screenshot(path=SHOTS / "06-bad-ops.png")
+
+
+def test_link_restores_every_control(page):
+    query = ("?model=mistral-7b&layers=16&precision=bf16&policy=fixed&prompt=512&decode=300&turns=1&turn_tokens=32"
+             "&device_memory=8GiB&cmp1_policy=openvino-cpu&heat=capacity&tab=layers&p.tokens=256&p.free_old=immediate")
+    open_app(page, query)
+    expect(page.locator("#status")).to_contain_text("mistral-7b*: 16 layers")
+    expect(page.locator("#status")).to_contain_text("bf16 KV; policy fixed (free_old=immediate, tokens=256)")
+    for selector, value in (("#prompt", "512"), ("#decode", "300"), ("#turns", "1"), ("#turn_tokens", "32"),
+                            ("#layers", "16"), ("#device_memory", "8GiB"), (popt("fixed", "tokens"), "256")):
+        expect(page.locator(selector)).to_have_value(value)
+    expect(page.locator("#model")).to_contain_text("mistral-7b")
+    expect(page.locator("#policy")).to_contain_text("fixed")
+    expect(page.locator("#precision")).to_contain_text("bf16")
+    expect(page.locator(popt("fixed", "free_old"))).to_contain_text("immediate")
+    expect(page.locator("#tab .tab--selected")).to_have_text("Per layer")
+    expect(page.locator("#heat input[value=capacity]")).to_be_checked()
+    wait_figure(page, "heatmap-graph", "capacity per layer")
+    page.screenshot(path=SHOTS / "07-restored-from-link.png")
+    enter(page, "#decode", "400")
+    expect(page.locator("#status")).to_contain_text("decode:400")
+    assert "decode=400" in page.url and "p.tokens=256" in page.url
+    page.go_back()  # back to the link: the controls follow the URL
+    expect(page.locator("#decode")).to_have_value("300")
+    expect(page.locator("#status")).to_contain_text("decode:300")
+
+
+def test_events_table_is_paged_on_the_server_and_downloads(page):
+    open_app(page, "?tab=events")
+    note = page.locator("#events-note")
+    expect(note).to_contain_text("7,347 ledger rows; page 1 of 294")
+    expect(page.locator("#ledger-table tbody tr")).to_have_count(27)  # header, filter row, 25 rows
+    page.locator("#ledger-table button.next-page").click()
+    expect(note).to_contain_text("page 2 of 294")
+    cell = page.locator("#ledger-table th.dash-filter[data-dash-column=op] input[type=text]")
+    cell.fill("free")
+    cell.press("Enter")
+    expect(note).to_contain_text("match the filter")
+    expect(page.locator("#ledger-table td[data-dash-column=op]").first).to_have_text("free")
+    page.screenshot(path=SHOTS / "08-events.png")
+    with page.expect_download() as info:
+        page.click("#dl-ledger-btn")
+    lines = Path(info.value.path()).read_text().splitlines()
+    assert lines[0].startswith("step,phase,request,layer,tensor,op,bytes") and len(lines) == 7348
+
+
+def test_validation_tab_loads_a_report(page, tmp_path):
+    from test_dashboard import report_fixture
+
+    path = tmp_path / "validate.json"
+    path.write_text(json.dumps(report_fixture(200)))
+    open_app(page, "?tab=validation")
+    page.locator("#v-upload input[type=file]").set_input_files(str(path))
+    expect(page.locator("#card-v_matched-value")).to_have_text("11 / 13")
+    expect(page.locator("#card-v_precision-value")).to_have_text("u8")
+    fig = wait_figure(page, "v-graph", "11/13 events matched")
+    assert "measured RSS" in fig["names"] and "predicted resident" in fig["names"]
+    expect(page.locator("#v-table")).to_contain_text("unexpected")
+    page.screenshot(path=SHOTS / "09-validation.png", full_page=True)
+    enter(page, "#vpath", str(tmp_path / "nowhere.json"))
+    expect(page.locator("#v-message")).to_contain_text("cannot read")
+    assert figure(page, "v-graph")["names"] == []
