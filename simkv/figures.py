@@ -31,8 +31,8 @@ COLORS = {
 }
 #: The KV cache's own buffers (data, quantisation scales, beam tables).
 KV_TENSORS = tuple(t for t in TENSORS if t.startswith(("k", "v")))
-#: Line dash per compared run, so runs stay apart when colours mean quantities.
-DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+#: Colours of the second, third … run in a comparison (none is a quantity's colour).
+RUN_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 MIB = 1024 * 1024
 
 
@@ -186,21 +186,22 @@ def timeline(
 def compare(
     results: list[Result], labels: list[str], quantity: str = "allocated", max_points: int | None = None
 ) -> go.Figure:
-    """Several runs of the same workload overlaid on one axis (peak shown as a thin line)."""
+    """Several runs of the same workload overlaid on one axis (peak shown as a thin line).
+
+    One quantity is drawn, so colours tell the runs apart here (:data:`RUN_COLORS`);
+    the first run keeps the quantity's own colour.
+    """
     fig = go.Figure()
     for i, (res, label) in enumerate(zip(results, labels)):
-        dash = DASHES[i % len(DASHES)]
+        colour = COLORS.get(quantity, COLORS["allocated"]) if i == 0 else RUN_COLORS[(i - 1) % len(RUN_COLORS)]
         st = res.steps
         xs, ys = _line(st["step"], st[quantity], max_points)
-        fig.add_scatter(
-            x=xs, y=ys / MIB, name=f"{label}: {quantity}",
-            line={"color": COLORS.get(quantity, COLORS["allocated"]), "dash": dash},
-        )
+        fig.add_scatter(x=xs, y=ys / MIB, name=f"{label}: {quantity}", line={"color": colour})
         if quantity == "allocated":
             xs, ys = _line(st["step"], st["peak"], max_points)
             fig.add_scatter(
                 x=xs, y=ys / MIB, name=f"{label}: peak in step",
-                line={"color": COLORS["peak"], "dash": dash, "width": 1},
+                line={"color": colour, "dash": "dot", "width": 1},
             )
     return _layout(fig, f"{quantity} — " + " vs ".join(labels))
 
