@@ -147,6 +147,153 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- simkv validate (issue #3): real OpenVINO CPU run vs the openvino-cpu policy -------------
+# Self-contained block: the parser, the command, and one registration line in build_parser().
+# OpenVINO and memray are imported only when the command runs (simkv.validate.runner).
+
+VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
+VALIDATE_TOY = {"layers": 4, "heads": 8, "head_dim": 64}  # a custom model's dimensions when not given
+
+
+def _add_validate_parser(sub) -> None:
+    p = sub.add_parser("validate", help="run a scenario on the real OpenVINO CPU plugin and compare with the simulator",
+                       description=(
+        "Run a scenario on OpenVINO's CPU plugin (a random-weight stateful decoder of the given shape, or --ir), "
+        "record every KV-cache allocation and free with memray, measure RSS/VmSize/VmHWM/latency in a clean "
+        "run (MALLOC_MMAP_THRESHOLD_ set), predict the same scenario with the openvino-cpu policy at the "
+        "effective KV precision, and compare event by event. Exit 0 only if every KV event matched. "
+        "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations)."))
+    add_scenario_arguments(p)
+    p.set_defaults(**VALIDATE_DEFAULTS)
+    helps = {
+        "model": "preset whose dimensions the toy model takes, or 'custom' (default custom)",
+        "layers": "attention layers (default 4)",
+        "heads": "query heads (default 8)",
+        "kv_heads": "key/value heads (default: --heads, MHA; fewer: GQA)",
+        "head_dim": "head size (default 64)",
+        "precision": "KV_CACHE_PRECISION hint: u8 u4 f16 bf16 f32 (default: the plugin's; the effective precision "
+                     "is read from the compiled model)",
+        "prompt": "prompt tokens (default 32)",
+        "decode": "generated tokens (default 1100)",
+    }
+    for action in p._actions:
+        if action.dest in helps:
+            action.help = helps[action.dest]
+    r = p.add_argument_group("real run")
+    r.add_argument("--hidden", type=int, help="hidden size of the toy model (default heads x head-dim)")
+    r.add_argument("--vocab", type=int, default=1000, help="vocabulary of the toy model (default 1000)")
+    r.add_argument("--inference-precision", help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
+    r.add_argument("--ir", metavar="PATH", help="validate an exported model (openvino_model.xml or its folder); "
+                   "dimensions come from its state variables")
+    r.add_argument("--mmap-threshold", type=int, default=65536,
+                   help="MALLOC_MMAP_THRESHOLD_ of the clean run (default 65536)")
+    r.add_argument("--slope-min-tokens", type=int, default=500,
+                   help="quiet decode stretches at least this long give the resident slope (default 500)")
+    r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
+    o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
+    p.set_defaults(func=_cmd_validate)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from simkv.scenario import build_scenario
+
+    given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden")
+             if getattr(args, k) is not None] + (["--model"] if args.model != "custom" else [])
+    if args.ir and given:
+        raise SimkvError(f"--ir takes the dimensions from the model: drop {', '.join(given)}")
+    for name in ("vocab", "mmap_threshold", "slope_min_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise SimkvError(f"--{name.replace('_', '-')} must be positive")
+    model = None if args.model == "custom" else args.model
+    dims = {k: getattr(args, k) for k in ("layers", "heads", "kv_heads", "head_dim")}
+    if model is None:
+        for k, v in VALIDATE_TOY.items():
+            dims[k] = v if dims[k] is None else dims[k]
+    # Validates the shape and the workload before anything slow happens.
+    sc = build_scenario(model=model, **dims, precision="u8", policy="openvino-cpu", prompt=args.prompt, decode=args.decode,
+                        turns=args.turns, turn_tokens=args.turn_tokens, turn_decode=args.turn_decode,
+                        beam=args.beam, ops=args.ops)
+    m = sc.model
+    if m.heads % m.kv_heads:
+        raise SimkvError(f"--heads ({m.heads}) must be a multiple of --kv-heads ({m.kv_heads})")
+    try:
+        from simkv.validate.runner import ValidateConfig, check_dependencies, run_validation
+
+        check_dependencies()
+    except ImportError:
+        print("simkv validate: error: OpenVINO validation needs openvino and memray: "
+              "pip install 'simkv[openvino]'", file=sys.stderr)
+        return 2
+    from simkv.validate.ovmodel import NotFusedError
+
+    cfg = ValidateConfig(
+        workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+        hidden=args.hidden, vocab=args.vocab, seed=args.seed, kv_cache_precision=args.precision,
+        inference_precision=args.inference_precision, ir=args.ir, mmap_threshold=args.mmap_threshold,
+        slope_min_tokens=args.slope_min_tokens, progress=sys.stderr.isatty(), model_name=m.name,
+    )
+    try:
+        data = run_validation(cfg)
+    except NotFusedError as err:
+        print(f"simkv validate: error: {str(err).split('. ')[0]}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"simkv validate: error: no such model: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # compile errors, unsupported precision hints, a failed clean run
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from ")]
+        print(f"simkv validate: error: {lines[-1] if lines else repr(err)}", file=sys.stderr)
+        return 2
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    if args.report:
+        from simkv.validate.report import write_report
+
+        write_report(data, args.report)
+    if args.json:
+        json.dump(data, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        from simkv.validate.compare import summary_lines
+
+        print("\n".join(summary_lines(data)))
+        for what, path in (("json", args.out), ("report", args.report)):
+            if path:
+                print(f"  {what:<22}{path}")
+    return 0 if data["events_missing"] == 0 and data["events_unexpected"] == 0 else 1
+
+
+# --- end of simkv validate ---------------------------------------------------------------------
+
+
+# --- simkv app (issue #4): the interactive what-if dashboard -----------------------------------
+# Self-contained block: the parser, the command, and one registration line in build_parser().
+
+
+def _add_app_parser(sub) -> None:
+    p = sub.add_parser("app", help="serve the interactive what-if dashboard in the browser",
+                       description="Serve the simkv what-if dashboard (Dash) on http://HOST:PORT/.")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    p.add_argument("--debug", action="store_true", help="Dash debug mode: reload on change, dev tools")
+    p.set_defaults(func=_cmd_app)
+
+
+def _cmd_app(args: argparse.Namespace) -> int:
+    from simkv.dashboard import serve
+
+    if not 0 < args.port < 65536:
+        raise SimkvError(f"--port must be in 1..65535, got {args.port}")
+    serve(args.host, args.port, args.debug)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from simkv.scenario import ENGINES
 
@@ -168,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)
     sub.add_parser("models", help="list model presets and precisions").set_defaults(func=_cmd_models)
+    _add_validate_parser(sub)  # simkv validate (block above)
+    _add_app_parser(sub)  # simkv app (block above)
     return parser
 
 

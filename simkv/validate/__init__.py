@@ -10,7 +10,12 @@ Modules (imported explicitly, so ``import simkv`` never pulls in OpenVINO or mem
   kind (K/V data, scale, beam table) and layer, plus RSS/VmSize/VmHWM/latency per step.
 * :mod:`simkv.validate.kvclassify` -- the call-site classifier behind ``observe``.
 * :mod:`simkv.validate.memtrace` -- memray recording with in-stream step markers.
+* :mod:`simkv.validate.runner` -- ``simkv validate``: the memray run, a clean run in a
+  subprocess with ``MALLOC_MMAP_THRESHOLD_``, the ``openvino-cpu`` prediction, the comparison.
+* :mod:`simkv.validate.compare` -- event alignment (matched / missing / unexpected), resident
+  slope, in-step peak, VmSize and latency comparison; pure numpy, no OpenVINO.
+* :mod:`simkv.validate.report` -- plotly figures and the HTML report from the JSON result.
 
-What the plugin does (formulas, event order, deviations from DESIGN.md) is written up
-in the facts report produced with these modules.
+What the plugin does (formulas, event order, memory signals) is written up in
+docs/DESIGN.md §3; ``compare`` and ``report`` import neither OpenVINO nor memray.
 """

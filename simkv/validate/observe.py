@@ -295,32 +295,65 @@ def kv_dims_from_model(model: ov.Model, kv_cache_precision: str) -> KVDims:
 
 
 class _Feeder:
-    """Makes the four optimum-style inputs for each inference and tracks L and B."""
+    """Makes the four optimum-style inputs for each inference and tracks L and B.
 
-    def __init__(self, vocab: int, seed: int) -> None:
+    The inputs are views of buffers allocated (and touched) once for the longest
+    inference of the scenario and passed to OpenVINO with ``shared_memory=True``:
+    fresh arrays of growing size every step (the attention mask grows by one column per
+    token), copied into fresh OpenVINO tensors, fragment the heap and add RSS that has
+    nothing to do with the KV cache.
+    """
+
+    def __init__(self, vocab: int, seed: int, ops: Sequence[Op] = ()) -> None:
         self.vocab = vocab
         self.rng = np.random.default_rng(seed)
         self.batch = 1
         self.length = 0
+        rows = tokens = mask = 1
+        batch, length = 1, 0
+        for op in ops:
+            if op.phase == "reset":
+                batch, length = 1, 0
+                continue
+            b = len(op.beam_idx) if op.beam_idx is not None else (1 if op.phase == "prefill" else batch)
+            rows, tokens = max(rows, b), max(tokens, b * op.tokens)
+            mask = max(mask, b * (length + op.tokens))
+            batch, length = b, length + op.tokens
+        self._ids = np.zeros(tokens, dtype=np.int64)
+        self._pos = np.zeros(tokens, dtype=np.int64)
+        self._mask = np.ones(mask, dtype=np.int64)
+        self._beam = np.zeros(max(rows, 1), dtype=np.int32)
+        for buf in (self._ids, self._pos, self._mask, self._beam):
+            buf.view(np.uint8)[:] = buf.view(np.uint8)  # make every page resident now
+
+    @staticmethod
+    def _view(buf: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape))
+        if n > len(buf):  # an operation longer than announced: a fresh array
+            return np.empty(shape, dtype=buf.dtype)
+        return buf[:n].reshape(shape)
 
     def inputs(self, op: Op) -> dict[str, np.ndarray]:
         if op.phase == "prefill":
             if self.length:
                 raise ValueError("prefill needs an empty state: add reset() before a new prompt")
-            beam = np.arange(len(op.beam_idx) if op.beam_idx else 1, dtype=np.int32)
+            beam_idx = range(len(op.beam_idx) if op.beam_idx else 1)
         else:
             if not self.length:
                 raise ValueError(f"{op.phase} needs a stored history: start with prefill()")
-            beam = np.asarray(op.beam_idx if op.beam_idx is not None else range(self.batch), dtype=np.int32)
+            beam_idx = op.beam_idx if op.beam_idx is not None else range(self.batch)
         if op.phase != "prefill" and op.beam_idx is not None and max(op.beam_idx) >= self.batch:
             raise ValueError(f"beam_idx {list(op.beam_idx)} out of range for batch {self.batch}")
-        b, t, l0 = len(beam), op.tokens, self.length
-        return {
-            "input_ids": self.rng.integers(0, self.vocab, size=(b, t), dtype=np.int64),
-            "attention_mask": np.ones((b, l0 + t), dtype=np.int64),
-            "position_ids": np.broadcast_to(np.arange(l0, l0 + t, dtype=np.int64), (b, t)).copy(),
-            "beam_idx": beam,
-        }
+        b, t, l0 = len(beam_idx), op.tokens, self.length
+        ids = self._view(self._ids, (b, t))
+        ids[...] = self.rng.integers(0, self.vocab, size=(b, t), dtype=np.int64)
+        pos = self._view(self._pos, (b, t))
+        pos[...] = np.arange(l0, l0 + t, dtype=np.int64)
+        mask = self._view(self._mask, (b, l0 + t))
+        mask[...] = 1
+        beam = self._view(self._beam, (b,))
+        beam[...] = np.asarray(beam_idx, dtype=np.int32)
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "beam_idx": beam}
 
     def advance(self, op: Op, batch: int) -> None:
         if op.phase == "reset":
@@ -369,9 +402,11 @@ def observe(
         vocab = _vocab_of(compiled)
 
     request = compiled.create_infer_request()
-    feeder = _Feeder(vocab, seed)
-    contexts: list[OpContext] = []
-    raw_samples: list[dict] = []
+    feeder = _Feeder(vocab, seed, scenario.ops)
+    # Per-operation bookkeeping goes into one array allocated and written *before* the
+    # run: appending a Python dict per step (~700 B) would itself grow RSS by ~700 B per
+    # token, which on a small model is a sizeable share of the KV growth being measured.
+    table = _sample_table(len(scenario.ops))
     n_infer = sum(op.phase != "reset" for op in scenario.ops)
     bar = _progress(n_infer, progress)
     recorder = Recorder(trace_path, enabled=tracker == "memray")
@@ -386,7 +421,7 @@ def observe(
                     arrays = feeder.inputs(op)
                     past = feeder.length
                     batch = arrays["input_ids"].shape[0]
-                    tensors = {k: ov.Tensor(v) for k, v in arrays.items()}
+                    tensors = {k: ov.Tensor(v, shared_memory=True) for k, v in arrays.items()}
                     for name, tensor in tensors.items():
                         request.set_tensor(name, tensor)
                 hwm_ok = _reset_hwm()
@@ -400,26 +435,27 @@ def observe(
                 status = _proc_status()
                 state_batch = feeder.batch
                 feeder.advance(op, batch)
-                contexts.append(OpContext(seq, batch, past, feeder.length, state_batch))
-                raw_samples.append(
-                    dict(
-                        seq=seq,
-                        step=step,
-                        phase=op.phase,
-                        batch=batch,
-                        tokens=0 if tensors is None else op.tokens,
-                        past_len=past,
-                        total_len=feeder.length,
-                        latency_s=latency,
-                        rss_bytes=status.get("VmRSS", 0),
-                        vmsize_bytes=status.get("VmSize", 0),
-                        hwm_bytes=status.get("VmHWM") if hwm_ok else None,
-                    )
-                )
+                row = table[seq]
+                row["step"] = step
+                row["phase"] = PHASES.index(op.phase)
+                row["batch"] = batch
+                row["state_batch"] = state_batch
+                row["tokens"] = 0 if tensors is None else op.tokens
+                row["past_len"] = past
+                row["total_len"] = feeder.length
+                row["latency_s"] = latency
+                row["rss_bytes"] = status.get("VmRSS", 0)
+                row["vmsize_bytes"] = status.get("VmSize", 0)
+                row["hwm_bytes"] = status.get("VmHWM", -1) if hwm_ok else -1
                 if tensors is not None:
                     step += 1
                     bar.update(1)
         bar.close()
+        raw_samples = _samples_from_table(table)
+        contexts = [
+            OpContext(s["seq"], s["batch"], s["past_len"], s["total_len"], int(table[s["seq"]]["state_batch"]))
+            for s in raw_samples
+        ]
         events, summary, classification = [], TraceSummary(), None
         if tracker == "memray":
             records, summary = read_segments(recorder.path, len(scenario.ops), keep_min_bytes=other_min_bytes)
@@ -431,6 +467,53 @@ def observe(
     samples = _with_kv_live(raw_samples, events if tracker == "memray" else None)
     facts = _facts(inspection, dims, tracker, scenario, summary, classification)
     return Observation(events, samples, facts)
+
+
+
+_SAMPLE_DTYPE = np.dtype(
+    [
+        ("step", np.int64),
+        ("phase", np.int8),
+        ("batch", np.int64),
+        ("state_batch", np.int64),
+        ("tokens", np.int64),
+        ("past_len", np.int64),
+        ("total_len", np.int64),
+        ("latency_s", np.float64),
+        ("rss_bytes", np.int64),
+        ("vmsize_bytes", np.int64),
+        ("hwm_bytes", np.int64),  # -1: VmHWM could not be reset
+    ]
+)
+
+
+def _sample_table(n: int) -> np.ndarray:
+    """A zeroed, already-resident table of ``n`` per-operation rows."""
+    table = np.empty(n, dtype=_SAMPLE_DTYPE)
+    table.view(np.uint8)[:] = 0  # touch every page now, not during the run
+    return table
+
+
+def _samples_from_table(table: np.ndarray) -> list[dict]:
+    out = []
+    for seq, row in enumerate(table.tolist()):
+        step, phase, batch, _state_batch, tokens, past, total, latency, rss, vmsize, hwm = row
+        out.append(
+            dict(
+                seq=seq,
+                step=step,
+                phase=PHASES[phase],
+                batch=batch,
+                tokens=tokens,
+                past_len=past,
+                total_len=total,
+                latency_s=latency,
+                rss_bytes=rss,
+                vmsize_bytes=vmsize,
+                hwm_bytes=None if hwm < 0 else hwm,
+            )
+        )
+    return out
 
 
 def _vocab_of(compiled: ov.CompiledModel) -> int:
