@@ -216,9 +216,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     sc = build_scenario(model=model, **dims, precision="u8", policy="openvino-cpu", prompt=args.prompt, decode=args.decode,
                         turns=args.turns, turn_tokens=args.turn_tokens, turn_decode=args.turn_decode,
                         beam=args.beam, ops=args.ops)
-    m = sc.model
-    if m.heads % m.kv_heads:
-        raise SimkvError(f"--heads ({m.heads}) must be a multiple of --kv-heads ({m.kv_heads})")
+    m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
     try:
         from simkv.validate.runner import ValidateConfig, check_dependencies, run_validation
 

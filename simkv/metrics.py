@@ -91,10 +91,12 @@ def _replacing_allocations(rows: np.ndarray) -> int:
 def per_layer(ledger: Ledger, layers: int) -> list[dict]:
     """Per layer and data tensor: the steps where it reallocated and its final capacity."""
     rows = ledger.rows
+    allocs = rows[(rows["op"] == ALLOC) & np.isin(rows["tensor"], [TENSOR_CODE["k"], TENSOR_CODE["v"]])]
     out = []
     for layer in range(layers):
+        of_layer = allocs[allocs["layer"] == layer]
         for name in ("k", "v"):
-            sel = rows[(rows["layer"] == layer) & (rows["tensor"] == TENSOR_CODE[name]) & (rows["op"] == ALLOC)]
+            sel = of_layer[of_layer["tensor"] == TENSOR_CODE[name]]
             out.append(
                 {
                     "layer": layer,
@@ -107,4 +109,4 @@ def per_layer(ledger: Ledger, layers: int) -> list[dict]:
     return out
 
 
-__all__ = ["Metrics", "compute", "per_layer", "TENSORS"]
+__all__ = ["Metrics", "compute", "per_layer"]
