@@ -8,7 +8,7 @@ and the head size. Presets carry the values from each model's published
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simkv.errors import ConfigError
 
@@ -20,12 +20,26 @@ class ModelSpec:
     heads: int
     kv_heads: int
     head_dim: int
+    #: The rest of the transformer, for weight bytes and FLOPs (the cost model);
+    #: 0 means unknown (a custom shape): ``hidden`` then defaults to heads × head_dim.
+    hidden: int = 0
+    intermediate: int = 0
+    vocab: int = 0
+    tied_embeddings: bool = False
+    #: Attention window in tokens (Mistral-7B v0.1: 4,096); None = full attention.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("layers", "heads", "kv_heads", "head_dim"):
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model {field} must be a positive integer, got {value!r}")
+        for field in ("hidden", "intermediate", "vocab"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"model {field} must be a non-negative integer, got {value!r}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise ConfigError(f"sliding window must be a positive integer, got {self.sliding_window!r}")
         if self.heads % self.kv_heads:
             raise ConfigError(
                 f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
@@ -42,20 +56,21 @@ class ModelSpec:
 
 
 # Sources: each model's config.json (num_hidden_layers, num_attention_heads,
-# num_key_value_heads, hidden_size / num_attention_heads).
+# num_key_value_heads, head_dim or hidden_size / num_attention_heads,
+# hidden_size, intermediate_size, vocab_size, tie_word_embeddings, sliding_window).
 PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        ModelSpec("gpt2", layers=12, heads=12, kv_heads=12, head_dim=64),
-        ModelSpec("tinyllama-1.1b", layers=22, heads=32, kv_heads=4, head_dim=64),
-        ModelSpec("qwen2.5-0.5b", layers=24, heads=14, kv_heads=2, head_dim=64),
-        ModelSpec("phi-3.5-mini", layers=32, heads=32, kv_heads=32, head_dim=96),
-        ModelSpec("llama-2-7b", layers=32, heads=32, kv_heads=32, head_dim=128),
-        ModelSpec("llama-2-13b", layers=40, heads=40, kv_heads=40, head_dim=128),
-        ModelSpec("llama-3-8b", layers=32, heads=32, kv_heads=8, head_dim=128),
-        ModelSpec("mistral-7b", layers=32, heads=32, kv_heads=8, head_dim=128),
-        ModelSpec("qwen2.5-7b", layers=28, heads=28, kv_heads=4, head_dim=128),
-        ModelSpec("llama-3-70b", layers=80, heads=64, kv_heads=8, head_dim=128),
+        ModelSpec("gpt2", layers=12, heads=12, kv_heads=12, head_dim=64, hidden=768, intermediate=3072, vocab=50257, tied_embeddings=True),
+        ModelSpec("tinyllama-1.1b", layers=22, heads=32, kv_heads=4, head_dim=64, hidden=2048, intermediate=5632, vocab=32000),
+        ModelSpec("qwen2.5-0.5b", layers=24, heads=14, kv_heads=2, head_dim=64, hidden=896, intermediate=4864, vocab=151936, tied_embeddings=True),
+        ModelSpec("phi-3.5-mini", layers=32, heads=32, kv_heads=32, head_dim=96, hidden=3072, intermediate=8192, vocab=32064),
+        ModelSpec("llama-2-7b", layers=32, heads=32, kv_heads=32, head_dim=128, hidden=4096, intermediate=11008, vocab=32000),
+        ModelSpec("llama-2-13b", layers=40, heads=40, kv_heads=40, head_dim=128, hidden=5120, intermediate=13824, vocab=32000),
+        ModelSpec("llama-3-8b", layers=32, heads=32, kv_heads=8, head_dim=128, hidden=4096, intermediate=14336, vocab=128256),
+        ModelSpec("mistral-7b", layers=32, heads=32, kv_heads=8, head_dim=128, hidden=4096, intermediate=14336, vocab=32000, sliding_window=4096),
+        ModelSpec("qwen2.5-7b", layers=28, heads=28, kv_heads=4, head_dim=128, hidden=3584, intermediate=18944, vocab=152064),
+        ModelSpec("llama-3-70b", layers=80, heads=64, kv_heads=8, head_dim=128, hidden=8192, intermediate=28672, vocab=128256),
     )
 }
 
@@ -100,6 +115,4 @@ def custom_model(
         return base
     if "heads" in changed and "kv_heads" not in changed and base.kv_heads == base.heads:
         changed["kv_heads"] = changed["heads"]
-    fields = {f: getattr(base, f) for f in ("layers", "heads", "kv_heads", "head_dim")}
-    fields.update(changed)
-    return ModelSpec(f"{base.name}*", **fields)
+    return replace(base, name=f"{base.name}*", **changed)
