@@ -26,6 +26,8 @@ class ModelSpec:
     intermediate: int = 0
     vocab: int = 0
     tied_embeddings: bool = False
+    #: Weight matrices per MLP block: 3 for gated (SwiGLU) MLPs, 2 for GPT-2's.
+    mlp_matrices: int = 3
     #: Attention window in tokens (Mistral-7B v0.1: 4,096); None = full attention.
     sliding_window: int | None = None
 
@@ -50,6 +52,19 @@ class ModelSpec:
         """KV primitives in construction order K0, V0, K1, V1, … (two per layer)."""
         return 2 * self.layers
 
+    @property
+    def weight_params(self) -> int:
+        """Parameters of the weight matrices and embeddings, from the config's dimensions
+        (biases and norms, under 0.1 %, are left out); 0 when the shape is only the attention
+        geometry (a custom model without hidden/intermediate/vocab)."""
+        if not (self.hidden and self.intermediate and self.vocab):
+            return 0
+        q_o = 2 * self.hidden * self.heads * self.head_dim
+        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = self.mlp_matrices * self.hidden * self.intermediate
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * (q_o + k_v + mlp) + embeddings
+
     def describe(self) -> str:
         gqa = "MHA" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
         return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}"
@@ -61,7 +76,7 @@ class ModelSpec:
 PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        ModelSpec("gpt2", layers=12, heads=12, kv_heads=12, head_dim=64, hidden=768, intermediate=3072, vocab=50257, tied_embeddings=True),
+        ModelSpec("gpt2", layers=12, heads=12, kv_heads=12, head_dim=64, hidden=768, intermediate=3072, vocab=50257, tied_embeddings=True, mlp_matrices=2),
         ModelSpec("tinyllama-1.1b", layers=22, heads=32, kv_heads=4, head_dim=64, hidden=2048, intermediate=5632, vocab=32000),
         ModelSpec("qwen2.5-0.5b", layers=24, heads=14, kv_heads=2, head_dim=64, hidden=896, intermediate=4864, vocab=151936, tied_embeddings=True),
         ModelSpec("phi-3.5-mini", layers=32, heads=32, kv_heads=32, head_dim=96, hidden=3072, intermediate=8192, vocab=32064),
@@ -116,3 +131,16 @@ def custom_model(
     if "heads" in changed and "kv_heads" not in changed and base.kv_heads == base.heads:
         changed["kv_heads"] = changed["heads"]
     return replace(base, name=f"{base.name}*", **changed)
+
+
+#: Bytes per weight for the weight precisions of the cost model and ``--weights-precision``.
+WEIGHT_BYTES: dict[str, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+def weights_bytes(model: ModelSpec, precision: str = "f16") -> int:
+    """Bytes the model's weights take at a weight precision (0 for a custom shape)."""
+    try:
+        per = WEIGHT_BYTES[precision]
+    except KeyError:
+        raise ConfigError(f"unknown weight precision {precision!r}; choose {', '.join(WEIGHT_BYTES)}") from None
+    return int(model.weight_params * per)
