@@ -18,10 +18,18 @@ by the engine, steered by the *mechanics* options every policy carries:
 ``beam_tables``
     i32 beam tables ``[B, cap]`` each K and each V primitive keeps.
 ``headroom_limit``
-    no headroom for an allocation that would bring the device to this share of
-    its memory (GPU plugin: 0.9): it gets exactly the tokens it needs. 0 = off.
+    no headroom for an allocation that would bring the device (KV cache, other
+    buffers and ``Scenario.weights_memory``) to this share of its memory (GPU
+    plugin: 0.9): it gets exactly the tokens it needs. 0 = off. What is checked
+    is the whole unit, or only its data buffer (:attr:`Policy.headroom_buffer`).
 ``max_alloc_bytes``
-    a buffer larger than this gets no headroom either (0 = no limit).
+    a buffer larger than this gets no headroom either, and a buffer that is still
+    larger at its exact size cannot be allocated: the run stops as out of memory
+    (the GPU plugin throws "Exceeded max size of memory object allocation"). 0 = no limit.
+``carry_padding``
+    a buffer rebuilt while it still had room keeps that room on top of the new
+    size: the policy sizes ``needed + room left`` (GPU plugin: padding is carried
+    into the reallocation).
 ``reset_adopts_batch``
     capacity is a budget of rows (tokens × beams) and the first inference after
     a reset takes its batch without a rebuild when it fits (CPU plugin).
@@ -50,6 +58,7 @@ from simkv.errors import ConfigError
 
 if TYPE_CHECKING:
     from simkv.models import ModelSpec
+    from simkv.precision import Precision
     from simkv.workload import Workload
 
 FREE_TIMINGS = ("immediate", "end_of_step", "next_inference")
@@ -77,6 +86,13 @@ class Policy:
     #: ``grow_empty`` (buffers kept across a reset, nothing stored), ``rebatch``
     #: (batch width changed). ``None`` or a missing key: allocs, copies, frees.
     row_orders: ClassVar[dict[str, str] | None] = None
+    #: What the headroom limits look at: ``unit`` (all of a unit's buffers together) or
+    #: ``data`` (the K or V data buffer alone, as the GPU plugin checks each buffer).
+    headroom_buffer: ClassVar[str] = "unit"
+    #: Beam tables owned by the attention kernel (GPU plugin): not slots of a unit but a
+    #: prev/new pair per primitive, updated only while beams > 1 or on an empty cache
+    #: (see :mod:`policies.mechanics`). False: ``beam_tables`` slots inside each unit.
+    kernel_beam_tables: ClassVar[bool] = False
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")
@@ -86,6 +102,7 @@ class Policy:
     max_alloc_bytes: int = option(0, "no headroom for a unit larger than this many bytes (0 = no limit)")
     reset_adopts_batch: bool = option(False, "after reset_state(), the next prompt's batch reuses buffers whose rows fit")
     past_view: bool = option(False, "one model-wide f32 [B, H_kv, L0, S] block, grown to exact size (CPU plugin)")
+    carry_padding: bool = option(False, "a rebuilt buffer keeps its unused room on top of the new size (GPU plugin)")
 
     def __post_init__(self) -> None:
         if self.free_old not in FREE_TIMINGS:
@@ -98,6 +115,8 @@ class Policy:
             raise ConfigError(f"headroom_limit must be in [0, 1], got {self.headroom_limit}")
         if self.max_alloc_bytes < 0:
             raise ConfigError(f"max_alloc_bytes must be >= 0, got {self.max_alloc_bytes}")
+        if self.kernel_beam_tables and self.beam_tables == 1:
+            raise ConfigError("this runtime keeps beam tables in pairs (prev and new): beam_tables must be 0 or 2")
 
     # -- hooks -------------------------------------------------------------
 
@@ -118,6 +137,10 @@ class Policy:
         check it on the first step after each change only).
         """
         return np.zeros(np.shape(needed), dtype=bool)
+
+    def meta_bytes_per_head(self, precision: Precision) -> int:
+        """Bytes of scale/zero-point metadata per token per KV head this runtime stores for a precision."""
+        return precision.meta_bytes_per_head
 
     def check(self, model: ModelSpec, workload: Workload) -> None:
         """Raise :class:`simkv.errors.PolicyError` if this policy cannot run the workload."""

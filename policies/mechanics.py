@@ -17,16 +17,46 @@ _HELP = {f.name: f.metadata["help"] for f in fields(Policy)}
 
 @dataclass(frozen=True)
 class GPUMechanics(Policy):
-    """The OpenVINO GPU plugin (docs/DESIGN.md §2): K and V are separate kv_cache
-    primitives; the old buffer lives until the next inference (ReadValue still holds
-    it); reset frees; device memory is resident once allocated; indirect SDPA keeps a
-    prev and a new beam table per primitive; no headroom past 90 % of device memory."""
+    """The OpenVINO GPU plugin (docs/DESIGN.md §2), read in ``src/plugins/intel_gpu/`` (files
+    and commits in :mod:`policies.openvino_gpu`). K and V are separate kv_cache primitives.
+
+    * Old buffer: stays referenced by the ReadValue and is released at the next inference
+      (``kv_cache_inst::get_prealloc_iter_num`` comment, ``graph/kv_cache.cpp``):
+      ``free_old=next_inference``.
+    * Reset: ``VariableState::reset`` (``plugin/variable_state.cpp``) calls
+      ``release_variable()`` on its primitives in current builds (PR #32916): ``reset=free``;
+      older builds only cleared ``m_is_set`` and kept the buffers (``reset=keep``, #28361).
+    * Device memory is resident once allocated (``first_touch=False``).
+    * Padding carried into a rebuilt buffer (``carry_padding``): see :mod:`policies.openvino_gpu`.
+    * Headroom limit: ``ShapePredictor::can_preallocate`` (``runtime/shape_predictor.cpp``) is
+      asked per output buffer of the primitive (data, scales): no headroom if the buffer alone
+      is over the device's max single allocation, else headroom while all usm_device memory in
+      use (KV, weights, other models: ``Scenario.weights_memory``) + the buffer < 90 % of global
+      memory. simkv checks the data buffer (``headroom_buffer = "data"``) and sizes the unit's
+      scale buffer with it: the plugin checks the scales separately, which differs only within
+      one scale buffer of the 90 % line. Beam tables are not checked.
+    * Max single allocation: ``ocl_engine::check_allocatable`` throws "Exceeded max size of
+      memory object allocation" for a larger buffer (unless large allocations are enabled:
+      ``max_alloc_bytes=0``). Default 4 GiB − 8 KiB, the value a Core Ultra iGPU reports
+      (4,294,959,104 B in that error message); the throw ends the run like out of memory.
+    * Beam tables (``impls/ocl/kv_cache.cpp``, ``kv_cache_impl::execute_impl``), owned by the
+      kernel object (``kernel_beam_tables``): updated only when the present batch is > 1 or
+      the past is empty (first inference, after a reset); then prev and new are swapped and
+      new is regrown when its element count < B × L, to ``[B, L + P_id]`` (prev too the first
+      time); the replaced table is freed at once. Greedy batch-1 decoding keeps the two
+      prompt-sized tables forever; they survive ``reset`` (the kernel keeps them).
+    """
+
+    headroom_buffer = "data"
+    kernel_beam_tables = True
 
     free_old: str = option("next_inference", _HELP["free_old"])
     reset: str = option("free", _HELP["reset"])
     first_touch: bool = option(False, _HELP["first_touch"])
     beam_tables: int = option(2, _HELP["beam_tables"])
     headroom_limit: float = option(0.9, _HELP["headroom_limit"])
+    max_alloc_bytes: int = option(4 * 2**30 - 8 * 2**10, _HELP["max_alloc_bytes"])
+    carry_padding: bool = option(True, _HELP["carry_padding"])
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,42 @@
 """OpenVINO GPU plugin: staggered additive headroom per kv_cache primitive.
 
-Rules (docs/DESIGN.md §2), as read in openvinotoolkit/openvino:
+Read in openvinotoolkit/openvino ``src/plugins/intel_gpu/`` as stored in the code index
+(``graph/kv_cache.cpp`` at 5d057bd5, ``runtime/shape_predictor.cpp`` at 473faca3,
+``plugin/transformations/kv_cache_compression.cpp`` at 6dc130de, ``graph/primitive_inst.cpp``
+and ``graph/impls/ocl/kv_cache.cpp`` in their newest stored versions; no Intel GPU here to
+run them). docs/DESIGN.md §2 has the whole reading; the mechanics shared with ``fixed``
+(old buffer freed next inference, reset, beam tables, the 90 % check) are in
+:class:`policies.mechanics.GPUMechanics`.
 
-* ``kv_cache_inst::get_prealloc_iter_num()`` (``src/plugins/intel_gpu/src/graph/kv_cache.cpp``)
-  returns ``128 + kv_cache_id % 64``: each primitive (K0, V0, K1, V1, …) gets its own
-  headroom so that layers do not all reallocate on the same iteration — the
-  *stagger*. Its comment: the original memory "will be released when the
-  ReadValue is called, i.e., at the next iteration", so old and new coexist
-  for one step;
-* ``primitive_inst::realloc_if_needed`` (``graph/primitive_inst.cpp``) pads the
-  sequence axis by that count (first inference ``cap = P + P_id``; on overflow
-  ``cap' = L0 + L1 + P_id``) when ``ShapePredictor::can_preallocate``
-  (``runtime/shape_predictor.cpp``) allows it: ``device_mem_usage + size <
-  0.90 × max_global_mem_size`` and ``size <= max_alloc_mem_size``; else exact size;
-  and it reclaims a buffer when ``(needed + P_id) × 10 < cap``;
-* ``reset_state()`` frees the buffers in late-2025 builds (PR #32916); older
-  builds keep them for reuse (#28361): ``reset=keep``;
-* indirect SDPA (``impls/ocl/kv_cache.cpp``) keeps a prev and a new i32 beam
-  table per primitive, swapped each step, grown by the same ``P_id``.
+* Headroom: ``kv_cache_inst::get_prealloc_iter_num()`` (``graph/kv_cache.cpp``) returns
+  ``128 + kv_cache_id % 64`` — the *stagger*, so that primitives do not all reallocate on
+  the same step.
+* Primitive ids: the ``kv_cache_inst`` constructor sets ``kv_cache_id =
+  network.get_kv_cache_ids().size()``, and ``network::allocate_primitive_instance`` appends
+  each kv_cache node as ``network::allocate_primitives`` walks ``program::get_allocating_order()``
+  (dynamic nodes keep the program's processing order). So ids count from 0 *per network*:
+  a second model or stream compiled alongside has its own network and does not shift them.
+  Which of a layer's K and V comes first is the processing order, not readable without a
+  GPU run: K first is assumed (``kv_order``); ``id_offset`` shifts every id for what-ifs
+  (another build, a graph with extra kv_cache nodes first).
+* Size of a new buffer: ``primitive_inst::update_shape`` keeps the previous output
+  padding (``padding::max`` of the old and new layouts); ``do_runtime_in_place_kv_cache``
+  shrinks it by the new tokens when they fit, else leaves it; ``realloc_if_needed`` turns
+  the padded dims into the shape (``update_padding``) and ``ShapePredictor::
+  predict_preallocation_shape`` adds the headroom on the sequence axis. So a buffer rebuilt
+  with ``p`` tokens of room left gets ``L0 + L1 + p + P_id``; the engines pass
+  ``needed + p`` to :meth:`capacity` (``carry_padding``). ``update_paddings`` resets the
+  padding while the variable is not set (first inference, after a reset): ``p = 0`` there.
+* When ``ShapePredictor::can_preallocate`` refuses, the buffer is the padded size
+  ``L0 + L1 + p`` (no ``P_id``).
+* Reclaim: ``realloc_if_needed`` drops a buffer when ``(padded + P_id) × 10`` is below its
+  size; with the padding counted this only happens right after a reset (``reset=keep``).
+* Quantised KV: ``KVCacheCompressionMatcher`` compresses to i8 only, asymmetric, with
+  scale and zero point interleaved in one buffer ``[B, H, cap, 2]`` of the query's type —
+  the inference precision: 4 B per token per head at f16, 8 B at f32
+  (``inference_precision``). A u4 cache on GPU (2026.2+, inner dimension halved) is not in
+  the sources read: it is taken as u4 data with the same interleaved scale/zero point,
+  unverified. u8 is not a GPU KV type in these sources; simkv sizes it like i8.
 """
 
 from __future__ import annotations
@@ -30,16 +49,22 @@ from policies.base import option
 from policies.mechanics import GPUMechanics
 from simkv.errors import ConfigError
 
+KV_ORDERS = ("kv", "vk")
+INFERENCE_PRECISIONS = {"f16": 2, "f32": 4}  # bytes of one scale or zero point
+
 
 @dataclass(frozen=True)
 class OpenVINOGPU(GPUMechanics):
     name = "openvino-gpu"
-    summary = "GPU plugin: cap = L + 128 + id % 64 per primitive (staggered), old freed next inference"
+    summary = "GPU plugin: cap = L + room left + 128 + id % 64 per primitive (staggered), old freed next inference"
     default_precision = "f16"
 
     headroom_base: int = option(128, "tokens of headroom every primitive gets")
     stagger: int = option(64, "headroom modulus: primitive id adds id % stagger tokens (1 = no stagger)")
-    reclaim_factor: int = option(10, "rebuild a buffer when (needed + headroom) x factor < capacity (0 = never)")
+    reclaim_factor: int = option(10, "rebuild a buffer when (needed + room + headroom) x factor < capacity (0 = never)")
+    id_offset: int = option(0, "first kv_cache id (0: ids count per network from K0; shift for what-ifs)")
+    kv_order: str = option("kv", "which primitive of a layer gets the lower id: kv (K0=0, V0=1, ...) | vk")
+    inference_precision: str = option("f16", "inference precision: type of i8/u4 scales and zero points (f16 | f32)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -47,9 +72,20 @@ class OpenVINOGPU(GPUMechanics):
             raise ConfigError("headroom_base must be >= 0 and stagger >= 1")
         if self.reclaim_factor < 0:
             raise ConfigError("reclaim_factor must be >= 0")
+        if self.id_offset < 0:
+            raise ConfigError(f"id_offset must be >= 0, got {self.id_offset}")
+        if self.kv_order not in KV_ORDERS:
+            raise ConfigError(f"kv_order must be kv or vk, got {self.kv_order!r}")
+        if self.inference_precision not in INFERENCE_PRECISIONS:
+            raise ConfigError(f"inference_precision must be f16 or f32, got {self.inference_precision!r}")
+
+    def kv_cache_id(self, prim: np.ndarray) -> np.ndarray:
+        """The plugin's kv_cache_id of simkv's primitive index (K0=0, V0=1, K1=2, …)."""
+        prim = np.asarray(prim)
+        return self.id_offset + (prim ^ 1 if self.kv_order == "vk" else prim)
 
     def headroom(self, prim: np.ndarray) -> np.ndarray:
-        return self.headroom_base + np.asarray(prim) % self.stagger
+        return self.headroom_base + self.kv_cache_id(prim) % self.stagger
 
     def capacity(self, needed, prim):
         return needed + self.headroom(prim)
@@ -58,3 +94,8 @@ class OpenVINOGPU(GPUMechanics):
         if not self.reclaim_factor:
             return super().reclaim(needed, prim, capacity)
         return (needed + self.headroom(prim)) * self.reclaim_factor < capacity
+
+    def meta_bytes_per_head(self, precision) -> int:
+        if precision.name in ("i8", "u8", "u4"):  # (scale, zero point) interleaved, in the inference precision
+            return 2 * INFERENCE_PRECISIONS[self.inference_precision]
+        return precision.meta_bytes_per_head

@@ -25,9 +25,9 @@ import numpy as np
 import simpy
 
 from simkv.errors import SimkvError
-from simkv.layout import PAST_VIEW_BYTES, Layout
+from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
 from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
-from simkv.memory import OutOfMemory
+from simkv.memory import AllocationTooLarge, OutOfMemory
 from simkv.steps import STEP, StepRecorder
 from simkv.workload import Decode, Inference, inference_of
 
@@ -46,26 +46,29 @@ def alloc_delta(rows: np.ndarray) -> np.ndarray:
     return np.where(op == ALLOC, rows["bytes"], np.where(op == FREE, -rows["bytes"], 0))
 
 
-def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memory, weights=0):
+def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memory, weights=0, alloc_bytes=None):
     """Apply the headroom limits (``headroom_limit``, ``max_alloc_bytes``) to one step's units.
 
     ``unit_bytes(i, cap)`` gives unit i's bytes at a capacity; ``running_before(i, chosen)``
     the allocated bytes just before unit i allocates, given the bytes chosen so far.
     Units are decided in order, as the runtime allocates them. ``weights``: device
-    memory in use besides the KV cache, counted toward the limit.
+    memory in use besides the KV cache, counted toward the limit. ``needed`` may be
+    one value per unit (needs with carried padding); ``alloc_bytes(i, cap)`` gives
+    what unit i allocates in all when only part of it is checked (default ``unit_bytes``).
     """
     if not policy.headroom_limit and not policy.max_alloc_bytes:
         return caps
     caps = np.array(caps)
     limit = policy.headroom_limit * device_memory - weights
     chosen: list[int] = []
+    exact = np.broadcast_to(needed, caps.shape)
     for i in range(len(caps)):
         nbytes = unit_bytes(i, caps[i])
         over_limit = policy.headroom_limit and running_before(i, chosen) + nbytes >= limit
         if over_limit or (policy.max_alloc_bytes and nbytes > policy.max_alloc_bytes):
-            caps[i] = needed
+            caps[i] = exact[i]
             nbytes = unit_bytes(i, caps[i])
-        chosen.append(nbytes)
+        chosen.append(alloc_bytes(i, caps[i]) if alloc_bytes else nbytes)
     return caps
 
 
@@ -113,6 +116,12 @@ class FastEngine:
         self.view = {"bytes": 0, "id": -1, "tokens": 0}
         self.row_total = int(lay.row_bytes.sum())
         self.unit_row = lay.unit_row_bytes
+        # Bytes per token per beam the headroom limits look at (policy.headroom_buffer).
+        self.check_row = lay.row_bytes[lay.unit_slots[:, 0]] if policy.headroom_buffer == "data" else self.unit_row
+        # Beam tables a GPU kernel keeps per unit (policy.kernel_beam_tables): [new, prev] columns.
+        self.t_rows = np.zeros((lay.units, 2), dtype=np.int64)  # token rows (elements); 0 = none
+        self.t_batch = np.ones((lay.units, 2), dtype=np.int64)
+        self.t_id = np.full((lay.units, 2), -1, dtype=np.int64)
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -146,7 +155,17 @@ class FastEngine:
     def _reclaims_next(self) -> bool:
         needed = np.full(self.layout.units, self.stored + 1, dtype=np.int64)
         fits = self.batch * needed <= self.budget
-        return bool((fits & self.policy.reclaim(needed, self.layout.unit_prim, self.budget // self.batch)).any())
+        padded = needed + self._room()
+        return bool((fits & self.policy.reclaim(padded, self.layout.unit_prim, self.budget // self.batch)).any())
+
+    def _room(self) -> np.ndarray:
+        """Tokens of room each unit still has, carried into its next buffer (policy.carry_padding).
+
+        None before the first inference or after a reset, where the runtime resets the padding.
+        """
+        if not self.policy.carry_padding or not self.stored:
+            return np.zeros(self.layout.units, dtype=np.int64)
+        return np.where(self.budget > 0, self.budget // self.batch - self.stored, 0)
 
     # -- rows ------------------------------------------------------------------
 
@@ -237,26 +256,42 @@ class FastEngine:
                 self.batch = inf.batch  # the kept buffers now hold rows of the new width
             rebatch = has & (inf.batch != self.batch)
             fits = has & ~rebatch & (inf.batch * needed <= self.budget)
-            needed_all = np.full(lay.units, needed, dtype=np.int64)
-            fits &= ~policy.reclaim(needed_all, lay.unit_prim, self.budget // self.batch)
+            padded = needed + self._room()
+            fits &= ~policy.reclaim(padded, lay.unit_prim, self.budget // self.batch)
             units = np.flatnonzero(~fits)
+            id_start = self.next_id
+            tables, table_unit, table_delta = self._beam_tables(step, phase, needed, inf.batch)
+            unit_rows, unit_res, unit_key = _NO_ROWS, _NO_BYTES, _NO_BYTES
             if len(units):
                 kind = "rebatch" if rebatch.any() else "grow_empty" if has.any() and not self.stored else "grow"
-                block, happens, resident = self._reallocate(units, needed, inf.batch, step, phase, rows, kind)
+                tables_before = np.cumsum(table_delta) - table_delta  # tables of earlier units (the kernel runs first)
+                block, happens, resident = self._reallocate(units, needed, inf.batch, step, phase, rows, kind, padded,
+                                                            tables_before)
                 is_free = block["op"] == FREE
                 deferred_mask = happens & is_free
                 if policy.free_old != "immediate":
                     happens &= ~is_free
-                rows.append(block[happens])
-                resident_delta.append(resident[happens])
+                unit_rows, unit_res = block[happens], resident[happens]
+                unit_key = np.broadcast_to(2 * units[:, None], block.shape)[happens]
                 deferred, deferred_resident = block[deferred_mask], -resident[deferred_mask]
+            if len(tables):
+                # Per unit: its buffers' rows, then its kernel's beam tables; ids in allocation order.
+                order = np.argsort(np.concatenate([unit_key, 2 * table_unit + 1]), kind="stable")
+                unit_rows = np.concatenate([unit_rows, tables])[order]
+                table_res = np.zeros(len(tables), dtype=np.int64) if self.first_touch else alloc_delta(tables)
+                unit_res = np.concatenate([unit_res, table_res])[order]
+                self._renumber(unit_rows, id_start)
+            rows.append(unit_rows)
+            resident_delta.append(unit_res)
             self.after_reset = False
 
         rows, resident_delta = np.concatenate(rows), np.concatenate(resident_delta)
         allocated = self.allocated + np.cumsum(alloc_delta(rows))
         over = np.flatnonzero(allocated + self.scenario.weights_memory > self.scenario.device_memory)
-        if len(over):
-            return self._out_of_memory(step, phase, before, rows, resident_delta, int(over[0]))
+        too_large = np.flatnonzero((rows["op"] == ALLOC) & (rows["bytes"] > policy.max_alloc_bytes)) if policy.max_alloc_bytes else over[:0]
+        if len(over) or len(too_large):
+            failing = min(int(over[0]) if len(over) else len(rows), int(too_large[0]) if len(too_large) else len(rows))
+            return self._out_of_memory(step, phase, before, rows, resident_delta, failing)
         resident = self.resident + np.cumsum(resident_delta)
         peak = int(allocated.max(initial=self.allocated))
         resident_peak = int(resident.max(initial=self.resident))
@@ -282,9 +317,12 @@ class FastEngine:
             self.resident -= int(deferred_resident.sum())
         self._record(step, phase, peak, resident_peak)
 
-    def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind):
+    def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind, padded, tables_before):
+        """``padded``: per unit, the tokens needed plus the room carried over (policy.carry_padding);
+        ``tables_before``: per unit, bytes the kernels' beam tables took this step before it."""
         lay, policy = self.layout, self.policy
-        caps = np.asarray(policy.capacity(np.full(len(units), needed, dtype=np.int64), lay.unit_prim[units]), dtype=np.int64)
+        padded = padded[units]
+        caps = np.asarray(policy.capacity(padded, lay.unit_prim[units]), dtype=np.int64)
         if caps.shape != units.shape or (caps < needed).any():
             raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
         old_rows = self.budget[units]
@@ -292,9 +330,11 @@ class FastEngine:
         start = self.allocated + sum(int(alloc_delta(r).sum()) for r in rows_so_far)
         immediate = policy.free_old == "immediate"
         caps = limit_headroom(
-            policy, needed, caps,
-            unit_bytes=lambda i, cap: int(cap) * int(self.unit_row[units[i]]) * batch,
-            running_before=lambda i, chosen: start + sum(chosen) - (int(old_unit_bytes[:i].sum()) if immediate else 0),
+            policy, padded, caps,
+            unit_bytes=lambda i, cap: int(cap) * int(self.check_row[units[i]]) * batch,
+            alloc_bytes=lambda i, cap: int(cap) * int(self.unit_row[units[i]]) * batch,
+            running_before=lambda i, chosen: start + sum(chosen) - (int(old_unit_bytes[:i].sum()) if immediate else 0)
+            + int(tables_before[units[i]]),
             device_memory=self.scenario.device_memory, weights=self.scenario.weights_memory,
         )
         slots = lay.unit_slots[units]
@@ -310,6 +350,55 @@ class FastEngine:
         self.written[slots] = np.where((old_rows > 0)[:, None], self.stored * batch, 0)
         self.batch = batch
         return out
+
+    def _beam_tables(self, step: int, phase: int, needed: int, batch: int):
+        """The GPU kernel's beam tables for one inference (``policy.kernel_beam_tables``).
+
+        Updated only when the step holds more than one beam or starts from an empty
+        cache: swap prev and new; if the new one holds fewer elements than
+        ``batch × needed``, allocate it at ``policy.capacity(needed)`` tokens × batch
+        (and prev alike the first time) and free the table it replaces at once.
+        Returns the rows (provisional ids from ``next_id``), each row's unit, and each
+        unit's net change of allocated bytes. Commits the new state.
+        """
+        lay, policy = self.layout, self.policy
+        none = np.zeros(lay.units, dtype=np.int64)
+        if not (policy.kernel_beam_tables and policy.beam_tables) or not (batch > 1 or self.stored == 0):
+            return _NO_ROWS, _NO_BYTES, none
+        self.t_rows, self.t_batch, self.t_id = self.t_rows[:, ::-1].copy(), self.t_batch[:, ::-1].copy(), self.t_id[:, ::-1].copy()
+        grow = np.flatnonzero(self.t_rows[:, 0] < batch * needed)
+        caps = np.asarray(policy.capacity(np.full(len(grow), needed, dtype=np.int64), lay.unit_prim[grow]), dtype=np.int64)
+        out, unit_of, delta = [], [], none.copy()
+        for u, cap in zip(grow.tolist(), caps.tolist()):
+            nbytes = cap * batch * BEAM_TABLE_BYTES
+            row = (step, phase, self.request, int(lay.layer[lay.unit_slots[u, 0]]), int(lay.unit_table_tensor[u]))
+            out.append(row + (ALLOC, nbytes, cap, needed, self.next_id))
+            dropped = (self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0])
+            self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0] = cap * batch, batch, self.next_id
+            self.next_id += 1
+            delta[u] += nbytes
+            if not self.t_rows[u, 1]:
+                out.append(row + (ALLOC, nbytes, cap, needed, self.next_id))
+                self.t_rows[u, 1], self.t_batch[u, 1], self.t_id[u, 1] = cap * batch, batch, self.next_id
+                self.next_id += 1
+                delta[u] += nbytes
+            elif dropped[0]:
+                out.append(row + (FREE, int(dropped[0]) * BEAM_TABLE_BYTES, int(dropped[0] // dropped[1]), 0, int(dropped[2])))
+                delta[u] -= int(dropped[0]) * BEAM_TABLE_BYTES
+            unit_of += [u] * (len(out) - len(unit_of))
+        return (np.array(out, dtype=ROW) if out else _NO_ROWS), np.asarray(unit_of, dtype=np.int64), delta
+
+    def _renumber(self, rows: np.ndarray, id_start: int) -> None:
+        """Renumber the ids allocated since ``id_start`` in the order ``rows`` allocates them,
+        in the rows and in the live state."""
+        fresh = rows["buffer"] >= id_start
+        allocs = rows["buffer"][fresh & (rows["op"] == ALLOC)]
+        remap = np.empty(self.next_id - id_start, dtype=np.int64)
+        remap[allocs - id_start] = id_start + np.arange(len(allocs))
+        rows["buffer"][fresh] = remap[rows["buffer"][fresh] - id_start]
+        for ids in (self.buf, self.t_id):
+            moved = ids >= id_start
+            ids[moved] = remap[ids[moved] - id_start]
 
     def _ids_in_order(self, n: int, order: np.ndarray) -> np.ndarray:
         """Fresh buffer ids for ``n`` units' slots, numbered in the order they are allocated."""
@@ -365,6 +454,8 @@ class FastEngine:
             unit = k = old_rows = new_cap = _NO_BYTES
         if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
             return False
+        if policy.kernel_beam_tables and policy.beam_tables and B > 1:
+            return False  # the kernel's beam tables change with the beams: step by step
 
         # 2. Events in runtime order (by step, then unit); each link frees the previous one's buffers.
         order = np.lexsort((unit, k))
@@ -411,6 +502,8 @@ class FastEngine:
         pseudo["op"] = -1
         view_rows, view_k, view_growth, new_view = self._view_plan(first_step, n, L0, B, self.next_id + E * K)
         n_views = len(view_growth)
+        if policy.max_alloc_bytes and (view_rows["bytes"] > policy.max_alloc_bytes).any():
+            return False  # a block the device cannot allocate: step by step, where that ends the run
         pending = self.pending.copy()
         pending["step"], pending["phase"] = first_step, decode
         all_rows = np.concatenate([pending, view_rows, rows, pseudo])
@@ -446,6 +539,8 @@ class FastEngine:
             unit_allocs = np.flatnonzero((all_rows["op"] == ALLOC) & (all_rows["layer"] >= 0))
             before = running[unit_allocs[::K]] - delta[unit_allocs[::K]]
             event_bytes = np.add.reduceat(all_rows["bytes"][unit_allocs], np.arange(0, len(unit_allocs), K))
+            if policy.headroom_buffer == "data":  # the data buffer alone: each event's first alloc row
+                event_bytes = all_rows["bytes"][unit_allocs[::K]]
             if (before + event_bytes + self.scenario.weights_memory >= policy.headroom_limit * self.scenario.device_memory).any():
                 return False
         resident_run = self.resident + np.cumsum(all_res) if self.first_touch else running
@@ -546,7 +641,7 @@ class FastEngine:
     # -- bookkeeping -------------------------------------------------------------
 
     def _steady(self) -> int:
-        return int((self.budget * self.unit_row).sum()) + self.view["bytes"]
+        return int((self.budget * self.unit_row).sum()) + self.view["bytes"] + int(self.t_rows.sum()) * BEAM_TABLE_BYTES
 
     def _used(self) -> int:
         return self.stored * self.batch * self.row_total if self.budget.any() else 0
@@ -577,7 +672,8 @@ class FastEngine:
         self.ledger.append(done)
         if failing:
             self.allocated, self.resident = int(allocated[-1]), int(resident[-1])
-        self.oom = OutOfMemory(
+        cause = AllocationTooLarge if 0 < self.policy.max_alloc_bytes < int(rows[failing]["bytes"]) else OutOfMemory
+        self.oom = cause(
             step, int(rows[failing]["layer"]), int(rows[failing]["bytes"]), self.allocated, self.scenario.device_memory,
             self.scenario.weights_memory,
         )

@@ -43,6 +43,12 @@ class Layout:
         return len(self.unit_slots)
 
     @property
+    def unit_table_tensor(self) -> np.ndarray:
+        """Per unit, the tensor code of the beam tables a GPU kernel keeps beside it (k_beam / v_beam)."""
+        is_k = self.tensor[self.unit_slots[:, 0]] == TENSOR_CODE["k"]
+        return np.where(is_k, TENSOR_CODE["k_beam"], TENSOR_CODE["v_beam"]).astype(np.int8)
+
+    @property
     def unit_row_bytes(self) -> np.ndarray:
         """Bytes per token per batch row of each unit (all its buffers)."""
         return self.row_bytes[self.unit_slots].sum(axis=1)
@@ -71,13 +77,14 @@ class Layout:
     @classmethod
     def build(cls, model: ModelSpec, precision: Precision, policy: Policy) -> Layout:
         data = precision.data_bytes_per_token(model)
-        meta = precision.meta_bytes_per_token(model)
+        meta = model.kv_heads * policy.meta_bytes_per_head(precision)
 
         def primitive(kv: str) -> list[tuple[str, int]]:
             slots = [(kv, data)]
             if meta:
                 slots.append((f"{kv}_scale", meta))
-            slots += [(f"{kv}_beam", BEAM_TABLE_BYTES)] * policy.beam_tables
+            if not policy.kernel_beam_tables:  # else the kernel keeps them outside the unit (engines)
+                slots += [(f"{kv}_beam", BEAM_TABLE_BYTES)] * policy.beam_tables
             return slots
 
         k, v = primitive("k"), primitive("v")

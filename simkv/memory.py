@@ -35,6 +35,17 @@ class OutOfMemory(SimkvError):
         )
 
 
+class AllocationTooLarge(OutOfMemory):
+    """One buffer larger than the device's largest single allocation (``max_alloc_bytes``)."""
+
+    def __init__(self, step: int, layer: int, requested: int, allocated: int, device_memory: int, weights: int = 0) -> None:
+        super().__init__(step, layer, requested, allocated, device_memory, weights)
+        SimkvError.__init__(
+            self, f"allocation too large at step {step}, layer {layer}: one buffer of {format_bytes(requested)} "
+            "is over the device's largest single allocation (max_alloc_bytes)"
+        )
+
+
 class AccountingError(AssertionError):
     """A ledger that breaks conservation of memory (a simulator bug, never user input)."""
 
@@ -72,6 +83,7 @@ class Allocator:
     device_memory: int
     first_touch: bool = True
     weights: int = 0  # device memory taken besides the KV cache (Scenario.weights_memory)
+    max_alloc: int = 0  # largest single buffer (policy.max_alloc_bytes); 0 = no limit
     live: dict[int, Buffer] = field(default_factory=dict)
     allocated: int = 0
     resident: int = 0
@@ -87,6 +99,8 @@ class Allocator:
 
     def alloc(self, step, phase, request, *, layer, tensor, capacity, batch, row_bytes, holds) -> Buffer:
         buf = Buffer(self.next_id, layer, tensor, capacity * batch, batch, row_bytes)
+        if self.max_alloc and buf.bytes > self.max_alloc:
+            raise AllocationTooLarge(step, layer, buf.bytes, self.allocated, self.device_memory, self.weights)
         if self.allocated + self.weights + buf.bytes > self.device_memory:
             raise OutOfMemory(step, layer, buf.bytes, self.allocated, self.device_memory, self.weights)
         self.next_id += 1

@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from simkv.errors import SimkvError
-from simkv.layout import PAST_VIEW_BYTES, Layout
+from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
 from simkv.ledger import ALLOC, COPY, PHASE_CODE, TENSOR_CODE, Ledger
 from simkv.memory import Allocator, Buffer, OutOfMemory
 from simkv.steps import StepRecorder
@@ -29,11 +29,13 @@ class ReferenceEngine:
         self.request = request
         self.progress = progress
         self.memory = Allocator(scenario.device_memory, first_touch=scenario.policy.first_touch,
-                                weights=scenario.weights_memory)
+                                weights=scenario.weights_memory, max_alloc=scenario.policy.max_alloc_bytes)
         self.ledger = Ledger()
         self.steps = StepRecorder()
         self.oom: OutOfMemory | None = None
         self.current: list[Buffer | None] = [None] * len(self.layout.layer)
+        # Beam tables a GPU kernel keeps beside each unit (policy.kernel_beam_tables): [new, prev].
+        self.tables: list[list[Buffer | None]] = [[None, None] for _ in range(self.layout.units)]
         self.view: Buffer | None = None
         model = scenario.model
         self.view_row_bytes = model.kv_heads * model.head_dim * PAST_VIEW_BYTES
@@ -78,41 +80,47 @@ class ReferenceEngine:
                     batch = inf.batch  # the buffers now hold rows of the new batch width
                     for buf in self.current:
                         buf.batch = batch
-                todo = [u for u in range(lay.units) if not self._fits(u, needed, inf.batch, batch)]
+                padded = {u: needed + self._room(u, stored) for u in range(lay.units)}
+                todo = [u for u in range(lay.units) if not self._fits(u, needed, inf.batch, batch, padded[u])]
                 kind = self._situation(todo, inf.batch, batch, stored)
                 order = lay.row_order((policy.row_orders or {}).get(kind))
-                caps = policy.capacity(np.full(len(todo), needed, dtype=np.int64), lay.unit_prim[todo]) if todo else []
+                caps = policy.capacity(np.array([padded[u] for u in todo], dtype=np.int64), lay.unit_prim[todo]) if todo else []
                 later: list[Buffer] = []
-                for unit, cap in zip(todo, (int(c) for c in caps)):
-                    if cap < needed:
-                        raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
-                    unit_bytes = cap * int(lay.unit_row_bytes[unit]) * inf.batch
-                    near_limit = policy.headroom_limit and (
-                        mem.allocated + mem.weights + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
-                    )
-                    if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
-                        cap = needed  # no headroom near the device's limits
-                    slots = [int(s) for s in lay.unit_slots[unit]]
-                    olds = [self.current[s] for s in slots]
-                    news: list[Buffer | None] = [None] * k
-                    for position in order.tolist():
-                        op, j = divmod(position, k)
-                        if op == ALLOC:
-                            s = slots[j]
-                            news[j] = mem.alloc(
-                                *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
-                                batch=inf.batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
-                            )
-                        elif op == COPY:
-                            if olds[j] is not None and stored > 0:
-                                mem.copy(*where, olds[j], news[j], stored)
-                        elif olds[j] is not None:
-                            if policy.free_old == "immediate":
-                                mem.free(*where, olds[j])
-                            else:
-                                later.append(olds[j])
-                    for s, new in zip(slots, news):
-                        self.current[s] = new
+                cap_of = dict(zip(todo, (int(c) for c in caps)))
+                for unit in range(lay.units):
+                    if unit in cap_of:
+                        cap = cap_of[unit]
+                        if cap < needed:
+                            raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
+                        checked = lay.row_bytes[lay.unit_slots[unit][0]] if policy.headroom_buffer == "data" else lay.unit_row_bytes[unit]
+                        unit_bytes = cap * int(checked) * inf.batch
+                        near_limit = policy.headroom_limit and (
+                            mem.allocated + mem.weights + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
+                        )
+                        if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
+                            cap = padded[unit]  # no headroom near the device's limits
+                        slots = [int(s) for s in lay.unit_slots[unit]]
+                        olds = [self.current[s] for s in slots]
+                        news: list[Buffer | None] = [None] * k
+                        for position in order.tolist():
+                            op, j = divmod(position, k)
+                            if op == ALLOC:
+                                s = slots[j]
+                                news[j] = mem.alloc(
+                                    *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
+                                    batch=inf.batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
+                                )
+                            elif op == COPY:
+                                if olds[j] is not None and stored > 0:
+                                    mem.copy(*where, olds[j], news[j], stored)
+                            elif olds[j] is not None:
+                                if policy.free_old == "immediate":
+                                    mem.free(*where, olds[j])
+                                else:
+                                    later.append(olds[j])
+                        for s, new in zip(slots, news):
+                            self.current[s] = new
+                    self._beam_tables(where, unit, needed, inf.batch, stored)
                 batch = inf.batch
                 for _token in range(inf.tokens):
                     for buf in self.current:
@@ -134,6 +142,27 @@ class ReferenceEngine:
             self.ledger.append(mem.take_rows())
             self._record(step, phase, stored, batch)
 
+    def _beam_tables(self, where, unit: int, needed: int, batch: int, stored: int) -> None:
+        """The kernel of a unit (GPU primitive) updates its beam tables: only with more than one
+        beam or on an empty cache; swap prev and new, grow new when it holds fewer than
+        batch × needed elements (prev too the first time), free the one it replaces at once."""
+        policy, lay = self.policy, self.layout
+        if not (policy.kernel_beam_tables and policy.beam_tables) or not (batch > 1 or stored == 0):
+            return
+        pair = self.tables[unit]
+        pair.reverse()
+        new, prev = pair
+        if new is not None and new.rows >= batch * needed:
+            return
+        cap = int(policy.capacity(np.array([needed]), lay.unit_prim[unit : unit + 1])[0])
+        spec = dict(layer=int(lay.layer[lay.unit_slots[unit][0]]), tensor=int(lay.unit_table_tensor[unit]),
+                    capacity=cap, batch=batch, row_bytes=BEAM_TABLE_BYTES, holds=needed)
+        pair[0] = self.memory.alloc(*where, **spec)
+        if prev is None:
+            pair[1] = self.memory.alloc(*where, **spec)
+        elif new is not None:
+            self.memory.free(*where, new)
+
     def _grow_view(self, where, rows: int, tokens: int) -> None:
         """The CPU plugin's past block: grown to exactly ``rows`` rows, new before old is freed."""
         old = self.view
@@ -146,12 +175,20 @@ class ReferenceEngine:
         if old is not None:
             self.memory.free(*where, old)
 
-    def _fits(self, unit: int, needed: int, new_batch: int, batch: int) -> bool:
+    def _fits(self, unit: int, needed: int, new_batch: int, batch: int, padded: int) -> bool:
         buf = self.current[int(self.layout.unit_slots[unit][0])]
         if buf is None or new_batch != batch or new_batch * needed > buf.rows:
             return False
         prim = self.layout.unit_prim[unit : unit + 1]
-        return not bool(self.policy.reclaim(np.array([needed]), prim, np.array([buf.capacity]))[0])
+        return not bool(self.policy.reclaim(np.array([padded]), prim, np.array([buf.capacity]))[0])
+
+    def _room(self, unit: int, stored: int) -> int:
+        """Unused tokens of a unit's buffer, carried into its next one (policy.carry_padding);
+        none before the first inference or after a reset (the runtime resets the padding)."""
+        buf = self.current[int(self.layout.unit_slots[unit][0])]
+        if not self.policy.carry_padding or not stored or buf is None:
+            return 0
+        return buf.capacity - stored
 
     def _situation(self, todo: list[int], new_batch: int, batch: int, stored: int) -> str:
         """Which of the policy's row orders applies to this step's reallocations."""
@@ -176,6 +213,7 @@ class ReferenceEngine:
         if allocated != mem.allocated:
             raise AssertionError("allocator lost track of memory")
         current = [b for b in self.current if b is not None] + ([self.view] if self.view else [])
+        current += [b for pair in self.tables for b in pair if b is not None]
         if steady is None:
             steady = sum(b.bytes for b in current)
         if used is None:
