@@ -198,7 +198,7 @@ def test_main_callback_default_scenario():
     out = callbacks.main_callback(controls(), popt_values("openvino-gpu"))
     assert out["store"]["ok"] and not errors_of(out)
     assert "openvino-gpu" in out["status"] and "2,049 steps" in out["status"]
-    assert card(out, "peak_allocated") == "407.67 MiB"  # the README's default run
+    assert card(out, "peak_allocated") == "406.66 MiB"  # the README's default run
     assert card(out, "reallocations") == "795"
     names = [t.name for t in out["timeline"].data]
     assert names[:4] == ["peak in step", "allocated", "resident", "used"] and names[4].startswith("reallocation")
@@ -280,8 +280,8 @@ def test_compare_two_policies_gives_a_delta_table():
     text = str(out["table"])
     assert "peak allocated" in text and "B − A" in text
     header, body = compute.format_delta_rows(*_delta(kwargs))
-    assert body[0][1] == "407.67 MiB" and body[0][2] == "758.58 MiB"  # README: fixed peaks at 758.58 MiB
-    assert body[0][3].startswith("+350.91 MiB")
+    assert body[0][1] == "406.66 MiB" and body[0][2] == "756.19 MiB"  # README: fixed peaks at 756.19 MiB
+    assert body[0][3].startswith("+349.53 MiB")
     assert len(out["figure"].data) == 4
 
 
@@ -316,7 +316,7 @@ def test_ledger_table_pages_sorts_and_filters_on_the_server():
     store = {"ok": True, "kwargs": kwargs}
     rows, pages, note = callbacks.table_callback(store, 0, 25, [], "")
     result = compute.run(kwargs)
-    assert len(rows) == 25 and pages == -(-len(result.ledger) // 25) and "7,347 ledger rows" in note
+    assert len(rows) == 25 and pages == -(-len(result.ledger) // 25) and "2,577 ledger rows" in note
     assert rows[0] == {"step": 0, "phase": "prefill", "request": 0, "layer": 0, "tensor": "k", "op": "alloc",
                        "bytes": 2359296, "capacity_tokens": 1152, "used_tokens": 1024, "buffer": 0}
     rows, _, note = callbacks.table_callback(store, 0, 10, [{"column_id": "bytes", "direction": "desc"}],
