@@ -164,7 +164,7 @@ def test_compare_two_policies_shows_the_delta_table(page):
     open_app(page, "?tab=compare")  # run B defaults to `fixed`
     table = page.locator("#delta")
     expect(table).to_contain_text("B − A")
-    expect(table.locator("tr", has_text="peak allocated")).to_contain_text("758.58 MiB")
+    expect(table.locator("tr", has_text="peak allocated")).to_contain_text("756.19 MiB")
     fig = wait_figure(page, "compare-graph", "A: openvino-gpu")
     assert len(fig["names"]) == 4 and fig["names"][2] == "B: fixed f16: allocated"
     enter(page, "#cmp1_opts", "tokens=256")
