@@ -69,6 +69,12 @@ def scenarios(draw):
         opts["beam_tables"] = draw(st.integers(0, 2))
     if policy != "openvino-cpu" and draw(st.integers(0, 4)) == 0:
         opts["past_view"] = True
+    if draw(st.integers(0, 4)) == 0:
+        opts["carry_padding"] = draw(st.booleans())
+    if policy == "openvino-gpu" and draw(st.booleans()):
+        opts["id_offset"] = draw(st.integers(0, 100))
+        opts["kv_order"] = draw(st.sampled_from(["kv", "vk"]))
+        opts["inference_precision"] = draw(st.sampled_from(["f16", "f32"]))
     try:
         return build_scenario(
             model=None,
