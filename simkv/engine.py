@@ -454,8 +454,12 @@ class FastEngine:
             unit = k = old_rows = new_cap = _NO_BYTES
         if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
             return False
-        if policy.kernel_beam_tables and policy.beam_tables and B > 1:
-            return False  # the kernel's beam tables change with the beams: step by step
+        tables = self._table_plan(first_step, n, L0, B)
+        if tables is None:
+            return False
+        t_rows, t_k, t_unit, t_growth, t_state = tables
+        if policy.max_alloc_bytes and (t_rows["bytes"] > policy.max_alloc_bytes).any():
+            return False
 
         # 2. Events in runtime order (by step, then unit); each link frees the previous one's buffers.
         order = np.lexsort((unit, k))
@@ -481,8 +485,10 @@ class FastEngine:
         block, happens, resident = self._event_rows(ev, decode, self.orders["grow"])
 
         # 3. One stream of rows with sort keys (step, section, unit, position in the unit's order).
+        W = 3 * K + 2  # a unit's rows, then its kernel's beam table alloc and free
+
         def key(step_k, section, u, pos):
-            return ((step_k * _SECTIONS + section) * U + u) * (3 * K) + pos
+            return ((step_k * _SECTIONS + section) * U + u) * W + pos
 
         steps_k = np.arange(1, n + 1, dtype=np.int64)
         kk = np.broadcast_to(k[:, None], block.shape).copy()
@@ -504,23 +510,26 @@ class FastEngine:
         n_views = len(view_growth)
         if policy.max_alloc_bytes and (view_rows["bytes"] > policy.max_alloc_bytes).any():
             return False  # a block the device cannot allocate: step by step, where that ends the run
+        t_rows["buffer"] += np.where(t_rows["buffer"] >= self.next_id, E * K + n_views, 0)  # provisional ids after the views'
+        n_tables = int((t_rows["op"] == ALLOC).sum())
         pending = self.pending.copy()
         pending["step"], pending["phase"] = first_step, decode
-        all_rows = np.concatenate([pending, view_rows, rows, pseudo])
+        all_rows = np.concatenate([pending, view_rows, rows, t_rows, pseudo])
         all_keys = np.concatenate([
             np.full(len(pending), key(1, _PENDING, 0, 0)), key(view_k, _VIEW, 0, (view_rows["op"] == FREE).astype(np.int64)),
-            keys, key(steps_k, _WRITES, 0, 0),
+            keys, key(t_k, _UNITS, t_unit, 3 * K + (t_rows["op"] == FREE)), key(steps_k, _WRITES, 0, 0),
         ])
-        all_res = np.concatenate([-self.pending_resident, np.zeros(len(view_rows), dtype=np.int64), res, writes])
+        t_res = np.zeros(len(t_rows), dtype=np.int64) if self.first_touch else alloc_delta(t_rows)
+        all_res = np.concatenate([-self.pending_resident, np.zeros(len(view_rows), dtype=np.int64), res, t_res, writes])
         sort = np.argsort(all_keys, kind="stable")
         all_rows, all_keys, all_res = all_rows[sort], all_keys[sort], all_res[sort]
-        row_k = all_keys // (_SECTIONS * U * 3 * K)
+        row_k = all_keys // (_SECTIONS * U * W)
         all_rows["step"] = first_step + row_k - 1  # frees deferred to the next inference move on
         # Buffer ids follow the order of allocation: renumber the provisional ones.
         real = all_rows["op"] >= 0
         fresh = real & (all_rows["op"] == ALLOC)
         provisional = all_rows["buffer"][fresh] - self.next_id
-        final = np.empty(E * K + n_views, dtype=np.int64)
+        final = np.empty(E * K + n_views + n_tables, dtype=np.int64)
         final[provisional] = self.next_id + np.arange(len(provisional))
         renumber = real & (all_rows["buffer"] >= self.next_id)
         all_rows["buffer"][renumber] = final[all_rows["buffer"][renumber] - self.next_id]
@@ -536,7 +545,8 @@ class FastEngine:
         if policy.headroom_limit and E:
             # The limit looks at what is allocated just before an event's first alloc
             # row plus all the event's bytes (its K alloc rows are consecutive).
-            unit_allocs = np.flatnonzero((all_rows["op"] == ALLOC) & (all_rows["layer"] >= 0))
+            is_table = np.isin(all_rows["tensor"], (TENSOR_CODE["k_beam"], TENSOR_CODE["v_beam"])) & policy.kernel_beam_tables
+            unit_allocs = np.flatnonzero((all_rows["op"] == ALLOC) & (all_rows["layer"] >= 0) & ~is_table)
             before = running[unit_allocs[::K]] - delta[unit_allocs[::K]]
             event_bytes = np.add.reduceat(all_rows["bytes"][unit_allocs], np.arange(0, len(unit_allocs), K))
             if policy.headroom_buffer == "data":  # the data buffer alone: each event's first alloc row
@@ -552,6 +562,7 @@ class FastEngine:
         steady_change = np.zeros(n + 1, dtype=np.int64)
         np.add.at(steady_change, k, (new_cap * B - old_rows) * self.unit_row[unit])
         np.add.at(steady_change, view_k[view_rows["op"] == ALLOC], view_growth)
+        np.add.at(steady_change, t_k[t_rows["op"] == ALLOC], t_growth)
 
         block_steps = np.zeros(n, dtype=STEP)
         block_steps["step"] = first_step + steps_k - 1
@@ -578,11 +589,70 @@ class FastEngine:
             self.written[slots[last]] = 0
         if n_views:
             self.view = {**new_view, "id": int(final[E * K + n_views - 1])}
+        if t_state is not None:
+            self.t_rows, self.t_batch, self.t_id = t_state
+            moved = self.t_id >= self.next_id
+            self.t_id[moved] = final[self.t_id[moved] - self.next_id + E * K + n_views]
         self.next_id += len(provisional)
         self.budget = budget
         self.stored = L0 + n
         np.maximum(self.written, self.stored * B, out=self.written)
         return True
+
+    def _table_plan(self, first_step: int, n: int, L0: int, B: int):
+        """The kernels' beam tables over a decode run of ``n`` steps at ``B`` beams (see
+        :meth:`_beam_tables`): nothing at one beam; else every step swaps the pair, so the
+        table that was *prev* at the start is checked on odd steps, the other on even ones,
+        and each grows to ``capacity(L) × B`` the first of its steps where ``B × L`` exceeds it.
+        Returns the rows (alloc, free of the table it replaces; provisional ids from
+        ``next_id``), their step in the run, their unit, each alloc's growth in bytes and the
+        pair after the run (``None`` for the state if nothing changes); ``None`` if the planner
+        cannot (a pair not yet allocated)."""
+        lay, policy = self.layout, self.policy
+        if not (policy.kernel_beam_tables and policy.beam_tables) or B == 1:
+            return _NO_ROWS, _NO_BYTES, _NO_BYTES, _NO_BYTES, None
+        if not self.t_rows.all():
+            return None
+        rows, batch, ids = self.t_rows.copy(), self.t_batch.copy(), self.t_id.copy()
+        events = []  # (k, unit, column, cap, old rows, old batch, old id)
+        for col, first in ((1, 1), (0, 2)):  # column 1 (prev at the start) is checked on steps 1, 3, 5, …
+            active = np.arange(lay.units)
+            k = np.maximum(rows[:, col] // B + 1 - L0, first)
+            k += (k - first) % 2
+            while len(active := active[k[active] <= n]):
+                kk = k[active]
+                caps = np.asarray(policy.capacity(L0 + kk, lay.unit_prim[active]), dtype=np.int64)
+                events.append((kk, active, np.full(len(active), col), caps, rows[active, col].copy(),
+                               batch[active, col].copy(), ids[active, col].copy()))
+                rows[active, col], batch[active, col] = caps * B, B
+                ids[active, col] = -1 - np.arange(len(active))  # replaced below by provisional ids
+                nk = np.maximum(caps + 1 - L0, kk + 1)
+                k[active] = nk + (nk - first) % 2
+        if not events:  # no growth, but every step still swapped the pair
+            swap = (self.t_rows[:, ::-1].copy(), self.t_batch[:, ::-1].copy(), self.t_id[:, ::-1].copy())
+            return _NO_ROWS, _NO_BYTES, _NO_BYTES, _NO_BYTES, swap if n % 2 else None
+        k, unit, col, cap, old_rows, old_batch, old_id = (np.concatenate(e) for e in zip(*events))
+        order = np.lexsort((unit, k))
+        k, unit, col, cap, old_rows, old_batch, old_id = k[order], unit[order], col[order], cap[order], old_rows[order], old_batch[order], old_id[order]
+        new_id = self.next_id + np.arange(len(k))
+        # An event replacing a table allocated earlier in the run frees that event's id.
+        rows, batch, ids = self.t_rows.copy(), self.t_batch.copy(), self.t_id.copy()
+        for e in range(len(k)):
+            old_id[e] = ids[unit[e], col[e]]
+            rows[unit[e], col[e]], batch[unit[e], col[e]], ids[unit[e], col[e]] = cap[e] * B, B, new_id[e]
+        if n % 2:
+            rows, batch, ids = rows[:, ::-1].copy(), batch[:, ::-1].copy(), ids[:, ::-1].copy()
+        out = np.zeros((len(k), 2), dtype=ROW)
+        out["step"], out["phase"], out["request"] = (first_step + k - 1)[:, None], PHASE_CODE["decode"], self.request
+        out["layer"] = lay.layer[lay.unit_slots[unit, 0]][:, None]
+        out["tensor"] = lay.unit_table_tensor[unit][:, None]
+        alloc, free = out[:, 0], out[:, 1]
+        alloc["op"], alloc["bytes"], alloc["capacity_tokens"], alloc["used_tokens"], alloc["buffer"] = (
+            ALLOC, cap * B * BEAM_TABLE_BYTES, cap, L0 + k, new_id)
+        free["op"], free["bytes"], free["capacity_tokens"], free["buffer"] = (
+            FREE, old_rows * BEAM_TABLE_BYTES, old_rows // old_batch, old_id)
+        growth = (cap * B - old_rows) * BEAM_TABLE_BYTES
+        return out.ravel(), np.repeat(k, 2), np.repeat(unit, 2), growth, (rows, batch, ids)
 
     def _view_plan(self, first_step: int, n: int, L0: int, B: int, first_id: int):
         """Past-view rows of a decode run: step k sizes the block for the L0 + k - 1 tokens

@@ -179,6 +179,9 @@ def test_beam_tables_after_a_fork_grow_one_per_step():
     v_beam = [(a[0], a[5]) for a in rows_of(result, op="alloc", tensor="v_beam")]
     assert v_beam == [(0, 139), (0, 139), (25, 164), (26, 165)]
     assert_same_run(result, run(engine="reference", **TINY, ops="prefill:10,fork:4,decode:40"))
+    # Every step swaps the pair, grown or not: split runs (7 is odd) keep the same schedule.
+    split = run(**TINY, ops="prefill:10,fork:4,decode:7,decode:33")
+    assert [(a[0], a[3], a[5]) for a in rows_of(split, tensor="k_beam")] == [(r[0], r[1], r[3]) for r in k_beam]
 
 
 def test_90_percent_check_per_data_buffer_with_weights():
