@@ -109,7 +109,7 @@ def render_summary(result) -> str:
         f"  {'engine':<22}{result.engine}",
         f"  {'steps':<22}{m.steps:,}",
         f"  {'device memory':<22}{format_bytes(s.device_memory)} ({format_bytes(s.weights_memory)} of it weights and other models)",
-        f"  {'KV bytes per token':<22}{format_bytes(s.precision.kv_bytes_per_token(s.model))} (all layers, K+V, with scales)",
+        f"  {'KV bytes per token':<22}{format_bytes(s.kv_bytes_per_token)} (all layers, K+V, with scales)",
         f"  {'peak allocated':<22}{format_bytes(m.peak_allocated_bytes)}",
         f"  {'peak resident':<22}{format_bytes(m.peak_resident_bytes)}",
         f"  {'mean allocated':<22}{format_bytes(m.mean_allocated_bytes)}",

@@ -55,6 +55,13 @@ class Scenario:
         self.precision.data_bytes_per_token(self.model)  # rejects u4 with an odd head size
         self.policy.check(self.model, self.workload)
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of one token across the whole model (K + V data and scales of every layer) as
+        this policy's runtime stores them (the GPU plugin's scales follow its inference precision)."""
+        m = self.model
+        return 2 * m.layers * (self.precision.data_bytes_per_token(m) + m.kv_heads * self.policy.meta_bytes_per_head(self.precision))
+
     def describe(self) -> str:
         return (
             f"{self.model.describe()}; {self.precision.name} KV; policy {self.policy.describe()}; "
@@ -94,7 +101,7 @@ class Result:
             "workload": str(s.workload),
             "device_memory_bytes": s.device_memory,
             "weights_memory_bytes": s.weights_memory,
-            "kv_bytes_per_token": s.precision.kv_bytes_per_token(s.model),
+            "kv_bytes_per_token": s.kv_bytes_per_token,
         }
         out["oom"] = str(self.oom) if self.oom else None
         return out
