@@ -86,41 +86,40 @@ class ReferenceEngine:
                 order = lay.row_order((policy.row_orders or {}).get(kind))
                 caps = policy.capacity(np.array([padded[u] for u in todo], dtype=np.int64), lay.unit_prim[todo]) if todo else []
                 later: list[Buffer] = []
-                cap_of = dict(zip(todo, (int(c) for c in caps)))
-                for unit in range(lay.units):
-                    if unit in cap_of:
-                        cap = cap_of[unit]
-                        if cap < needed:
-                            raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
-                        checked = lay.row_bytes[lay.unit_slots[unit][0]] if policy.headroom_buffer == "data" else lay.unit_row_bytes[unit]
-                        unit_bytes = cap * int(checked) * inf.batch
-                        near_limit = policy.headroom_limit and (
-                            mem.allocated + mem.weights + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
-                        )
-                        if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
-                            cap = padded[unit]  # no headroom near the device's limits
-                        slots = [int(s) for s in lay.unit_slots[unit]]
-                        olds = [self.current[s] for s in slots]
-                        news: list[Buffer | None] = [None] * k
-                        for position in order.tolist():
-                            op, j = divmod(position, k)
-                            if op == ALLOC:
-                                s = slots[j]
-                                news[j] = mem.alloc(
-                                    *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
-                                    batch=inf.batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
-                                )
-                            elif op == COPY:
-                                if olds[j] is not None and stored > 0:
-                                    mem.copy(*where, olds[j], news[j], stored)
-                            elif olds[j] is not None:
-                                if policy.free_old == "immediate":
-                                    mem.free(*where, olds[j])
-                                else:
-                                    later.append(olds[j])
-                        for s, new in zip(slots, news):
-                            self.current[s] = new
-                    self._beam_tables(where, unit, needed, inf.batch, stored)
+                kernels = 0  # units whose kernel ran this step (the GPU beam tables come after the unit's buffers)
+                for unit, cap in zip(todo, (int(c) for c in caps)):
+                    kernels = self._run_kernels(where, kernels, unit, needed, inf.batch, stored)
+                    if cap < needed:
+                        raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
+                    checked = lay.row_bytes[lay.unit_slots[unit][0]] if policy.headroom_buffer == "data" else lay.unit_row_bytes[unit]
+                    unit_bytes = cap * int(checked) * inf.batch
+                    near_limit = policy.headroom_limit and (
+                        mem.allocated + mem.weights + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
+                    )
+                    if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
+                        cap = padded[unit]  # no headroom near the device's limits
+                    slots = [int(s) for s in lay.unit_slots[unit]]
+                    olds = [self.current[s] for s in slots]
+                    news: list[Buffer | None] = [None] * k
+                    for position in order.tolist():
+                        op, j = divmod(position, k)
+                        if op == ALLOC:
+                            s = slots[j]
+                            news[j] = mem.alloc(
+                                *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
+                                batch=inf.batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
+                            )
+                        elif op == COPY:
+                            if olds[j] is not None and stored > 0:
+                                mem.copy(*where, olds[j], news[j], stored)
+                        elif olds[j] is not None:
+                            if policy.free_old == "immediate":
+                                mem.free(*where, olds[j])
+                            else:
+                                later.append(olds[j])
+                    for s, new in zip(slots, news):
+                        self.current[s] = new
+                self._run_kernels(where, kernels, lay.units, needed, inf.batch, stored)
                 batch = inf.batch
                 for _token in range(inf.tokens):
                     for buf in self.current:
@@ -141,6 +140,12 @@ class ReferenceEngine:
                 return
             self.ledger.append(mem.take_rows())
             self._record(step, phase, stored, batch)
+
+    def _run_kernels(self, where, start: int, stop: int, needed: int, batch: int, stored: int) -> int:
+        """Run the kernels of units ``start`` … ``stop - 1`` (their beam tables); returns ``stop``."""
+        for unit in range(start, stop):
+            self._beam_tables(where, unit, needed, batch, stored)
+        return stop
 
     def _beam_tables(self, where, unit: int, needed: int, batch: int, stored: int) -> None:
         """The kernel of a unit (GPU primitive) updates its beam tables: only with more than one
