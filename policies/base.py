@@ -99,7 +99,7 @@ class Policy:
     first_touch: bool = option(True, "host memory: resident only once written (else resident = allocated)")
     beam_tables: int = option(0, "i32 beam tables [B, cap] per K and per V primitive")
     headroom_limit: float = option(0.0, "no headroom once an allocation would fill this share of device memory (0 = off)")
-    max_alloc_bytes: int = option(0, "no headroom for a unit larger than this many bytes (0 = no limit)")
+    max_alloc_bytes: int = option(0, "largest single buffer: no headroom above it, out of memory if still above at exact size (0 = no limit)")
     reset_adopts_batch: bool = option(False, "after reset_state(), the next prompt's batch reuses buffers whose rows fit")
     past_view: bool = option(False, "one model-wide f32 [B, H_kv, L0, S] block, grown to exact size (CPU plugin)")
     carry_padding: bool = option(False, "a rebuilt buffer keeps its unused room on top of the new size (GPU plugin)")
