@@ -38,6 +38,11 @@ here to run them). docs/DESIGN.md §2 has the whole reading; the mechanics share
   (``inference_precision``). A u4 cache on GPU (2026.2+, inner dimension halved) is not in
   the sources read: it is taken as u4 data with the same interleaved scale/zero point,
   unverified. u8 is not a GPU KV type in these sources; simkv sizes it like i8.
+* Default KV precision: f16 here, as on a device with systolic arrays (XMX) or for a model whose
+  runtime options ask for f16. optimum-intel writes ``KV_CACHE_PRECISION=f16`` into exported
+  models but removes it when it compresses the weights (``_remove_f16_kv_cache_precision_flag``),
+  which it does by default from 10^9 parameters; the plugin's own default on a device without
+  systolic arrays is then i8 (``--precision i8``).
 """
 
 from __future__ import annotations
