@@ -4,7 +4,7 @@ Read in openvinotoolkit/openvino ``src/plugins/intel_gpu/`` as stored in the cod
 (``graph/kv_cache.cpp`` at 5d057bd5, ``runtime/shape_predictor.cpp`` at 473faca3,
 ``plugin/transformations/kv_cache_compression.cpp`` at 6dc130de, ``graph/impls/ocl/kv_cache.cpp``
 at cbce71b6, ``graph/primitive_inst.cpp`` in its newest stored version — 148,739 characters, the
-index gives no commit; the older 6143f1e3 lacks the per-output kv_cache paths; no Intel GPU
+index gives no commit; the older 6143f1e3 still sizes a single output; no Intel GPU
 here to run them). docs/DESIGN.md §2 has the whole reading; the mechanics shared with ``fixed``
 (old buffer freed next inference, reset, beam tables, the 90 % check) are in
 :class:`policies.mechanics.GPUMechanics`.
