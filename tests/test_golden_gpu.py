@@ -225,3 +225,15 @@ def test_id_offset_and_kv_order_shift_the_stagger(options, caps):
     """kv_cache_id = network.get_kv_cache_ids().size() (per network, in allocating order)."""
     result = run(**{**TINY, "layers": 2}, prompt=10, decode=1, policy_options=options)
     assert [a[5] for a in rows_of(result, op="alloc", step=0) if a[2] in ("k", "v")] == caps
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(ops="prefill:100,decode:20,prefill:150"),
+    dict(ops="prefill:10,fork:4,decode:5,select:0,decode:3"),
+    dict(ops="prefill:10,fork:4", device_memory=46_000, policy_options={"beam_tables": 0}),
+    dict(ops="prefill:200", device_memory=30_000, weights_memory=5_000),
+    dict(prompt=100, decode=100, policy_options={"max_alloc_bytes": 5_000}),
+    dict(ops="prefill:10,decode:1000,reset,prefill:5,decode:2"),
+])
+def test_golden_scenarios_agree_on_both_engines(kwargs):
+    assert_same_run(run(**TINY, **kwargs), run(engine="reference", **TINY, **kwargs))
