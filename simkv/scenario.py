@@ -30,8 +30,9 @@ DEFAULT_DECODE = 2048
 DEFAULT_DEVICE_MEMORY = "16GiB"
 #: optimum-intel's export compresses the weights of a model with at least 10^9 parameters to int8
 #: (asymmetric) unless told otherwise, and saves smaller models' weights as f16
-#: (huggingface/optimum-intel, optimum/exporters/openvino/utils.py ``_MAX_UNCOMPRESSED_SIZE = 1e9``,
-#: checked in ``main_export`` / ``_apply_model_size_based_quantization``).
+#: (huggingface/optimum-intel at e1de5bee: ``_MAX_UNCOMPRESSED_SIZE = 1e9`` in
+#: optimum/exporters/openvino/utils.py, compared with the model's f16/f32/bf16 constants in
+#: ``_apply_model_size_based_quantization``, optimum/exporters/openvino/__main__.py → int8_asym).
 INT8_WEIGHTS_FROM_PARAMS = 10**9
 ENGINES = ("fast", "reference")
 
