@@ -22,7 +22,8 @@ class GPUMechanics(Policy):
 
     * Old buffer: stays referenced by the ReadValue and is released at the next inference
       (``kv_cache_inst::get_prealloc_iter_num`` comment, ``graph/kv_cache.cpp``):
-      ``free_old=next_inference``.
+      ``free_old=next_inference``. simkv frees them at the start of that inference; the plugin
+      drops each when its layer's ReadValue runs (the same if ReadValues run first).
     * Reset: ``VariableState::reset`` (``plugin/variable_state.cpp``) calls
       ``release_variable()`` on its primitives in current builds (PR #32916): ``reset=free``;
       older builds only cleared ``m_is_set`` and kept the buffers (``reset=keep``, #28361).
