@@ -31,6 +31,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--heads", type=int, help="query heads")
     m.add_argument("--kv-heads", type=int, help="key/value heads (fewer than heads: GQA)")
     m.add_argument("--head-dim", type=int, help="head size")
+    m.add_argument("--sliding-window", type=int, metavar="N",
+                   help="attention window in tokens (0: none; default: the preset's, e.g. mistral-7b 4096); "
+                   "used by hf-dynamic")
     m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the policy's runtime default)")
 
     w = p.add_argument_group("workload (one stateful session)")
@@ -63,7 +66,7 @@ def scenario_from_args(args: argparse.Namespace):
     return build_scenario(
         model=None if args.model == "custom" else args.model,
         layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-        precision=args.precision, policy=args.policy, policy_options=parse_policy_opts(args.policy_opt),
+        sliding_window=args.sliding_window, precision=args.precision, policy=args.policy, policy_options=parse_policy_opts(args.policy_opt),
         prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
         turn_decode=args.turn_decode, beam=args.beam, ops=args.ops, device_memory=args.device_memory,
     )

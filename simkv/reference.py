@@ -36,6 +36,8 @@ class ReferenceEngine:
         self.view: Buffer | None = None
         model = scenario.model
         self.view_row_bytes = model.kv_heads * model.head_dim * PAST_VIEW_BYTES
+        self.keep = self.policy.kept_tokens(model)  # a sliding window's kept tokens, or None
+        self.orders = self.policy.orders(model) or {}
 
     def run(self) -> None:
         lay, policy, mem = self.layout, self.policy, self.memory
@@ -72,52 +74,37 @@ class ReferenceEngine:
 
                 if policy.past_view:
                     self._grow_view(where, inf.batch_in * stored, stored)
-                needed = stored + inf.tokens
+                held = stored if self.keep is None else min(stored, self.keep)
+                if policy.beam_gather and inf.phase in ("fork", "reorder", "select") and self._live():
+                    # beam_idx first: each layer's buffers gathered at the new batch, old freed at once.
+                    order = lay.row_order(self.orders.get("gather"))
+                    units = range(lay.units)
+                    caps = policy.capacity(np.full(lay.units, held, dtype=np.int64), lay.unit_prim)
+                    for unit, cap in zip(units, (int(c) for c in caps)):
+                        self._replace(where, unit, cap, inf.batch, held, held, order, immediate=True)
+                    batch = inf.batch
+                needed = held + inf.tokens
                 if self._live() and inf.batch != batch and policy.reset_adopts_batch and after_reset:
                     batch = inf.batch  # the buffers now hold rows of the new batch width
                     for buf in self.current:
                         buf.batch = batch
                 todo = [u for u in range(lay.units) if not self._fits(u, needed, inf.batch, batch)]
                 kind = self._situation(todo, inf.batch, batch, stored)
-                order = lay.row_order((policy.row_orders or {}).get(kind))
+                order = lay.row_order(self.orders.get(kind))
                 caps = policy.capacity(np.full(len(todo), needed, dtype=np.int64), lay.unit_prim[todo]) if todo else []
                 later: list[Buffer] = []
                 for unit, cap in zip(todo, (int(c) for c in caps)):
-                    if cap < needed:
-                        raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
-                    unit_bytes = cap * int(lay.unit_row_bytes[unit]) * inf.batch
-                    near_limit = policy.headroom_limit and (
-                        mem.allocated + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
-                    )
-                    if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
-                        cap = needed  # no headroom near the device's limits
-                    slots = [int(s) for s in lay.unit_slots[unit]]
-                    olds = [self.current[s] for s in slots]
-                    news: list[Buffer | None] = [None] * k
-                    for position in order.tolist():
-                        op, j = divmod(position, k)
-                        if op == ALLOC:
-                            s = slots[j]
-                            news[j] = mem.alloc(
-                                *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
-                                batch=inf.batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
-                            )
-                        elif op == COPY:
-                            if olds[j] is not None and stored > 0:
-                                mem.copy(*where, olds[j], news[j], stored)
-                        elif olds[j] is not None:
-                            if policy.free_old == "immediate":
-                                mem.free(*where, olds[j])
-                            else:
-                                later.append(olds[j])
-                    for s, new in zip(slots, news):
-                        self.current[s] = new
+                    later += self._replace(where, unit, cap, inf.batch, needed, held, order,
+                                           immediate=policy.free_old == "immediate")
                 batch = inf.batch
                 for _token in range(inf.tokens):
                     for buf in self.current:
                         buf.used += 1
                         mem.write(buf, buf.used)
-                stored, after_reset = needed, False
+                if self.keep is not None:
+                    for buf in self.current:
+                        buf.used = min(buf.used, self.keep)  # a window keeps its last tokens only
+                stored, after_reset = stored + inf.tokens, False
                 mem.resident_peak = max(mem.resident_peak, mem.resident)
                 if policy.free_old == "end_of_step":
                     for buf in later:
@@ -132,6 +119,44 @@ class ReferenceEngine:
                 return
             self.ledger.append(mem.take_rows())
             self._record(step, phase, stored, batch)
+
+    def _replace(self, where, unit: int, cap: int, batch: int, needed: int, held: int, order, immediate: bool) -> list[Buffer]:
+        """Give a unit new buffers of ``cap`` tokens × ``batch`` (``needed`` near the device's
+        limits), copying ``held`` tokens, in the runtime's row ``order``; returns the old
+        buffers still to free unless ``immediate``."""
+        lay, mem, policy = self.layout, self.memory, self.policy
+        if cap < needed:
+            raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
+        unit_bytes = cap * int(lay.unit_row_bytes[unit]) * batch
+        near_limit = policy.headroom_limit and (
+            mem.allocated + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
+        )
+        if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
+            cap = needed  # no headroom near the device's limits
+        k = lay.unit_slots.shape[1]
+        slots = [int(s) for s in lay.unit_slots[unit]]
+        olds = [self.current[s] for s in slots]
+        news: list[Buffer | None] = [None] * k
+        later: list[Buffer] = []
+        for position in order.tolist():
+            op, j = divmod(position, k)
+            if op == ALLOC:
+                s = slots[j]
+                news[j] = mem.alloc(
+                    *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
+                    batch=batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
+                )
+            elif op == COPY:
+                if olds[j] is not None and held > 0:
+                    mem.copy(*where, olds[j], news[j], held)
+            elif olds[j] is not None:
+                if immediate:
+                    mem.free(*where, olds[j])
+                else:
+                    later.append(olds[j])
+        for s, new in zip(slots, news):
+            self.current[s] = new
+        return later
 
     def _grow_view(self, where, rows: int, tokens: int) -> None:
         """The CPU plugin's past block: grown to exactly ``rows`` rows, new before old is freed."""
