@@ -193,6 +193,13 @@ def _add_validate_parser(sub) -> None:
     r.add_argument("--slope-min-tokens", type=int, default=500,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
     r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
+    r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino",
+                   help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
+                   "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32)")
+    r.add_argument("--policy", choices=("hf-dynamic", "hf-static"),
+                   help="--runtime transformers: DynamicCache (hf-dynamic, default) or StaticCache (hf-static)")
+    r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE",
+                   help="--runtime transformers: max_cache_len=N for hf-static (default: the longest history)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
@@ -202,6 +209,13 @@ def _add_validate_parser(sub) -> None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from simkv.scenario import build_scenario
+
+    if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv.validate.transformers)
+        from simkv.validate.transformers import command
+
+        return command(args)
+    if args.sliding_window or args.policy or args.policy_opt:
+        raise SimkvError("--sliding-window, --policy and --policy-opt need --runtime transformers")
 
     given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden")
              if getattr(args, k) is not None] + (["--model"] if args.model != "custom" else [])
@@ -248,6 +262,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from ")]
         print(f"simkv validate: error: {lines[-1] if lines else repr(err)}", file=sys.stderr)
         return 2
+    return emit_validation(args, data)
+
+
+def emit_validation(args: argparse.Namespace, data: dict) -> int:
+    """Write/print a validation result as asked (--out, --report, --json); exit 0 only if every KV event matched."""
     if args.out:
         from pathlib import Path
 
