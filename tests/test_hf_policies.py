@@ -185,7 +185,7 @@ def hf_scenarios(draw):
         return draw(st.nothing())
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hf_scenarios())
 def test_fast_engine_equals_reference_with_windows_and_gathers(scenario):
     fast = simulate(scenario)

@@ -393,9 +393,13 @@ def command(args) -> int:
     if model is None:
         dims = {k: (VALIDATE_TOY[k] if dims[k] is None and k in VALIDATE_TOY else dims[k]) for k in dims}
     # Validates the shape, the workload and the policy's limits before anything slow happens.
-    sc = build_scenario(model=model, **dims, sliding_window=args.sliding_window, precision=args.precision or "f32",
-                        policy=policy, policy_options=opts, prompt=args.prompt, decode=args.decode, turns=args.turns,
-                        turn_tokens=args.turn_tokens, turn_decode=args.turn_decode, beam=args.beam, ops=args.ops)
+    scenario = dict(model=model, **dims, sliding_window=args.sliding_window, precision=args.precision or "f32",
+                    prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
+                    turn_decode=args.turn_decode, beam=args.beam, ops=args.ops)
+    sc = build_scenario(**scenario, policy="hf-dynamic")
+    if policy == "hf-static":
+        opts.setdefault("max_cache_len", str(sc.workload.max_tokens))
+        sc = build_scenario(**scenario, policy=policy, policy_options=opts)
     m = sc.model
     cfg = HFValidateConfig(
         workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
