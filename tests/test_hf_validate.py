@@ -30,6 +30,7 @@ def test_kv_events_rank_layers_per_function_and_tensor_and_match_frees_by_addres
         rec(1, "alloc", 960, 0x80, upd_k), rec(1, "free", 900, 0x60, reo_k),
     ]
     events, warnings = kv_events(records, layers=2)
+    assert [e["via"] for e in events if e["op"] == "alloc"] == ["update"] * 4 + ["reorder_cache"] * 2 + ["update"]
     assert [(e["step"], e["layer"], e["tensor"], e["op"], e["bytes"]) for e in events] == [
         (0, 0, "k", "alloc", 512), (0, 0, "v", "alloc", 512), (0, 1, "k", "alloc", 512), (0, 1, "v", "alloc", 512),
         # step 1: reorder_cache ranks its own allocations, the frees carry their allocation's layer

@@ -206,7 +206,8 @@ def kv_events(records, layers: int) -> tuple[list[dict], list[str]]:
             if n >= layers:
                 warnings.append(f"step {r.seq}: more {tensor} allocations in {function} than layers")
             labels[r.address] = (n % layers, tensor)
-            events.append({"step": r.seq, "layer": n % layers, "tensor": tensor, "op": "alloc", "bytes": r.size})
+            events.append({"step": r.seq, "layer": n % layers, "tensor": tensor, "op": "alloc", "bytes": r.size,
+                           "via": function})
         elif r.address in labels:
             layer, tensor = labels.pop(r.address)
             events.append({"step": r.seq, "layer": layer, "tensor": tensor, "op": "free", "bytes": r.size})
@@ -350,6 +351,10 @@ def run_validation(cfg: HFValidateConfig) -> dict:
         "peak_error_pct": data.pop("peak_error_pct"),
         "resident_slope_error_pct": data.pop("resident_slope_error_pct"),
         "in_step_increase": in_step_increase(observed, result),
+        # The beam "gather": what reorder_cache (index_select) allocated in each fork / reorder / select step.
+        "beam_gather": [{"step": s, "measured_bytes": sum(e["bytes"] for e in observed
+                                                          if e["step"] == s and e.get("via") == "reorder_cache")}
+                        for s in sorted({e["step"] for e in observed if e.get("via") == "reorder_cache"})],
         "scenario": {
             "model": cfg.model_name, "runtime": "transformers", "cache": facts["cache"],
             "layer_classes": facts["layer_classes"], "layers": cfg.layers, "heads": cfg.heads,
