@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from conftest import assert_same_run, rows_of
+from test_properties import workloads
 from simkv import build_scenario, simulate
 from simkv.errors import PolicyError, SimkvError
 from simkv.memory import replay
@@ -151,31 +152,15 @@ def test_issue_example_in_step_increase_is_one_tensor():
 @st.composite
 def hf_scenarios(draw):
     policy = draw(st.sampled_from(["hf-dynamic", "hf-static", "exact", "openvino-cpu", "fixed"]))
-    ops, width = ["prefill:" + str(draw(st.integers(1, 40)))], 1
-    for _ in range(draw(st.integers(0, 6))):
-        kind = draw(st.sampled_from(["decode", "decode", "turn", "fork", "reorder", "select"]))
-        if kind == "decode":
-            ops.append(f"decode:{draw(st.integers(1, 30))}")
-        elif kind == "turn":
-            ops.append(f"prefill:{draw(st.integers(1, 20))}")
-        elif kind == "fork" and width == 1:
-            width = draw(st.integers(2, 4))
-            ops.append(f"fork:{width}")
-        elif kind == "select" and width > 1:
-            ops.append(f"select:{draw(st.integers(0, width - 1))}")
-            width = 1
-        elif kind == "reorder":
-            ops.append("reorder")
-    if width == 1 and draw(st.booleans()):
-        ops += ["reset", "prefill:" + str(draw(st.integers(1, 20)))]
+    ops = [draw(workloads())]
     opts = {"beam_gather": True} if policy in ("exact", "openvino-cpu", "fixed") and draw(st.booleans()) else {}
     if policy == "hf-static":
-        opts["max_cache_len"] = 400
+        opts["max_cache_len"] = 4096
     elif draw(st.booleans()):
         opts["free_old"] = draw(st.sampled_from(["immediate", "end_of_step", "next_inference"]))
     if draw(st.booleans()):
         opts["first_touch"] = draw(st.booleans())
-    window = None if policy == "hf-static" else draw(st.sampled_from([None, 1, 2, 7, 30]))
+    window = None if policy == "hf-static" else draw(st.sampled_from([None, 1, 2, 7, 30, 200]))
     try:
         return build_scenario(model=None, layers=draw(st.integers(1, 3)), kv_heads=draw(st.sampled_from([1, 2])),
                               head_dim=16, precision=draw(st.sampled_from(["f32", "f16", "bf16"])), policy=policy,
