@@ -42,7 +42,7 @@ class HFDynamic(Policy):
     row_orders = {"grow": _PER_LAYER, "gather": _PER_LAYER}
 
     reset: str = option("free", _HELP["reset"])
-    first_touch: bool = option(False, "host memory: resident only once written (torch writes a new tensor whole)")
+    first_touch: bool = option(False, "resident only once written (off: torch writes each new tensor whole, resident = allocated)")
     beam_gather: bool = option(True, _HELP["beam_gather"])
 
     def capacity(self, needed, prim):

@@ -36,7 +36,7 @@ class HFStatic(Policy):
     row_orders = {"grow": "+k =k -k +v =v -v", "gather": "+k =k -k +v =v -v"}
 
     max_cache_len: int = option(4096, "tokens each layer's K and V tensors hold (StaticCache max_cache_len)")
-    first_touch: bool = option(False, "host memory: resident only once written (torch.zeros writes it whole)")
+    first_touch: bool = option(False, "resident only once written (off: torch.zeros writes each tensor whole, resident = allocated)")
     beam_gather: bool = option(True, _HELP["beam_gather"])
 
     def __post_init__(self) -> None:
