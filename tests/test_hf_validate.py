@@ -62,8 +62,10 @@ def test_cli_without_the_extra_says_how_to_install():
 def test_cli_rejects_bad_input_in_one_line():
     for argv in (["--runtime", "transformers", "--precision", "u8"],
                  ["--runtime", "transformers", "--policy", "hf-static", "--policy-opt", "max_cache_len=10"],
-                 ["--sliding-window", "8"]):
-        out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", *argv, "--prompt", "4", "--decode", "20"],
+                 ["--sliding-window", "8"],
+                 ["--runtime", "transformers", "--prompt", "100000"],
+                 ["--runtime", "transformers", "--model", "llama-3-70b", "--prompt", "4000"]):
+        out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--prompt", "4", "--decode", "20", *argv],
                              capture_output=True, text=True)
         assert out.returncode == 2, argv
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -44,6 +44,10 @@ from simkv.workload import Decode, Fork, Prefill, Reorder, Reset, Select, parse_
 __all__ = ["MISSING_DEPS", "HFValidateConfig", "check_dependencies", "build_model", "run_validation", "command"]
 
 MISSING_DEPS = "transformers validation needs torch, transformers and memray: pip install 'simkv[transformers]'"
+#: Bounds of a real run on torch CPU: attention of a long prompt alone would take minutes and gigabytes.
+MAX_INPUT_TOKENS = 8192  # one prefill or chat turn
+MAX_STEPS = 20_000
+MAX_KV_BYTES = 2 << 30
 DTYPES = ("f32", "f16", "bf16")
 POLICIES = ("hf-dynamic", "hf-static")
 
@@ -128,8 +132,12 @@ def drive(model, cache, cfg: HFValidateConfig, recorder, on_step=None) -> int:
     """
     import torch
 
+    from tqdm import tqdm
+
     gen = torch.Generator().manual_seed(cfg.seed)
     seq, batch = 0, 1
+    bar = tqdm(total=parse_ops(cfg.workload).steps, unit="step", desc="transformers run", leave=False,
+               disable=not cfg.progress)
 
     def step(tokens: int, beam_idx=None, reset: bool = False) -> None:
         nonlocal seq
@@ -146,6 +154,7 @@ def drive(model, cache, cfg: HFValidateConfig, recorder, on_step=None) -> int:
         if on_step is not None:
             on_step(seq, time.perf_counter() - t0)
         seq += 1
+        bar.update(1)
 
     with torch.no_grad():
         for op in parse_ops(cfg.workload).ops:
@@ -165,6 +174,7 @@ def drive(model, cache, cfg: HFValidateConfig, recorder, on_step=None) -> int:
             elif isinstance(op, Reset):
                 batch = 1
                 step(0, reset=True)
+    bar.close()
     return seq
 
 
@@ -406,11 +416,22 @@ def command(args) -> int:
         opts.setdefault("max_cache_len", str(sc.workload.max_tokens))
         sc = build_scenario(**scenario, policy=policy, policy_options=opts)
     m = sc.model
+    longest_input = max((op.tokens for op in sc.workload.ops if isinstance(op, Prefill)), default=0)
+    if longest_input > MAX_INPUT_TOKENS or sc.workload.steps > MAX_STEPS:
+        raise SimkvError(f"a real transformers run is limited to prompts/turns of {MAX_INPUT_TOKENS:,} tokens and "
+                         f"{MAX_STEPS:,} steps (this one: {longest_input:,} and {sc.workload.steps:,})")
+    from simkv.scenario import simulate
+
+    peak = int(simulate(sc).steps["peak"].max())
+    if peak > MAX_KV_BYTES:
+        raise SimkvError(f"the KV cache would peak at {peak / 2**30:.1f} GiB; a real run here is limited to "
+                         f"{MAX_KV_BYTES / 2**30:.0f} GiB (fewer layers, heads or tokens)")
     cfg = HFValidateConfig(
         workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
         hidden=args.hidden, vocab=args.vocab, seed=args.seed, dtype=sc.precision.name, policy=policy,
         max_cache_len=getattr(sc.policy, "max_cache_len", None), sliding_window=m.sliding_window,
         mmap_threshold=args.mmap_threshold, slope_min_tokens=args.slope_min_tokens, model_name=m.name,
+        progress=sys.stderr.isatty(),
     )
     try:
         check_dependencies()
