@@ -41,7 +41,6 @@ class ReferenceEngine:
 
     def run(self) -> None:
         lay, policy, mem = self.layout, self.policy, self.memory
-        k = lay.unit_slots.shape[1]
         stored, batch, after_reset = 0, 1, False
         pending: list[Buffer] = []
         inferences = tqdm(
