@@ -165,7 +165,9 @@ def _add_validate_parser(sub) -> None:
         "record every KV-cache allocation and free with memray, measure RSS/VmSize/VmHWM/latency in a clean "
         "run (MALLOC_MMAP_THRESHOLD_ set), predict the same scenario with the openvino-cpu policy at the "
         "effective KV precision, and compare event by event. Exit 0 only if every KV event matched. "
-        "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations)."))
+        "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations). "
+        "--runtime transformers runs Hugging Face DynamicCache / StaticCache on torch CPU instead and compares "
+        "with hf-dynamic / hf-static."))
     add_scenario_arguments(p)
     p.set_defaults(**VALIDATE_DEFAULTS)
     helps = {
