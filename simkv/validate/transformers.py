@@ -107,7 +107,7 @@ def build_model(cfg: HFValidateConfig):
     hidden = cfg.hidden or cfg.heads * cfg.head_dim
     common = dict(vocab_size=cfg.vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                   num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                  head_dim=cfg.head_dim, max_position_embeddings=max(parse_ops(cfg.workload).steps, 1) + 4096)
+                  head_dim=cfg.head_dim, max_position_embeddings=parse_ops(cfg.workload).max_tokens + 1)
     torch.manual_seed(cfg.seed)
     if cfg.sliding_window:
         model = MistralForCausalLM(MistralConfig(**common, sliding_window=cfg.sliding_window))
