@@ -19,7 +19,12 @@ the layers in order. Observed allocation by allocation with memray on torch 2.13
   forward pass): ``self.keys.index_select(0, beam_idx)``, then values — a full gather
   copy per layer, ``+K -K +V -V``, at the stored length (``W - 1`` past the window) and
   the new batch; the forward's cat then reallocates again.
-* ``reset()`` sets ``self.keys = self.values = None``: frees K then V, layer by layer.
+* ``reset()`` sets ``self.keys = self.values = None``: frees K then V, layer by layer
+  (transformers 5.17 zeroed and kept them instead; the next prompt then concatenated onto the
+  old length — measured on CUDA, docs/DESIGN.md §3b).
+
+The same sequences were measured on CUDA (H100, torch 2.11, transformers 5.17) from torch's
+allocator history (``experiments/hf_cuda_trace.py``).
 """
 
 from __future__ import annotations

@@ -141,8 +141,8 @@ def drive(model, cache, cfg: HFValidateConfig, recorder, on_step=None) -> int:
 
     def step(tokens: int, beam_idx=None, reset: bool = False) -> None:
         nonlocal seq
-        ids = torch.randint(0, cfg.vocab, (batch, tokens), generator=gen) if tokens else None
-        index = torch.tensor(beam_idx, dtype=torch.long) if beam_idx is not None else None
+        ids = torch.randint(0, cfg.vocab, (batch, tokens), generator=gen).to(model.device) if tokens else None
+        index = torch.tensor(beam_idx, dtype=torch.long).to(model.device) if beam_idx is not None else None
         t0 = time.perf_counter()
         with recorder.operation(seq):
             if reset:
