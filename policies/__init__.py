@@ -13,6 +13,8 @@ from policies.base import Policy, parse_value
 from policies.exact import Exact
 from policies.fixed import Fixed
 from policies.geometric import Geometric
+from policies.hf_dynamic import HFDynamic
+from policies.hf_static import HFStatic
 from policies.openvino_cpu import OpenVINOCPU
 from policies.openvino_gpu import OpenVINOGPU
 from policies.static import Static
@@ -20,7 +22,7 @@ from simkv.errors import ConfigError
 
 __all__ = ["Policy", "REGISTRY", "get_policy", "parse_policy_opts", "register"]
 
-_BUILTIN = (OpenVINOGPU, OpenVINOCPU, Fixed, Geometric, Exact, Static)
+_BUILTIN = (OpenVINOGPU, OpenVINOCPU, Fixed, Geometric, Exact, Static, HFDynamic, HFStatic)
 REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in _BUILTIN}
 
 

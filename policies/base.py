@@ -33,6 +33,10 @@ by the engine, steered by the *mechanics* options every policy carries:
 ``reset_adopts_batch``
     capacity is a budget of rows (tokens × beams) and the first inference after
     a reset takes its batch without a rebuild when it fits (CPU plugin).
+``beam_gather``
+    a step with a ``beam_idx`` (fork, reorder, select) first gathers every layer's
+    buffers into new ones at the new batch (Hugging Face ``reorder_cache``:
+    ``index_select``, old freed at once), then runs the inference.
 ``past_view``
     the runtime keeps one model-wide f32 ``[B, H_kv, L0, S]`` block, grown to
     the exact size before each inference that needs more (CPU plugin).
@@ -84,7 +88,7 @@ class Policy:
     unit: ClassVar[str] = "primitive"
     #: Row order of a unit per situation: ``grow`` (also first allocation and reclaim),
     #: ``grow_empty`` (buffers kept across a reset, nothing stored), ``rebatch``
-    #: (batch width changed). ``None`` or a missing key: allocs, copies, frees.
+    #: (batch width changed), ``gather`` (``beam_gather``). ``None`` or a missing key: allocs, copies, frees.
     row_orders: ClassVar[dict[str, str] | None] = None
     #: What the headroom limits look at: ``unit`` (all of a unit's buffers together) or
     #: ``data`` (the K or V data buffer alone, as the GPU plugin checks each buffer).
@@ -103,6 +107,7 @@ class Policy:
     reset_adopts_batch: bool = option(False, "after reset_state(), the next prompt's batch reuses buffers whose rows fit")
     past_view: bool = option(False, "one model-wide f32 [B, H_kv, L0, S] block, grown to exact size (CPU plugin)")
     carry_padding: bool = option(False, "a rebuilt buffer keeps its unused room on top of the new size (GPU plugin)")
+    beam_gather: bool = option(False, "a beam_idx step first copies every layer into new buffers at the new batch (HF reorder_cache)")
 
     def __post_init__(self) -> None:
         if self.free_old not in FREE_TIMINGS:
@@ -134,13 +139,23 @@ class Policy:
 
         Must be false right after :meth:`capacity` sized a buffer, and may not
         turn true as ``needed`` grows with the capacity unchanged (engines
-        check it on the first step after each change only).
+        check it on the first step after each change only) — unless it is
+        always true: a runtime that rebuilds every buffer every step.
         """
         return np.zeros(np.shape(needed), dtype=bool)
 
     def meta_bytes_per_head(self, precision: Precision) -> int:
         """Bytes of scale/zero-point metadata per token per KV head this runtime stores for a precision."""
         return precision.meta_bytes_per_head
+    def kept_tokens(self, model: ModelSpec) -> int | None:
+        """Tokens a unit keeps between inferences (a sliding window), or None: the whole history.
+
+        With a limit (>= 1), a step appending ``L1`` tokens needs ``min(stored, kept) + L1``."""
+        return None
+
+    def orders(self, model: ModelSpec) -> dict[str, str] | None:
+        """The row orders (:attr:`row_orders`) for this model's layers."""
+        return self.row_orders
 
     def check(self, model: ModelSpec, workload: Workload) -> None:
         """Raise :class:`simkv.errors.PolicyError` if this policy cannot run the workload."""

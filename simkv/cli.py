@@ -31,6 +31,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--heads", type=int, help="query heads")
     m.add_argument("--kv-heads", type=int, help="key/value heads (fewer than heads: GQA)")
     m.add_argument("--head-dim", type=int, help="head size")
+    m.add_argument("--sliding-window", type=int, metavar="N",
+                   help="attention window in tokens (0: none; default: the preset's, e.g. mistral-7b 4096); "
+                   "used by hf-dynamic")
     m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the policy's runtime default)")
 
     w = p.add_argument_group("workload (one stateful session)")
@@ -69,7 +72,7 @@ def scenario_from_args(args: argparse.Namespace):
     return build_scenario(
         model=None if args.model == "custom" else args.model,
         layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-        precision=args.precision, policy=args.policy, policy_options=parse_policy_opts(args.policy_opt),
+        sliding_window=args.sliding_window, precision=args.precision, policy=args.policy, policy_options=parse_policy_opts(args.policy_opt),
         prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
         turn_decode=args.turn_decode, beam=args.beam, ops=args.ops, device_memory=args.device_memory,
         weights_memory=args.weights_memory, weights_precision=args.weights_precision,
@@ -170,7 +173,9 @@ def _add_validate_parser(sub) -> None:
         "record every KV-cache allocation and free with memray, measure RSS/VmSize/VmHWM/latency in a clean "
         "run (MALLOC_MMAP_THRESHOLD_ set), predict the same scenario with the openvino-cpu policy at the "
         "effective KV precision, and compare event by event. Exit 0 only if every KV event matched. "
-        "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations)."))
+        "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations). "
+        "--runtime transformers runs Hugging Face DynamicCache / StaticCache on torch CPU instead and compares "
+        "with hf-dynamic / hf-static."))
     add_scenario_arguments(p)
     p.set_defaults(**VALIDATE_DEFAULTS)
     helps = {
@@ -198,6 +203,13 @@ def _add_validate_parser(sub) -> None:
     r.add_argument("--slope-min-tokens", type=int, default=500,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
     r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
+    r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino",
+                   help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
+                   "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32)")
+    r.add_argument("--policy", choices=("hf-dynamic", "hf-static"),
+                   help="--runtime transformers: DynamicCache (hf-dynamic, default) or StaticCache (hf-static)")
+    r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE",
+                   help="--runtime transformers: max_cache_len=N for hf-static (default: the longest history)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
@@ -207,6 +219,13 @@ def _add_validate_parser(sub) -> None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from simkv.scenario import build_scenario
+
+    if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv.validate.transformers)
+        from simkv.validate.transformers import command
+
+        return command(args)
+    if args.sliding_window or args.policy or args.policy_opt:
+        raise SimkvError("--sliding-window, --policy and --policy-opt need --runtime transformers")
 
     given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden")
              if getattr(args, k) is not None] + (["--model"] if args.model != "custom" else [])
@@ -253,6 +272,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from ")]
         print(f"simkv validate: error: {lines[-1] if lines else repr(err)}", file=sys.stderr)
         return 2
+    return emit_validation(args, data)
+
+
+def emit_validation(args: argparse.Namespace, data: dict) -> int:
+    """Write/print a validation result as asked (--out, --report, --json); exit 0 only if every KV event matched."""
     if args.out:
         from pathlib import Path
 

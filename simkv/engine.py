@@ -97,7 +97,9 @@ class FastEngine:
         self.ledger = Ledger()
         self.steps = StepRecorder()
         self.oom: OutOfMemory | None = None
-        self.orders = {kind: lay.row_order((policy.row_orders or {}).get(kind)) for kind in ("grow", "grow_empty", "rebatch")}
+        orders = policy.orders(scenario.model) or {}
+        self.orders = {kind: lay.row_order(orders.get(kind)) for kind in ("grow", "grow_empty", "rebatch", "gather")}
+        self.keep = policy.kept_tokens(scenario.model)  # a sliding window's kept tokens, or None
         # Live state, as arrays over units and slots.
         self.budget = np.zeros(lay.units, dtype=np.int64)  # rows per unit; 0 = no buffers
         self.buf = np.full(len(lay.layer), -1, dtype=np.int64)  # live buffer id per slot
@@ -138,7 +140,7 @@ class FastEngine:
                 self._step(int(env.now), inference_of(op, self.width, self.stored))
                 yield env.timeout(1)
                 continue
-            remaining, plan = op.steps, True
+            remaining, plan = op.steps, self.keep is None  # a window's held length stops growing: step by step
             while remaining and self.oom is None:
                 reclaim = self._reclaims_next()
                 if plan and not reclaim and self._decode_run(int(env.now), remaining):
@@ -250,7 +252,15 @@ class FastEngine:
                 self.next_id += int((view["op"] == ALLOC).sum())
                 rows.append(view)
                 resident_delta.append(np.zeros(len(view), dtype=np.int64) if self.first_touch else alloc_delta(view))
-            needed = self.stored + inf.tokens
+            if policy.beam_gather and inf.phase in ("fork", "reorder", "select") and self.budget.any():
+                # beam_idx first: every layer gathered into new buffers at the new batch, old freed at once.
+                units = np.flatnonzero(self.budget)
+                held = np.full(lay.units, self._held(), dtype=np.int64)  # exact size: no padding is carried
+                block, happens, resident = self._reallocate(units, self._held(), inf.batch, step, phase, rows, "gather",
+                                                            held, np.zeros(lay.units, dtype=np.int64), immediate=True)
+                rows.append(block[happens])
+                resident_delta.append(resident[happens])
+            needed = self._held() + inf.tokens
             has = self.budget > 0
             if has.any() and inf.batch != self.batch and policy.reset_adopts_batch and self.after_reset:
                 self.batch = inf.batch  # the kept buffers now hold rows of the new width
@@ -302,7 +312,7 @@ class FastEngine:
         if inf.phase == "reset":
             self.stored = 0
         else:
-            self.stored = needed
+            self.stored += inf.tokens
             if self.first_touch:
                 growth = np.maximum(needed * self.batch - self.written, 0)
                 self.resident += int((growth * lay.row_bytes).sum())
@@ -317,9 +327,10 @@ class FastEngine:
             self.resident -= int(deferred_resident.sum())
         self._record(step, phase, peak, resident_peak)
 
-    def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind, padded, tables_before):
+    def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind, padded, tables_before, immediate=None):
         """``padded``: per unit, the tokens needed plus the room carried over (policy.carry_padding);
-        ``tables_before``: per unit, bytes the kernels' beam tables took this step before it."""
+        ``tables_before``: per unit, bytes the kernels' beam tables took this step before it;
+        ``immediate``: whether old buffers are freed as each unit is rebuilt (default: the policy's free_old)."""
         lay, policy = self.layout, self.policy
         padded = padded[units]
         caps = np.asarray(policy.capacity(padded, lay.unit_prim[units]), dtype=np.int64)
@@ -328,7 +339,7 @@ class FastEngine:
         old_rows = self.budget[units]
         old_unit_bytes = old_rows * self.unit_row[units]
         start = self.allocated + sum(int(alloc_delta(r).sum()) for r in rows_so_far)
-        immediate = policy.free_old == "immediate"
+        immediate = policy.free_old == "immediate" if immediate is None else immediate
         caps = limit_headroom(
             policy, padded, caps,
             unit_bytes=lambda i, cap: int(cap) * int(self.check_row[units[i]]) * batch,
@@ -340,14 +351,14 @@ class FastEngine:
         slots = lay.unit_slots[units]
         ids = self._ids_in_order(len(units), self.orders[kind])
         ev = _Events(
-            unit=units, step=step, needed=needed, copied=self.stored, new_cap=caps, batch=batch,
+            unit=units, step=step, needed=needed, copied=self._held(), new_cap=caps, batch=batch,
             old_rows=old_rows, old_batch=self.batch, old_ids=self.buf[slots],
             old_resident=self._live_resident(slots), ids=ids,
         )
         out = self._event_rows(ev, phase, self.orders[kind])
         self.budget[units] = caps * batch
         self.buf[slots] = ids
-        self.written[slots] = np.where((old_rows > 0)[:, None], self.stored * batch, 0)
+        self.written[slots] = np.where((old_rows > 0)[:, None], self._held() * batch, 0)
         self.batch = batch
         return out
 
@@ -418,7 +429,7 @@ class FastEngine:
         rows["tensor"] = lay.tensor[slots]
         rows["bytes"] = budget * lay.row_bytes[slots]
         rows["capacity_tokens"] = budget // self.batch
-        rows["used_tokens"] = self.stored
+        rows["used_tokens"] = self._held()
         rows["buffer"] = self.buf[slots]
         return rows
 
@@ -714,7 +725,11 @@ class FastEngine:
         return int((self.budget * self.unit_row).sum()) + self.view["bytes"] + int(self.t_rows.sum()) * BEAM_TABLE_BYTES
 
     def _used(self) -> int:
-        return self.stored * self.batch * self.row_total if self.budget.any() else 0
+        return self._held() * self.batch * self.row_total if self.budget.any() else 0
+
+    def _held(self) -> int:
+        """Tokens per beam the buffers hold between inferences: the history, or a window's part."""
+        return self.stored if self.keep is None else min(self.stored, self.keep)
 
     def _record(self, step, phase, peak, resident_peak, tokens=None, batch=None, steady=None, used=None) -> None:
         self.steps.add(

@@ -106,11 +106,16 @@ def custom_model(
     heads: int | None = None,
     kv_heads: int | None = None,
     head_dim: int | None = None,
+    sliding_window: int | None = None,
 ) -> ModelSpec:
     """A preset with some dimensions overridden, or a fully custom shape.
 
     Without a base, ``heads`` defaults to ``kv_heads`` (MHA) and vice versa.
+    ``sliding_window``: None keeps the preset's window, 0 removes it, N sets it.
     """
+    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 0):
+        raise ConfigError(f"sliding window must be a non-negative integer (0 = none), got {sliding_window!r}")
+    window = {} if sliding_window is None else {"sliding_window": sliding_window or None}
     if base is None:
         missing = [n for n, v in (("layers", layers), ("head_dim", head_dim)) if v is None]
         if missing or (heads is None and kv_heads is None):
@@ -120,17 +125,19 @@ def custom_model(
             )
         heads = heads if heads is not None else kv_heads
         kv_heads = kv_heads if kv_heads is not None else heads
-        return ModelSpec("custom", layers, heads, kv_heads, head_dim)
+        return ModelSpec("custom", layers, heads, kv_heads, head_dim, **window)
+    if window.get("sliding_window", base.sliding_window) == base.sliding_window:
+        window = {}
     changed = {
         k: v
         for k, v in (("layers", layers), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim))
         if v is not None
     }
-    if not changed:
+    if not changed and not window:
         return base
     if "heads" in changed and "kv_heads" not in changed and base.kv_heads == base.heads:
         changed["kv_heads"] = changed["heads"]
-    return replace(base, name=f"{base.name}*", **changed)
+    return replace(base, name=f"{base.name}*", **changed, **window)
 
 
 #: Bytes per weight for the weight precisions of the cost model and ``--weights-precision``.

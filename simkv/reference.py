@@ -39,10 +39,11 @@ class ReferenceEngine:
         self.view: Buffer | None = None
         model = scenario.model
         self.view_row_bytes = model.kv_heads * model.head_dim * PAST_VIEW_BYTES
+        self.keep = self.policy.kept_tokens(model)  # a sliding window's kept tokens, or None
+        self.orders = self.policy.orders(model) or {}
 
     def run(self) -> None:
         lay, policy, mem = self.layout, self.policy, self.memory
-        k = lay.unit_slots.shape[1]
         stored, batch, after_reset = 0, 1, False
         pending: list[Buffer] = []
         inferences = tqdm(
@@ -75,7 +76,16 @@ class ReferenceEngine:
 
                 if policy.past_view:
                     self._grow_view(where, inf.batch_in * stored, stored)
-                needed = stored + inf.tokens
+                held = stored if self.keep is None else min(stored, self.keep)
+                if policy.beam_gather and inf.phase in ("fork", "reorder", "select") and self._live():
+                    # beam_idx first: each layer's buffers gathered at the new batch, old freed at once.
+                    order = lay.row_order(self.orders.get("gather"))
+                    units = range(lay.units)
+                    caps = policy.capacity(np.full(lay.units, held, dtype=np.int64), lay.unit_prim)
+                    for unit, cap in zip(units, (int(c) for c in caps)):
+                        self._replace(where, unit, cap, inf.batch, held, held, order, immediate=True)
+                    batch = inf.batch
+                needed = held + inf.tokens
                 if self._live() and inf.batch != batch and policy.reset_adopts_batch and after_reset:
                     batch = inf.batch  # the buffers now hold rows of the new batch width
                     for buf in self.current:
@@ -83,49 +93,24 @@ class ReferenceEngine:
                 padded = {u: needed + self._room(u, stored) for u in range(lay.units)}
                 todo = [u for u in range(lay.units) if not self._fits(u, needed, inf.batch, batch, padded[u])]
                 kind = self._situation(todo, inf.batch, batch, stored)
-                order = lay.row_order((policy.row_orders or {}).get(kind))
+                order = lay.row_order(self.orders.get(kind))
                 caps = policy.capacity(np.array([padded[u] for u in todo], dtype=np.int64), lay.unit_prim[todo]) if todo else []
                 later: list[Buffer] = []
                 kernels = 0  # units whose kernel ran this step (the GPU beam tables come after the unit's buffers)
                 for unit, cap in zip(todo, (int(c) for c in caps)):
                     kernels = self._run_kernels(where, kernels, unit, needed, inf.batch, stored)
-                    if cap < needed:
-                        raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
-                    checked = lay.row_bytes[lay.unit_slots[unit][0]] if policy.headroom_buffer == "data" else lay.unit_row_bytes[unit]
-                    unit_bytes = cap * int(checked) * inf.batch
-                    near_limit = policy.headroom_limit and (
-                        mem.allocated + mem.weights + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
-                    )
-                    if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
-                        cap = padded[unit]  # no headroom near the device's limits
-                    slots = [int(s) for s in lay.unit_slots[unit]]
-                    olds = [self.current[s] for s in slots]
-                    news: list[Buffer | None] = [None] * k
-                    for position in order.tolist():
-                        op, j = divmod(position, k)
-                        if op == ALLOC:
-                            s = slots[j]
-                            news[j] = mem.alloc(
-                                *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
-                                batch=inf.batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
-                            )
-                        elif op == COPY:
-                            if olds[j] is not None and stored > 0:
-                                mem.copy(*where, olds[j], news[j], stored)
-                        elif olds[j] is not None:
-                            if policy.free_old == "immediate":
-                                mem.free(*where, olds[j])
-                            else:
-                                later.append(olds[j])
-                    for s, new in zip(slots, news):
-                        self.current[s] = new
+                    later += self._replace(where, unit, cap, inf.batch, needed, held, order,
+                                           immediate=policy.free_old == "immediate", exact=padded[unit])
                 self._run_kernels(where, kernels, lay.units, needed, inf.batch, stored)
                 batch = inf.batch
                 for _token in range(inf.tokens):
                     for buf in self.current:
                         buf.used += 1
                         mem.write(buf, buf.used)
-                stored, after_reset = needed, False
+                if self.keep is not None:
+                    for buf in self.current:
+                        buf.used = min(buf.used, self.keep)  # a window keeps its last tokens only
+                stored, after_reset = stored + inf.tokens, False
                 mem.resident_peak = max(mem.resident_peak, mem.resident)
                 if policy.free_old == "end_of_step":
                     for buf in later:
@@ -167,6 +152,46 @@ class ReferenceEngine:
             pair[1] = self.memory.alloc(*where, **spec)
         elif new is not None:
             self.memory.free(*where, new)
+
+    def _replace(self, where, unit: int, cap: int, batch: int, needed: int, held: int, order, immediate: bool,
+                 exact: int | None = None) -> list[Buffer]:
+        """Give a unit new buffers of ``cap`` tokens × ``batch`` (``exact``, default ``needed``, near
+        the device's limits), copying ``held`` tokens, in the runtime's row ``order``; returns the old
+        buffers still to free unless ``immediate``."""
+        lay, mem, policy = self.layout, self.memory, self.policy
+        if cap < needed:
+            raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
+        checked = lay.row_bytes[lay.unit_slots[unit][0]] if policy.headroom_buffer == "data" else lay.unit_row_bytes[unit]
+        unit_bytes = cap * int(checked) * batch
+        near_limit = policy.headroom_limit and (
+            mem.allocated + mem.weights + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
+        )
+        if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
+            cap = needed if exact is None else exact  # no headroom near the device's limits
+        k = lay.unit_slots.shape[1]
+        slots = [int(s) for s in lay.unit_slots[unit]]
+        olds = [self.current[s] for s in slots]
+        news: list[Buffer | None] = [None] * k
+        later: list[Buffer] = []
+        for position in order.tolist():
+            op, j = divmod(position, k)
+            if op == ALLOC:
+                s = slots[j]
+                news[j] = mem.alloc(
+                    *where, layer=int(lay.layer[s]), tensor=int(lay.tensor[s]), capacity=cap,
+                    batch=batch, row_bytes=int(lay.row_bytes[s]), holds=needed,
+                )
+            elif op == COPY:
+                if olds[j] is not None and held > 0:
+                    mem.copy(*where, olds[j], news[j], held)
+            elif olds[j] is not None:
+                if immediate:
+                    mem.free(*where, olds[j])
+                else:
+                    later.append(olds[j])
+        for s, new in zip(slots, news):
+            self.current[s] = new
+        return later
 
     def _grow_view(self, where, rows: int, tokens: int) -> None:
         """The CPU plugin's past block: grown to exactly ``rows`` rows, new before old is freed."""

@@ -96,6 +96,7 @@ class Result:
             "heads": s.model.heads,
             "kv_heads": s.model.kv_heads,
             "head_dim": s.model.head_dim,
+            "sliding_window": s.model.sliding_window,
             "precision": s.precision.name,
             "policy": s.policy.name,
             "policy_options": {f.name: getattr(s.policy, f.name) for f in s.policy.options()},
@@ -131,6 +132,7 @@ def build_scenario(
     heads: int | None = None,
     kv_heads: int | None = None,
     head_dim: int | None = None,
+    sliding_window: int | None = None,
     precision: str | None = None,
     policy: str = DEFAULT_POLICY,
     policy_options: dict[str, object] | None = None,
@@ -148,7 +150,8 @@ def build_scenario(
     """A scenario from plain values (what a CLI flag or a dashboard control holds).
 
     ``model=None`` with all four dimensions gives a custom shape; a preset with
-    some dimensions overrides those. ``ops`` (e.g. ``"prefill:32,decode:100,reset"``)
+    some dimensions overrides those; ``sliding_window`` N sets a window (0 removes a preset's,
+    None keeps it; only policies that model windows use it). ``ops`` (e.g. ``"prefill:32,decode:100,reset"``)
     replaces the prompt/decode/turns/beam description of the workload.
 
     ``weights_memory`` (bytes, or a size such as ``"8GiB"``) is the device memory taken
@@ -158,7 +161,8 @@ def build_scenario(
     from policies import get_policy
 
     base = get_model(model) if model else None
-    spec = custom_model(base, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    spec = custom_model(base, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                        sliding_window=sliding_window)
     pol = get_policy(policy, policy_options)
     prec = get_precision(precision or pol.default_precision)
     if ops:

@@ -461,11 +461,15 @@ def summary_lines(data: dict) -> list[str]:
     """The human-readable report of ``simkv validate`` (from the JSON dict)."""
     sc = data.get("scenario", {})
     ok = data["events_missing"] == 0 and data["events_unexpected"] == 0
+    if data.get("runtime") == "transformers":
+        window = f", sliding window {sc['sliding_window']}" if sc.get("sliding_window") else ""
+        runtime = f"transformers {sc.get('cache')} ({sc.get('policy')}{window}); KV {data.get('effective_kv_precision')}"
+    else:
+        runtime = (f"KV {data.get('effective_kv_precision')} (requested {sc.get('requested_kv_precision') or 'default'}, "
+                   f"inference {sc.get('inference_precision')}); fused {data.get('fused')}")
     lines = [
         f"simkv validate: {sc.get('layers')} layers, {sc.get('heads')}/{sc.get('kv_heads')} heads x "
-        f"{sc.get('head_dim')}; KV {data.get('effective_kv_precision')} (requested "
-        f"{sc.get('requested_kv_precision') or 'default'}, inference {sc.get('inference_precision')}); "
-        f"fused {data.get('fused')}; workload {sc.get('workload')}",
+        f"{sc.get('head_dim')}; {runtime}; workload {sc.get('workload')}",
         f"  {'KV events':<22}{data['events_observed']:,} observed, {data['events_predicted']:,} predicted: "
         f"{data['events_matched']:,} matched, {data['events_missing']:,} missing, {data['events_unexpected']:,} unexpected",
     ]
@@ -505,9 +509,15 @@ def summary_lines(data: dict) -> list[str]:
         extra = f"; slowest realloc step {worst['step']}: {worst['latency_ms']:.2f} ms ({worst['x_median']:.1f}x)" if worst and worst["x_median"] else ""
         lines.append(f"  {'latency':<22}median decode {la['median_decode_ms']:.2f} ms; {len(la['realloc_steps'])} "
                      f"realloc steps{extra}")
+    inc = data.get("in_step_increase")
+    if inc:
+        lines.append(f"  {'in-step KV increase':<22}equal in {inc['steps_equal']:,} of {inc['steps']:,} steps; largest "
+                     f"predicted at step {inc['step']}: measured {_mib(inc['measured_bytes'])}, predicted "
+                     f"{_mib(inc['predicted_bytes'])}")
     v = data.get("versions", {})
     if v:
-        lines.append(f"  {'versions':<22}openvino {v.get('openvino')}, memray {v.get('memray')}, python "
+        runtimes = ", ".join(f"{k} {v[k]}" for k in ("openvino", "torch", "transformers") if v.get(k))
+        lines.append(f"  {'versions':<22}{runtimes}, memray {v.get('memray')}, python "
                      f"{v.get('python')}; MALLOC_MMAP_THRESHOLD_={v.get('MALLOC_MMAP_THRESHOLD_')}")
     if data.get("elapsed_s") is not None:
         lines.append(f"  {'time':<22}{data['elapsed_s']:.1f} s")

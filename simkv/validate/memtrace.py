@@ -54,8 +54,9 @@ class Recorder:
     and RSS, which memray's unwinding and buffers would distort).
     """
 
-    def __init__(self, path: str | Path | None = None, enabled: bool = True) -> None:
+    def __init__(self, path: str | Path | None = None, enabled: bool = True, native_traces: bool = True) -> None:
         self.enabled = enabled
+        self.native_traces = native_traces  # False: Python stacks only (enough for torch; much faster)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if path is None and enabled:
             self._tmp = tempfile.TemporaryDirectory(prefix="simkv_memray_")
@@ -70,7 +71,7 @@ class Recorder:
             assert self.path is not None
             if self.path.exists():
                 self.path.unlink()
-            self._tracker = memray.Tracker(str(self.path), native_traces=True)
+            self._tracker = memray.Tracker(str(self.path), native_traces=self.native_traces)
             self._tracker.__enter__()
         return self
 
@@ -107,7 +108,8 @@ class TraceSummary:
 
 
 def read_segments(
-    path: str | Path, n_ops: int, keep_min_bytes: int = 0, always_keep: frozenset[str] = frozenset({"POSIX_MEMALIGN"})
+    path: str | Path, n_ops: int, keep_min_bytes: int = 0, always_keep: frozenset[str] = frozenset({"POSIX_MEMALIGN"}),
+    site_of=None,
 ) -> tuple[list[RawRecord], TraceSummary]:
     """Read a memray capture and return the allocator calls made inside operations.
 
@@ -120,6 +122,9 @@ def read_segments(
     plugin allocates every tensor buffer with ``posix_memalign``, and the KV
     classifier needs all of them to see adjacency) or of at least ``keep_min_bytes``
     bytes are returned, with their frees.
+
+    ``site_of(record)`` names an allocation's call site (default: memray's
+    ``native_stack_id``; the transformers validator reads the Python stack instead).
     """
     import memray
 
@@ -163,10 +168,32 @@ def read_segments(
                 live.pop(rec.address, None)  # address reused by an untracked allocation
                 summary.dropped_small += 1
                 continue
-            live[rec.address] = (rec.size, rec.native_stack_id, alloc)
-            out.append(RawRecord(current, "alloc", rec.size, rec.address, rec.native_stack_id, alloc, rec.tid))
+            site = rec.native_stack_id if site_of is None else site_of(rec)
+            live[rec.address] = (rec.size, site, alloc)
+            out.append(RawRecord(current, "alloc", rec.size, rec.address, site, alloc, rec.tid))
     reader.close()
     if summary.operations_seen != n_ops:
         raise RuntimeError(f"trace holds {summary.operations_seen} operations, expected {n_ops}")
     return out, summary
 
+
+
+def proc_status() -> dict[str, int]:
+    """VmRSS, VmSize and VmHWM of this process in bytes (/proc/self/status)."""
+    out: dict[str, int] = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmSize", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (``echo 5 > /proc/self/clear_refs``); False if not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False

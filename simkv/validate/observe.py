@@ -37,6 +37,8 @@ import openvino as ov
 
 from .kvclassify import KV_KINDS, Classification, KVDims, OpContext, RawRecord, classify
 from .memtrace import Recorder, TraceSummary, read_segments
+from .memtrace import proc_status as _proc_status
+from .memtrace import reset_hwm as _reset_hwm
 from .ovmodel import RuntimeInspection, inspect_runtime, require_fused
 
 __all__ = [
@@ -254,25 +256,6 @@ def cpu_flags() -> tuple[str, dict[str, bool]]:
         pass
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "avx512_vnni")
     return model, {f: f in flags for f in wanted}
-
-
-def _proc_status() -> dict[str, int]:
-    out: dict[str, int] = {}
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmSize", "VmHWM"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def _reset_hwm() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def kv_dims_from_model(model: ov.Model, kv_cache_precision: str) -> KVDims:

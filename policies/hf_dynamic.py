@@ -1,0 +1,68 @@
+"""Hugging Face ``DynamicCache``: every layer's K and V are rebuilt with ``torch.cat`` every inference.
+
+Source: huggingface/transformers 5.23.0 ``src/transformers/cache_utils.py``, classes
+``DynamicLayer`` (``update``, ``reset``), ``DynamicSlidingWindowLayer`` (``update``) and
+``CacheLayerMixin.reorder_cache``; ``Cache.update`` / ``reorder_cache`` / ``reset`` loop over
+the layers in order. Observed allocation by allocation with memray on torch 2.13 CPU
+(``simkv validate --runtime transformers``):
+
+* ``DynamicLayer.update``: ``self.keys = torch.cat([self.keys, key_states])``, then the same
+  for values. The cat allocates a tensor of exactly ``L0 + L1`` tokens and the assignment
+  drops the old one at once: per layer ``+K -K +V -V``; the step's extra memory is one
+  tensor, not a second cache (the old "two copies" is the ``exact`` policy). The first
+  ``update`` starts from empty tensors, which allocate nothing.
+* ``DynamicSlidingWindowLayer.update`` (a model with ``sliding_window`` W): both cats
+  (``full_key_states``, ``full_value_states``) happen before ``self.keys``/``self.values``
+  are replaced by views of their last ``W - 1`` tokens, so per layer ``+K +V -K -V``; the
+  view keeps the whole cat alive: ``min(L0, W - 1) + L1`` tokens each step.
+* ``reorder_cache(beam_idx)`` (a simkv fork, reorder or select, applied before the
+  forward pass): ``self.keys.index_select(0, beam_idx)``, then values — a full gather
+  copy per layer, ``+K -K +V -V``, at the stored length (``W - 1`` past the window) and
+  the new batch; the forward's cat then reallocates again.
+* ``reset()`` sets ``self.keys = self.values = None``: frees K then V, layer by layer
+  (transformers 5.17 zeroed and kept them instead; the next prompt then concatenated onto the
+  old length — measured on CUDA, docs/DESIGN.md §3b).
+
+The same sequences were measured on CUDA (H100, torch 2.11, transformers 5.17) from torch's
+allocator history (``experiments/hf_cuda_trace.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from policies.base import Policy, option
+
+_HELP = {f.name: f.metadata["help"] for f in fields(Policy)}
+_PER_LAYER = "+k =k -k +v =v -v"  # one tensor replaced at a time
+
+
+@dataclass(frozen=True)
+class HFDynamic(Policy):
+    name = "hf-dynamic"
+    summary = "transformers DynamicCache: exact-size torch.cat per layer every step (+K -K +V -V), gather on beam_idx"
+    unit = "layer"
+    row_orders = {"grow": _PER_LAYER, "gather": _PER_LAYER}
+
+    reset: str = option("free", _HELP["reset"])
+    first_touch: bool = option(False, "resident only once written (off: torch writes each new tensor whole, resident = allocated)")
+    beam_gather: bool = option(True, _HELP["beam_gather"])
+
+    def capacity(self, needed, prim):
+        return needed
+
+    def reclaim(self, needed, prim, capacity):
+        # torch.cat allocates a new tensor whatever fits: only a sliding-window layer past
+        # its window (same length every step) ever "fits", and it is rebuilt all the same.
+        return np.ones(np.shape(needed), dtype=bool)
+
+    def kept_tokens(self, model):
+        # keys[:, :, -W + 1:] keeps W - 1 tokens; for W = 1 the slice is [0:]: everything.
+        return model.sliding_window - 1 if model.sliding_window and model.sliding_window > 1 else None
+
+    def orders(self, model):
+        if model.sliding_window:  # both cats before either old tensor is dropped
+            return {**self.row_orders, "grow": "+k =k +v =v -k -v"}
+        return self.row_orders

@@ -1,0 +1,445 @@
+"""``simkv validate --runtime transformers``: Hugging Face caches on torch CPU vs hf-dynamic / hf-static.
+
+1. Model: a random-weight ``LlamaForCausalLM`` of the requested shape (MHA or GQA), or a
+   ``MistralForCausalLM`` when a sliding window is asked for (every layer then gets a
+   ``DynamicSlidingWindowLayer``), built from a config — offline, no hub — in f32, f16
+   or bf16 (the KV precision is the model's dtype).
+2. Real run under memray (Python stacks): the workload drives
+   ``model(input_ids, past_key_values=cache, use_cache=True)`` one operation at a time —
+   prefill, decode, chat turn; fork / reorder / select call ``cache.reorder_cache(beam_idx)``
+   first, then the forward; reset calls ``cache.reset()``. Each operation is bracketed by
+   the same in-stream markers as the OpenVINO validator (:mod:`.memtrace`).
+3. KV events: torch allocates every CPU tensor with ``posix_memalign`` of its exact size.
+   An allocation is a K (or V) cache tensor when the innermost frame of
+   ``transformers/cache_utils.py`` on its Python stack is a line that names keys (or
+   values) only — the ``torch.cat``, ``torch.zeros`` and ``index_select`` lines of
+   ``DynamicLayer``, ``DynamicSlidingWindowLayer``, ``StaticLayer`` and ``reorder_cache``;
+   index tensors and other temporaries there name neither. Its layer is its rank among the
+   operation's allocations from the same function and tensor (``Cache`` visits the layers
+   in order); a free is matched to its allocation by address.
+4. A clean run in a subprocess without the tracker (``MALLOC_MMAP_THRESHOLD_`` set, as
+   for OpenVINO) measures RSS, VmSize, VmHWM and latency per operation.
+5. Prediction with ``hf-dynamic`` / ``hf-static``; :func:`.compare.compare` aligns the
+   events and compares memory; the in-step increase of live KV bytes is compared step by step.
+
+Needs torch, transformers and memray (``pip install 'simkv[transformers]'``), imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from simkv.errors import ConfigError
+from simkv.workload import Decode, Fork, Prefill, Reorder, Reset, Select, parse_ops
+
+__all__ = ["MISSING_DEPS", "HFValidateConfig", "check_dependencies", "build_model", "run_validation", "command"]
+
+MISSING_DEPS = "transformers validation needs torch, transformers and memray: pip install 'simkv[transformers]'"
+#: Bounds of a real run on torch CPU: attention of a long prompt alone would take minutes and gigabytes.
+MAX_INPUT_TOKENS = 8192  # one prefill or chat turn
+MAX_STEPS = 20_000
+MAX_KV_BYTES = 2 << 30
+DTYPES = ("f32", "f16", "bf16")
+POLICIES = ("hf-dynamic", "hf-static")
+
+
+def check_dependencies() -> None:
+    """Raise ImportError with :data:`MISSING_DEPS` unless torch, transformers and memray import."""
+    try:
+        import memray  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(MISSING_DEPS) from exc
+
+
+@dataclass
+class HFValidateConfig:
+    """What to validate. ``workload`` is simkv's text form (``prefill:32,decode:100,...``)."""
+
+    workload: str
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 4
+    head_dim: int = 16
+    hidden: int | None = None
+    vocab: int = 1000
+    seed: int = 0
+    dtype: str = "f32"
+    policy: str = "hf-dynamic"
+    max_cache_len: int | None = None  # hf-static; None: the longest history of the workload
+    sliding_window: int | None = None
+    mmap_threshold: int = 65536
+    slope_min_tokens: int = 500
+    clean_run: bool = True
+    progress: bool = False
+    model_name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"the transformers runtime keeps the KV cache in the model's dtype: choose one of "
+                              f"{', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"--runtime transformers validates {' or '.join(POLICIES)}, not {self.policy!r}")
+
+    @property
+    def cache_len(self) -> int:
+        return self.max_cache_len or parse_ops(self.workload).max_tokens
+
+
+# --------------------------------------------------------------------------- model and driver
+
+
+def build_model(cfg: HFValidateConfig):
+    """Random-weight Llama (or Mistral, with a sliding window) of the configured shape, in eval mode."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    hidden = cfg.hidden or cfg.heads * cfg.head_dim
+    common = dict(vocab_size=cfg.vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                  num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+                  head_dim=cfg.head_dim, max_position_embeddings=parse_ops(cfg.workload).max_tokens + 1)
+    torch.manual_seed(cfg.seed)
+    if cfg.sliding_window:
+        model = MistralForCausalLM(MistralConfig(**common, sliding_window=cfg.sliding_window))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[cfg.dtype]
+    return model.to(dtype).eval()
+
+
+def make_cache(model, cfg: HFValidateConfig):
+    from transformers import DynamicCache, StaticCache
+
+    if cfg.policy == "hf-static":
+        return StaticCache(config=model.config, max_cache_len=cfg.cache_len)
+    return DynamicCache(config=model.config)
+
+
+def drive(model, cache, cfg: HFValidateConfig, recorder, on_step=None) -> int:
+    """Run the workload, one bracketed operation per simkv step; returns the number of steps.
+
+    Inputs are built outside the brackets. ``on_step(seq, latency_s)`` runs after each one.
+    """
+    import torch
+
+    from tqdm import tqdm
+
+    gen = torch.Generator().manual_seed(cfg.seed)
+    seq, batch = 0, 1
+    bar = tqdm(total=parse_ops(cfg.workload).steps, unit="step", desc="transformers run", leave=False,
+               disable=not cfg.progress)
+
+    def step(tokens: int, beam_idx=None, reset: bool = False) -> None:
+        nonlocal seq
+        ids = torch.randint(0, cfg.vocab, (batch, tokens), generator=gen).to(model.device) if tokens else None
+        index = torch.tensor(beam_idx, dtype=torch.long).to(model.device) if beam_idx is not None else None
+        t0 = time.perf_counter()
+        with recorder.operation(seq):
+            if reset:
+                cache.reset()
+            else:
+                if index is not None:
+                    cache.reorder_cache(index)
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+        if on_step is not None:
+            on_step(seq, time.perf_counter() - t0)
+        seq += 1
+        bar.update(1)
+
+    with torch.no_grad():
+        for op in parse_ops(cfg.workload).ops:
+            if isinstance(op, Prefill):
+                step(op.tokens)
+            elif isinstance(op, Decode):
+                for _ in range(op.steps):
+                    step(1)
+            elif isinstance(op, Fork):
+                batch = op.width
+                step(1, [0] * op.width)
+            elif isinstance(op, Reorder):
+                step(1, list(reversed(range(batch))))
+            elif isinstance(op, Select):
+                batch = 1
+                step(1, [op.beam])
+            elif isinstance(op, Reset):
+                batch = 1
+                step(0, reset=True)
+    bar.close()
+    return seq
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _site_of(cache: dict):
+    """memray record -> ``(function, "k" | "v")`` for a KV tensor allocation, else None (cached per stack)."""
+
+    def site(rec):
+        key = rec.stack_id
+        if key not in cache:
+            label = None
+            for function, filename, lineno in rec.stack_trace():  # innermost frame first
+                if filename.endswith("cache_utils.py"):
+                    text = linecache.getline(filename, lineno)
+                    k, v = "key" in text, "value" in text
+                    label = (function, "k" if k else "v") if k != v else None
+                    break
+            cache[key] = label
+        return cache[key]
+
+    return site
+
+
+def kv_events(records, layers: int) -> tuple[list[dict], list[str]]:
+    """The KV allocations and frees among a trace's records, with layer and tensor, in stream order."""
+    events, warnings = [], []
+    labels: dict[int, tuple[int, str]] = {}  # live KV tensor address -> (layer, tensor)
+    rank: dict[tuple[int, str, str], int] = {}
+    for r in records:
+        if r.op == "alloc":
+            labels.pop(r.address, None)
+            if r.site is None:
+                continue
+            function, tensor = r.site
+            n = rank.get((r.seq, function, tensor), 0)
+            rank[(r.seq, function, tensor)] = n + 1
+            if n >= layers:
+                warnings.append(f"step {r.seq}: more {tensor} allocations in {function} than layers")
+            labels[r.address] = (n % layers, tensor)
+            events.append({"step": r.seq, "layer": n % layers, "tensor": tensor, "op": "alloc", "bytes": r.size,
+                           "via": function})
+        elif r.address in labels:
+            layer, tensor = labels.pop(r.address)
+            events.append({"step": r.seq, "layer": layer, "tensor": tensor, "op": "free", "bytes": r.size})
+    return events, warnings
+
+
+def in_step_increase(observed: list[dict], result) -> dict:
+    """Per step, the highest live KV bytes inside the step minus those at its start: observed
+    (memray stream, in order) vs predicted (ledger: step peak minus the previous step's allocated)."""
+    import numpy as np
+
+    st = result.steps
+    n = len(st)
+    measured = np.zeros(n, dtype=np.int64)
+    live = 0
+    by_step: dict[int, list[dict]] = {}
+    for e in observed:
+        by_step.setdefault(int(e["step"]), []).append(e)
+    for s in range(n):
+        start = top = live
+        for e in by_step.get(s, []):
+            live += e["bytes"] if e["op"] == "alloc" else -e["bytes"]
+            top = max(top, live)
+        measured[s] = top - start
+    predicted = st["peak"].astype(np.int64) - np.r_[0, st["allocated"][:-1].astype(np.int64)]
+    top = int(np.argmax(predicted)) if n else 0
+    return {"steps_equal": int((measured == predicted).sum()), "steps": n, "step": top,
+            "measured_bytes": int(measured[top]) if n else 0, "predicted_bytes": int(predicted[top]) if n else 0}
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _observe(cfg: HFValidateConfig) -> tuple[list[dict], int, dict]:
+    """The memray run: KV events, steps, and trace facts."""
+    import torch
+
+    from .memtrace import Recorder, read_segments
+
+    torch.set_num_threads(1)  # one thread: small runs, and the allocation order never depends on a pool
+    model = build_model(cfg)
+    cache = make_cache(model, cfg)
+    rec = Recorder(native_traces=False)
+    try:
+        with rec:
+            steps = drive(model, cache, cfg, rec)
+        sites: dict = {}
+        records, summary = read_segments(rec.path, steps, keep_min_bytes=1 << 62, site_of=_site_of(sites))
+    finally:
+        rec.cleanup()
+    events, warnings = kv_events(records, cfg.layers)
+    facts = {"trace": asdict(summary), "warnings": warnings[:20], "cache": type(cache).__name__,
+             "layer_classes": sorted({type(layer).__name__ for layer in cache.layers})}
+    return events, steps, facts
+
+
+def _clean_child(config_path: str, out_path: str) -> int:
+    """Subprocess entry (``python -m simkv.validate.transformers CONFIG OUT``): the untracked run."""
+    import torch
+
+    from .memtrace import Recorder, proc_status, reset_hwm
+
+    cfg = HFValidateConfig(**json.loads(Path(config_path).read_text()))
+    torch.set_num_threads(1)
+    model = build_model(cfg)
+    cache = make_cache(model, cfg)
+    samples: list[dict] = []
+    hwm_ok = reset_hwm()
+
+    def sample(seq: int, latency: float) -> None:
+        status = proc_status()
+        samples.append({"seq": seq, "rss_bytes": status["VmRSS"], "vmsize_bytes": status["VmSize"],
+                        "hwm_bytes": status["VmHWM"] if hwm_ok else None, "latency_s": latency})
+        reset_hwm()
+
+    drive(model, cache, cfg, Recorder(enabled=False), on_step=sample)
+    Path(out_path).write_text(json.dumps({"samples": samples,
+                                          "malloc_env": os.environ.get("MALLOC_MMAP_THRESHOLD_")}))
+    return 0
+
+
+def _clean_run(cfg: HFValidateConfig) -> dict:
+    with tempfile.TemporaryDirectory(prefix="simkv_validate_hf_") as tmp:
+        cpath, opath = Path(tmp) / "config.json", Path(tmp) / "clean.json"
+        cpath.write_text(json.dumps(asdict(cfg)))
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(cfg.mmap_threshold)}
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.run([sys.executable, "-m", "simkv.validate.transformers", str(cpath), str(opath)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            raise RuntimeError(f"clean run failed: {lines[-1] if lines else proc.returncode}")
+        return json.loads(opath.read_text())
+
+
+def versions(mmap_threshold: int | None) -> dict:
+    from importlib.metadata import version
+
+    import numpy
+    import torch
+    import transformers
+
+    from simkv import __version__
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
+    return {"simkv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "memray": version("memray"), "python": platform.python_version(), "numpy": numpy.__version__,
+            "platform": platform.platform(), "cpu_model": cpu, "cpu_count": os.cpu_count(),
+            "MALLOC_MMAP_THRESHOLD_": str(mmap_threshold) if mmap_threshold is not None else None}
+
+
+def run_validation(cfg: HFValidateConfig) -> dict:
+    """Steps 1-5 of the module docstring; returns the ``simkv validate --json`` dict."""
+    check_dependencies()
+    from simkv.scenario import build_scenario, simulate
+
+    from .compare import compare
+
+    t0 = time.perf_counter()
+    workload = parse_ops(cfg.workload)
+    options = {"max_cache_len": cfg.cache_len} if cfg.policy == "hf-static" else {}
+    scenario = build_scenario(model=None, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                              head_dim=cfg.head_dim, sliding_window=cfg.sliding_window or 0, precision=cfg.dtype,
+                              policy=cfg.policy, policy_options=options, ops=cfg.workload)  # refuses what HF cannot run
+    observed, steps, facts = _observe(cfg)
+    clean = _clean_run(cfg) if cfg.clean_run else None
+    result = simulate(scenario)
+    if len(result.steps) != steps:
+        raise RuntimeError(f"simulator has {len(result.steps)} steps, the real run {steps} operations")
+    data = compare(observed, clean["samples"] if clean else None, result, min_tokens=cfg.slope_min_tokens)
+    head = {
+        "events_total": data.pop("events_total"),
+        "events_matched": data.pop("events_matched"),
+        "events_missing": data.pop("events_missing"),
+        "events_unexpected": data.pop("events_unexpected"),
+        "runtime": "transformers",
+        "effective_kv_precision": cfg.dtype,
+        "fused": None,
+        "peak_error_pct": data.pop("peak_error_pct"),
+        "resident_slope_error_pct": data.pop("resident_slope_error_pct"),
+        "in_step_increase": in_step_increase(observed, result),
+        # The beam "gather": what reorder_cache (index_select) allocated in each fork / reorder / select step.
+        "beam_gather": [{"step": s, "measured_bytes": sum(e["bytes"] for e in observed
+                                                          if e["step"] == s and e.get("via") == "reorder_cache")}
+                        for s in sorted({e["step"] for e in observed if e.get("via") == "reorder_cache"})],
+        "scenario": {
+            "model": cfg.model_name, "runtime": "transformers", "cache": facts["cache"],
+            "layer_classes": facts["layer_classes"], "layers": cfg.layers, "heads": cfg.heads,
+            "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden or cfg.heads * cfg.head_dim,
+            "vocab": cfg.vocab, "seed": cfg.seed, "sliding_window": cfg.sliding_window,
+            "max_cache_len": cfg.cache_len if cfg.policy == "hf-static" else None,
+            "workload": str(workload), "steps": steps, "requested_kv_precision": cfg.dtype,
+            "inference_precision": cfg.dtype, "policy": cfg.policy,
+            "kv_bytes_per_token": scenario.precision.kv_bytes_per_token(scenario.model),
+            "slope_min_tokens": cfg.slope_min_tokens,
+        },
+        "versions": versions(cfg.mmap_threshold if cfg.clean_run else None),
+    }
+    head["versions"]["clean_run_malloc_env"] = clean["malloc_env"] if clean else None
+    head["clean_run_error"] = None
+    head.update(data)
+    head["observer"] = {"trace": facts["trace"], "warnings": facts["warnings"]}
+    head["elapsed_s"] = time.perf_counter() - t0
+    return head
+
+
+# --------------------------------------------------------------------------- command
+
+
+def command(args) -> int:
+    """``simkv validate --runtime transformers`` (parsed arguments of the validate parser)."""
+    from policies import parse_policy_opts
+    from simkv.cli import VALIDATE_TOY, emit_validation
+    from simkv.errors import SimkvError
+    from simkv.scenario import build_scenario
+
+    if args.ir or args.inference_precision:
+        raise SimkvError("--ir and --inference-precision are OpenVINO options; the transformers runtime builds "
+                         "its model from the shape flags and runs it in --precision")
+    policy = args.policy or "hf-dynamic"
+    opts = parse_policy_opts(args.policy_opt)
+    if set(opts) - {"max_cache_len"}:
+        raise SimkvError(f"--runtime transformers takes --policy-opt max_cache_len only, not {', '.join(opts)}")
+    model = None if args.model == "custom" else args.model
+    dims = {k: getattr(args, k) for k in ("layers", "heads", "kv_heads", "head_dim")}
+    if model is None:
+        dims = {k: (VALIDATE_TOY[k] if dims[k] is None and k in VALIDATE_TOY else dims[k]) for k in dims}
+    # Validates the shape, the workload and the policy's limits before anything slow happens.
+    scenario = dict(model=model, **dims, sliding_window=args.sliding_window, precision=args.precision or "f32",
+                    prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
+                    turn_decode=args.turn_decode, beam=args.beam, ops=args.ops)
+    sc = build_scenario(**scenario, policy="hf-dynamic")
+    if policy == "hf-static":
+        opts.setdefault("max_cache_len", str(sc.workload.max_tokens))
+        sc = build_scenario(**scenario, policy=policy, policy_options=opts)
+    m = sc.model
+    longest_input = max((op.tokens for op in sc.workload.ops if isinstance(op, Prefill)), default=0)
+    if longest_input > MAX_INPUT_TOKENS or sc.workload.steps > MAX_STEPS:
+        raise SimkvError(f"a real transformers run is limited to prompts/turns of {MAX_INPUT_TOKENS:,} tokens and "
+                         f"{MAX_STEPS:,} steps (this one: {longest_input:,} and {sc.workload.steps:,})")
+    from simkv.scenario import simulate
+
+    peak = int(simulate(sc).steps["peak"].max())
+    if peak > MAX_KV_BYTES:
+        raise SimkvError(f"the KV cache would peak at {peak / 2**30:.1f} GiB; a real run here is limited to "
+                         f"{MAX_KV_BYTES / 2**30:.0f} GiB (fewer layers, heads or tokens)")
+    cfg = HFValidateConfig(
+        workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+        hidden=args.hidden, vocab=args.vocab, seed=args.seed, dtype=sc.precision.name, policy=policy,
+        max_cache_len=getattr(sc.policy, "max_cache_len", None), sliding_window=m.sliding_window,
+        mmap_threshold=args.mmap_threshold, slope_min_tokens=args.slope_min_tokens, model_name=m.name,
+        progress=sys.stderr.isatty(),
+    )
+    try:
+        check_dependencies()
+    except ImportError:
+        print(f"simkv validate: error: {MISSING_DEPS}", file=sys.stderr)
+        return 2
+    return emit_validation(args, run_validation(cfg))
+
+
+if __name__ == "__main__":  # the clean-run subprocess
+    sys.exit(_clean_child(sys.argv[1], sys.argv[2]))
