@@ -31,10 +31,23 @@ What is compared (docs/DESIGN.md §3 says why each quantity behaves as it does):
   measured RSS and of the predicted ``resident``, fitted with one common slope and
   one intercept per stretch; only stretches of at least ``min_tokens`` steps count
   (else the longest one of at least 8 steps).
-* **In-step peak.** At the step with the highest predicted in-step resident peak,
-  the measured KV peak is ``VmHWM(step) - (RSS - predicted resident)(step - 1)``:
-  the high-water mark above the non-KV memory of the moment the step starts; its
-  error is relative to the predicted KV peak (``resident_peak``).
+* **In-step rise.** At every reallocation step ``s``, the measured increase inside the
+  step, ``VmHWM(s) - RSS(s - 1)`` (the high-water mark is reset just before the step),
+  against the predicted one, ``resident_peak(s) - resident(s - 1)``: one error per
+  step, reported as a distribution (median, worst).  Nothing predicted enters the
+  measured side.
+* **Absolute RSS.** At every step, measured RSS against baseline + predicted
+  ``resident`` with the one baseline above; the final step and the worst step are
+  reported, as a share of the predicted RSS and of the predicted KV.
+* **Comparability.** glibc serves a buffer smaller than ``MALLOC_MMAP_THRESHOLD_``
+  from its heap: writing it may not raise RSS (recycled resident memory) and freeing it
+  does not lower RSS.  From the predicted ledger each memory figure gets a *heap
+  bound*: the KV bytes it involves that lie in such buffers (a rise: the small buffers
+  allocated in the step; a slope: the share of each token's bytes written into small
+  buffers; absolute RSS: every small KV buffer allocated so far).  A figure whose bound
+  exceeds ``COMPARABLE_BOUND_PCT`` of what it compares is marked not comparable (its
+  error is ``None``, with the reason) instead of printing a number that says nothing
+  about the simulator: on small models that is most of them.
 * **VmSize.** At every step with predicted (re)allocations, the VmSize change vs the
   change of predicted ``allocated`` (address space, past view included), and the
   VmSize slope over the quiet stretches.
@@ -60,11 +73,16 @@ __all__ = [
     "common_slope",
     "slope_comparison",
     "choose_baseline",
+    "heap_bounds",
     "compare",
     "summary_lines",
 ]
 
 STATUSES = ("matched", "missing", "unexpected")
+
+#: A memory figure is compared only when KV buffers glibc keeps in its heap can move it
+#: by at most this share of the compared quantity (module docstring, "Comparability").
+COMPARABLE_BOUND_PCT = 5.0
 
 #: ``(op, tensor, layer, bytes)``; ``layer`` is None for the model-wide past view.
 EventKey = tuple
@@ -271,6 +289,44 @@ def choose_baseline(phases: Sequence[str]) -> int:
     return len(phases) - 1
 
 
+# --------------------------------------------------------------------------- comparability
+
+
+def heap_bounds(result, mmap_threshold: int) -> dict[str, np.ndarray]:
+    """Per step, from the predicted ledger: the bytes of K/V/scale/beam buffers below
+    ``mmap_threshold`` allocated in the step (``small_alloc_bytes``) and so far
+    (``small_cum_bytes``), and, after the step, the bytes per token of live buffers,
+    in small buffers and in all (``small_row_bytes``, ``row_bytes``).  The past view is
+    never written, so it never adds RSS and is left out."""
+    from simkv.ledger import ALLOC, COPY, FREE, TENSOR_CODE
+
+    n = len(result.steps)
+    rows = result.ledger.rows
+    rows = rows[(rows["tensor"] != TENSOR_CODE["past_view"]) & (rows["op"] != COPY)]
+    small = rows["bytes"] < mmap_threshold
+    per_row = rows["bytes"] // np.maximum(rows["capacity_tokens"], 1)
+    sign = np.where(rows["op"] == ALLOC, 1, np.where(rows["op"] == FREE, -1, 0))
+    step = rows["step"]
+
+    def by_step(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(n, dtype=np.int64)
+        np.add.at(out, step, values)
+        return out
+
+    alloc_small = by_step(np.where((sign > 0) & small, rows["bytes"], 0))
+    return {"small_alloc_bytes": alloc_small, "small_cum_bytes": np.cumsum(alloc_small),
+            "small_row_bytes": np.cumsum(by_step(sign * per_row * small)),
+            "row_bytes": np.cumsum(by_step(sign * per_row))}
+
+
+def _slope_bound(slope: dict, heap: dict[str, np.ndarray]) -> float:
+    """Largest share (%) of a token's KV bytes written into small buffers, over the
+    stretches the slope was fitted on (live buffers at each stretch's first step)."""
+    shares = [100.0 * heap["small_row_bytes"][s["start"]] / heap["row_bytes"][s["start"]]
+              for s in slope["stretches"] if s["used"] and heap["row_bytes"][s["start"]] > 0]
+    return max(shares, default=0.0)
+
+
 # --------------------------------------------------------------------------- compare
 
 
@@ -280,6 +336,7 @@ def compare(
     result,
     *,
     min_tokens: int = 500,
+    mmap_threshold: int = 65536,
 ) -> dict:
     """Everything ``simkv validate`` reports, as one JSON-ready dict (see the module
     docstring). ``observed_events``: dicts with ``step`` (= seq), ``layer``, ``tensor``,
@@ -309,8 +366,9 @@ def compare(
         "events_unexpected": counts["unexpected"],
         "events_observed": len(observed_events),
         "events_predicted": len(pred_events),
-        "peak_error_pct": None,
+        "rise_error_pct": None,
         "resident_slope_error_pct": None,
+        "rss_error_pct": None,
     }
 
     alloc_peak = _alloc_peak(observed_events, result, n)
@@ -354,32 +412,52 @@ def compare(
     out["resident_slope_error_pct"] = slope["error_pct"]
     out["vmsize_slope"] = {k: vslope[k] for k in ("measured", "predicted", "error_pct", "rule", "tokens")}
 
-    peaks = []
+    heap = heap_bounds(result, mmap_threshold)
+    out["mmap_threshold"] = mmap_threshold
+    out["resident_slope"]["heap_bound_pct"] = _slope_bound(slope, heap)
+    if slope["error_pct"] is not None and out["resident_slope"]["heap_bound_pct"] > COMPARABLE_BOUND_PCT:
+        slope["not_comparable"] = (f"{out['resident_slope']['heap_bound_pct']:.1f} % of each token's KV bytes are "
+                                   f"written into buffers below MALLOC_MMAP_THRESHOLD_={mmap_threshold} (glibc heap)")
+        out["resident_slope_error_pct"] = None
+
+    rises = []
     for s in realloc_steps:
         if 0 < s < n and hwm[s] >= 0:
-            local = int(rss[s - 1] - res[s - 1])
-            measured_kv = int(hwm[s] - local)
-            peaks.append({
-                "step": s,
-                "measured_rise_bytes": int(hwm[s] - rss[s - 1]),
-                "predicted_rise_bytes": int(rpeak[s] - res[s - 1]),
-                "measured_kv_peak_bytes": measured_kv,
-                "predicted_kv_peak_bytes": int(rpeak[s]),
-                "error_pct": _num(_pct(measured_kv, int(rpeak[s]))),
-            })
-    out["peaks"] = peaks
-    top = int(np.flatnonzero(rpeak == rpeak.max())[-1]) if n else 0
-    if top > 0 and hwm[top] >= 0:
-        local = int(rss[top - 1] - res[top - 1])
-        measured_kv = int(hwm[top] - local)
-        out["peak"] = {"step": top, "measured_kv_peak_bytes": measured_kv, "predicted_kv_peak_bytes": int(rpeak[top]),
-                       "measured_hwm_bytes": int(hwm[top]), "local_baseline_bytes": local,
-                       "error_pct": _num(_pct(measured_kv, int(rpeak[top])))}
-        out["peak_error_pct"] = out["peak"]["error_pct"]
+            measured, predicted = int(hwm[s] - rss[s - 1]), int(rpeak[s] - res[s - 1])
+            bound = int(heap["small_alloc_bytes"][s])
+            comparable = predicted > 0 and 100.0 * bound <= COMPARABLE_BOUND_PCT * predicted
+            rises.append({"step": s, "measured_rise_bytes": measured, "predicted_rise_bytes": predicted,
+                          "heap_bound_bytes": bound, "comparable": comparable,
+                          "error_pct": _num(_pct(measured, predicted)) if comparable else None})
+    out["rises"] = rises
+    errs = [r["error_pct"] for r in rises if r["error_pct"] is not None]
+    worst = max(errs, key=abs) if errs else None
+    out["rise"] = {"steps": len(rises), "comparable_steps": len(errs),
+                   "median_error_pct": _num(float(np.median(errs))) if errs else None, "worst_error_pct": worst,
+                   "worst_step": next((r["step"] for r in rises if r["error_pct"] == worst), None) if errs else None}
+    out["rise_error_pct"] = worst
+
+    predicted_rss = base_rss + res
+    dev = rss - predicted_rss
+    ok = 100.0 * heap["small_cum_bytes"] <= COMPARABLE_BOUND_PCT * np.maximum(res, 1)
+    after = np.arange(n) > ref
+
+    def rss_point(i: int) -> dict:
+        return {"step": i, "measured_bytes": int(rss[i]), "predicted_bytes": int(predicted_rss[i]),
+                "deviation_bytes": int(dev[i]), "heap_bound_bytes": int(heap["small_cum_bytes"][i]),
+                "comparable": bool(ok[i]),
+                "error_pct": _num(_pct(int(rss[i]), int(predicted_rss[i]))) if ok[i] else None,
+                "kv_error_pct": _num(_pct(int(res[i] + dev[i]), int(res[i]))) if ok[i] else None}
+
     last = n - 1
+    cand = np.flatnonzero(after & ok)
+    out["rss"] = {"final": rss_point(last),
+                  "worst": rss_point(int(cand[np.argmax(np.abs(dev[cand]))])) if len(cand) else None,
+                  "comparable_steps": int(len(cand)), "steps_after_baseline": int(after.sum())}
+    out["rss_error_pct"] = out["rss"]["final"]["error_pct"]
     out["final_resident"] = {
         "step": last, "measured_kv_bytes": int(rss[last] - base_rss), "predicted_kv_bytes": int(res[last]),
-        "error_pct": _num(_pct(int(rss[last] - base_rss), int(res[last]))),
+        "error_pct": out["rss"]["final"]["kv_error_pct"],
     }
 
     vsteps = []
@@ -484,17 +562,27 @@ def summary_lines(data: dict) -> list[str]:
         if sl["measured"] is None:
             lines.append(f"  {'resident slope':<22}n/a (no quiet decode stretch of 8+ steps)")
         else:
+            verdict = (f"not comparable: {sl['not_comparable']}" if sl.get("not_comparable")
+                       else _pc(sl["error_pct"]))
             lines.append(f"  {'resident slope':<22}measured {sl['measured']:,.0f} B/token, predicted "
-                         f"{sl['predicted']:,.0f} ({_pc(sl['error_pct'])}) over {sl['tokens']:,} quiet decode steps "
+                         f"{sl['predicted']:,.0f} ({verdict}) over {sl['tokens']:,} quiet decode steps "
                          f"({sl['rule']})")
-    pk = data.get("peak")
-    if pk:
-        lines.append(f"  {'in-step KV peak':<22}step {pk['step']}: measured {_mib(pk['measured_kv_peak_bytes'])}, "
-                     f"predicted {_mib(pk['predicted_kv_peak_bytes'])} ({_pc(pk['error_pct'])})")
-    fr = data.get("final_resident")
-    if fr:
-        lines.append(f"  {'final KV resident':<22}measured {_mib(fr['measured_kv_bytes'])} (RSS - baseline), "
-                     f"predicted {_mib(fr['predicted_kv_bytes'])} ({_pc(fr['error_pct'])})")
+    ri = data.get("rise")
+    if ri:
+        lines.append(f"  {'in-step rise':<22}{ri['comparable_steps']} of {ri['steps']} reallocation steps comparable"
+                     + (f"; error median {_pc(ri['median_error_pct'])}, worst {_pc(ri['worst_error_pct'])} "
+                        f"(step {ri['worst_step']})" if ri["comparable_steps"] else
+                        " (every one has KV buffers in the glibc heap)"))
+    rs = data.get("rss")
+    if rs:
+        for label, pt in (("final RSS", rs["final"]), ("worst RSS", rs["worst"])):
+            if pt is None:
+                continue
+            verdict = (f"{_pc(pt['error_pct'])} of predicted RSS, {_pc(pt['kv_error_pct'])} of predicted KV"
+                       if pt["comparable"] else
+                       f"not comparable: {_mib(pt['heap_bound_bytes'])} of KV buffers in the glibc heap")
+            lines.append(f"  {label:<22}step {pt['step']}: measured {_mib(pt['measured_bytes'])}, baseline + KV "
+                         f"{_mib(pt['predicted_bytes'])} ({verdict})")
     vs = data.get("vmsize_slope")
     if vs and vs.get("measured") is not None:
         lines.append(f"  {'VmSize':<22}slope {vs['measured']:,.0f} B/token vs {vs['predicted']:,.0f} predicted "
