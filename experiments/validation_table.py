@@ -58,6 +58,31 @@ def _pct(v) -> str:
     return "n/a" if v is None else f"{v:+.2f}"
 
 
+def _rise(d: dict) -> str:
+    r = d.get("rise")
+    if not r or not r["steps"]:
+        return "n/a"
+    if not r["comparable_steps"]:
+        return f"n/c (0/{r['steps']})"
+    return f"{_pct(r['worst_error_pct'])} ({_pct(r['median_error_pct'])}; {r['comparable_steps']}/{r['steps']})"
+
+
+def _slope(d: dict) -> str:
+    sl = d.get("resident_slope") or {}
+    if sl.get("not_comparable"):
+        return f"n/c ({sl['heap_bound_pct']:.0f} % heap)"
+    return f"{_pct(d['resident_slope_error_pct'])} ({sl.get('tokens', 0):,})"
+
+
+def _rss(d: dict) -> str:
+    f = (d.get("rss") or {}).get("final")
+    if not f:
+        return "n/a"
+    if not f["comparable"]:
+        return f"n/c ({f['heap_bound_bytes'] / 2**20:.1f} MiB heap)"
+    return f"{_pct(f['error_pct'])} ({_pct(f['kv_error_pct'])})"
+
+
 def run(cid: str, args: list[str], out_dir: Path) -> dict:
     out = out_dir / f"{cid}.json"
     t0 = time.perf_counter()
@@ -80,17 +105,16 @@ def main() -> int:
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [c for c in CONFIGS if (not a.only or c[0] in a.only) and not (a.quick and c[3])]
-    print("| config | KV | events matched / total | missing | unexpected | peak error % | slope error % "
-          "(quiet tokens) | time |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| config | KV | events matched / total | missing | unexpected | in-step rise error %: worst (median; "
+          "steps) | slope error % (quiet tokens) | final RSS error %: of RSS (of KV) | time |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     failed = 0
     for cid, desc, args, _long in rows:
         d = run(cid, args, out_dir)
-        sl = d.get("resident_slope") or {}
         failed += d["events_missing"] + d["events_unexpected"] > 0
         print(f"| {desc} | {d['effective_kv_precision']} | {d['events_matched']:,} / {d['events_total']:,} | "
-              f"{d['events_missing']} | {d['events_unexpected']} | {_pct(d['peak_error_pct'])} | "
-              f"{_pct(d['resident_slope_error_pct'])} ({sl.get('tokens', 0):,}) | {d['_wall_s']:.0f} s |", flush=True)
+              f"{d['events_missing']} | {d['events_unexpected']} | {_rise(d)} | {_slope(d)} | {_rss(d)} | "
+              f"{d['_wall_s']:.0f} s |", flush=True)
     v = d["versions"] if rows else {}
     if rows:
         print(f"\nopenvino {v['openvino']}, memray {v['memray']}, Python {v['python']}, {v['cpu_model']} "

@@ -34,9 +34,16 @@ STEP_KEYS = {"step", "phase", "measured_rss_bytes", "measured_vmsize_bytes", "me
 EVENT_KEYS = {"step", "layer", "tensor", "op", "bytes", "status"}
 
 
-def _sim(ops="prefill:8,decode:40,fork:2,decode:5,reorder,select:1,decode:3,reset,prefill:30,decode:4", layers=2):
-    return simulate(build_scenario(model=None, layers=layers, heads=4, kv_heads=2, head_dim=64, precision="u8",
-                                   policy="openvino-cpu", ops=ops))
+def _sim(ops="prefill:8,decode:40,fork:2,decode:5,reorder,select:1,decode:3,reset,prefill:30,decode:4", layers=2,
+         kv_heads=2, head_dim=64):
+    return simulate(build_scenario(model=None, layers=layers, heads=kv_heads, kv_heads=kv_heads, head_dim=head_dim,
+                                   precision="u8", policy="openvino-cpu", ops=ops))
+
+
+def _big():
+    """A model whose KV growth over a quiet stretch is many pages (slopes are comparable):
+    3 layers x 8 KV heads x 128, u8, prompt 32, decode 1,200 (quiet stretch 496..1,054)."""
+    return _sim("prefill:32,decode:1200", layers=3, kv_heads=8, head_dim=128)
 
 
 # --------------------------------------------------------------------------- alignment
@@ -170,7 +177,7 @@ def _fake_samples(res, base_rss=100 << 20, base_vms=600 << 20, noise=0):
 
 
 def test_perfect_runtime_compares_exactly():
-    res = _sim("prefill:32,decode:700", layers=3)
+    res = _big()
     data = compare(_fake_observation(res), _fake_samples(res), res, min_tokens=300, mmap_threshold=0)
     assert data["events_missing"] == data["events_unexpected"] == 0
     assert data["events_matched"] == data["events_total"] == len(predicted_events(res))
@@ -202,7 +209,7 @@ def test_a_missing_and_an_unexpected_event_are_counted():
 
 
 def test_measured_slope_error_is_reported_not_hidden():
-    res = _sim("prefill:32,decode:700", layers=3)
+    res = _big()
     samples = _fake_samples(res)
     for i, s in enumerate(samples):  # 5 % more RSS per token than predicted
         s["rss_bytes"] += int(0.05 * res.steps["resident"][i])
@@ -213,26 +220,27 @@ def test_measured_slope_error_is_reported_not_hidden():
 def test_in_step_rise_error_is_measured_at_every_reallocation_step():
     """The measured rise is VmHWM(s) - RSS(s-1): nothing predicted enters it, so a
     runtime that peaks 10 % higher in one step shows +10 % there and 0 elsewhere."""
-    res = _sim("prefill:32,decode:700", layers=3)
+    res = _big()
     samples = _fake_samples(res)
     st = res.steps
     realloc = [r["step"] for r in compare(_fake_observation(res), samples, res, mmap_threshold=0)["rises"]]
     # prompt 32 -> cap 2*32 = 64; step s stores 32+s tokens, so step 33 (65 tokens) grows to
-    # 2*(64+1) = 130, step 99 (131) to 262, step 231 (263) to 526, step 495 (527) to 1,054
-    assert realloc == [33, 99, 231, 495]
+    # 2*(64+1) = 130, step 99 (131) to 262, step 231 (263) to 526, step 495 (527) to 1,054,
+    # step 1,023 (1,055) to 2,110
+    assert realloc == [33, 99, 231, 495, 1023]
     s = 99
     rise = int(st["resident_peak"][s] - st["resident"][s - 1])
     samples[s]["hwm_bytes"] += rise // 10
     data = compare(_fake_observation(res), samples, res, mmap_threshold=0)
     errs = {r["step"]: r["error_pct"] for r in data["rises"]}
-    assert errs[s] == pytest.approx(100 * (rise // 10) / rise) and errs[33] == errs[231] == errs[495] == 0.0
+    assert errs[s] == pytest.approx(100 * (rise // 10) / rise) and errs[33] == errs[231] == errs[1023] == 0.0
     assert data["rise_error_pct"] == errs[s] and data["rise"]["worst_step"] == s
     assert data["rise"]["median_error_pct"] == 0.0
 
 
 def test_absolute_rss_error_uses_one_baseline():
     """+1 MiB of RSS from step 200 on: the final step is 1 MiB above baseline + KV."""
-    res = _sim("prefill:32,decode:700", layers=3)
+    res = _big()
     samples = _fake_samples(res)
     for s in samples[200:]:
         s["rss_bytes"] += 1 << 20
@@ -372,3 +380,16 @@ def test_validate_rejects_bad_input_before_running(tmp_path):
                               timeout=120)
         assert proc.returncode == 2, (args, proc.stderr)
         assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_prompt_steps_are_not_compared_as_kv():
+    """A chat turn of 900 tokens after a 32-token prompt: it reallocates (cap 2*(632+900)),
+    but its VmHWM also holds the prompt's activations, and afterwards glibc keeps them in
+    RSS: that rise and every RSS figure from then on are marked, not printed."""
+    res = _sim("prefill:32,decode:600,prefill:900,decode:50", layers=3, kv_heads=8, head_dim=128)
+    data = compare(_fake_observation(res), _fake_samples(res), res, mmap_threshold=0)
+    turn = 601
+    rise = {r["step"]: r for r in data["rises"]}[turn]
+    assert rise["phase"] == "turn" and rise["error_pct"] is None and "prompt" in rise["not_comparable"]
+    assert data["rss"]["final"]["comparable"] is False and "longer than the first" in data["rss"]["final"]["not_comparable"]
+    assert data["rss"]["worst"]["step"] < turn and data["rss_error_pct"] is None
