@@ -80,7 +80,7 @@ def _rise(d: dict) -> str:
 def _slope(d: dict) -> str:
     sl = d.get("resident_slope") or {}
     if sl.get("not_comparable"):
-        return f"n/c ({sl['heap_bound_pct']:.0f} % heap)"
+        return f"n/c ({sl['heap_bound_pct']:.0f} % bound)"
     return f"{_pct(d['resident_slope_error_pct'])} ({sl.get('tokens', 0):,})"
 
 
@@ -89,6 +89,8 @@ def _rss(d: dict) -> str:
     if not f:
         return "n/a"
     if not f["comparable"]:
+        if "prompt" in f["not_comparable"]:
+            return "n/c (longer prompt)"
         return f"n/c ({f['heap_bound_bytes'] / 2**20:.1f} MiB heap)"
     return f"{_pct(f['error_pct'])} ({_pct(f['kv_error_pct'])})"
 

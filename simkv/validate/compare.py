@@ -597,7 +597,7 @@ def summary_lines(data: dict) -> list[str]:
         lines.append(f"  {'in-step rise':<22}{ri['comparable_steps']} of {ri['steps']} reallocation steps comparable"
                      + (f"; error median {_pc(ri['median_error_pct'])}, worst {_pc(ri['worst_error_pct'])} "
                         f"(step {ri['worst_step']})" if ri["comparable_steps"] else
-                        " (every one has KV buffers in the glibc heap)"))
+                        " (prompt steps, or KV buffers in the glibc heap: see rises in the JSON)"))
     rs = data.get("rss")
     if rs:
         for label, pt in (("final RSS", rs["final"]), ("worst RSS", rs["worst"])):

@@ -151,7 +151,7 @@ def _rise(data: dict) -> str:
     if not r:
         return "n/a"
     if not r["comparable_steps"]:
-        return f"not comparable (0 of {r['steps']} steps: small KV buffers in the glibc heap)"
+        return f"not comparable (0 of {r['steps']} steps: prompt steps, or KV buffers in the glibc heap)"
     return (f"{_fmt(r['worst_error_pct'])} ({_fmt(r['median_error_pct'])}) over {r['comparable_steps']} of "
             f"{r['steps']} reallocation steps")
 
@@ -184,8 +184,8 @@ def write_report(data: dict, path: str | Path) -> Path:
          + (f" (not comparable: {(data.get('resident_slope') or {}).get('not_comparable')})"
             if (data.get("resident_slope") or {}).get("not_comparable") else "")),
         ("final RSS vs baseline + KV", _fmt(data.get("rss_error_pct"))
-         + ("" if data.get("rss_error_pct") is not None or not data.get("rss") else " (not comparable: small KV "
-            "buffers in the glibc heap)")),
+         + ("" if data.get("rss_error_pct") is not None or not data.get("rss")
+            else f" (not comparable: {data['rss']['final']['not_comparable']})")),
         ("baseline", (data.get("baseline") or {}).get("how", "n/a")),
     ])
     scenario = _table([(k, json.dumps(val) if isinstance(val, (dict, list)) else val) for k, val in sc.items()])
