@@ -11,6 +11,7 @@ The JSON result of each row is written to ``--out-dir`` (default
     python experiments/validation_table.py --quick    # the 2- and 4-layer rows only
     python experiments/validation_table.py --only u4-gqa-p1
     python experiments/validation_table.py --only none --optimum experiments/out/optimum   # exported models
+    python experiments/validation_table.py --rederive  # saved rows, figures derived again (no runs)
 
 Needs ``pip install 'simkv[openvino]'``.
 """
@@ -73,13 +74,15 @@ def _rise(d: dict) -> str:
     if not r or not r["steps"]:
         return "n/a"
     if not r["comparable_steps"]:
-        return f"n/c (0/{r['steps']})"
-    return f"{_pct(r['worst_error_pct'])} ({_pct(r['median_error_pct'])}; {r['comparable_steps']}/{r['steps']})"
+        return f"n/c (0 of {r['steps']})"
+    return f"{_pct(r['worst_error_pct'])} ({_pct(r['median_error_pct'])}; {r['comparable_steps']} of {r['steps']})"
 
 
 def _slope(d: dict) -> str:
     sl = d.get("resident_slope") or {}
     if sl.get("not_comparable"):
+        if sl.get("heap_bound_pct") is None:
+            return "n/c (< 1 MiB)"
         return f"n/c ({sl['heap_bound_pct']:.0f} % bound)"
     return f"{_pct(d['resident_slope_error_pct'])} ({sl.get('tokens', 0):,})"
 
@@ -93,6 +96,17 @@ def _rss(d: dict) -> str:
             return "n/c (longer prompt)"
         return f"n/c ({f['heap_bound_bytes'] / 2**20:.1f} MiB heap)"
     return f"{_pct(f['error_pct'])} ({_pct(f['kv_error_pct'])})"
+
+
+def rederive(cid: str, out_dir: Path) -> dict:
+    """A row from its saved JSON, every figure derived again with the current comparison
+    rules (``simkv.validate.compare.recompare``; no OpenVINO run)."""
+    from simkv.validate.compare import recompare
+
+    data = json.loads((out_dir / f"{cid}.json").read_text())
+    fresh = recompare(data)
+    fresh["_wall_s"] = data["elapsed_s"]
+    return fresh
 
 
 def run(cid: str, args: list[str], out_dir: Path) -> dict:
@@ -113,8 +127,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="skip the 32-layer rows")
     ap.add_argument("--only", action="append", help="run only this configuration id (repeatable)")
     ap.add_argument("--out-dir", default=str(ROOT / "experiments" / "out" / "validation"))
+    ap.add_argument("--rederive", action="store_true", help="no runs: print the rows saved in --out-dir, every "
+                    "figure derived again with the current comparison rules")
     ap.add_argument("--optimum", metavar="DIR", help="also validate every optimum-intel export in DIR "
-                    "(experiments/export_optimum.py); with --only, only those named")
+                    "(experiments/export_optimum.py); --only optimum-NAME picks some")
     a = ap.parse_args()
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +138,8 @@ def main() -> int:
     if a.optimum:
         for xml in sorted(Path(a.optimum).glob("*/openvino_model.xml")):
             name = xml.parent.name
-            if not a.only or f"optimum-{name}" in a.only:
+            named = [o for o in a.only or [] if o.startswith("optimum-")]
+            if not named or f"optimum-{name}" in named:
                 rows.append((f"optimum-{name}", f"optimum-intel export of a random-weight {name} (stateful IR), "
                              "prompt 16, decode 1,100", ["--ir", str(xml.parent), *OPTIMUM_ARGS], False))
     t_start = time.perf_counter()
@@ -131,7 +148,9 @@ def main() -> int:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     failed = 0
     for cid, desc, args, _long in rows:
-        d = run(cid, args, out_dir)
+        if a.rederive and not (out_dir / f"{cid}.json").exists():
+            continue
+        d = rederive(cid, out_dir) if a.rederive else run(cid, args, out_dir)
         failed += d["events_missing"] + d["events_unexpected"] > 0
         if cid.startswith("optimum-"):
             sc = d["scenario"]
