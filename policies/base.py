@@ -82,6 +82,8 @@ class Policy:
     summary: ClassVar[str]
     #: Which KV precision the runtime picks when none is asked for.
     default_precision: ClassVar[str] = "f16"
+    #: KV precisions the real runtime accepts (None: any); others are refused.
+    accepted_precisions: ClassVar[tuple[str, ...] | None] = None
     #: ``layer``: K and V of a layer are (re)allocated together, rows grouped per
     #: layer (CPU plugin's fused SDPA node). ``primitive``: K and V are separate
     #: primitives with their own capacity (GPU plugin's kv_cache primitives).

@@ -23,6 +23,9 @@ every rule below was observed allocation by allocation on openvino 2026.4.1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
 
 from policies.base import option
 from policies.mechanics import CPUMechanics
@@ -35,12 +38,20 @@ class OpenVINOCPU(CPUMechanics):
     summary = "CPU plugin: cap = 2 (L0 + L1) on overflow, all layers in the same step, old freed at once"
     default_precision = "u8"
 
-    growth: int = option(2, "capacity multiplier on overflow (the plugin uses 2)")
+    #: KV_CACHE_PRECISION values the CPU plugin accepts that simkv models (it also takes
+    #: u3; i8, i4 and f8 are refused: "Supported values: u8, u4, u3, bf16, f16, f32",
+    #: measured by compiling with each, openvino 2026.4.1). bf16 runs as f32 on a CPU
+    #: without avx512_bf16 (``simkv validate`` reports the effective precision).
+    accepted_precisions = ("u8", "u4", "bf16", "f16", "f32")
+
+    growth: float = option(2.0, "capacity multiplier on overflow, a ratio >= 1 (the plugin uses 2)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.growth < 1:
+        if not self.growth >= 1:
             raise ConfigError(f"growth must be >= 1, got {self.growth}")
 
     def capacity(self, needed, prim):
-        return self.growth * needed
+        # ceil(growth x needed) in exact rational arithmetic (growth 2: exactly 2 x needed).
+        r = Fraction(str(self.growth))
+        return -((-np.asarray(needed, dtype=np.int64) * r.numerator) // r.denominator)

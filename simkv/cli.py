@@ -79,10 +79,23 @@ def scenario_from_args(args: argparse.Namespace):
     )
 
 
+#: Exit code of a single-session run that ran out of device memory (0: it fit; 2: bad input).
+EXIT_OUT_OF_MEMORY = 3
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    from simkv import limits
     from simkv.scenario import simulate
 
+    limits.check_flags(args)
+    if args.ops is not None and not args.ops.strip(" ,"):
+        raise SimkvError("--ops is empty: give operations, e.g. prefill:32,decode:100")
+    if args.ledger:
+        limits.check_output(args.ledger, "--ledger", (".csv", ".parquet"))
+    if args.timeline:
+        limits.check_output(args.timeline, "--timeline", (".html", ".htm"))
     scenario = scenario_from_args(args)
+    limits.check_scenario(scenario)
     result = simulate(scenario, engine=args.engine, progress=not args.json)
     if args.ledger:
         result.ledger.write(args.ledger)
@@ -100,25 +113,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for what, path in (("ledger", args.ledger), ("timeline", args.timeline)):
             if path:
                 print(f"  {what:<22}{path}")
-    return 0
+    return EXIT_OUT_OF_MEMORY if result.oom else 0
 
 
 def render_summary(result) -> str:
     """The human-readable report of ``simkv run``."""
     m, s = result.metrics, result.scenario
     spike = f"{format_bytes(m.max_spike_bytes)}" + (f" at step {m.max_spike_step}" if m.max_spike_step is not None else "")
-    lines = [
+    # Out of memory: said first; the last step is the failed one, cut at the allocation
+    # that did not fit, so "final" figures are the state when it failed.
+    final = "at failure" if result.oom else "final"
+    lines = [f"simkv: OUT OF MEMORY: {result.oom}"] if result.oom else []
+    lines += [
         f"simkv: {s.describe()}",
         f"  {'engine':<22}{result.engine}",
-        f"  {'steps':<22}{m.steps:,}",
+        f"  {'steps':<22}{m.steps:,}" + (f" ({m.steps - 1:,} completed, step {result.oom.step:,} failed)"
+                                           if result.oom else ""),
         f"  {'device memory':<22}{format_bytes(s.device_memory)} ({format_bytes(s.weights_memory)} of it weights and other models)",
         f"  {'KV bytes per token':<22}{format_bytes(s.kv_bytes_per_token)} (all layers, K+V, with scales)",
         f"  {'peak allocated':<22}{format_bytes(m.peak_allocated_bytes)}",
         f"  {'peak resident':<22}{format_bytes(m.peak_resident_bytes)}",
         f"  {'mean allocated':<22}{format_bytes(m.mean_allocated_bytes)}",
-        f"  {'final allocated':<22}{format_bytes(m.final_allocated_bytes)}",
-        f"  {'final used':<22}{format_bytes(m.used_bytes)}",
-        f"  {'final waste':<22}{format_bytes(m.waste_bytes)} ({m.waste_pct:.1f} %: "
+        f"  {final + ' allocated':<22}{format_bytes(m.final_allocated_bytes)}",
+        f"  {final + ' used':<22}{format_bytes(m.used_bytes)}",
+        f"  {final + ' waste':<22}{format_bytes(m.waste_bytes)} ({m.waste_pct:.1f} %: "
         f"{format_bytes(m.waste_reserved_bytes)} headroom, {format_bytes(m.waste_transient_bytes)} old buffers)",
         f"  {'reallocations':<22}{m.realloc_count:,} (K/V data buffers replaced)",
         f"  {'bytes copied':<22}{format_bytes(m.bytes_copied)}",
@@ -128,9 +146,8 @@ def render_summary(result) -> str:
     for entry in layers[:2]:
         steps = entry["alloc_steps"]
         shown = ", ".join(map(str, steps[:12])) + (f", … ({len(steps)} in all)" if len(steps) > 12 else "")
-        lines.append(f"  {'layer 0 ' + entry['tensor'].upper() + ' allocs at':<22}steps {shown}")
-    if result.oom:
-        lines.append(f"  OUT OF MEMORY: {result.oom}")
+        lines.append(f"  {'layer 0 ' + entry['tensor'].upper() + ' allocs at':<22}"
+                     + (f"steps {shown}" if steps else "none (no allocation completed)"))
     return "\n".join(lines)
 
 
@@ -218,8 +235,10 @@ def _add_validate_parser(sub) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from simkv.limits import check_flags
     from simkv.scenario import build_scenario
 
+    check_flags(args)
     if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv.validate.transformers)
         from simkv.validate.transformers import command
 
@@ -327,12 +346,21 @@ def _cmd_app(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from simkv.scenario import ENGINES
 
+    from simkv import __version__
+
     parser = _Parser(prog="simkv", description="KV-cache memory simulator and policy lab for LLM inference.")
+    parser.add_argument("--version", action="version", version=f"simkv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="simulate one scenario and report its memory", description=(
         "Simulate a stateful LLM session and report peak/mean memory, waste, reallocations, copies and spikes. "
         "With no arguments: llama-3-8b, openvino-gpu policy, 1,024-token prompt, 2,048 generated tokens."
+    ), epilog=(
+        f"Exit codes: 0 the run fit in device memory; {EXIT_OUT_OF_MEMORY} it ran out of memory (the OUT OF MEMORY "
+        "line comes first, the figures describe the run up to the failing allocation); 2 bad input. Limits: "
+        "layers <= 100,000, heads and head size <= 65,536, tokens per flag or operation <= 100,000,000, "
+        "turns <= 100,000, beam <= 4,096, device <= 1 PiB, <= 10,000,000 steps before memory runs out. "
+        "--ledger must end in .csv or .parquet, --timeline in .html, in an existing directory."
     ))
     add_scenario_arguments(run)
     add_policy_arguments(run)
@@ -352,7 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser, so the error names `simkv run`, not `simkv`
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except SimkvError as err:
@@ -361,7 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `simkv run --json | head`
         return 0
     except OSError as err:  # an output path that cannot be written
-        print(f"simkv {args.command}: error: {err}", file=sys.stderr)
+        print(f"simkv {args.command}: error: {err.strerror or err}: {err.filename or ''}".rstrip(": "),
+              file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"simkv {args.command}: error: out of host memory simulating this run (see README, Limits)",
+              file=sys.stderr)
         return 2
 
 

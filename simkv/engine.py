@@ -38,6 +38,13 @@ _NO_BYTES = np.empty(0, dtype=np.int64)
 # the end of the step.
 _PENDING, _VIEW, _UNITS, _WRITES, _END = range(5)
 _SECTIONS = 5
+# A run of decode steps is planned in chunks: the first of FIRST_PLAN_STEPS steps, then
+# doubled while a chunk writes under PLAN_ROWS / 2 ledger rows (halved above), at most
+# MAX_PLAN_STEPS. Chunks keep a huge --decode bounded in memory and let a run that meets
+# a memory limit stop there instead of planning everything first.
+FIRST_PLAN_STEPS = 4096
+MAX_PLAN_STEPS = 1 << 20
+PLAN_ROWS = 1 << 20
 
 
 def alloc_delta(rows: np.ndarray) -> np.ndarray:
@@ -50,17 +57,18 @@ def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memo
     """Apply the headroom limits (``headroom_limit``, ``max_alloc_bytes``) to one step's units.
 
     ``unit_bytes(i, cap)`` gives unit i's bytes at a capacity; ``running_before(i, chosen)``
-    the allocated bytes just before unit i allocates, given the bytes chosen so far.
-    Units are decided in order, as the runtime allocates them. ``weights``: device
-    memory in use besides the KV cache, counted toward the limit. ``needed`` may be
-    one value per unit (needs with carried padding); ``alloc_bytes(i, cap)`` gives
-    what unit i allocates in all when only part of it is checked (default ``unit_bytes``).
+    the allocated bytes just before unit i allocates, given the total bytes chosen for
+    units 0..i-1. Units are decided in order, as the runtime allocates them; one pass
+    (a running total, not a sum per unit), so 100,000 layers cost no more than linear.
+    ``weights``: device memory in use besides the KV cache, counted toward the limit.
+    ``needed`` may be one value per unit (needs with carried padding); ``alloc_bytes(i, cap)``
+    gives what unit i allocates in all when only part of it is checked (default ``unit_bytes``).
     """
     if not policy.headroom_limit and not policy.max_alloc_bytes:
         return caps
     caps = np.array(caps)
     limit = policy.headroom_limit * device_memory - weights
-    chosen: list[int] = []
+    chosen = 0
     exact = np.broadcast_to(needed, caps.shape)
     for i in range(len(caps)):
         nbytes = unit_bytes(i, caps[i])
@@ -68,7 +76,7 @@ def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memo
         if over_limit or (policy.max_alloc_bytes and nbytes > policy.max_alloc_bytes):
             caps[i] = exact[i]
             nbytes = unit_bytes(i, caps[i])
-        chosen.append(alloc_bytes(i, caps[i]) if alloc_bytes else nbytes)
+        chosen += alloc_bytes(i, caps[i]) if alloc_bytes else nbytes
     return caps
 
 
@@ -124,6 +132,8 @@ class FastEngine:
         self.t_rows = np.zeros((lay.units, 2), dtype=np.int64)  # token rows (elements); 0 = none
         self.t_batch = np.ones((lay.units, 2), dtype=np.int64)
         self.t_id = np.full((lay.units, 2), -1, dtype=np.int64)
+        self.chunk = FIRST_PLAN_STEPS  # decode steps planned at once (adapts: see _session)
+        self.planned_rows = 0  # ledger rows of the last plan
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -140,11 +150,24 @@ class FastEngine:
                 self._step(int(env.now), inference_of(op, self.width, self.stored))
                 yield env.timeout(1)
                 continue
-            remaining, plan = op.steps, self.keep is None  # a window's held length stops growing: step by step
+            remaining, plan, near_limit = op.steps, self.keep is None, False  # a window's held length stops growing: step by step
             while remaining and self.oom is None:
                 reclaim = self._reclaims_next()
-                if plan and not reclaim and self._decode_run(int(env.now), remaining):
-                    done = remaining
+                n = min(remaining, self.chunk)
+                if plan and not reclaim and self._decode_run(int(env.now), n):
+                    done = n
+                    # Plans are sized to about PLAN_ROWS ledger rows, so memory stays bounded.
+                    # Near a limit the size stays: each failure halves it, so the plans close
+                    # in on the limit's step in a logarithmic number of tries.
+                    if self.planned_rows > PLAN_ROWS:
+                        self.chunk = max(n // 2, 1)
+                    elif self.planned_rows < PLAN_ROWS // 2 and not near_limit:
+                        self.chunk = min(2 * n, MAX_PLAN_STEPS)
+                elif plan and not reclaim and n > 1:
+                    # A limit (device memory, headroom) falls inside the plan: bisect towards
+                    # it, so the run stops at the step where it is met, without planning the rest.
+                    self.chunk, near_limit = n // 2, True
+                    continue
                 else:
                     # One step at a time: a reclaim is due (then plan again), or the plan
                     # met a memory limit, where the limit rules must apply step by step.
@@ -340,12 +363,14 @@ class FastEngine:
         old_unit_bytes = old_rows * self.unit_row[units]
         start = self.allocated + sum(int(alloc_delta(r).sum()) for r in rows_so_far)
         immediate = policy.free_old == "immediate" if immediate is None else immediate
+        freed_before = np.r_[0, np.cumsum(old_unit_bytes)]  # old buffers freed before unit i (immediate)
+        if not immediate:
+            freed_before[:] = 0
         caps = limit_headroom(
             policy, padded, caps,
             unit_bytes=lambda i, cap: int(cap) * int(self.check_row[units[i]]) * batch,
             alloc_bytes=lambda i, cap: int(cap) * int(self.unit_row[units[i]]) * batch,
-            running_before=lambda i, chosen: start + sum(chosen) - (int(old_unit_bytes[:i].sum()) if immediate else 0)
-            + int(tables_before[units[i]]),
+            running_before=lambda i, chosen: start + chosen - int(freed_before[i]) + int(tables_before[units[i]]),
             device_memory=self.scenario.device_memory, weights=self.scenario.weights_memory,
         )
         slots = lay.unit_slots[units]
@@ -588,6 +613,7 @@ class FastEngine:
         block_steps["resident_peak"] = np.maximum(np.maximum.reduceat(resident_run, starts), prev_res)
 
         # 5. Commit.
+        self.planned_rows = int(real.sum())
         self.ledger.append(all_rows[real])
         self.steps.add_block(block_steps)
         self.pending, self.pending_resident = carried, carried_res if self.first_touch else carried["bytes"]

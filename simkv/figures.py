@@ -369,7 +369,7 @@ def validation_figure(report: dict, align: bool = False, title: str | None = Non
 
     default_title = (
         f"validation: {matched:,}/{total:,} events matched, {report.get('events_missing', 0):,} missing, "
-        f"{report.get('events_unexpected', 0):,} unexpected; peak error {pct('peak_error_pct')}, "
+        f"{report.get('events_unexpected', 0):,} unexpected; in-step rise error {pct('rise_error_pct')}, "
         f"resident slope error {pct('resident_slope_error_pct')}"
     )
     _layout(fig, title or default_title)

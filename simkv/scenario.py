@@ -165,6 +165,9 @@ def build_scenario(
                         sliding_window=sliding_window)
     pol = get_policy(policy, policy_options)
     prec = get_precision(precision or pol.default_precision)
+    if pol.accepted_precisions and prec.name not in pol.accepted_precisions:
+        raise ConfigError(f"policy {pol.name}: the runtime does not accept {prec.name} for the KV cache "
+                          f"(it takes {', '.join(pol.accepted_precisions)})")
     if ops:
         workload = parse_ops(ops)
     else:

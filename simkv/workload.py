@@ -73,6 +73,12 @@ def _positive(value: int, what: str) -> int:
     return value
 
 
+def _not_negative(value: int, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Workload:
     ops: tuple[Op, ...]
@@ -221,13 +227,15 @@ def chat_session(
     the first generated token, select beam 0 on the last).
     """
     _positive(prompt, "prompt")
-    _positive(decode, "decode")
+    _not_negative(decode, "decode")  # 0: a prompt-only run
     _positive(beam, "beam width")
     if turns < 0:
         raise ConfigError(f"turns must be >= 0, got {turns}")
     turn_decode = decode if turn_decode is None else turn_decode
 
     def answer(n: int) -> list[Op]:
+        if n == 0 and beam == 1:
+            return []
         if beam == 1:
             return [Decode(n)]
         if n < 3:
@@ -236,5 +244,5 @@ def chat_session(
 
     ops: list[Op] = [Prefill(prompt), *answer(decode)]
     for _ in range(turns):
-        ops += [Prefill(_positive(turn_tokens, "turn tokens")), *answer(_positive(turn_decode, "turn decode"))]
+        ops += [Prefill(_positive(turn_tokens, "turn tokens")), *answer(_not_negative(turn_decode, "turn decode"))]
     return Workload(tuple(ops))

@@ -65,7 +65,7 @@ def report_fixture(n_steps: int = 40) -> dict:
     events.append({"step": 12, "layer": None, "tensor": "past_view", "op": "alloc", "bytes": 4096, "status": "unexpected"})
     return {
         "events_total": len(events), "events_matched": len(events) - 2, "events_missing": 1, "events_unexpected": 1,
-        "effective_kv_precision": "u8", "fused": True, "peak_error_pct": 0.42, "resident_slope_error_pct": -1.5,
+        "effective_kv_precision": "u8", "fused": True, "rise_error_pct": 0.42, "resident_slope_error_pct": -1.5,
         "scenario": {"model": "custom", "layers": 2}, "versions": {"openvino": "2026.4.1"},
         "steps": steps, "events": events,
     }
@@ -374,12 +374,12 @@ def test_malformed_reports_are_refused_with_a_reason(mutate, message):
 
 def test_report_of_a_run_without_measurements_is_shown():
     report = report_fixture(5)
-    report.update(peak_error_pct=None, resident_slope_error_pct=None)
+    report.update(rise_error_pct=None, resident_slope_error_pct=None)
     for step in report["steps"]:
         step.update(measured_rss_bytes=None, measured_vmsize_bytes=None, measured_hwm_bytes=None, latency_ms=None)
     upload = "data:application/json;base64," + base64.b64encode(json.dumps(report).encode()).decode()
     out = callbacks.validation_callback(upload, "", "r.json", "v-upload")
-    assert out["message"] == "" and "peak error –" in out["figure"].layout.title.text
+    assert out["message"] == "" and "rise error –" in out["figure"].layout.title.text
 
 
 def test_validation_callback_shows_file_errors_inline(tmp_path):

@@ -15,9 +15,14 @@ def _blocks(lang: str) -> list[str]:
 
 
 def test_ci_runs_the_readme_test_command():
-    readme_test = _blocks("bash")[1].strip().splitlines()[-1]
-    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
-    assert ci[-1] == readme_test
+    """README "Tests" is one command, .ci/run, which CI runs: it sets up and runs pytest."""
+    assert _blocks("bash")[1].strip() == ".ci/run"
+    ci = ROOT / ".ci" / "run"
+    assert os.access(ci, os.X_OK)
+    lines = ci.read_text().strip().splitlines()
+    assert lines[-1] == '.venv/bin/python -m pytest -q "$@"'
+    assert "apt-get install" in ci.read_text() and "sudo" not in lines[-1]
+    assert ".venv/bin/python -m pip install -q -e \".[$EXTRAS]\"" in lines
 
 
 def test_quick_start_output_is_current():

@@ -4,7 +4,7 @@ The report's shape (written by :mod:`simkv.validate`)::
 
     {"events_total", "events_matched", "events_missing", "events_unexpected": int,
      "effective_kv_precision": str, "fused": bool,
-     "peak_error_pct", "resident_slope_error_pct": float,
+     "rise_error_pct", "resident_slope_error_pct": float (null: not comparable),
      "scenario": {...}, "versions": {...},
      "steps": [{"step", "phase", "measured_rss_bytes", "measured_vmsize_bytes",
                 "measured_hwm_bytes" (int or null), "predicted_resident_bytes",
@@ -30,11 +30,11 @@ MAX_EVENT_ROWS = 5000
 
 SUMMARY_KEYS = {
     "events_total": int, "events_matched": int, "events_missing": int, "events_unexpected": int,
-    "effective_kv_precision": str, "fused": bool, "peak_error_pct": (int, float),
+    "effective_kv_precision": str, "fused": bool, "rise_error_pct": (int, float),
     "resident_slope_error_pct": (int, float),
 }
 #: Summary values a run without measurements leaves empty (``null``).
-NULLABLE = {"peak_error_pct", "resident_slope_error_pct", "effective_kv_precision"}
+NULLABLE = {"rise_error_pct", "resident_slope_error_pct", "effective_kv_precision"}
 STEP_KEYS = ("step", "phase", "measured_rss_bytes", "measured_vmsize_bytes", "measured_hwm_bytes",
              "predicted_resident_bytes", "predicted_allocated_bytes", "predicted_peak_bytes", "latency_ms", "realloc")
 EVENT_KEYS = ("step", "layer", "tensor", "op", "bytes", "status")
@@ -117,7 +117,8 @@ def summary_cards(report: dict) -> list[dict]:
          "detail": f"{100 * report['events_matched'] / total:.1f} %" if total else "no events"},
         {"key": "v_missing", "label": "missing", "value": f"{report['events_missing']:,}", "detail": "predicted, not seen"},
         {"key": "v_unexpected", "label": "unexpected", "value": f"{report['events_unexpected']:,}", "detail": "seen, not predicted"},
-        {"key": "v_peak", "label": "peak error", "value": _pct(report["peak_error_pct"]), "detail": "measured vs predicted"},
+        {"key": "v_peak", "label": "in-step rise error", "value": _pct(report["rise_error_pct"]),
+         "detail": "worst reallocation step, measured vs predicted"},
         {"key": "v_slope", "label": "resident slope error", "value": _pct(report["resident_slope_error_pct"]),
          "detail": "bytes per token"},
         {"key": "v_precision", "label": "effective KV precision", "value": report["effective_kv_precision"] or "–",

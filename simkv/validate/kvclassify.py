@@ -23,23 +23,27 @@ For an allocation of ``size`` bytes made in an inference with batch ``B`` that l
 * beam  ``[B, cap]`` i32                              -> ``cap = size / (B*4)``
 
 A hypothesis is *valid* when ``cap`` is a whole number ``>= L`` (the buffer must hold
-the state); the smallest valid capacity wins (a scale buffer is also a whole number of
-beam rows, but a larger one).  The layouts are those of ``scaled_attn.cpp``; the
-capacity itself is an *output* of the classification, so a simulator's growth rule
-is tested, not assumed.
+the state).  An allocation keeps *every* valid hypothesis: sizes coincide whenever
+head size x bits <= 128 (a u4 scale buffer of ``2L`` tokens has the bytes of a head-32
+u4 data buffer of ``L`` tokens; with head size x bits = 64 a data and a scale buffer of
+one capacity have equal bytes), so a buffer cannot be named from its size alone.  The
+layouts are those of ``scaled_attn.cpp``; the capacity itself is an *output* of the
+classification, so a simulator's growth rule is tested, not assumed.
 
-A site is labelled only from a *layer run*: consecutive ``posix_memalign`` calls (no
-other ``posix_memalign`` in between) forming K/V pairs -- two calls of equal size and
-equal kind from two different sites, K first (the plugin always allocates K before V)
--- with exactly one data pair, one beam pair and (u8/u4) at most one scale pair, all
-implying the *same* capacity (``updateBeamTable``/``updatePastkv`` and
-``resetBeamTablePastkv`` size every buffer of a layer from the same ``2*(L0+L1)``, and
-decide to grow on the same condition).  Coincidences -- an activation that happens to
-be a multiple of the data unit (the bf16 k projection [B,H,P,S] at prefill equals a u8
+A site is labelled only from a *layer group*: consecutive ``posix_memalign`` calls (no
+other ``posix_memalign`` in between) forming K/V pairs -- two calls of equal size from
+two different sites, K first (the plugin always allocates K before V) -- one data pair,
+one beam pair and (u8/u4) one scale pair, which must all be read at the *same*
+capacity (``updateBeamTable``/``updatePastkv`` and ``resetBeamTablePastkv`` size every
+buffer of a layer from the same ``2*(L0+L1)``, and decide to grow on the same
+condition).  That shared capacity is what tells a scale buffer from a data buffer of
+equal bytes; when both readings share it too, the data pair is the earlier one (the
+plugin's order, docs/DESIGN.md §3).  Coincidences -- an activation that happens to be
+a multiple of the data unit (the bf16 k projection [B,H,P,S] at prefill equals a u8
 buffer of capacity 2P), oneDNN scratch pairs of 768 B that look like u8 data of
-capacity 6 when P = 1 -- do not form such runs.  Once labelled, every allocation at that
-site is KV, wherever it happens; the j-th allocation of a site inside one operation is
-layer j (the SDPA nodes execute in layer order).
+capacity 6 when P = 1 -- do not form such groups.  Once labelled, every allocation at
+that site is KV, wherever it happens; the j-th allocation of a site inside one
+operation is layer j (the SDPA nodes execute in layer order).
 
 ``past_view`` marks the one extra state-shaped buffer of the model: an f32
 ``[B_state, H_kv, L0, S]`` block (B_state = batch of the stored state *before* the
@@ -55,6 +59,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import permutations
 from typing import Iterable, Sequence
 
 __all__ = [
@@ -145,72 +150,112 @@ class Classification:
     warnings: list[str] = field(default_factory=list)
 
 
-def _hypotheses(size: int, ctx: OpContext, dims: KVDims) -> tuple[str, int] | None:
-    """Best (kind, capacity) for an allocation, or None when no KV layout fits."""
-    b, h, s = ctx.batch, dims.kv_heads, dims.head_dim
-    units = {"data": Fraction(b * h * s * dims.bits, 8), "beam": Fraction(b * 4)}
+_UNIT_OF_KIND = {"k": "data", "v": "data", "k_scale": "scale", "v_scale": "scale", "k_beam": "beam", "v_beam": "beam"}
+
+
+def _units(batch: int, dims: KVDims) -> dict[str, Fraction]:
+    """Bytes per token of capacity of each buffer family (layouts: module docstring)."""
+    h, s = dims.kv_heads, dims.head_dim
+    units = {"data": Fraction(batch * h * s * dims.bits, 8), "beam": Fraction(batch * 4)}
     if dims.quantized:
-        units["scale"] = Fraction(b * h * 2 * 4)
-    best: tuple[str, int] | None = None
-    for kind, unit in units.items():
+        units["scale"] = Fraction(batch * h * 2 * 4)
+    return units
+
+
+def _hypotheses(size: int, ctx: OpContext, dims: KVDims) -> dict[str, int]:
+    """Every buffer family an allocation of ``size`` bytes could be, with the capacity
+    it implies: a whole number of tokens that holds the state (``>= L``).
+
+    All readings are kept, not only the smallest: sizes coincide (a u4 scale buffer of
+    ``2L`` tokens has the bytes of a head-32 data buffer of ``L`` tokens; with
+    head size x bits = 64 a data and a scale buffer of the same capacity have the same
+    bytes), and only the layer's group (one capacity for all its buffers) decides."""
+    out: dict[str, int] = {}
+    for family, unit in _units(ctx.batch, dims).items():
         cap = Fraction(size) / unit
-        if cap.denominator != 1 or cap < max(ctx.total_len, 1):
-            continue
-        if best is None or cap < best[1]:
-            best = (kind, int(cap))
-    return best
+        if cap.denominator == 1 and cap >= max(ctx.total_len, 1):
+            out[family] = int(cap)
+    return out
+
+
+def _capacity(kind: str, size: int, ctx: OpContext, dims: KVDims) -> int | None:
+    """Capacity (tokens) of a buffer whose kind is known; None if the size does not fit."""
+    cap = Fraction(size) / _units(ctx.batch, dims)[_UNIT_OF_KIND[kind]]
+    return int(cap) if cap.denominator == 1 else None
 
 
 _PAIR_KINDS = {"data": ("k", "v"), "scale": ("k_scale", "v_scale"), "beam": ("k_beam", "v_beam")}
 
 
+def _read_group(pairs: list[tuple[dict[str, int], RawRecord, RawRecord]], families: tuple[str, ...]) -> list[str] | None:
+    """The families of a layer's consecutive K/V pairs, or None if they are not one layer.
+
+    One family per pair, each family once, and one capacity shared by every pair
+    (``updateBeamTable``/``updatePastkv``/``resetBeamTablePastkv`` size all buffers of a
+    layer from the same ``2*(L0+L1)``).  When two readings remain (a data and a scale
+    buffer of equal bytes), the one with data first is taken: in every order the plugin
+    uses, a layer allocates its data pair before its scale pair (docs/DESIGN.md §3)."""
+    caps = set.intersection(*(set(h.values()) for h, _, _ in pairs))
+    for cap in sorted(caps):
+        readings = [
+            list(perm)
+            for perm in permutations(families)
+            if all(h.get(family) == cap for (h, _, _), family in zip(pairs, perm))
+        ]
+        if readings:
+            data_first = [r for r in readings if "scale" not in r or r.index("data") < r.index("scale")]
+            return (data_first or readings)[0]
+    return None
+
+
 def _discover_sites(
     records: Sequence[RawRecord], contexts: dict[int, OpContext], dims: KVDims, warnings: list[str]
 ) -> dict[int, SiteLabel]:
-    """Label call sites from layer runs of K/V pairs (see module docstring).
+    """Label call sites from layer groups of K/V pairs (see module docstring).
 
-    A site that two runs label differently is dropped (reported in ``warnings``)."""
+    A group is ``2`` (``3`` with scales) consecutive pairs of ``posix_memalign`` calls:
+    equal sizes, two different sites, K first.  A site that two groups label
+    differently is dropped (reported in ``warnings``)."""
     labels: dict[int, SiteLabel] = {}
     conflicted: set[int] = set()
-    by_seq: dict[int, list[tuple[RawRecord, tuple[str, int] | None]]] = defaultdict(list)
+    by_seq: dict[int, list[tuple[RawRecord, dict[str, int]]]] = defaultdict(list)
     for rec in records:
         if rec.op == "alloc" and rec.allocator == "POSIX_MEMALIGN":
             by_seq[rec.seq].append((rec, _hypotheses(rec.size, contexts[rec.seq], dims)))
+    shapes = [("data", "beam", "scale"), ("data", "beam")] if dims.quantized else [("data", "beam")]
 
     for seq, stream in sorted(by_seq.items()):
         i = 0
         while i < len(stream):
-            pairs: list[tuple[str, RawRecord, RawRecord]] = []
-            j = i
-            while j + 1 < len(stream):
-                (a, ha), (b, hb) = stream[j], stream[j + 1]
-                if ha is None or ha != hb or a.size != b.size or a.site == b.site:
+            for families in shapes:
+                n = len(families)
+                if i + 2 * n > len(stream):
+                    continue
+                pairs = []
+                for j in range(i, i + 2 * n, 2):
+                    (a, ha), (b, hb) = stream[j], stream[j + 1]
+                    common = {f: c for f, c in ha.items() if hb.get(f) == c}
+                    if not common or a.size != b.size or a.site == b.site:
+                        break
+                    pairs.append((common, a, b))
+                sites = [r.site for _, a, b in pairs for r in (a, b)]
+                reading = _read_group(pairs, families) if len(pairs) == n and len(set(sites)) == len(sites) else None
+                if reading is not None:
                     break
-                pairs.append((ha[0], a, b))
-                j += 2
-            sites_in_run = [r.site for _, a, b in pairs for r in (a, b)]
-            kinds_in_run = [kind for kind, _, _ in pairs]
-            caps_in_run = {stream[k][1][1] for k in range(i, j)}  # type: ignore[index]
-            if (
-                "data" in kinds_in_run
-                and "beam" in kinds_in_run
-                and len(set(kinds_in_run)) == len(kinds_in_run)
-                and len(caps_in_run) == 1
-                and len(set(sites_in_run)) == len(sites_in_run)
-            ):
-                for kind, a, b in pairs:
-                    for rec, name in zip((a, b), _PAIR_KINDS[kind]):
-                        old = labels.get(rec.site)
-                        if old is None:
-                            labels[rec.site] = SiteLabel(name, seq)
-                        elif old.kind != name:
-                            conflicted.add(rec.site)
-                            warnings.append(
-                                f"site {rec.site} labelled {old.kind} (seq {old.first_seen_seq}) and {name} (seq {seq})"
-                            )
-                i = j
             else:
                 i += 1
+                continue
+            for family, (_, a, b) in zip(reading, pairs):
+                for rec, name in zip((a, b), _PAIR_KINDS[family]):
+                    old = labels.get(rec.site)
+                    if old is None:
+                        labels[rec.site] = SiteLabel(name, seq)
+                    elif old.kind != name:
+                        conflicted.add(rec.site)
+                        warnings.append(
+                            f"site {rec.site} labelled {old.kind} (seq {old.first_seen_seq}) and {name} (seq {seq})"
+                        )
+            i += 2 * len(reading)
     return {site: label for site, label in labels.items() if site not in conflicted}
 
 
@@ -248,8 +293,7 @@ def classify(records: Sequence[RawRecord], contexts: Iterable[OpContext], dims: 
             if per_seq_site_total[key] == dims.layers:
                 layer = per_seq_site_count[key]
             per_seq_site_count[key] += 1
-            hyp = _hypotheses(rec.size, c, dims)
-            cap = hyp[1] if hyp else None
+            cap = _capacity(kind, rec.size, c, dims)
         elif (
             rec.allocator == "POSIX_MEMALIGN"
             and c.past_len > 0

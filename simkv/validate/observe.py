@@ -49,6 +49,7 @@ __all__ = [
     "RunFacts",
     "Observation",
     "kv_dims_from_model",
+    "query_heads_from_model",
     "observe",
     "cpu_flags",
 ]
@@ -275,6 +276,18 @@ def kv_dims_from_model(model: ov.Model, kv_cache_precision: str) -> KVDims:
         raise ValueError(f"state variables differ in shape: {sorted(set(shapes))}")
     h, s = shapes[0]
     return KVDims(layers=len(shapes) // 2, kv_heads=h, head_dim=s, precision=kv_cache_precision)
+
+
+def query_heads_from_model(model: ov.Model) -> int:
+    """Query heads of the model: dimension 1 of the query ([B, H, L, S]) of its first
+    ``ScaledDotProductAttention`` op, as optimum-intel exports it (and as
+    :func:`~simkv.validate.ovmodel.build_stateful_decoder` builds it)."""
+    for op in model.get_ordered_ops():
+        if op.get_type_name() == "ScaledDotProductAttention":
+            shape = op.input(0).get_partial_shape()
+            if shape.rank.is_static and shape.rank.get_length() == 4 and shape[1].is_static:
+                return shape[1].get_length()
+    raise ValueError("cannot read the query heads: no ScaledDotProductAttention with a static [B, H, L, S] query")
 
 
 class _Feeder:

@@ -17,14 +17,14 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-__all__ = ["memory_figure", "peak_figure", "latency_figure", "events_figure", "figures", "write_report", "DIV_IDS"]
+__all__ = ["memory_figure", "rise_figure", "latency_figure", "events_figure", "figures", "write_report", "DIV_IDS"]
 
 MIB = 1024 * 1024
 COLORS = {"resident": "#ff7f0e", "allocated": "#1f77b4", "peak": "#6baed6", "event": "#d62728", "latency": "#555555"}
 #: Deterministic div ids of the report's figures (the dashboard may reuse them).
 DIV_IDS = {
     "memory": "simkv-validate-memory",
-    "peak": "simkv-validate-peak",
+    "rise": "simkv-validate-rise",
     "latency": "simkv-validate-latency",
     "events": "simkv-validate-events",
 }
@@ -83,21 +83,22 @@ def memory_figure(data: dict) -> go.Figure:
     return _layout(fig, "Memory: measured (solid) vs predicted (dashed)")
 
 
-def peak_figure(data: dict) -> go.Figure:
-    """KV in-step peak at every reallocation step: measured (VmHWM above the non-KV
-    memory at the start of the step) vs predicted (``resident_peak``)."""
-    peaks = data.get("peaks") or []
+def rise_figure(data: dict) -> go.Figure:
+    """Increase of RSS inside every reallocation step: measured (VmHWM of the step minus
+    RSS before it) vs predicted (``resident_peak`` minus ``resident`` before it); steps
+    whose small KV buffers lie in the glibc heap are greyed out and carry no error."""
+    rises = data.get("rises") or []
     fig = go.Figure()
-    if peaks:
-        steps = [str(p["step"]) for p in peaks]
-        fig.add_bar(x=steps, y=[p["measured_kv_peak_bytes"] / MIB for p in peaks], name="measured KV peak",
-                    marker_color=COLORS["peak"])
-        fig.add_bar(x=steps, y=[p["predicted_kv_peak_bytes"] / MIB for p in peaks], name="predicted KV peak",
+    if rises:
+        steps = [str(r["step"]) for r in rises]
+        fig.add_bar(x=steps, y=[r["measured_rise_bytes"] / MIB for r in rises], name="measured rise",
+                    marker_color=[COLORS["peak"] if r["comparable"] else "#cccccc" for r in rises])
+        fig.add_bar(x=steps, y=[r["predicted_rise_bytes"] / MIB for r in rises], name="predicted rise",
                     marker_color=COLORS["allocated"],
-                    text=[("" if p["error_pct"] is None else f"{p['error_pct']:+.1f} %") for p in peaks],
-                    textposition="outside")
+                    text=[(f"{r['error_pct']:+.1f} %" if r["error_pct"] is not None else "not comparable")
+                          for r in rises], textposition="outside")
     fig.update_layout(barmode="group", xaxis_title="reallocation step", yaxis_title="MiB")
-    return _layout(fig, "In-step KV peak at each reallocation step")
+    return _layout(fig, "RSS increase inside each reallocation step")
 
 
 def latency_figure(data: dict) -> go.Figure:
@@ -133,7 +134,7 @@ def events_figure(data: dict) -> go.Figure:
 
 
 def figures(data: dict) -> dict[str, go.Figure]:
-    return {"memory": memory_figure(data), "peak": peak_figure(data), "latency": latency_figure(data),
+    return {"memory": memory_figure(data), "rise": rise_figure(data), "latency": latency_figure(data),
             "events": events_figure(data)}
 
 
@@ -143,6 +144,16 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:+.2f} %"
     return str(v)
+
+
+def _rise(data: dict) -> str:
+    r = data.get("rise")
+    if not r:
+        return "n/a"
+    if not r["comparable_steps"]:
+        return f"not comparable (0 of {r['steps']} steps: prompt steps, or KV buffers in the glibc heap)"
+    return (f"{_fmt(r['worst_error_pct'])} ({_fmt(r['median_error_pct'])}) over {r['comparable_steps']} of "
+            f"{r['steps']} reallocation steps")
 
 
 def _table(rows: list[tuple[str, object]]) -> str:
@@ -168,8 +179,13 @@ def write_report(data: dict, path: str | Path) -> Path:
         ("missing / unexpected", f"{data['events_missing']:,} / {data['events_unexpected']:,}"),
         ("effective KV precision", data.get("effective_kv_precision")),
         ("fused stateful SDPA", data.get("fused")),
-        ("in-step KV peak error", _fmt(data.get("peak_error_pct"))),
-        ("resident slope error", _fmt(data.get("resident_slope_error_pct"))),
+        ("in-step rise error, worst (median)", _rise(data)),
+        ("resident slope error", _fmt(data.get("resident_slope_error_pct"))
+         + (f" (not comparable: {(data.get('resident_slope') or {}).get('not_comparable')})"
+            if (data.get("resident_slope") or {}).get("not_comparable") else "")),
+        ("final RSS vs baseline + KV", _fmt(data.get("rss_error_pct"))
+         + ("" if data.get("rss_error_pct") is not None or not data.get("rss")
+            else f" (not comparable: {data['rss']['final']['not_comparable']})")),
         ("baseline", (data.get("baseline") or {}).get("how", "n/a")),
     ])
     scenario = _table([(k, json.dumps(val) if isinstance(val, (dict, list)) else val) for k, val in sc.items()])

@@ -212,7 +212,7 @@ def run_validation(cfg: ValidateConfig) -> dict:
     from simkv.scenario import build_scenario, simulate
 
     from .compare import compare
-    from .observe import observe
+    from .observe import observe, query_heads_from_model
 
     t0 = time.perf_counter()
     workload = parse_ops(cfg.workload)
@@ -220,7 +220,10 @@ def run_validation(cfg: ValidateConfig) -> dict:
     effective = inspection.kv_cache_precision
     if effective not in PRECISIONS:
         raise ConfigError(f"the plugin runs the KV cache in {effective!r}, which simkv does not model")
-    heads = cfg.heads if not cfg.ir else dims.kv_heads
+    try:  # --ir: query heads as read from the model (KV heads come from its state variables)
+        heads = cfg.heads if not cfg.ir else query_heads_from_model(model)
+    except ValueError as err:
+        raise ConfigError(f"{cfg.ir}: {err}") from None
     cfg.layers, cfg.kv_heads, cfg.head_dim = dims.layers, dims.kv_heads, dims.head_dim
 
     # 2. events (memray, this process)
@@ -255,7 +258,8 @@ def run_validation(cfg: ValidateConfig) -> dict:
         raise RuntimeError(f"simulator has {len(result.steps)} steps, the real run {len(obs.samples)} operations")
 
     # 4. compare
-    data = compare(observed, clean["samples"] if clean else None, result, min_tokens=cfg.slope_min_tokens)
+    data = compare(observed, clean["samples"] if clean else None, result, min_tokens=cfg.slope_min_tokens,
+                   mmap_threshold=cfg.mmap_threshold)
     f = obs.facts
     head = {
         "events_total": data.pop("events_total"),
@@ -264,8 +268,9 @@ def run_validation(cfg: ValidateConfig) -> dict:
         "events_unexpected": data.pop("events_unexpected"),
         "effective_kv_precision": effective,
         "fused": bool(inspection.fused),
-        "peak_error_pct": data.pop("peak_error_pct"),
+        "rise_error_pct": data.pop("rise_error_pct"),
         "resident_slope_error_pct": data.pop("resident_slope_error_pct"),
+        "rss_error_pct": data.pop("rss_error_pct"),
         "scenario": {
             "model": cfg.model_name if not cfg.ir else "ir",
             "ir": cfg.ir,

@@ -1,0 +1,98 @@
+"""Upper bounds of ``simkv run`` (README "simkv run", "Limits"), checked before anything runs.
+
+Beyond them a run would take minutes or gigabytes (or is no model anyone runs): the
+command refuses with one line and exit code 2. The dashboard has tighter limits of its
+own (:mod:`simkv.dashboard.state`). Steps after which memory certainly runs out do
+not count towards :data:`MAX_STEPS`: the run stops there with an out-of-memory outcome.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from simkv.errors import ConfigError
+from simkv.workload import Decode, Fork, Prefill, Reset, Select
+
+MAX_LAYERS = 100_000
+MAX_HEADS = 65_536  # query heads and KV heads
+MAX_HEAD_DIM = 65_536
+MAX_TOKENS = 100_000_000  # --prompt, --decode, --turn-tokens, --turn-decode, and each --ops count
+MAX_TURNS = 100_000
+MAX_BEAM = 4_096
+MAX_STEPS = 10_000_000  # simulated steps before memory certainly runs out
+MAX_DEVICE_BYTES = 1 << 50  # 1 PiB
+
+#: (flag, attribute, bound) of the numeric flags shared by run and validate.
+FLAG_BOUNDS = (
+    ("--layers", "layers", MAX_LAYERS), ("--heads", "heads", MAX_HEADS), ("--kv-heads", "kv_heads", MAX_HEADS),
+    ("--head-dim", "head_dim", MAX_HEAD_DIM), ("--prompt", "prompt", MAX_TOKENS), ("--decode", "decode", MAX_TOKENS),
+    ("--turns", "turns", MAX_TURNS), ("--turn-tokens", "turn_tokens", MAX_TOKENS),
+    ("--turn-decode", "turn_decode", MAX_TOKENS), ("--beam", "beam", MAX_BEAM),
+)
+
+
+def check_flags(args) -> None:
+    """The flags' own bounds (before a workload of ``--turns`` answers is even built)."""
+    for flag, name, bound in FLAG_BOUNDS:
+        value = getattr(args, name, None)
+        if value is not None and value > bound:
+            raise ConfigError(f"{flag} {value:,} is over the limit of {bound:,} (see README, simkv run: Limits)")
+
+
+def certain_steps(scenario) -> int:
+    """Steps the run can take before its stored tokens alone exceed device memory.
+
+    Any policy allocates at least the bytes of the tokens it stores (capacity >=
+    tokens), so past that step the run is out of memory whatever the policy does."""
+    per_token = max(1, scenario.precision.kv_bytes_per_token(scenario.model))
+    fits = scenario.device_memory // per_token  # token rows (tokens x beams) that can be stored
+    steps, stored, batch = 0, 0, 1
+    for op in scenario.workload.ops:
+        if isinstance(op, Decode):
+            room = max(fits // batch - stored, 0)
+            if op.steps > room:
+                return steps + room + 1
+            steps, stored = steps + op.steps, stored + op.steps
+            continue
+        steps += 1
+        if isinstance(op, Reset):
+            stored, batch = 0, 1
+            continue
+        batch = op.width if isinstance(op, Fork) else 1 if isinstance(op, Select) else batch
+        stored += op.tokens if isinstance(op, Prefill) else 1
+        if stored * batch > fits:
+            return steps
+    return steps
+
+
+def check_scenario(scenario) -> None:
+    """Bounds of a built scenario: device size, each operation's tokens, simulated steps."""
+    if scenario.device_memory > MAX_DEVICE_BYTES:
+        raise ConfigError("--device-memory is over the limit of 1 PiB")
+    for op in scenario.workload.ops:
+        count = op.tokens if isinstance(op, Prefill) else op.steps if isinstance(op, Decode) else 0
+        if count > MAX_TOKENS:
+            raise ConfigError(f"an operation of {count:,} tokens is over the limit of {MAX_TOKENS:,}")
+    steps = certain_steps(scenario)
+    if steps > MAX_STEPS:
+        raise ConfigError(f"this run simulates {steps:,} steps before memory runs out, over the limit of "
+                          f"{MAX_STEPS:,}: use fewer tokens or less --device-memory")
+
+
+def check_output(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
+    """An output path that can be written: a known extension and an existing, writable
+    directory (none is created). Checked before the run, so a typo costs nothing."""
+    p = Path(path)
+    if p.suffix.lower() not in suffixes:
+        raise ConfigError(f"{flag} {path}: the file name must end in {' or '.join(suffixes)}")
+    parent = p.parent
+    if not parent.exists():
+        raise ConfigError(f"{flag} {path}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: {parent} is not a directory")
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{flag} {path}: directory {parent} is not writable")
+    return p
