@@ -72,11 +72,12 @@ def run(*args, timeout=60):
 def test_out_of_memory_exits_3_with_the_oom_line_first_and_figures_up_to_the_failure():
     """Llama-3-8B, f16, openvino-gpu, 16 GiB: a 100,000,000-token prompt makes layer 0's K
     (8 KV heads x 128 x 2 B = 2 KiB per token) ask for (100,000,000 + 128) x 2 KiB =
-    190.73 GiB; the first allocation fails, so nothing is allocated at the failure."""
+    190.73 GiB, over the GPU plugin's largest single allocation (max_alloc_bytes, 4 GiB - 8 KiB):
+    the first allocation fails, so nothing is allocated at the failure."""
     proc = run("run", "--prompt", "100000000")
     assert proc.returncode == 3, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("simkv: OUT OF MEMORY: out of memory at step 0, layer 0")
+    assert lines[0].startswith("simkv: OUT OF MEMORY: allocation too large at step 0, layer 0: one buffer of 190.73 GiB")
     assert "steps                 1 (0 completed, step 0 failed)" in proc.stdout
     assert "at failure allocated  0 B" in proc.stdout and "final" not in proc.stdout
     assert "layer 0 K allocs at   none (no allocation completed)" in proc.stdout

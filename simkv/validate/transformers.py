@@ -358,7 +358,9 @@ def run_validation(cfg: HFValidateConfig) -> dict:
         "runtime": "transformers",
         "effective_kv_precision": cfg.dtype,
         "fused": None,
-        "peak_error_pct": data.pop("peak_error_pct"),
+        "alloc_peak_error_pct": data.pop("alloc_peak_error_pct"),
+        "rise_error_pct": data.pop("rise_error_pct"),
+        "rss_error_pct": data.pop("rss_error_pct"),
         "resident_slope_error_pct": data.pop("resident_slope_error_pct"),
         "in_step_increase": in_step_increase(observed, result),
         # The beam "gather": what reorder_cache (index_select) allocated in each fork / reorder / select step.
@@ -410,7 +412,8 @@ def command(args) -> int:
     # Validates the shape, the workload and the policy's limits before anything slow happens.
     scenario = dict(model=model, **dims, sliding_window=args.sliding_window, precision=args.precision or "f32",
                     prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
-                    turn_decode=args.turn_decode, beam=args.beam, ops=args.ops)
+                    turn_decode=args.turn_decode, beam=args.beam, ops=args.ops,
+                    weights_memory=0)  # a host run: only the KV cache is predicted and bounded
     sc = build_scenario(**scenario, policy="hf-dynamic")
     if policy == "hf-static":
         opts.setdefault("max_cache_len", str(sc.workload.max_tokens))
