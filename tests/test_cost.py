@@ -85,3 +85,25 @@ def test_every_preset_names_its_sources():
     for dev in DEVICES.values():
         for key in ("memory_bandwidth", "peak_flops", "bandwidth_efficiency", "flops_efficiency", "step_overhead_s"):
             assert dev.sources.get(key), (dev.name, key)
+
+
+def test_h100_preset_is_the_derivation_from_the_real_measurements():
+    # The measured efficiencies of h100-sxm are worked out from experiments/data/h100.json, not typed in freely.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "experiments" / "h100_preset.py"
+    spec = importlib.util.spec_from_file_location("h100_preset", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    dev = get_device("h100-sxm")
+    for key, value in mod.derive(json.loads(mod.DATA.read_text()), dev).items():
+        assert getattr(dev, key) == pytest.approx(value, rel=2e-3), key
+
+
+def test_lm_head_only_for_logit_tokens():
+    # toy: layer params 18432, head 100*32 = 3200. 5 new tokens, logits for 1:
+    # 2*18432*5 + 2*3200*1 = 184320 + 6400 = 190720 (no attention pairs)
+    c = step_cost(TOY, DEV, weights_bytes=0, new_tokens=5, attended_pairs=0, kv_read_bytes=0,
+                  kv_write_bytes=0, logit_tokens=1)
+    assert c.flops == 190720
