@@ -407,3 +407,80 @@ _register(Device(
         "copy_bandwidth": "a copy reads and writes each byte: achieved bandwidth / 2",
     },
 ))
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def device_summary(device: Device) -> dict[str, Any]:
+    """What ``simkv cost --json`` and ``simkv devices --json`` say about a device."""
+    return {
+        "name": device.name,
+        "description": device.description,
+        "memory_bytes": device.memory_bytes,
+        "bandwidth": device.memory_bandwidth,
+        "peak": dict(device.peak_flops),
+        "compute_precision": device.compute_precision,
+        "efficiencies": {
+            "bandwidth": device.bandwidth_efficiency,
+            "kv_bandwidth": device.kv_efficiency,
+            "flops": device.flops_efficiency,
+        },
+        "overhead": device.step_overhead_s,
+        "copy_bandwidth": device.copy_bandwidth,
+        "sources": dict(device.sources),
+    }
+
+
+def estimate(
+    model: ModelSpec,
+    device: Device,
+    kv: Precision,
+    *,
+    batch: int = 1,
+    context: int = 1024,
+    prompt: int | None = None,
+    weights_precision: str = "f16",
+) -> dict[str, Any]:
+    """The figures of ``simkv cost``: a decode step of ``batch`` sequences with ``context`` cached
+    tokens, a prefill of ``prompt`` tokens, the copy time per GiB, and the stateless loop's step
+    (the whole ``context + 1`` tokens recomputed) beside the stateful one."""
+    for name, value, low in (("batch", batch, 1), ("context", context, 0), ("prompt", prompt, 1)):
+        if value is not None and (not isinstance(value, int) or value < low or value > 10**12):
+            raise ConfigError(f"--{name} must be an integer in {low}..10^12, got {value!r}")
+    decode = forward_cost(model, device, kv, batch=batch, context=context, new=1, weights_precision=weights_precision)
+    per_token = kv.kv_bytes_per_token(model)
+    window = model.sliding_window
+    kv_read = batch * (context if window is None else min(context, window)) * per_token
+    stateless = forward_cost(model, device, kv, batch=batch, context=0, new=context + 1, weights_precision=weights_precision)
+    out: dict[str, Any] = {
+        "model": model.name,
+        "batch": batch,
+        "context": context,
+        "kv_precision": kv.name,
+        "weights_precision": weights_precision,
+        "decode_step_s": decode.seconds,
+        "copy_s_per_gib": GIB / device.copy_bandwidth,
+        "bound": decode.bound,
+        "weights_bytes": model_weights_bytes(model, weights_precision),
+        "kv_read_bytes": kv_read,
+        "kv_write_bytes": batch * per_token,
+        "flops": decode.flops,
+        "terms": {"memory_s": decode.memory_s, "compute_s": decode.compute_s, "overhead_s": decode.overhead_s},
+        "stateless": {
+            "decode_step_s": stateless.seconds,
+            "bound": stateless.bound,
+            "flops": stateless.flops,
+            "kv_peak_bytes": batch * (context + 1) * per_token,
+            "kv_between_steps_bytes": 0,
+            "slowdown": stateless.seconds / decode.seconds,
+        },
+        "stateful_kv_bytes": batch * (context + 1) * per_token,
+        "device": device_summary(device),
+    }
+    if prompt is not None:
+        pre = forward_cost(model, device, kv, batch=batch, context=0, new=prompt, weights_precision=weights_precision)
+        out["prefill_s"] = pre.seconds
+        out["prefill_bound"] = pre.bound
+        out["prefill_flops"] = pre.flops
+    return out

@@ -279,7 +279,18 @@ class FastEngine:
             self.ledger.append(deferred)
             self.allocated -= int(deferred["bytes"].sum())
             self.resident -= int(deferred_resident.sum())
+        if policy.stateless and self.budget.any():
+            self._free_all(step, phase)
         self._record(step, phase, peak, resident_peak)
+
+    def _free_all(self, step: int, phase: int) -> None:
+        """Free every live K/V buffer at the end of a step (a stateless policy keeps nothing)."""
+        slots = self.layout.unit_slots[np.flatnonzero(self.budget)].ravel()
+        free = self._live_rows(slots, step, phase)
+        self.ledger.append(free)
+        self.allocated -= int(free["bytes"].sum())
+        self.resident -= int(self._live_resident(slots).sum()) if self.first_touch else int(free["bytes"].sum())
+        self.budget[:], self.buf[:], self.written[:] = 0, -1, 0
 
     def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind):
         lay, policy = self.layout, self.policy
@@ -340,6 +351,8 @@ class FastEngine:
     def _decode_run(self, first_step: int, n: int) -> bool:
         """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes."""
         lay, policy = self.layout, self.policy
+        if policy.stateless:
+            return False  # every step is an event: processed one at a time
         L0, B = self.stored, self.batch
         U, K = lay.unit_slots.shape
         decode = PHASE_CODE["decode"]
