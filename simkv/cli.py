@@ -199,6 +199,7 @@ def _add_validate_parser(sub) -> None:
     r.add_argument("--slope-min-tokens", type=int, default=500,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
     r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
+    add_latency_arguments(p, default="host")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
@@ -240,7 +241,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
         hidden=args.hidden, vocab=args.vocab, seed=args.seed, kv_cache_precision=args.precision,
         inference_precision=args.inference_precision, ir=args.ir, mmap_threshold=args.mmap_threshold,
-        slope_min_tokens=args.slope_min_tokens, progress=sys.stderr.isatty(), model_name=m.name,
+        slope_min_tokens=args.slope_min_tokens, progress=sys.stderr.isatty(), model_name=m.name, device=args.device,
     )
     try:
         data = run_validation(cfg)
@@ -306,11 +307,12 @@ def _cmd_app(args: argparse.Namespace) -> int:
 # The substance is in simkv/cost.py (model, presets), simkv/latency.py (a session's steps), simkv/calibrate.py.
 
 
-def add_latency_arguments(p: argparse.ArgumentParser) -> None:
+def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None) -> None:
     """``--device``: price every step with the cost model (simkv/cost.py)."""
     g = p.add_argument_group("latency (the cost model, see `simkv devices`)")
-    g.add_argument("--device", metavar="NAME|host|PATH", help="cost-model device: a preset, host (after `simkv "
-                   "calibrate`) or a preset file; adds TTFT, TPOT and per-step times to the report")
+    g.add_argument("--device", metavar="NAME|host|PATH", default=default, help="cost-model device: a preset, host "
+                   "(after `simkv calibrate`) or a preset file; adds predicted step times to the report"
+                   + (f" (default {default})" if default else ""))
 
 
 def run_latency(result, args: argparse.Namespace) -> dict | None:
@@ -453,9 +455,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(f"host preset written to {path}")
-        print(f"  {'copy bandwidth':<22}{device.copy_bandwidth / 1e9:,.2f} GB/s of buffer copied")
-        print(f"  {'matmul':<22}{device.peak() / 1e9:,.1f} GFLOP/s {device.compute_precision}")
-        print(f"  {'per-inference overhead':<22}{device.step_overhead_s * 1e3:,.3f} ms")
+        print(f"  {'weight streaming':<24}{device.memory_bandwidth / 1e9:,.2f} GB/s")
+        print(f"  {'matmul':<24}{device.peak() / 1e9:,.1f} GFLOP/s {device.compute_precision}")
+        print(f"  {'copy bandwidth':<24}{device.copy_bandwidth / 1e9:,.2f} GB/s of buffer copied (fresh pages)")
+        print(f"  {'per-inference overhead':<24}{device.step_overhead_s * 1e3:,.3f} ms")
     return 0
 
 

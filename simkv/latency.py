@@ -18,6 +18,7 @@ import numpy as np
 
 from simkv.cost import Device, StepCost, forward_cost
 from simkv.ledger import COPY, PHASE_CODE
+from simkv.models import ModelSpec
 
 DEFAULT_WEIGHTS_PRECISION = "f16"
 
@@ -68,8 +69,10 @@ def copy_bytes_per_step(result) -> np.ndarray:
     return out
 
 
-def session_times(result, device: Device, weights_precision: str | None = None, precision: str | None = None) -> SessionTimes:
-    """Every step of a single-session result priced on ``device`` (vectorised: one cost-model call)."""
+def session_times(result, device: Device, weights_precision: str | None = None, precision: str | None = None,
+                  model: ModelSpec | None = None) -> SessionTimes:
+    """Every step of a single-session result priced on ``device`` (vectorised: one cost-model call).
+    ``model`` overrides the scenario's shape for pricing (e.g. with its hidden size and vocabulary)."""
     weights_precision = weights_precision or DEFAULT_WEIGHTS_PRECISION
     scenario, steps = result.scenario, result.steps
     tokens = steps["tokens"].astype(np.float64)
@@ -79,7 +82,7 @@ def session_times(result, device: Device, weights_precision: str | None = None, 
     if scenario.policy.stateless:  # the whole history is recomputed every step
         new, before = np.where(new > 0, tokens, 0.0), np.zeros_like(tokens)
     cost = forward_cost(
-        scenario.model, device, scenario.precision, batch=steps["batch"].astype(np.float64), context=before, new=new,
+        model or scenario.model, device, scenario.precision, batch=steps["batch"].astype(np.float64), context=before, new=new,
         weights_precision=weights_precision, copy_bytes=copy_bytes_per_step(result), precision=precision,
     )
     idle = (steps["phase"] == PHASE_CODE["reset"]) | (new == 0)
