@@ -457,7 +457,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"host preset written to {path}")
         print(f"  {'weight streaming':<24}{device.memory_bandwidth / 1e9:,.2f} GB/s")
         print(f"  {'matmul':<24}{device.peak() / 1e9:,.1f} GFLOP/s {device.compute_precision}")
-        print(f"  {'copy bandwidth':<24}{device.copy_bandwidth / 1e9:,.2f} GB/s of buffer copied (fresh pages)")
+        print(f"  {'copy bandwidth':<24}{device.copy_bandwidth / 1e9:,.2f} GB/s of KV copied by a plugin reallocation")
         print(f"  {'per-inference overhead':<24}{device.step_overhead_s * 1e3:,.3f} ms")
     return 0
 

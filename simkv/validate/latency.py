@@ -86,3 +86,37 @@ def predict_and_compare(result, measured_s, phases, event_steps, realloc_steps, 
     out = compare_latency(times.step_s, measured_s, phases, event_steps, realloc_steps, device.name)
     out["weights_precision"] = weights_precision
     return out
+
+
+def measure_and_compare(cfg, repeats: int = 2) -> dict:
+    """Benchmark-style check of one configuration: ``repeats`` clean runs of the real CPU plugin
+    (:func:`simkv.validate.runner._clean_run`: untracked subprocess, the plugin's default thread
+    pinning), the per-step median over runs, against the cost model's prediction on ``cfg.device``.
+    The KV events are the simulator's (``simkv validate`` checks them against memray separately)."""
+    from simkv.ledger import PHASES
+    from simkv.models import WEIGHT_BYTES
+    from simkv.scenario import build_scenario, simulate
+
+    from .compare import predicted_events
+    from .runner import _clean_run
+
+    runs = [_clean_run(cfg) for _ in range(repeats)]
+    measured = np.median([[s["latency_s"] for s in run["samples"]] for run in runs], axis=0)
+    effective = runs[0]["kv_cache_precision"]
+    scenario = build_scenario(model=None, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                              head_dim=cfg.head_dim, precision=effective, policy="openvino-cpu", ops=cfg.workload)
+    result = simulate(scenario)
+    pred = [e for e in predicted_events(result) if e["tensor"] != "past_view"]
+    precision = cfg.inference_precision if cfg.inference_precision in WEIGHT_BYTES else _plugin_precision()
+    out = predict_and_compare(result, measured, [PHASES[p] for p in result.steps["phase"]], {e["step"] for e in pred},
+                              {e["step"] for e in pred if e["op"] == "free"}, device_name=cfg.device,
+                              hidden=cfg.hidden or cfg.heads * cfg.head_dim, vocab=cfg.vocab, weights_precision=precision)
+    out["kv_precision"] = effective
+    out["repeats"] = repeats
+    return out
+
+
+def _plugin_precision() -> str:
+    from simkv.calibrate import inference_precision
+
+    return inference_precision()
