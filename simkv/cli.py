@@ -388,7 +388,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         f"  {'  overhead':<22}{ms(t['overhead_s'])}",
     ]
     if "prefill_s" in out:
-        lines.append(f"  {'prefill':<22}{ms(out['prefill_s'])} for {args.prompt:,} tokens ({out['prefill_bound']} bound)")
+        lines.append(f"  {'prefill':<22}{ms(out['prefill_s'])} for {out['batch']} x {args.prompt:,} tokens ({out['prefill_bound']} bound)")
     lines += [
         f"  {'copy per GiB':<22}{ms(out['copy_s_per_gib'])} (a reallocation moving 1 GiB)",
         f"  {'stateful KV':<22}{format_bytes(out['stateful_kv_bytes'])} kept between steps",
