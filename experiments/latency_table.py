@@ -1,16 +1,17 @@
 """Check the cost model against real OpenVINO CPU step times: 3 shapes x 3 contexts.
 
 1. ``simkv calibrate`` measures this host (or ``--preset`` reuses a preset file);
-2. for each shape (hidden 2,048; 8, 12, 16 layers) and context C, the toy stateful decoder of
-   ``simkv validate`` runs ``prefill:C/2, prefill:C/2-24, decode:D`` on the real CPU plugin: the chat
-   turn brings the history to C - 24 tokens inside the prompt's capacity (2 x C/2), so the decode steps
-   run at context ~C and the 25th of them reallocates every layer's KV (cap -> 2 (C + 1));
+2. for each shape (hidden 2,048; 8, 12, 16 layers) the toy stateful decoder of ``simkv validate`` runs
+   one chat session on the real CPU plugin: a prompt of 512 tokens (the plugin's capacity: 1,024), then
+   for each context ~1k, ~2k, ~4k a chat turn that fills the history to 24 tokens below the capacity and
+   48 decode steps, the 25th of which reallocates every layer's KV (capacity -> 2 L). One prefill of
+   ~4k tokens in all serves the three contexts;
 3. each configuration is run ``--repeats`` times in a clean subprocess (untracked, the plugin pins
    its threads); per step the median over runs is compared with ``simkv.cost`` on the host preset.
    Decode error: ordinary decode steps (no KV event, not the first after the prompt); realloc excess:
    the reallocating step minus the median of its ordinary neighbours, measured vs predicted.
 
-    PYTHONPATH=. python experiments/latency_table.py                  # ~10 min on 2 idle cores
+    PYTHONPATH=. python experiments/latency_table.py                  # ~6 min on 2 idle cores
     PYTHONPATH=. python experiments/latency_table.py --quick          # one small shape, ~1 min
     PYTHONPATH=. python experiments/latency_table.py --preset host.json --repeats 3
 
@@ -31,10 +32,22 @@ sys.path.insert(0, str(ROOT))
 
 #: (id, layers, heads, kv_heads, head_dim): hidden 2,048 = heads x head_dim
 SHAPES = [("8L-MHA", 8, 16, 16, 128), ("12L-GQA4", 12, 16, 4, 128), ("16L-GQA8", 16, 16, 8, 128)]
-CONTEXTS = [1024, 2048, 3072]
+CONTEXTS = 3  # decode runs at ~1k, ~2k, ~4k tokens of history
+FIRST_PROMPT = 512
 DECODE = 48
 QUICK_SHAPES = [("4L-MHA-h512", 4, 8, 8, 64)]
-QUICK_CONTEXTS = [256, 512]
+QUICK_PROMPT, QUICK_CONTEXTS = 128, 2
+
+
+def session(first_prompt: int, contexts: int, decode: int = DECODE) -> str:
+    """The workload: prompt, then per context a turn to 24 tokens below the capacity and ``decode`` steps.
+    The CPU plugin's rule (policies/openvino_cpu.py): capacity 2 x prompt, then 2 L when L passes it."""
+    ops, length, cap = [f"prefill:{first_prompt}"], first_prompt, 2 * first_prompt
+    for _ in range(contexts):
+        ops += [f"prefill:{cap - 24 - length}", f"decode:{decode}"]
+        length = cap - 24 + decode
+        cap = 2 * (cap + 1)
+    return ",".join(ops)
 
 
 def main(argv=None) -> int:
@@ -59,18 +72,18 @@ def main(argv=None) -> int:
     host = load_device(preset)
     load = os.getloadavg()
     rows = []
+    ops = session(QUICK_PROMPT, QUICK_CONTEXTS) if args.quick else session(FIRST_PROMPT, CONTEXTS)
     for name, layers, heads, kv_heads, head_dim in (QUICK_SHAPES if args.quick else SHAPES):
-        for context in (QUICK_CONTEXTS if args.quick else CONTEXTS):
-            half = context // 2
-            ops = f"prefill:{half},prefill:{half - 24},decode:{DECODE}"
-            cfg = ValidateConfig(workload=ops, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                 hidden=heads * head_dim, progress=False, device=preset)
-            t = time.perf_counter()
-            res = measure_and_compare(cfg, repeats=args.repeats)
+        cfg = ValidateConfig(workload=ops, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                             hidden=heads * head_dim, progress=False, device=preset)
+        t = time.perf_counter()
+        res = measure_and_compare(cfg, repeats=args.repeats, segments=True)
+        for seg in res["segments"]:
             rows.append({"shape": name, "layers": layers, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-                         "context": context, "workload": ops, "seconds": time.perf_counter() - t, **res})
+                         "context": seg["history_tokens"], "workload": ops, "kv_precision": res["kv_precision"],
+                         "seconds": time.perf_counter() - t, **seg})
             r = rows[-1]
-            print(f"{name} C={context}: measured {r['decode_measured_median_ms']:.2f} ms, predicted "
+            print(f"{name} L={r['context']}: measured {r['decode_measured_median_ms']:.2f} ms, predicted "
                   f"{r['decode_predicted_median_ms']:.2f} ms, error median {r['decode_error_median_pct']:.1f} %",
                   file=sys.stderr, flush=True)
     wall = time.perf_counter() - t0
@@ -82,7 +95,8 @@ def main(argv=None) -> int:
     print(f"host preset: weight streaming {host.memory_bandwidth / 1e9:.2f} GB/s, matmul {host.peak() / 1e9:.1f} "
           f"GFLOP/s {host.compute_precision}, copy {host.copy_bandwidth / 1e9:.2f} GB/s, overhead "
           f"{host.step_overhead_s * 1e3:.3f} ms")
-    print("\n| shape | context | KV | measured decode ms | predicted ms | decode error median | p90 | steps | "
+    print(f"\nworkload: {ops}")
+    print("\n| shape | history tokens | KV | measured decode ms | predicted ms | decode error median | p90 | steps | "
           "realloc excess measured / predicted ms | realloc error |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:

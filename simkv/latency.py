@@ -89,3 +89,14 @@ def session_times(result, device: Device, weights_precision: str | None = None, 
     seconds = np.where(idle, 0.0, np.broadcast_to(cost.seconds, tokens.shape))
     copy_s = np.where(idle, 0.0, np.broadcast_to(cost.copy_s, tokens.shape))
     return SessionTimes(device.name, weights_precision, seconds, copy_s, np.broadcast_to(cost.bound, tokens.shape), cost)
+
+
+def step_table(result, times: SessionTimes) -> np.ndarray:
+    """The session's step table (:mod:`simkv.steps` columns) with ``time_s`` and ``copy_s`` appended."""
+    steps = result.steps
+    dtype = np.dtype(steps.dtype.descr + [("time_s", np.float64), ("copy_s", np.float64)])
+    out = np.zeros(len(steps), dtype=dtype)
+    for name in steps.dtype.names:
+        out[name] = steps[name]
+    out["time_s"], out["copy_s"] = times.step_s, times.copy_s
+    return out

@@ -153,3 +153,12 @@ def test_calibrate_writes_a_loadable_host_preset(tmp_path, monkeypatch):
     assert get_device("host") == device
     assert device.memory_bandwidth > 0 and device.peak() > 0 and device.copy_bandwidth > 0
     assert device.compute_precision in device.peak_flops and all(device.sources.values())
+
+
+def test_step_table_has_the_time_columns():
+    from simkv.latency import step_table
+
+    result = run(layers=2, heads=4, kv_heads=2, head_dim=8, precision="f16", policy="exact", ops="prefill:3,decode:2")
+    table = step_table(result, session_times(result, DEV, "f16", model=TOY))
+    assert table["time_s"] == pytest.approx([100.196, 104.292, 105.828])
+    assert table["tokens"].tolist() == [3, 4, 5] and table["copy_s"][0] == 0.0

@@ -88,11 +88,15 @@ def predict_and_compare(result, measured_s, phases, event_steps, realloc_steps, 
     return out
 
 
-def measure_and_compare(cfg, repeats: int = 2) -> dict:
+def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
     """Benchmark-style check of one configuration: ``repeats`` clean runs of the real CPU plugin
     (:func:`simkv.validate.runner._clean_run`: untracked subprocess, the plugin's default thread
     pinning), the per-step median over runs, against the cost model's prediction on ``cfg.device``.
-    The KV events are the simulator's (``simkv validate`` checks them against memray separately)."""
+    The KV events are the simulator's (``simkv validate`` checks them against memray separately).
+    ``segments``: also compare each run of decode steps on its own (``"segments"``: one entry per
+    decode run, with the history length it starts at)."""
+    from simkv.cost import get_device
+    from simkv.latency import session_times
     from simkv.ledger import PHASES
     from simkv.models import WEIGHT_BYTES
     from simkv.scenario import build_scenario, simulate
@@ -107,12 +111,28 @@ def measure_and_compare(cfg, repeats: int = 2) -> dict:
                               head_dim=cfg.head_dim, precision=effective, policy="openvino-cpu", ops=cfg.workload)
     result = simulate(scenario)
     pred = [e for e in predicted_events(result) if e["tensor"] != "past_view"]
+    events, realloc = {e["step"] for e in pred}, {e["step"] for e in pred if e["op"] == "free"}
     precision = cfg.inference_precision if cfg.inference_precision in WEIGHT_BYTES else _plugin_precision()
-    out = predict_and_compare(result, measured, [PHASES[p] for p in result.steps["phase"]], {e["step"] for e in pred},
-                              {e["step"] for e in pred if e["op"] == "free"}, device_name=cfg.device,
-                              hidden=cfg.hidden or cfg.heads * cfg.head_dim, vocab=cfg.vocab, weights_precision=precision)
-    out["kv_precision"] = effective
-    out["repeats"] = repeats
+    device = get_device(cfg.device)
+    model = toy_model_spec(result.scenario.model, cfg.hidden or cfg.heads * cfg.head_dim, cfg.vocab)
+    predicted = session_times(result, device, precision, model=model).step_s
+    phases = [PHASES[p] for p in result.steps["phase"]]
+    out = compare_latency(predicted, measured, phases, events, realloc, device.name)
+    out.update(weights_precision=precision, kv_precision=effective, repeats=repeats)
+    if segments:
+        out["segments"] = []
+        decode = np.array([p == "decode" for p in phases])
+        starts = np.flatnonzero(decode & ~np.r_[False, decode[:-1]])
+        for start in starts:
+            end = start
+            while end + 1 < len(phases) and decode[end + 1]:
+                end += 1
+            lo = start - 1  # include the prompt step, so the first decode step counts as "after a prompt"
+            shift = lambda steps: {s - lo for s in steps if lo <= s <= end}  # noqa: E731
+            seg = compare_latency(predicted[lo:end + 1], measured[lo:end + 1], phases[lo:end + 1], shift(events),
+                                  shift(realloc), device.name)
+            seg["history_tokens"] = int(result.steps["tokens"][start - 1])
+            out["segments"].append(seg)
     return out
 
 
