@@ -2,17 +2,19 @@
 
 Every number of the preset is measured here, the way the OpenVINO CPU plugin runs an LLM step:
 
-* **weight streaming** (``memory_bandwidth``, efficiency 1): one CPU-plugin inference of a single-row
-  MatMul against a constant matrix far larger than the caches (a decode step's GEMV), minus the
-  plugin's fixed overhead: bytes of the matrix / time;
+* **weight streaming** (``bandwidth_efficiency`` x ``memory_bandwidth``, the larger of the two streaming
+  rates): one CPU-plugin inference of a single-row MatMul against a constant matrix far larger than the
+  caches (a decode step's GEMV), minus the plugin's fixed overhead: bytes of the matrix / time;
 * **matmul throughput** (``peak_flops`` in the plugin's inference precision, efficiency 1): a
   compute-bound MatMul ``[512, K] x [K, N]`` on the CPU plugin;
 * **copy bandwidth** (``copy_bandwidth``): the plugin's own KV reallocation, timed on a one-layer decoder
   with a wide cache: the bytes simkv's ledger copies at that step over the step's excess time (a plain
   copy into freshly allocated pages is reported beside it);
-* **per-inference overhead** (``step_overhead_s``): a decode step of a tiny stateful decoder
-  (:func:`simkv.validate.ovmodel.build_stateful_decoder`, one layer, hidden 64), where weights, KV and
-  FLOPs are negligible.
+* **per-inference overhead** (``step_overhead_s``, ``layer_overhead_s``): decode steps of tiny stateful
+  decoders (:func:`simkv.validate.ovmodel.build_stateful_decoder`, hidden 64) of 1 and 9 layers, where
+  weights, KV and FLOPs are negligible;
+* **KV streaming** (``kv_bandwidth_efficiency``): the same probe's ordinary decode steps at ~2k against
+  ~1k tokens of history: the extra KV bytes (simkv's precision layout) over the extra time.
 
 Each figure is the median of repeated timings after a warm-up. Models are compiled with the same
 hints as ``simkv validate`` (``PERFORMANCE_HINT=LATENCY``). Needs ``openvino``.
@@ -70,10 +72,11 @@ def _infer_time(compiled, rows: int, k: int, repeats: int) -> float:
     return _median_time(lambda: request.infer({0: x}, share_outputs=True), repeats)
 
 
-def _overhead(threads: int | None, repeats: int) -> float:
+def _overhead(threads: int | None, repeats: int, layers: int = 1) -> float:
     from simkv.validate.ovmodel import ToyDecoderSpec, build_stateful_decoder
 
-    compiled = _compile(build_stateful_decoder(ToyDecoderSpec(layers=1, heads=1, kv_heads=1, head_dim=64, vocab=16)), threads)
+    spec = ToyDecoderSpec(layers=layers, heads=1, kv_heads=1, head_dim=64, vocab=16)
+    compiled = _compile(build_stateful_decoder(spec), threads)
     request = compiled.create_infer_request()
     ids = np.zeros((1, 1), dtype=np.int64)
     beam = np.zeros(1, dtype=np.int32)
@@ -89,52 +92,76 @@ def _overhead(threads: int | None, repeats: int) -> float:
     return _median_time(step, repeats, warmup=5)
 
 
-#: The plugin-reallocation probe: a 1-layer decoder with a wide KV (32 heads x 128), prompt P (capacity
-#: 2P), a chat turn to 2P - 24 tokens, then decode steps: the 25th grows the KV to 2 (2P + 1).
-REALLOC_SHAPE = {"layers": 1, "heads": 32, "kv_heads": 32, "head_dim": 128, "hidden": 256, "vocab": 64}
-REALLOC_PROMPT = 512
-REALLOC_DECODE = 40
+#: The KV probe: a 1-layer decoder with a wide cache (32 heads x 128) runs prompt P (capacity 2P), a chat
+#: turn to 2P - 24 tokens, 40 decode steps (the 25th grows the cache to 2 (2P + 1)), a turn to ~4P and
+#: 16 more decode steps. The reallocating step's excess gives the copy rate; the ordinary steps at ~4P
+#: against those at ~2P give the rate attention streams the KV at.
+KV_PROBE_SHAPE = {"layers": 1, "heads": 32, "kv_heads": 32, "head_dim": 128, "hidden": 256, "vocab": 64}
+KV_PROBE_PROMPT = 512
 NEIGHBOURS = 8
 
 
-def _realloc_probe(threads: int | None, repeats: int) -> tuple[float, float]:
-    """The CPU plugin's own reallocation: (bytes simkv's ledger copies at that step, median measured excess
-    of that step over its neighbours' median, seconds)."""
-    from simkv.ledger import COPY
+def _kv_probe_ops(p: int) -> str:
+    # capacity 2p; the turn fills to 2p - 24; 40 decode steps (the 25th grows it to 4p + 2) end at 2p + 16;
+    # the second turn fills to 4p - 22, and 16 decode steps stay inside the capacity
+    return f"prefill:{p},prefill:{p - 24},decode:40,prefill:{2 * p - 38},decode:16"
+
+
+def _kv_probe(threads: int | None, repeats: int) -> dict:
+    """The CPU plugin's own reallocation and KV streaming, on a 1-layer decoder with a wide cache."""
+    from simkv.ledger import COPY, PHASE_CODE
     from simkv.scenario import build_scenario, simulate
     from simkv.validate.ovmodel import ToyDecoderSpec, build_stateful_decoder, compile_checked
 
-    shape = REALLOC_SHAPE
-    compiled, inspection = compile_checked(build_stateful_decoder(ToyDecoderSpec(**shape)), None, None)
+    shape = KV_PROBE_SHAPE
+    model = build_stateful_decoder(ToyDecoderSpec(**shape))
+    compiled, inspection = compile_checked(model, None, None)
     if threads:  # recompile with the thread count (compile_checked takes no extra config)
-        compiled = _compile(build_stateful_decoder(ToyDecoderSpec(**shape)), threads)
-    p = REALLOC_PROMPT
-    ops = f"prefill:{p},prefill:{p - 24},decode:{REALLOC_DECODE}"
-    result = simulate(build_scenario(model=None, layers=shape["layers"], heads=shape["heads"],
-                                     kv_heads=shape["kv_heads"], head_dim=shape["head_dim"],
-                                     precision=inspection.kv_cache_precision or "u8", policy="openvino-cpu", ops=ops))
-    rows = result.ledger.rows
+        compiled = _compile(model, threads)
+    ops = _kv_probe_ops(KV_PROBE_PROMPT)
+    scenario = build_scenario(model=None, layers=shape["layers"], heads=shape["heads"], kv_heads=shape["kv_heads"],
+                              head_dim=shape["head_dim"], precision=inspection.kv_cache_precision or "u8",
+                              policy="openvino-cpu", ops=ops)
+    result = simulate(scenario)
+    rows, steps = result.ledger.rows, result.steps
     copies = rows[rows["op"] == COPY]
-    realloc_step = int(copies["step"].max())  # the decode step that grows the cache
-    copied = float(copies["bytes"][copies["step"] == realloc_step].sum())
-    excesses = []
+    realloc = int(copies["step"].max())  # the decode step that grows the cache
+    copied = float(copies["bytes"][copies["step"] == realloc].sum())
+    decode = steps["phase"] == PHASE_CODE["decode"]
+    first = decode & ~np.r_[False, decode[:-1]]
+    ordinary = decode & ~first & (np.arange(len(steps)) != realloc)
+    second = np.arange(len(steps)) > np.flatnonzero(~decode)[-1]  # the decode run after the second turn
+    low, high = np.flatnonzero(ordinary & ~second), np.flatnonzero(ordinary & second)
     rng = np.random.default_rng(0)
+    excess, slopes = [], []
     for _ in range(repeats):
         request = compiled.create_infer_request()
         times, length = [], 0
-        for tokens in [p, p - 24] + [1] * REALLOC_DECODE:
-            ids = rng.integers(0, shape["vocab"], (1, tokens), dtype=np.int64)
-            inputs = {"input_ids": ids, "attention_mask": np.ones((1, length + tokens), dtype=np.int64),
-                      "position_ids": np.arange(length, length + tokens, dtype=np.int64)[None, :],
-                      "beam_idx": np.zeros(1, dtype=np.int32)}
-            t0 = time.perf_counter()
-            request.infer(inputs, share_outputs=True)
-            times.append(time.perf_counter() - t0)
-            length += tokens
-        near = [times[i] for i in range(realloc_step - NEIGHBOURS, realloc_step + NEIGHBOURS + 1)
-                if i != realloc_step and 3 <= i < len(times)]  # ordinary decode steps (not the first after the turn)
-        excesses.append(times[realloc_step] - float(np.median(near)))
-    return copied, float(np.median(excesses))
+        for op in ops.split(","):
+            kind, n = op.split(":")
+            for tokens in ([int(n)] if kind == "prefill" else [1] * int(n)):
+                ids = rng.integers(0, shape["vocab"], (1, tokens), dtype=np.int64)
+                inputs = {"input_ids": ids, "attention_mask": np.ones((1, length + tokens), dtype=np.int64),
+                          "position_ids": np.arange(length, length + tokens, dtype=np.int64)[None, :],
+                          "beam_idx": np.zeros(1, dtype=np.int32)}
+                t0 = time.perf_counter()
+                request.infer(inputs, share_outputs=True)
+                times.append(time.perf_counter() - t0)
+                length += tokens
+        times = np.array(times)
+        near = [i for i in range(realloc - NEIGHBOURS, realloc + NEIGHBOURS + 1) if i in set(low)]
+        excess.append(times[realloc] - float(np.median(times[near])))
+        slopes.append(float(np.median(times[high]) - np.median(times[low])))
+    per_token = scenario.precision.kv_bytes_per_token(scenario.model)
+    extra_kv = float(np.mean(steps["tokens"][high]) - np.mean(steps["tokens"][low])) * per_token
+    return {"copied_bytes": copied, "excess_s": float(np.median(excess)), "kv_extra_bytes": extra_kv,
+            "kv_extra_s": float(np.median(slopes))}
+
+
+def _layer_overhead(threads: int | None, repeats: int, base: float) -> float:
+    """Per-layer share of the plugin's fixed cost: a 9-layer tiny decoder's step minus the 1-layer one's, / 8."""
+    nine = _overhead(threads, repeats, layers=9)
+    return max(0.0, (nine - base) / 8)
 
 
 def _copy_bandwidth(repeats: int) -> float:
@@ -160,13 +187,15 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
     import openvino as ov
 
     precision = inference_precision(threads)
-    with tqdm(total=5, desc="calibrate", unit="measurement", disable=None if progress else True, leave=False) as bar:
-        overhead = _overhead(threads, repeats=200)
+    with tqdm(total=6, desc="calibrate", unit="measurement", disable=None if progress else True, leave=False) as bar:
+        overhead = _overhead(threads, repeats=150)
+        bar.update()
+        per_layer = _layer_overhead(threads, 60, overhead)
         bar.update()
         k = 4096
         n = STREAM_BYTES // (4 * k)
         stream = _infer_time(_compile(_matmul_model(1, k, n), threads), 1, k, repeats=15)
-        bandwidth = (k * n * 4) / max(stream - overhead, stream * 0.05)
+        weights_rate = (k * n * 4) / max(stream - overhead, stream * 0.05)
         bar.update()
         rows, k2, n2 = MATMUL
         mm = _infer_time(_compile(_matmul_model(rows, k2, n2, seed=2), threads), rows, k2, repeats=7)
@@ -174,9 +203,11 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
         bar.update()
         memcpy = _copy_bandwidth(repeats=7)
         bar.update()
-        copied, excess = _realloc_probe(threads, repeats=3)
-        copy = copied / excess if excess > 0 else memcpy
+        probe = _kv_probe(threads, repeats=2)
         bar.update()
+    copy = probe["copied_bytes"] / probe["excess_s"] if probe["excess_s"] > 0 else memcpy
+    kv_rate = probe["kv_extra_bytes"] / probe["kv_extra_s"] if probe["kv_extra_s"] > 0 else None
+    bandwidth = max(weights_rate, kv_rate or 0.0)
     cpu = _cpu_name()
     how = "median of repeats after warm-up, this host"
     return Device(
@@ -186,22 +217,32 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
         memory_bytes=_memory_bytes(),
         memory_bandwidth=bandwidth,
         peak_flops={precision: flops},
-        bandwidth_efficiency=1.0,
+        bandwidth_efficiency=weights_rate / bandwidth,
+        kv_bandwidth_efficiency=None if kv_rate is None else kv_rate / bandwidth,
         flops_efficiency=1.0,
-        step_overhead_s=overhead,
+        step_overhead_s=max(0.0, overhead - per_layer),
+        layer_overhead_s=per_layer,
         copy_bandwidth=copy,
         compute_precision=precision,
         sources={
-            "memory_bandwidth": f"measured (achieved): CPU plugin MatMul [1,{k}]x[{k},{n}] f32 constant, "
-                                f"{k * n * 4 >> 20} MiB per inference minus the overhead; {how}",
+            "memory_bandwidth": "the larger of the two achieved streaming rates below (weights, KV)",
+            "bandwidth_efficiency": f"measured: CPU plugin MatMul [1,{k}]x[{k},{n}] f32 constant, "
+                                    f"{k * n * 4 >> 20} MiB per inference minus the overhead: "
+                                    f"{weights_rate / 1e9:.2f} GB/s; {how}",
+            "kv_bandwidth_efficiency": ("measured: decode steps of a 1-layer 32x128 decoder at ~2k vs ~1k tokens of "
+                                        f"history: {probe['kv_extra_bytes'] / 2**20:.1f} MiB more KV in "
+                                        f"{probe['kv_extra_s'] * 1e3:.3f} ms more, {kv_rate / 1e9:.2f} GB/s; " + how)
+                                       if kv_rate else "not resolved (no slower step at the longer history): as weights",
             "peak_flops": f"measured (achieved): CPU plugin MatMul {MATMUL[0]}x{MATMUL[1]}x{MATMUL[2]} in {precision}; {how}",
-            "bandwidth_efficiency": "1: memory_bandwidth is already the achieved weight-streaming rate",
             "flops_efficiency": "1: peak_flops is already the achieved matmul rate",
-            "step_overhead_s": "measured: decode step of a 1-layer, hidden-64 stateful decoder on the CPU plugin; " + how,
+            "step_overhead_s": "measured: decode step of a 1-layer, hidden-64 stateful decoder on the CPU plugin, "
+                               "minus one layer's share; " + how,
+            "layer_overhead_s": "measured: (9-layer - 1-layer tiny decoder step) / 8; " + how,
             "copy_bandwidth": f"measured: the CPU plugin's own KV reallocation in a 1-layer 32x128 decoder "
-                              f"(prompt {REALLOC_PROMPT}, chat turn, decode): {copied / 2**20:.1f} MiB copied (simkv's "
-                              f"ledger) / {excess * 1e3:.2f} ms excess of that step over its neighbours' median, median "
-                              f"of 3 runs (a plain numpy copy into fresh pages: {memcpy / 1e9:.2f} GB/s); {how}",
+                              f"({_kv_probe_ops(KV_PROBE_PROMPT)}): {probe['copied_bytes'] / 2**20:.1f} MiB copied "
+                              f"(simkv's ledger) / {probe['excess_s'] * 1e3:.2f} ms excess of that step over its "
+                              f"neighbours' median, median of 2 runs (a plain numpy copy into fresh pages: "
+                              f"{memcpy / 1e9:.2f} GB/s); {how}",
         },
     )
 

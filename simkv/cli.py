@@ -455,10 +455,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(f"host preset written to {path}")
-        print(f"  {'weight streaming':<24}{device.memory_bandwidth / 1e9:,.2f} GB/s")
+        print(f"  {'weight streaming':<24}{device.memory_bandwidth * device.bandwidth_efficiency / 1e9:,.2f} GB/s")
+        print(f"  {'KV streaming':<24}{device.memory_bandwidth * device.kv_efficiency / 1e9:,.2f} GB/s (attention over the cache)")
         print(f"  {'matmul':<24}{device.peak() / 1e9:,.1f} GFLOP/s {device.compute_precision}")
         print(f"  {'copy bandwidth':<24}{device.copy_bandwidth / 1e9:,.2f} GB/s of KV copied by a plugin reallocation")
-        print(f"  {'per-inference overhead':<24}{device.step_overhead_s * 1e3:,.3f} ms")
+        print(f"  {'per-inference overhead':<24}{device.step_overhead_s * 1e3:,.3f} ms + "
+              f"{device.layer_overhead_s * 1e3:,.3f} ms per layer")
     return 0
 
 

@@ -8,7 +8,7 @@ matmul and attention FLOPs. A roofline bounds it, plus two separate terms::
     t = max(weights_bytes / (bandwidth · η_bw) + KV bytes / (bandwidth · η_kv),
             FLOPs / (peak[precision] · η_flops))
         + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
-        + step_overhead_s                      # runtime/framework fixed cost per step
+        + step_overhead_s + layers · layer_overhead_s   # runtime/framework fixed cost per step
 
     KV bytes = kv_read_bytes + kv_write_bytes   (η_kv defaults to η_bw)
     FLOPs = 2 · layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
@@ -69,6 +69,9 @@ class Device:
     #: Achieved fraction of ``memory_bandwidth`` when attention streams the KV cache
     #: (long contiguous reads, closer to a copy than a small-batch weight GEMV); None = ``bandwidth_efficiency``.
     kv_bandwidth_efficiency: float | None = None
+    #: Fixed cost per transformer layer per step (a CPU runtime dispatching each layer's nodes), seconds:
+    #: the step's overhead is ``step_overhead_s + layers x layer_overhead_s``.
+    layer_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "memory_bandwidth", "copy_bandwidth"):
@@ -79,8 +82,8 @@ class Device:
                 continue
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"device {self.name}: {name} must be in (0, 1]")
-        if not self.step_overhead_s >= 0:
-            raise ConfigError(f"device {self.name}: step_overhead_s must be >= 0")
+        if not (self.step_overhead_s >= 0 and self.layer_overhead_s >= 0):
+            raise ConfigError(f"device {self.name}: step_overhead_s and layer_overhead_s must be >= 0")
         if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
             raise ConfigError(f"device {self.name}: peak_flops needs positive values")
         if self.compute_precision not in self.peak_flops:
@@ -175,7 +178,7 @@ def step_cost(
     memory_s = w / weights_bw + (kr + kw) / kv_bw
     compute_s = flops / peak
     copy_s = cb / device.copy_bandwidth
-    overhead = np.full(w.shape, device.step_overhead_s)
+    overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)
     seconds = np.maximum(memory_s, compute_s) + copy_s + overhead
     bound = np.where(compute_s > memory_s, "compute", "memory")
     if scalar:
@@ -436,6 +439,7 @@ def device_summary(device: Device) -> dict[str, Any]:
             "flops": device.flops_efficiency,
         },
         "overhead": device.step_overhead_s,
+        "layer_overhead": device.layer_overhead_s,
         "copy_bandwidth": device.copy_bandwidth,
         "sources": dict(device.sources),
     }

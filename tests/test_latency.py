@@ -146,7 +146,7 @@ def test_calibrate_writes_a_loadable_host_preset(tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "STREAM_BYTES", 8 << 20)
     monkeypatch.setattr(cal, "COPY_BYTES", 8 << 20)
     monkeypatch.setattr(cal, "MATMUL", (64, 256, 256))
-    monkeypatch.setattr(cal, "REALLOC_PROMPT", 64)
+    monkeypatch.setattr(cal, "KV_PROBE_PROMPT", 64)
     path = tmp_path / "host.json"
     device = cal.calibrate(path, progress=False)
     monkeypatch.setenv("SIMKV_HOST_PRESET", str(path))
