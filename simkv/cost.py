@@ -17,8 +17,9 @@ matmul and attention FLOPs. A roofline bounds it, plus two separate terms::
 ``layer_params`` are the parameters of the matrices of the transformer layers
 (``ModelSpec.weight_params`` without the embedding table and LM head); the LM
 head runs only for the tokens whose logits are needed (every token by default,
-the last token of each sequence in :func:`forward_cost`); ``attended_pairs`` is Σ over the step's tokens of the positions each
-attends to (QKᵀ and PV each cost 2 · head_dim FLOPs per query head per pair).
+the last token of each sequence in :func:`forward_cost`); ``attended_pairs`` is
+Σ over the step's tokens of the positions each attends to (QKᵀ and PV each cost
+2 · head_dim FLOPs per query head per pair).
 
 Every argument of :func:`step_cost` may be a numpy array: the serving engine
 evaluates ~10⁵ steps at once. The model leaves out activations' bytes, kernel
