@@ -86,6 +86,7 @@ def main(argv=None) -> int:
             print(f"{name} L={r['context']}: measured {r['decode_measured_median_ms']:.2f} ms, predicted "
                   f"{r['decode_predicted_median_ms']:.2f} ms, error median {r['decode_error_median_pct']:.1f} %",
                   file=sys.stderr, flush=True)
+        (out_dir / "latency_table.partial.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     wall = time.perf_counter() - t0
     load_after = os.getloadavg()
     summary = {"host": host.to_dict(), "rows": rows, "wall_s": wall, "loadavg_before": load, "loadavg_after": load_after,
