@@ -99,6 +99,9 @@ class Policy:
     #: prev/new pair per primitive, updated only while beams > 1 or on an empty cache
     #: (see :mod:`policies.mechanics`). False: ``beam_tables`` slots inside each unit.
     kernel_beam_tables: ClassVar[bool] = False
+    #: Nothing is kept between steps: each step recomputes the whole history into buffers
+    #: of exactly its size (no copy) and frees them all at the end of the step (policies/stateless.py).
+    stateless: ClassVar[bool] = False
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")

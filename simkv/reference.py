@@ -103,6 +103,10 @@ class ReferenceEngine:
                                            immediate=policy.free_old == "immediate", exact=padded[unit])
                 self._run_kernels(where, kernels, lay.units, needed, inf.batch, stored)
                 batch = inf.batch
+                if policy.stateless:  # the history is recomputed into the fresh buffers, not copied
+                    for buf in self.current:
+                        buf.used = stored
+                        mem.write(buf, stored)
                 for _token in range(inf.tokens):
                     for buf in self.current:
                         buf.used += 1
@@ -117,6 +121,11 @@ class ReferenceEngine:
                         mem.free(*where, buf)
                 else:
                     pending = later
+                if policy.stateless:  # nothing is kept to the next step
+                    for slot, buf in enumerate(self.current):
+                        if buf is not None:
+                            mem.free(*where, buf)
+                            self.current[slot] = None
             except OutOfMemory as oom:
                 self.oom = oom
                 self.ledger.append(mem.take_rows())
