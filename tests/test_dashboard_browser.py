@@ -31,6 +31,7 @@ SHOTS = ROOT / "artifacts" / "screenshots"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 TIMEOUT = 20_000  # ms, for anything that waits on a callback
+expect.set_options(timeout=TIMEOUT)  # assertions wait as long as actions: a loaded 2-core machine takes seconds
 
 
 @pytest.fixture(scope="module")
