@@ -43,7 +43,8 @@ class ServingSpec:
     device_memory: int | None = None  # default: the device preset's memory
     weights_bytes: int = 0
     block_bytes: int | None = None  # override of the bytes per block (all layers, K+V)
-    policy: str = "openvino-cpu"  # contiguous memory: the per-request buffer policy
+    policy: object = "openvino-cpu"  # contiguous memory: the per-request buffer policy (name or Policy)
+    policy_options: dict | None = None
     static_batch: int = 8
     max_context: int | None = None
     trace_requests: bool = False
@@ -159,7 +160,7 @@ class ServingResult:
             "memory": sp.memory, "device": self.device_name, "device_memory_bytes": sp.device_memory,
             "weights_memory_bytes": sp.weights_bytes, "kv_bytes_per_token": sp.precision.kv_bytes_per_token(sp.model),
             "paged": dict(vars(sp.paged)) if sp.memory == "paged" else None,
-            "policy": sp.policy if sp.memory == "contiguous" else None,
+            "policy": (sp.policy if isinstance(sp.policy, str) else sp.policy.name) if sp.memory == "contiguous" else None,
         }
         out["oom"] = None
         return out
@@ -224,8 +225,20 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
                                progress=bar.update_to if bar else None)
             groups, steps, prog, _ = eng.run()
             ledger = eng.ledger
+        elif spec.memory == "contiguous":
+            from policies import get_policy
+            from simkv.serving.contiguous import ContiguousServing
+
+            policy = spec.policy if not isinstance(spec.policy, str) else get_policy(spec.policy, spec.policy_options)
+            eng = ContiguousServing(spec.requests, spec.model, spec.precision, policy, cfg, scheduler=spec.scheduler,
+                                    static_batch=spec.static_batch, device=device, weights_bytes=spec.weights_bytes,
+                                    device_memory=spec.device_memory, trace_requests=spec.trace_requests,
+                                    progress=bar.update_to if bar else None)
+            groups, steps, prog = eng.run()
+            ledger = eng.ledger
         else:
-            raise ConfigError(f"--scheduler {spec.scheduler} with --memory {spec.memory} is not available")
+            raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
+                              f"(got {spec.scheduler})")
     finally:
         if bar:
             bar.close()
