@@ -115,37 +115,60 @@ class PagedServing:
         self.progress = progress
         self.ledger = Ledger()
         self.pool_total = 0  # blocks the pool tensors hold (ledger)
-        self.pool_ids = (-1, -1)
+        self.pool_ids: dict = {}
         self.next_buffer = 0
 
     # -- pool tensors in the ledger ---------------------------------------------------------------
 
     def _pool_rows(self, step: int, new_total: int) -> tuple[int, int]:
-        """Allocate the pool's 2·L tensors at ``new_total`` blocks; copy and free the old ones, layer by
-        layer (K then V). Returns (bytes copied, peak bytes inside the step)."""
+        """(Re)allocate the pool's 2·L tensors at ``new_total`` blocks. Returns (bytes copied, in-step peak).
+
+        Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
+        notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
+        (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
+        sizes, allocated and freed in the same step — at the first allocation too — so the
+        in-step peak is twice the new pool.
+        """
         L = self.model.layers
         per_k = self.block_bytes // (2 * L)
         per_v = self.block_bytes // L - per_k
+        last_v = per_v + self.block_bytes - L * (per_k + per_v)  # any remainder on the last V
         old = self.pool_total
-        rows = np.zeros(L * 2 * (3 if old else 1), dtype=ROW)
-        rows["step"], rows["phase"], rows["request"] = step, PHASE_CODE["decode"], -1
-        i = 0
+        out = []
+
+        def row(layer, tensor, op, nbytes, blocks, buffer):
+            out.append((step, PHASE_CODE["decode"], -1, layer, TENSOR_CODE[tensor], op, nbytes, blocks * self.bs,
+                        0, buffer))
+
+        new_ids = {}
         for layer in range(L):
-            for t, per in (("k", per_k), ("v", per_v + (self.block_bytes - L * (per_k + per_v)) * (layer == L - 1))):
-                ops = [(ALLOC, new_total), (COPY, old), (FREE, old)] if old else [(ALLOC, new_total)]
-                for op, blocks in ops:
-                    r = rows[i]
-                    r["layer"], r["tensor"], r["op"] = layer, TENSOR_CODE[t], op
-                    r["bytes"] = blocks * per
-                    r["capacity_tokens"] = (new_total if op != FREE else old) * self.bs
-                    r["buffer"] = self.next_buffer if op != FREE else self.next_buffer - 2 * L
-                    i += 1
+            sizes = (("k", per_k), ("v", last_v if layer == L - 1 else per_v))
+            for t, per in sizes:
+                new_ids[layer, t] = self.next_buffer
+                row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
                 self.next_buffer += 1
-        self.ledger.append(rows)
+            if old:
+                for t, per in sizes:
+                    row(layer, t, COPY, old * per, old, new_ids[layer, t])
+                for t, per in sizes:
+                    row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
+        transient = []
+        if self.cfg.transient_buffers:
+            for layer in range(L):
+                for t, per in (("k", per_k), ("v", last_v if layer == L - 1 else per_v)):
+                    transient.append((layer, t, per, self.next_buffer))
+                    row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
+                    self.next_buffer += 1
+            for layer, t, per, buf in transient:
+                row(layer, t, FREE, new_total * per, new_total, buf)
+        self.ledger.append(np.array(out, dtype=ROW))
+        self.pool_ids = new_ids
         self.pool_total = new_total
-        copied = old * self.block_bytes
-        peak = new_total * self.block_bytes + (old * max(per_k, per_v) if old else 0)
-        return copied, peak
+        new_bytes = new_total * self.block_bytes
+        peak = new_bytes + old * (per_k + max(per_v, last_v))
+        if transient:
+            peak = max(peak, 2 * new_bytes)
+        return old * self.block_bytes, peak
 
     # -- the loop ----------------------------------------------------------------------------------
 
