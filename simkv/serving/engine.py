@@ -82,7 +82,7 @@ class PagedServing:
 
     def __init__(self, requests: list[Request], model, precision, config: PagedConfig, *, device, weights_bytes: int,
                  device_memory: int, block_bytes: int | None = None, max_steps: int = 10_000_000,
-                 trace_requests: bool = False, progress=None) -> None:
+                 trace_requests: bool = False, progress=None, observe=None) -> None:
         self.requests = requests
         self.model, self.cfg = model, config
         self.bs = config.block_size
@@ -113,6 +113,9 @@ class PagedServing:
         self.max_steps = max_steps
         self.trace_requests = trace_requests
         self.progress = progress
+        #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
+        #: requests are freed (tests; the planned runs skip it: use ``run(fast=False)``).
+        self.observe = observe
         self.ledger = Ledger()
         self.pool_total = 0  # blocks the pool tensors hold (ledger)
         self.pool_ids: dict = {}
@@ -288,12 +291,14 @@ class PagedServing:
         if self.trace_requests:
             for g in live:
                 self.progress_rows.append((step, g.req.id, g.generated, g.processed, g.status))
+        if self.observe is not None:
+            self.observe(step, self, live)
         for g in finished:
             self.sched.free_group(g)
         self.rows.append((step, t, n_live, len(scheduled), blocks_used, self.pool.total,
                           self.pool.total * self.block_bytes, used_tokens * self.block_bytes // self.bs,
                           dt, total, peak, (self.pool.total - blocks_used) * self.block_bytes,
-                          internal * self.block_bytes // self.bs, copied, preempted))
+                          blocks_used * self.block_bytes - used_tokens * self.block_bytes // self.bs, copied, preempted))
         self.t = t
         self.step = step + 1
 
@@ -312,8 +317,10 @@ class PagedServing:
         state does not allow a run of at least two steps.
         """
         cfg = self.cfg
-        if cfg.enable_prefix_caching or self.trace_requests:
+        if cfg.enable_prefix_caching or self.trace_requests or self.observe is not None:
             return False
+        if not self.sched.initialized or self.pool.total != self.pool_total:
+            return False  # the pool's tensors are (re)allocated in this step
         dec: list[Group] = []
         prm = None
         n_prompt = 0
@@ -459,7 +466,7 @@ class PagedServing:
         block["step_s"] = sec
         block["scheduled_tokens"] = new
         block["reserved_bytes"] = (pool.total - used) * self.block_bytes
-        block["internal_bytes"] = internal * self.block_bytes // bs
+        block["internal_bytes"] = used * self.block_bytes - block["used_bytes"]
         self.rows.append(block)
         self.timer.steps(new, pairs, kvr * self.kv_token, new * self.kv_token, np.zeros(K), logits)
         self.est.append(sec)

@@ -175,8 +175,9 @@ class ContinuousScheduler:
                     pool.rehash(last, self._hash(g, s, content))
 
     def free_group(self, g: Group) -> None:
+        """``BlockManager::free_sequence``: each sequence's blocks, first to last."""
         for table in g.tables:
-            for b in reversed(table):
+            for b in table:
                 self.pool.release(b)
             table.clear()
         if len(g.tables) > 1 and not g.can_generate():
