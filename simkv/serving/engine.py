@@ -77,17 +77,38 @@ def prompt_token_ids(requests: list[Request]) -> list[list]:
     return out
 
 
+def genai_block_bytes(model, precision, block_size: int) -> tuple[int, int]:
+    """Bytes of one block in one layer's key and value cache tensors.
+
+    u8 on the CPU plugin (shapes of the compiled paged model's ``key_cache.N`` / ``value_cache.N``
+    inputs, read by ``simkv validate --paged``): keys are quantised by channel —
+    ``[blocks, H_kv, block + 8, S]`` (an f32 scale and zero point per channel and block) — values
+    by token — ``[blocks, H_kv, block, S + 8]``. Other precisions: ``block`` tokens of K or V data
+    (and metadata per token, if the precision has any).
+    """
+    if precision.name == "u8":
+        h, s = model.kv_heads, model.head_dim
+        return h * (block_size + 8) * s, h * block_size * (s + 8)
+    per_token = precision.data_bytes_per_token(model) + precision.meta_bytes_per_token(model)
+    return block_size * per_token, block_size * per_token
+
+
 class PagedServing:
     """Continuous batching over a paged pool, step by step (GenAI's rules; see :mod:`.scheduler`)."""
 
     def __init__(self, requests: list[Request], model, precision, config: PagedConfig, *, device, weights_bytes: int,
-                 device_memory: int, block_bytes: int | None = None, max_steps: int = 10_000_000,
+                 device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
+                 max_steps: int = 10_000_000,
                  trace_requests: bool = False, progress=None, observe=None) -> None:
         self.requests = requests
         self.model, self.cfg = model, config
         self.bs = config.block_size
         self.kv_token = precision.kv_bytes_per_token(model)
-        self.block_bytes = int(block_bytes) if block_bytes else self.kv_token * self.bs
+        if tensor_block_bytes is None and block_bytes:
+            per = int(block_bytes) // (2 * model.layers)
+            tensor_block_bytes = (per, int(block_bytes) // model.layers - per)
+        self.k_block, self.v_block = tensor_block_bytes or genai_block_bytes(model, precision, self.bs)
+        self.block_bytes = int(block_bytes) if block_bytes else model.layers * (self.k_block + self.v_block)
         if self.bs <= 0 or self.block_bytes <= 0:
             raise ConfigError("block size and block bytes must be positive")
         budget = device_memory - weights_bytes
@@ -133,8 +154,7 @@ class PagedServing:
         in-step peak is twice the new pool.
         """
         L = self.model.layers
-        per_k = self.block_bytes // (2 * L)
-        per_v = self.block_bytes // L - per_k
+        per_k, per_v = self.k_block, self.v_block
         last_v = per_v + self.block_bytes - L * (per_k + per_v)  # any remainder on the last V
         old = self.pool_total
         out = []

@@ -43,6 +43,7 @@ class ServingSpec:
     device_memory: int | None = None  # default: the device preset's memory
     weights_bytes: int = 0
     block_bytes: int | None = None  # override of the bytes per block (all layers, K+V)
+    tensor_block_bytes: tuple[int, int] | None = None  # override: (K, V) bytes per block per layer
     policy: object = "openvino-cpu"  # contiguous memory: the per-request buffer policy (name or Policy)
     policy_options: dict | None = None
     static_batch: int = 8
@@ -221,7 +222,8 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
 
             eng = PagedServing(spec.requests, spec.model, spec.precision, cfg, device=device,
                                weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
-                               block_bytes=spec.block_bytes, trace_requests=spec.trace_requests,
+                               block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
+                               trace_requests=spec.trace_requests,
                                progress=bar.update_to if bar else None)
             groups, steps, prog, _ = eng.run()
             ledger = eng.ledger
@@ -275,6 +277,7 @@ def _progress_bar(total: int):
 def simulate_paged(requests: list[Request], *, model, precision, block_size: int = 32, num_kv_blocks: int = 0,
                    cache_size: float = 0.0, max_num_batched_tokens: int = 256, max_num_seqs: int = 256,
                    dynamic_split_fuse: bool = True, enable_prefix_caching: bool = False, block_bytes: int | None = None,
+                   tensor_block_bytes: tuple[int, int] | None = None,
                    device: str = DEFAULT_DEVICE, device_memory: int | None = None, weights_bytes: int = 0,
                    max_context: int | None = 0) -> ServingResult:
     """GenAI continuous batching on a paged pool, with per-step per-request progress
@@ -284,5 +287,6 @@ def simulate_paged(requests: list[Request], *, model, precision, block_size: int
                       dynamic_split_fuse=dynamic_split_fuse, enable_prefix_caching=enable_prefix_caching)
     spec = ServingSpec(list(requests), model, precision, "continuous", "paged", cfg, device=device,
                        device_memory=device_memory, weights_bytes=weights_bytes, block_bytes=block_bytes,
+                       tensor_block_bytes=tensor_block_bytes,
                        max_context=max_context, trace_requests=True)
     return serve(spec)
