@@ -177,8 +177,7 @@ class ContinuousScheduler:
     def free_group(self, g: Group) -> None:
         """``BlockManager::free_sequence``: each sequence's blocks, first to last."""
         for table in g.tables:
-            for b in table:
-                self.pool.release(b)
+            self.pool.release_many(table)
             table.clear()
         if len(g.tables) > 1 and not g.can_generate():
             g.tables = [[]]
