@@ -51,8 +51,8 @@ class StepTimer:
         self.mc, self.cc, self.pc = m[1:], cm[1:], cp[1:]
         #: A lower bound of any step's time (every coefficient is non-negative).
         self.min_seconds = max(self.m0, self.c0) + self.p0 + self._ovh
-        if min(self.mc + self.cc + self.pc) < 0 or self.min_seconds <= 0:
-            raise SimkvError("the cost model has a negative term or a step that takes no time")
+        if min(self.mc + self.cc + self.pc) < 0 or self.min_seconds < 0:
+            raise SimkvError("the cost model has a negative term")
         self.chunks: list[np.ndarray] = []
         self.pending: list[tuple] = []
 

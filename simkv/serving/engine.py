@@ -366,7 +366,7 @@ class PagedServing:
             return False  # the reference step raises the dynamic pool first
         budget, bs = cfg.max_num_batched_tokens, self.bs
         K = KMAX if next_step is None else min(KMAX, next_step - self.step)
-        if next_s is not None:  # no step is shorter than the weights' streaming (and overhead)
+        if next_s is not None and self.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
             K = min(K, int((next_s - self.t) / self.timer.min_seconds) + 2)
         if K < 2:
             return False
