@@ -121,5 +121,7 @@ def render(result) -> str:
         lines.append(f"  {'waste among used blocks':<24}{m['waste_internal_pct_of_in_use']:.2f} % "
                      f"(last-block slack of {format_bytes(m['mean_in_use_bytes'])} in blocks in use)")
         lines.append(f"  {'prefix cache hit rate':<24}{100 * m['prefix_hit_rate']:.1f} % of prompt tokens")
+    if result.stopped:
+        lines.append(f"  {'NOT FINISHED':<24}{result.stopped}")
     lines.append(f"  {'reallocations':<24}{m['realloc_count']:,}; {format_bytes(m['bytes_copied'])} copied")
     return "\n".join(lines)

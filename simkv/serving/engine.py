@@ -19,12 +19,15 @@ from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
 from simkv.serving.costing import StepTimer, attended_pairs
 from simkv.serving.paged import BlockPool
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, ContinuousScheduler, Group, PagedConfig,
+from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group, PagedConfig,
                                      fork_samples, prepare_tokens)
 
 GIB = 1024**3
 #: Longest run of steps planned at once (bounds the arrays of a plan).
 KMAX = 512
+#: A run stops when no token has been generated for this many steps (or 4x the longest request):
+#: requests that keep preempting each other (a sample group larger than the pool) never finish.
+STALL_STEPS = 10_000
 
 #: The step table (``--steps``): the issue's contract columns, then extras.
 STEP_COLUMNS = ("step", "time_s", "requests", "scheduled_requests", "blocks_used", "blocks_total",
@@ -151,7 +154,7 @@ class PagedServing:
         notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
         (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
         sizes, allocated and freed in the same step — at the first allocation too — so the
-        in-step peak is twice the new pool.
+        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first.
         """
         L = self.model.layers
         per_k, per_v = self.k_block, self.v_block
@@ -177,8 +180,8 @@ class PagedServing:
                     row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
         transient = []
         if self.cfg.transient_buffers:
-            for layer in range(L):
-                for t, per in (("k", per_k), ("v", last_v if layer == L - 1 else per_v)):
+            for layer in range(L):  # V-sized first (memray: +V0 +K0 +V1 +K1 ... -V0 -K0 ...)
+                for t, per in (("v", last_v if layer == L - 1 else per_v), ("k", per_k)):
                     transient.append((layer, t, per, self.next_buffer))
                     row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
                     self.next_buffer += 1
@@ -211,9 +214,23 @@ class PagedServing:
         self.progress_rows: list[tuple] = []
         self.est: list = []
         bar = self.progress
+        self.stopped = None
+        self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
+        longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
+        stall_limit = max(STALL_STEPS, 4 * longest)
+        progress_mark, progress_step = -1, 0
         while pending < len(reqs) or live:
-            if self.step >= self.max_steps:
-                raise ConfigError(f"stopped after {self.max_steps:,} steps (raise max_steps)")
+            tokens_out = self.sampled + pending
+            if tokens_out != progress_mark:
+                progress_mark, progress_step = tokens_out, self.step
+            if self.step >= self.max_steps or (live and self.step - progress_step > stall_limit):
+                self.stopped = (f"stopped after {self.step:,} steps: {len(live)} requests never finish "
+                                + ("(the step limit)" if self.step >= self.max_steps else
+                                   f"(no token generated for {self.step - progress_step:,} steps: they keep "
+                                   "preempting each other, as the real pipeline does)"))
+                for g in live:
+                    g.status = UNFINISHED
+                break
             if by_step:
                 while pending < len(reqs) and reqs[pending].arrival_step <= self.step:
                     live.append(self._add(reqs[pending], pending))
@@ -270,6 +287,7 @@ class PagedServing:
         internal = self._internal_slack(live)
         n_live = len(live)
         if total == 0:
+            self.sampled += 1  # an outcome: progress
             for g in live:  # nothing fits: GenAI marks every request out of memory
                 if g.status == RUNNING:
                     self.sched.free_group(g)
@@ -303,6 +321,7 @@ class PagedServing:
                 if g.generated == 0:
                     g.first_token_s, g.first_token_step = t, step
                     fork_samples(self.pool, g)
+                self.sampled += 1
                 if g.seq_tokens is not None:
                     for s, toks in enumerate(g.seq_tokens):
                         toks.append((3, g.req.id, s, g.generated))
@@ -482,6 +501,7 @@ class PagedServing:
         firsts = np.argmax(first_tok, axis=1).tolist()
         has_first = first_tok.any(axis=1).tolist()
         gen_add = sampled.sum(axis=1).tolist()
+        self.sampled += sum(gen_add)
         for j, g in enumerate(live):
             g.processed = ctx_end[j]
             g.maxc = max(g.maxc, g.processed)

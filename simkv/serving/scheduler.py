@@ -42,6 +42,8 @@ GROWTH_TOKENS = 256  # Scheduler::m_cache_growth_num_tokens
 INITIAL_MULTIPLIER = 2  # Scheduler::m_kv_blocks_initial_multiplier
 
 RUNNING, FINISHED, IGNORED, REJECTED = "RUNNING", "FINISHED", "IGNORED", "REJECTED"
+#: Still running when the simulation stopped (a step limit, or requests that never finish).
+UNFINISHED = "UNFINISHED"
 
 
 @dataclass
