@@ -451,7 +451,6 @@ class PagedServing:
             st_ = prev + fit + 1 - win
             pairs_m = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
             seen = np.where(tok > 0, np.minimum(ctx, win), 0)
-        first_tok = (prev < P[:, None]) & (ctx >= P[:, None])
         logits_m = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
         new = tok.sum(axis=0)[:K]
         pairs = pairs_m.sum(axis=0)[:K]
@@ -466,20 +465,23 @@ class PagedServing:
                 K = int(late[0]) + 1
         if K < 2:
             return False
-        self._commit_run(live, K, tok[:, :K], ctx[:, :K], held[:, :K], alive[:, :K], nb, fin, first_tok[:, :K],
+        self._commit_run(live, K, tok[:, :K], ctx[:, :K], held[:, :K], alive[:, :K], nb, fin, start,
                          logits_m[:, :K], used[:K], sec[:K], times[:K], new[:K], pairs[:K], kvr[:K], logits[:K], dec)
         return True
 
-    def _commit_run(self, live, K, tok, ctx, held, alive, nb, fin, first_tok, sampled, used, sec, times, new, pairs,
+    def _commit_run(self, live, K, tok, ctx, held, alive, nb, fin, start, sampled, used, sec, times, new, pairs,
                     kvr, logits, dec) -> None:
         pool, bs, step0 = self.pool, self.bs, self.step
         n = len(live)
         # block events in the reference order: per step, decoders (request order), then prompt chunks,
         # then the frees of the requests that finished in that step
-        inc = np.diff(np.concatenate([nb[:, None], held], axis=1), axis=1)
+        inc = held.copy()
+        inc[:, 1:] -= held[:, :-1]
+        inc[:, 0] -= nb
         inc[~alive] = 0
+        ks = np.arange(K)
         # phase of each request at each step: 0 decoding (generate phase), 1 prompt chunk
-        phase = np.where(dec[:, None] | (np.cumsum(first_tok, axis=1) - first_tok > 0), 0, 1)
+        phase = (ks[None, :] < start[:, None]).astype(np.int64)
         kk, jj = np.nonzero(inc.T)
         ends = np.flatnonzero(fin < K)
         fin_e = fin[ends]
@@ -498,8 +500,8 @@ class PagedServing:
                 g.tables[0].extend(alloc_many(c))
         # requests after the run
         ctx_end = ctx[:, -1].tolist()
-        firsts = np.argmax(first_tok, axis=1).tolist()
-        has_first = first_tok.any(axis=1).tolist()
+        firsts = (start - 1).tolist()  # a prompt's first token comes with its last chunk
+        has_first = ((~dec) & (start <= K)).tolist()
         gen_add = sampled.sum(axis=1).tolist()
         self.sampled += sum(gen_add)
         for j, g in enumerate(live):
@@ -513,11 +515,11 @@ class PagedServing:
                 g.finish_s, g.finish_step = float(times[fin[j]]), step0 + int(fin[j])
         # the step table
         ctx_total = np.where(alive, ctx, 0).sum(axis=0)
-        gone_before = np.concatenate(([0], np.cumsum(np.bincount(np.minimum(fin, K), minlength=K + 1)[:K])))[:K]
+        gone_before = (fin[:, None] < ks[None, :]).sum(axis=0)
         used_b = ctx_total * self.block_bytes // bs
         alloc_b = pool.total * self.block_bytes
         self.rows.append({
-            "step": step0 + np.arange(K), "time_s": times, "requests": n - gone_before,
+            "step": step0 + ks, "time_s": times, "requests": n - gone_before,
             "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
             "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
             "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * self.block_bytes,

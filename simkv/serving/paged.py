@@ -92,12 +92,10 @@ class BlockPool:
         """``n`` blocks without prefix hashes, as ``n`` calls of :meth:`allocate` would give them."""
         if self.prefix_caching or n > len(self.free):
             return [self.allocate(None) for _ in range(n)]
-        free, ref, stamp = self.free, self.ref, self.stamp
+        free, ref = self.free, self.ref
         out = [free.popleft() for _ in range(n)]
         for b in out:
-            ref[b] = 1
-            self.clock += 1
-            stamp[b] = self.clock
+            ref[b] = 1  # (timestamps only order the prefix cache's evictions)
         return out
 
     def release_many(self, blocks: list[int]) -> None:

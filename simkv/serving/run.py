@@ -134,7 +134,10 @@ class ServingResult:
             "waste_bytes": tmean("allocated_bytes") - tmean("used_bytes"),
             "waste_reserved_bytes": tmean("reserved_bytes"),
             "waste_transient_bytes": tmean("peak_bytes") - tmean("allocated_bytes"),
-            "realloc_count": _replaced_buffers(rows, self.spec.model.layers),
+            # K/V tensors replaced: paged, each pool tensor moved to a bigger one (its copy row; the CPU
+            # plugin's scratch buffers are not replacements); contiguous, every allocation after a tensor's first
+            "realloc_count": (int(((rows["op"] == COPY) & (rows["tensor"] <= 1)).sum()) if self.spec.memory == "paged"
+                              else _replaced_buffers(rows, self.spec.model.layers)) if len(rows) else 0,
             "bytes_copied": int(s["copy_bytes"].sum()),
             "pool_bytes_copied": copy_rows,
             "steps": len(s),
