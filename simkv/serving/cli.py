@@ -118,8 +118,8 @@ def render(result) -> str:
         f"internal, {format_bytes(m['waste_transient_bytes'])} transient",
     ]
     if sp.memory == "paged":
-        lines.append(f"  {'waste among used blocks':<24}{m['waste_internal_pct_of_in_use']:.2f} % "
-                     f"(last-block slack of {format_bytes(m['mean_in_use_bytes'])} in blocks in use)")
+        lines.append(f"  {'internal waste':<24}{m['waste_internal_pct_of_in_use']:.2f} % of the "
+                     f"{format_bytes(m['mean_in_use_bytes'])} in blocks in use (last-block slack)")
         lines.append(f"  {'prefix cache hit rate':<24}{100 * m['prefix_hit_rate']:.1f} % of prompt tokens")
     if result.stopped:
         lines.append(f"  {'NOT FINISHED':<24}{result.stopped}")
