@@ -134,6 +134,8 @@ class PagedServing:
         self.sched = ContinuousScheduler(config, self.pool, dynamic=fixed == 0, max_blocks=self.max_blocks)
         self.timer = StepTimer(model, device, weights_bytes)
         self.window = model.sliding_window
+        #: Sliding-window models keep only the blocks of their window (PagedConfig.window_blocks).
+        self.window_blocks = self.window is not None and config.window_blocks
         self.max_steps = max_steps
         self.trace_requests = trace_requests
         self.progress = progress
@@ -333,6 +335,10 @@ class PagedServing:
         if self.trace_requests:
             for g in live:
                 self.progress_rows.append((step, g.req.id, g.generated, g.processed, g.status))
+        if self.window_blocks:
+            for g in scheduled:
+                if g.status == RUNNING:
+                    self.sched.drop_outside_window(g, self.window)
         if self.observe is not None:
             self.observe(step, self, live)
         for g in finished:
@@ -363,6 +369,8 @@ class PagedServing:
             return False
         if not sched.initialized or pool.total != self.pool_total:
             return False  # the pool's tensors are (re)allocated in this step
+        if self.window_blocks and any(g.P + g.G > self.window for g in live):
+            return False  # blocks leave the window: step by step
         n = len(live)
         proc = np.empty(n, dtype=np.int64)
         P = np.empty(n, dtype=np.int64)

@@ -102,10 +102,13 @@ class BlockPool:
         """:meth:`release` of each block in order."""
         if self.prefix_caching:
             for b in blocks:
-                self.release(b)
+                if b is not None:
+                    self.release(b)
             return
         ref, free = self.ref, self.free
         for b in blocks:
+            if b is None:
+                continue
             r = ref[b]
             if r <= 0:
                 raise SimkvError(f"internal error: block {b} freed twice")

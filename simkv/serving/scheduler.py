@@ -63,6 +63,8 @@ class PagedConfig:
     #: The CPU plugin allocates and frees 2·L scratch buffers of the new pool tensors' sizes at every
     #: pool (re)allocation (measured by ``simkv validate --paged``): the in-step peak is twice the pool.
     transient_buffers: bool = True
+    #: Sliding-window models (``ModelSpec.sliding_window``) release blocks that left the window.
+    window_blocks: bool = True
 
 
 class Group:
@@ -70,7 +72,7 @@ class Group:
 
     __slots__ = ("req", "index", "P", "G", "n", "processed", "maxc", "generated", "scheduled", "waiting",
                  "tables", "status", "tokens", "full_hashes", "preemptions", "prefix_hit", "first_token_s",
-                 "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens")
+                 "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens", "dropped")
 
     def __init__(self, req, index: int, prompt_tokens: int) -> None:
         self.req = req
@@ -94,6 +96,7 @@ class Group:
         self.added_s = 0.0
         self.added_step = 0
         self.first_token_step = self.finish_step = None
+        self.dropped = 0  # leading blocks released because they left a sliding window (None in the tables)
 
     # sequence_group.hpp
     def can_generate(self) -> bool:
@@ -179,8 +182,9 @@ class ContinuousScheduler:
     def free_group(self, g: Group) -> None:
         """``BlockManager::free_sequence``: each sequence's blocks, first to last."""
         for table in g.tables:
-            self.pool.release_many(table)
+            self.pool.release_many(table if not g.dropped else table[g.dropped:])
             table.clear()
+        g.dropped = 0
         if len(g.tables) > 1 and not g.can_generate():
             g.tables = [[]]
 
@@ -226,6 +230,19 @@ class ContinuousScheduler:
             self.pool.grow(min(blocks, self.max_blocks))
             if blocks > self.max_blocks:
                 self.pool_limited = True
+
+    def drop_outside_window(self, g: Group, window: int) -> None:
+        """Release the leading blocks that hold no position of the last ``window`` ones (sliding-window
+        attention never reads them again)."""
+        drop = max(0, g.processed - window) // self.bs
+        if drop <= g.dropped:
+            return
+        for table in g.tables:
+            for i in range(g.dropped, min(drop, len(table))):
+                if table[i] is not None:
+                    self.pool.release(table[i])
+                    table[i] = None
+        g.dropped = drop
 
     def try_increase(self) -> bool:
         if not self.dynamic:
@@ -302,7 +319,7 @@ class ContinuousScheduler:
                 break
 
     def _occupied(self, g: Group) -> int:
-        return len({b for t in g.tables for b in t})
+        return len({b for t in g.tables for b in t if b is not None})
 
     def _preempt(self, victim: Group, target: Group) -> bool:
         before = self.pool.num_free()
@@ -382,7 +399,8 @@ def fork_samples(pool: BlockPool, g: Group) -> None:
         base = g.tables[0]
         for _ in range(g.n - 1):
             for b in base:
-                pool.share(b)
+                if b is not None:
+                    pool.share(b)
             g.tables.append(list(base))
         if g.seq_tokens is not None:
             g.seq_tokens = [list(g.seq_tokens[0]) for _ in range(g.n)]
