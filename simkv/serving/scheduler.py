@@ -159,19 +159,31 @@ class ContinuousScheduler:
             full.append(hash((full[-1] if full else None, tuple(toks[s : s + self.bs]))))
         return prefix_hash(toks, length, self.bs, full)
 
-    def append_slots(self, g: Group) -> None:
-        """Give every running sequence blocks for its scheduled tokens; copy a shared last block."""
+    def append_slots(self, g: Group, copy_on_write: bool = True) -> None:
+        """Give every running sequence blocks for its scheduled tokens; copy a shared last block
+        (``BlockManager::append_slots``). A prompt chunk under dynamic split-fuse only adds blocks
+        (``allocate_tokens`` → ``allocate``): no copy-on-write.
+
+        Prefix hashes as ``BlockManager::allocate`` gives them: a new block is hashed by the content it
+        will hold once the known tokens (prompt + generated so far) are processed — its full length,
+        or up to the last known token — not by the chunk computed in this step; before adding blocks the
+        last block is re-hashed as a full block. A block that is not copied is re-hashed by the context
+        after the step (the non-copy-on-write branch of ``append_slots``)."""
         pool, need = self.pool, self._need(g, g.scheduled)
         prefix = pool.prefix_caching
         content = g.processed + g.scheduled
+        known = g.P + g.generated
+        bs = self.bs
         for s, table in enumerate(g.tables):
             if need > len(table):
+                if prefix and table and table[-1] is not None:
+                    pool.rehash(table[-1], self._hash(g, s, min(len(table) * bs, len(g.seq_tokens[s]))))
                 for k in range(len(table), need):
-                    h = self._hash(g, s, min((k + 1) * self.bs, content)) if prefix else None
+                    h = self._hash(g, s, min((k + 1) * bs, known)) if prefix else None
                     table.append(pool.allocate(h))
             elif table:
                 last = table[-1]
-                if pool.ref[last] > 1:
+                if pool.ref[last] > 1 and copy_on_write:
                     h = self._hash(g, s, content) if prefix else None
                     table[-1] = pool.allocate(h)
                     pool.release(last)
@@ -357,7 +369,7 @@ class ContinuousScheduler:
             tokens = min(tokens, len(table) * self.bs - g.processed + self.pool.num_free() * self.bs)
             if tokens > 0:
                 g.scheduled = tokens
-                self.append_slots(g)
+                self.append_slots(g, copy_on_write=False)
                 scheduled.append(g)
                 total += tokens
             if total == budget:
