@@ -258,21 +258,18 @@ class PagedServing:
         return self.groups, steps, prog, cost
 
     def _step_table(self) -> np.ndarray:
-        """The step table from single-step tuples and planned runs (columns), column by column."""
+        """The step table from single-step tuples and planned runs, column by column: a column that is
+        constant over a run is one value per run (repeated once at the end), others are arrays."""
         names = STEP_TABLE.names
-        cols: list[list] = [[] for _ in names]
-        for r in self.rows:
-            if isinstance(r, tuple):
-                for c, v in zip(cols, r):
-                    c.append(np.array((v,)))
+        lens = [1 if isinstance(r, tuple) else r["_n"] for r in self.rows]
+        table = np.zeros(sum(lens), dtype=STEP_TABLE)
+        for i, name in enumerate(names):
+            vals = [r[i] if isinstance(r, tuple) else r[name] for r in self.rows]
+            if not any(isinstance(v, np.ndarray) for v in vals):
+                table[name] = np.repeat(np.array(vals, dtype=table.dtype[name]), lens)
             else:
-                n = r["_n"]
-                for c, name in zip(cols, names):
-                    v = r[name]
-                    c.append(v if isinstance(v, np.ndarray) else np.full(n, v))
-        table = np.zeros(sum(len(a) for a in cols[0]), dtype=STEP_TABLE)
-        for c, name in zip(cols, names):
-            table[name] = np.concatenate(c)
+                table[name] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(n, v)
+                                              for v, n in zip(vals, lens)])
         return table
 
     # -- one step, the reference way ----------------------------------------------------------------
