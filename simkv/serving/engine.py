@@ -150,14 +150,16 @@ class PagedServing:
 
     # -- pool tensors in the ledger ---------------------------------------------------------------
 
-    def _pool_rows(self, step: int, new_total: int) -> tuple[int, int]:
+    def _pool_rows(self, step: int, new_total: int, inference: bool = True) -> tuple[int, int]:
         """(Re)allocate the pool's 2·L tensors at ``new_total`` blocks. Returns (bytes copied, in-step peak).
 
         Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
         notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
         (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
         sizes, allocated and freed in the same step — at the first allocation too — so the
-        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first.
+        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first. The scratch
+        buffers come with the step's inference: a step that allocates the pool without running one (idle
+        step 0, or everything IGNORED) has none, and none follow later (measured, notes/paged-mismatches.md).
         """
         L = self.model.layers
         per_k, per_v = self.k_block, self.v_block
@@ -182,7 +184,7 @@ class PagedServing:
                 for t, per in sizes:
                     row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
         transient = []
-        if self.cfg.transient_buffers:
+        if self.cfg.transient_buffers and inference:
             for layer in range(L):  # V-sized first (memray: +V0 +K0 +V1 +K1 ... -V0 -K0 ...)
                 for t, per in (("v", last_v if layer == L - 1 else per_v), ("k", per_k)):
                     transient.append((layer, t, per, self.next_buffer))
@@ -281,7 +283,7 @@ class PagedServing:
         preempted = sum(g.preemptions for g in live) - before_pre
         copied, peak = 0, self.pool_total * self.block_bytes
         if self.pool.total != self.pool_total:
-            copied, peak = self._pool_rows(step, self.pool.total)
+            copied, peak = self._pool_rows(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
         blocks_used = self.pool.used()
         internal = self._internal_slack(live)
