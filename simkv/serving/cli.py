@@ -111,6 +111,8 @@ def render(result) -> str:
         f"  {'TTFT p50 / p99':<24}{sec(m['ttft_p50_s'])} / {sec(m['ttft_p99_s'])}",
         f"  {'TPOT p50 / p99':<24}{sec(m['tpot_p50_s'])} / {sec(m['tpot_p99_s'])}",
         f"  {'peak allocated':<24}{format_bytes(m['peak_allocated_bytes'])}",
+        f"  {'peak resident':<24}{format_bytes(m['peak_resident_bytes'])}"
+        + (" (blocks ever handed out: the free list is FIFO)" if sp.memory == "paged" else ""),
         f"  {'mean allocated':<24}{format_bytes(m['mean_allocated_bytes'])} (time-weighted)",
         f"  {'mean used':<24}{format_bytes(m['mean_allocated_bytes'] - m['waste_bytes'])} (tokens' KV)",
         f"  {'waste':<24}{100 * m['waste_bytes'] / alloc:.1f} % of allocated: "

@@ -67,6 +67,12 @@ class ServingResult:
     device_name: str = ""
     #: Why the simulation stopped with requests still running (None: every request ended).
     stopped: str | None = None
+    #: Paged: blocks ever handed out (resident on a CPU: the free list is FIFO).
+    resident_blocks: int = 0
+    block_bytes: int = 0
+
+    def _block_bytes(self) -> int:
+        return self.block_bytes
 
     # -- tables --------------------------------------------------------------------------------
 
@@ -128,7 +134,10 @@ class ServingResult:
         return {
             # the keys of `simkv run --json`, with their serving meaning
             "peak_allocated_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
-            "peak_resident_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
+            # paged: blocks ever handed out (FIFO free list: written pages stay resident), DESIGN §4b;
+            # contiguous: the allocation (no first-touch model across requests)
+            "peak_resident_bytes": (self.resident_blocks * self._block_bytes() if self.spec.memory == "paged"
+                                    else int(s["peak_bytes"].max()) if len(s) else 0),
             "final_allocated_bytes": int(final["allocated_bytes"]) if final is not None else 0,
             "mean_allocated_bytes": tmean("allocated_bytes"),
             "used_bytes": int(final["used_bytes"]) if final is not None else 0,
@@ -241,6 +250,7 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
             groups, steps, prog, _ = eng.run(fast=spec.engine == "fast")
             ledger = eng.ledger
             stopped = eng.stopped
+            resident, block_bytes = eng.pool.touched, eng.block_bytes
         elif spec.memory == "contiguous":
             from policies import get_policy
             from simkv.serving.contiguous import ContiguousServing
@@ -252,14 +262,14 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
                                     progress=bar.update_to if bar else None)
             groups, steps, prog = eng.run()
             ledger = eng.ledger
-            stopped = None
+            stopped, resident, block_bytes = None, 0, 0
         else:
             raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
                               f"(got {spec.scheduler})")
     finally:
         if bar:
             bar.close()
-    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped)
+    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped, resident, block_bytes)
 
 
 def _progress_bar(total: int):
