@@ -217,3 +217,11 @@ def test_cli_reference_engine_gives_the_same_report(azure_slice):
     fast, ref = cli(*args), cli(*args, "--engine", "reference")
     assert fast.returncode == ref.returncode == 0
     assert json.loads(fast.stdout) == json.loads(ref.stdout)
+
+
+def test_serving_json_has_every_single_session_key():
+    single = cli("--json", "--decode", "10", "--prompt", "10")
+    serving = cli("--synthetic", "--requests", "5", "--rate", "5", "--device", "h100-sxm", "--json")
+    assert single.returncode == serving.returncode == 0
+    missing = set(json.loads(single.stdout)) - set(json.loads(serving.stdout))
+    assert not missing, missing

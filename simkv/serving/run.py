@@ -153,6 +153,11 @@ class ServingResult:
             "pool_bytes_copied": copy_rows,
             "steps": len(s),
             "oom_step": None,
+            "waste_pct": round(100.0 * (tmean("allocated_bytes") - tmean("used_bytes")) / tmean("allocated_bytes"), 3)
+            if len(s) and tmean("allocated_bytes") else 0.0,
+            "max_spike_bytes": int((s["peak_bytes"] - s["allocated_bytes"]).max()) if len(s) else 0,
+            "max_spike_step": (int(s["step"][np.argmax(s["peak_bytes"] - s["allocated_bytes"])])
+                               if len(s) and (s["peak_bytes"] - s["allocated_bytes"]).max() > 0 else None),
             # serving
             "requests_total": len(status),
             "requests_finished": int((status == FINISHED).sum()),
@@ -184,6 +189,20 @@ class ServingResult:
         }
         out["oom"] = None
         out["stopped"] = self.stopped
+        out["per_layer"] = self.per_layer()
+        return out
+
+    def per_layer(self, max_steps: int = 1000) -> list[dict]:
+        """Per layer and K/V tensor, as ``simkv run --json``: the steps where it was (re)allocated and the
+        capacities — the pool's tensors (paged) or every request's buffers (contiguous; lists capped at
+        ``max_steps`` entries, ``allocations`` counts them all)."""
+        from simkv.metrics import per_layer
+
+        out = per_layer(self.ledger, self.spec.model.layers)
+        for entry in out:
+            entry["allocations"] = len(entry["alloc_steps"])
+            entry["alloc_steps"] = entry["alloc_steps"][:max_steps]
+            entry["capacities"] = entry["capacities"][:max_steps]
         return out
 
 
