@@ -26,7 +26,7 @@ def spec_from_args(args):
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
-    from simkv.serving.run import CONTEXT, ServingSpec
+    from simkv.serving.run import CONTEXT, DEFAULT_DEVICE, ServingSpec
     from simkv.serving.scheduler import PagedConfig
 
     if args.trace and args.synthetic:
@@ -56,7 +56,7 @@ def spec_from_args(args):
     if args.static_batch <= 0:
         raise ConfigError("--static-batch must be positive")
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
-                       device=args.device, device_memory=device_memory, weights_bytes=weights, policy=policy,
+                       device=args.device or DEFAULT_DEVICE, device_memory=device_memory, weights_bytes=weights, policy=policy,
                        static_batch=args.static_batch, max_context=args.max_context, engine=args.engine)
 
 
