@@ -225,3 +225,17 @@ def test_serving_json_has_every_single_session_key():
     assert single.returncode == serving.returncode == 0
     missing = set(json.loads(single.stdout)) - set(json.loads(serving.stdout))
     assert not missing, missing
+
+
+def test_readme_serving_example_is_current(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("<!-- the first 2,000 requests of the Azure conversation trace on an H100 preset -->")[1]
+    command, shown = re.findall(r"```(?:bash|text)\n(.*?)```", block, flags=re.S)[:2]
+    args = command.replace("\\\n", " ").split()[2:]  # after `simkv run`
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "run", *args], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == shown
