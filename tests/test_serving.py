@@ -239,3 +239,21 @@ def test_readme_serving_example_is_current(tmp_path):
                          cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout == shown
+
+
+def test_contiguous_wait_deadlock_ends_with_ignored():
+    # Two requests whose growth cannot both fit, `wait`: each waits for memory only the other could free.
+    # Nothing can ever step, so both are IGNORED (GenAI's rule for a step that schedules nothing).
+    from simkv.serving.contiguous import Trajectory
+
+    pol = __import__("policies").get_policy("openvino-cpu")
+    t = Trajectory(TOY, get_precision("f16"), pol, 64, 100, 10**12)  # cap 128 tokens, then 258 at token 129
+    budget = int(t.peak.max())  # one request alone fits, growth included
+    first = int(t.allocated[0])
+    assert 2 * first <= budget < first + int(t.peak.max())  # both prompts fit; neither can grow beside the other
+    reqs = [Request(0, 64, 100, arrival_step=0), Request(1, 64, 100, arrival_step=0)]
+    r = serve(spec(reqs, memory="contiguous", scheduler="continuous", policy="openvino-cpu",
+                   device_memory=budget, paged=PagedConfig(on_oom="wait")))
+    assert [g.status for g in r.groups] == ["IGNORED", "IGNORED"]
+    rows = r.ledger.rows
+    assert rows["bytes"][rows["op"] == 0].sum() == rows["bytes"][rows["op"] == 2].sum()
