@@ -404,8 +404,9 @@ class PagedServing:
         active_dec = (ks[None, :] >= start[:, None]) & (ks[None, :] <= fin[:, None])
         q_idx = np.flatnonzero(~dec)
         taken = np.zeros(K, dtype=np.int64)  # prompt tokens given to earlier requests in the queue
+        nd = active_dec.sum(axis=0)  # decoders per step
         for q in q_idx.tolist():  # in request order: a completed prompt decodes from the next step on
-            room = budget - active_dec.sum(axis=0) - taken
+            room = budget - nd - taken
             if (room < 0).any():
                 K = int(np.argmax(room < 0))
                 if K < 2:
@@ -423,10 +424,10 @@ class PagedServing:
                 start[q] = kc + 1
                 fin[q] = kc + G[q] - 1  # first token at kc, G - 1 more
                 active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
+                nd = nd + active_dec[q]
             else:
                 break  # it takes all the budget left: nobody after it gets tokens
         K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
-        nd = active_dec.sum(axis=0)
         over = np.flatnonzero(nd > budget)
         if len(over):
             K = min(K, int(over[0]))
@@ -436,7 +437,7 @@ class PagedServing:
         tok, active_dec, ks = tok[:, :K], active_dec[:, :K], ks[:K]
         ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
         alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
-        held = np.where(alive, np.maximum(-(-ctx // bs), nb[:, None]), 0)
+        held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
         base = pool.used() - int(nb.sum())
         used = base + held.sum(axis=0)
         bad = np.flatnonzero(used > pool.total)
