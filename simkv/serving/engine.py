@@ -487,21 +487,16 @@ class PagedServing:
         inc = held.copy()
         inc[:, 1:] -= held[:, :-1]
         inc[:, 0] -= nb
-        inc[~alive] = 0
-        ks = np.arange(K)
-        # phase of each request at each step: 0 decoding (generate phase), 1 prompt chunk
-        phase = (ks[None, :] < start[:, None]).astype(np.int64)
-        kk, jj = np.nonzero(inc.T)
-        ends = np.flatnonzero(fin < K)
-        fin_e = fin[ends]
-        # key: step, then kind (0 decode allocs, 1 prompt allocs, 2 frees), then phase, then request order
-        keys = np.concatenate([((kk * 3 + phase[jj, kk]) * 2) * n + jj,
-                               ((fin_e * 3 + 2) * 2 + phase[ends, fin_e]) * n + ends])
-        what = np.concatenate([inc[jj, kk], np.full(len(ends), -1, dtype=np.int64)])
-        who = np.concatenate([jj, ends])
-        order = np.argsort(keys, kind="stable")
+        kk, jj = np.nonzero((inc > 0).T)  # (a drop is a free after the last step, handled below)
+        counts = inc[jj, kk].tolist()
+        st, fin_l = start.tolist(), fin.tolist()
+        # sort key: step, kind (0 decode allocs, 1 prompt allocs, 2 frees), phase at that step
+        # (0 decoding, 1 prompt chunk: a prompt finishing at its last chunk frees after the decoders), request
+        events = [(k, 0 if k >= st[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
+        events += [(f, 2, 0 if f >= st[j] else 1, j, -1) for j, f in enumerate(fin_l) if f < K]
+        events.sort()
         alloc_many, free_group = pool.allocate_many, self.sched.free_group
-        for j, c in zip(who[order].tolist(), what[order].tolist()):
+        for _, _, _, j, c in events:
             g = live[j]
             if c < 0:
                 free_group(g)
@@ -524,6 +519,7 @@ class PagedServing:
                 g.finish_s, g.finish_step = float(times[fin[j]]), step0 + int(fin[j])
         # the step table
         ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+        ks = np.arange(K)
         gone_before = (fin[:, None] < ks[None, :]).sum(axis=0)
         used_b = ctx_total * self.block_bytes // bs
         alloc_b = pool.total * self.block_bytes
