@@ -1,0 +1,572 @@
+"""The serving step loop: requests arrive, the scheduler picks work, the memory model holds the KV,
+the cost model times the step.
+
+One iteration is one GenAI ``ContinuousBatchingImpl::step()``: pull the requests that
+have arrived (``arrival_step`` ≤ this step, or ``arrival`` seconds ≤ the time the step
+starts), schedule, read the metrics (blocks in use after scheduling, before finished
+requests are freed), run the forward pass (its time from :mod:`simkv.cost`), sample,
+free what finished. A step that schedules nothing marks every present request IGNORED.
+With arrivals in seconds, an idle engine jumps to the next arrival; with
+``arrival_step`` it takes idle steps, as a program calling ``step()`` in a loop does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simkv.errors import ConfigError
+from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
+from simkv.serving.costing import StepTimer, attended_pairs
+from simkv.serving.paged import BlockPool
+from simkv.serving.requests import Request
+from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group, PagedConfig,
+                                     fork_samples, prepare_tokens)
+
+GIB = 1024**3
+#: Longest run of steps planned at once (bounds the arrays of a plan).
+KMAX = 512
+#: A run stops when no token has been generated for this many steps (or 4x the longest request):
+#: requests that keep preempting each other (a sample group larger than the pool) never finish.
+STALL_STEPS = 10_000
+
+#: The step table (``--steps``): the issue's contract columns, then extras.
+STEP_COLUMNS = ("step", "time_s", "requests", "scheduled_requests", "blocks_used", "blocks_total",
+                "allocated_bytes", "used_bytes")
+STEP_TABLE = np.dtype([
+    ("step", np.int64), ("time_s", np.float64), ("requests", np.int64), ("scheduled_requests", np.int64),
+    ("blocks_used", np.int64), ("blocks_total", np.int64), ("allocated_bytes", np.int64), ("used_bytes", np.int64),
+    # extras (library only)
+    ("step_s", np.float64), ("scheduled_tokens", np.int64), ("peak_bytes", np.int64), ("reserved_bytes", np.int64),
+    ("internal_bytes", np.int64), ("copy_bytes", np.int64), ("preemptions", np.int64),
+])
+#: Per-request progress (``trace_requests=True``): one row per live request per step.
+PROGRESS = np.dtype([("step", np.int64), ("request", np.int64), ("generated", np.int64), ("processed", np.int64),
+                     ("status", "U8")])
+
+
+def session_prompts(requests: list[Request]) -> list[int]:
+    """Effective prompt of each request: a session's turn carries the history before its new tokens
+    (every turn is assumed to generate its ``max_new_tokens``)."""
+    history: dict[str, int] = {}
+    out = []
+    for r in requests:
+        p = r.prompt + (history.get(r.session, 0) if r.session else 0)
+        if r.session:
+            history[r.session] = p + r.max_new_tokens
+        out.append(p)
+    return out
+
+
+def prompt_token_ids(requests: list[Request]) -> list[list]:
+    """Token ids each request's prompt is made of: explicit ids, else the shared prefix's ids (shared by
+    ``prefix_id``), the session's history and ids unique to the request. Generated tokens are
+    ``(3, request, sequence, i)``: unique, so only a later turn of the session can match them."""
+    prefix_index: dict[str, int] = {}
+    history: dict[str, list] = {}
+    out = []
+    for r in requests:
+        if r.token_ids is not None:
+            own = list(r.token_ids)
+        else:
+            shared = []
+            if r.prefix_id:
+                k = prefix_index.setdefault(r.prefix_id, len(prefix_index))
+                shared = [(2, k, i) for i in range(r.prefix_tokens)]
+            own = shared + [(1, r.id, i) for i in range(r.prompt - len(shared))]
+        toks = (history.get(r.session, []) if r.session else []) + own
+        if r.session:
+            history[r.session] = toks + [(3, r.id, 0, i) for i in range(r.max_new_tokens)]
+        out.append(toks)
+    return out
+
+
+def genai_block_bytes(model, precision, block_size: int) -> tuple[int, int]:
+    """Bytes of one block in one layer's key and value cache tensors.
+
+    u8 on the CPU plugin (shapes of the compiled paged model's ``key_cache.N`` / ``value_cache.N``
+    inputs, read by ``simkv validate --paged``): keys are quantised by channel —
+    ``[blocks, H_kv, block + 8, S]`` (an f32 scale and zero point per channel and block) — values
+    by token — ``[blocks, H_kv, block, S + 8]``. Other precisions: ``block`` tokens of K or V data
+    (and metadata per token, if the precision has any).
+    """
+    if precision.name == "u8":
+        h, s = model.kv_heads, model.head_dim
+        return h * (block_size + 8) * s, h * block_size * (s + 8)
+    per_token = precision.data_bytes_per_token(model) + precision.meta_bytes_per_token(model)
+    return block_size * per_token, block_size * per_token
+
+
+class PagedServing:
+    """Continuous batching over a paged pool, step by step (GenAI's rules; see :mod:`.scheduler`)."""
+
+    def __init__(self, requests: list[Request], model, precision, config: PagedConfig, *, device, weights_bytes: int,
+                 device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
+                 max_steps: int = 10_000_000,
+                 trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS) -> None:
+        self.requests = requests
+        self.model, self.cfg = model, config
+        self.bs = config.block_size
+        self.kv_token = precision.kv_bytes_per_token(model)
+        if tensor_block_bytes is None and block_bytes:
+            per = int(block_bytes) // (2 * model.layers)
+            tensor_block_bytes = (per, int(block_bytes) // model.layers - per)
+        self.k_block, self.v_block = tensor_block_bytes or genai_block_bytes(model, precision, self.bs)
+        self.block_bytes = int(block_bytes) if block_bytes else model.layers * (self.k_block + self.v_block)
+        if self.bs <= 0 or self.block_bytes <= 0:
+            raise ConfigError("block size and block bytes must be positive")
+        budget = device_memory - weights_bytes
+        if budget < self.block_bytes:
+            raise ConfigError(f"no room for even one KV block: {device_memory:,} B device memory, "
+                              f"{weights_bytes:,} B weights")
+        self.max_blocks = budget // self.block_bytes
+        if config.num_kv_blocks:
+            fixed = config.num_kv_blocks
+        elif config.cache_size_gib:
+            fixed = int(config.cache_size_gib * GIB // self.block_bytes)
+            if fixed <= 0:
+                raise ConfigError(f"cache size {config.cache_size_gib} GiB holds no {self.block_bytes:,}-byte block")
+        else:
+            fixed = 0
+        if fixed > self.max_blocks:
+            raise ConfigError(f"a pool of {fixed:,} blocks ({fixed * self.block_bytes / GIB:.2f} GiB) does not fit "
+                              f"the {budget / GIB:.2f} GiB the device has besides the weights")
+        self.pool = BlockPool(fixed, config.enable_prefix_caching)
+        self.sched = ContinuousScheduler(config, self.pool, dynamic=fixed == 0, max_blocks=self.max_blocks)
+        self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
+        self.window = model.sliding_window
+        #: Sliding-window models keep only the blocks of their window (PagedConfig.window_blocks).
+        self.window_blocks = self.window is not None and config.window_blocks
+        self.max_steps = max_steps
+        self.stall_steps = stall_steps
+        self.trace_requests = trace_requests
+        self.progress = progress
+        #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
+        #: requests are freed (tests; the planned runs skip it: use ``run(fast=False)``).
+        self.observe = observe
+        self.ledger = Ledger()
+        self.pool_total = 0  # blocks the pool tensors hold (ledger)
+        self.pool_ids: dict = {}
+        self.next_buffer = 0
+
+    # -- pool tensors in the ledger ---------------------------------------------------------------
+
+    def _pool_rows(self, step: int, new_total: int, inference: bool = True) -> tuple[int, int]:
+        """(Re)allocate the pool's 2·L tensors at ``new_total`` blocks. Returns (bytes copied, in-step peak).
+
+        Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
+        notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
+        (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
+        sizes, allocated and freed in the same step — at the first allocation too — so the
+        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first. The scratch
+        buffers come with the step's inference: a step that allocates the pool without running one (idle
+        step 0, or everything IGNORED) has none, and none follow later (measured, notes/paged-mismatches.md).
+        """
+        L = self.model.layers
+        per_k, per_v = self.k_block, self.v_block
+        last_v = per_v + self.block_bytes - L * (per_k + per_v)  # any remainder on the last V
+        old = self.pool_total
+        out = []
+
+        def row(layer, tensor, op, nbytes, blocks, buffer):
+            out.append((step, PHASE_CODE["decode"], -1, layer, TENSOR_CODE[tensor], op, nbytes, blocks * self.bs,
+                        0, buffer))
+
+        new_ids = {}
+        for layer in range(L):
+            sizes = (("k", per_k), ("v", last_v if layer == L - 1 else per_v))
+            for t, per in sizes:
+                new_ids[layer, t] = self.next_buffer
+                row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
+                self.next_buffer += 1
+            if old:
+                for t, per in sizes:
+                    row(layer, t, COPY, old * per, old, new_ids[layer, t])
+                for t, per in sizes:
+                    row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
+        transient = []
+        if self.cfg.transient_buffers and inference:
+            for layer in range(L):  # V-sized first (memray: +V0 +K0 +V1 +K1 ... -V0 -K0 ...)
+                for t, per in (("v", last_v if layer == L - 1 else per_v), ("k", per_k)):
+                    transient.append((layer, t, per, self.next_buffer))
+                    row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
+                    self.next_buffer += 1
+            for layer, t, per, buf in transient:
+                row(layer, t, FREE, new_total * per, new_total, buf)
+        self.ledger.append(np.array(out, dtype=ROW))
+        self.pool_ids = new_ids
+        self.pool_total = new_total
+        new_bytes = new_total * self.block_bytes
+        peak = new_bytes + old * (per_k + max(per_v, last_v))
+        if transient:
+            peak = max(peak, 2 * new_bytes)
+        return old * self.block_bytes, peak
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def run(self, fast: bool = True):
+        """Simulate every step. ``fast`` plans quiet runs of steps at once (:meth:`_run_of_steps`);
+        ``fast=False`` is the step-by-step reference, and the two give identical results."""
+        reqs = self.requests
+        by_step = reqs[0].arrival_step is not None
+        self.prompts = session_prompts(reqs)
+        self.tokens = prompt_token_ids(reqs) if self.cfg.enable_prefix_caching else None
+        self.groups: list[Group] = []
+        live: list[Group] = []
+        pending = 0
+        self.t = 0.0
+        self.step = 0
+        self.rows: list = []
+        self.progress_rows: list[tuple] = []
+        self.est: list = []
+        bar = self.progress
+        self.stopped = None
+        self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
+        longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
+        stall_limit = max(self.stall_steps, 4 * longest)
+        progress_mark, progress_step = -1, 0
+        while pending < len(reqs) or live:
+            tokens_out = self.sampled + pending
+            if tokens_out != progress_mark:
+                progress_mark, progress_step = tokens_out, self.step
+            if self.step >= self.max_steps or (live and self.step - progress_step > stall_limit):
+                self.stopped = (f"stopped after {self.step:,} steps: {len(live)} requests never finish "
+                                + ("(the step limit)" if self.step >= self.max_steps else
+                                   f"(no token generated for {self.step - progress_step:,} steps: they keep "
+                                   "preempting each other, as the real pipeline does)"))
+                for g in live:
+                    g.status = UNFINISHED
+                break
+            if by_step:
+                while pending < len(reqs) and reqs[pending].arrival_step <= self.step:
+                    live.append(self._add(reqs[pending], pending))
+                    pending += 1
+                nxt = (reqs[pending].arrival_step, None) if pending < len(reqs) else (None, None)
+            else:
+                if not live and reqs[pending].arrival_s > self.t:
+                    self.t = reqs[pending].arrival_s
+                while pending < len(reqs) and reqs[pending].arrival_s <= self.t:
+                    live.append(self._add(reqs[pending], pending))
+                    pending += 1
+                nxt = (None, reqs[pending].arrival_s) if pending < len(reqs) else (None, None)
+            if not (fast and live and self._run_of_steps(live, *nxt)):
+                self._slow_step(live)
+            live = [g for g in live if g.status == RUNNING]
+            if bar is not None and not by_step:
+                bar(pending)
+        steps = self._step_table() if self.rows else np.zeros(0, dtype=STEP_TABLE)
+        estimated = np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
+        _, cost = self.timer.official(estimated)
+        prog = np.array(self.progress_rows, dtype=PROGRESS) if self.progress_rows else np.zeros(0, dtype=PROGRESS)
+        return self.groups, steps, prog, cost
+
+    def _step_table(self) -> np.ndarray:
+        """The step table from single-step tuples and planned runs, column by column: a column that is
+        constant over a run is one value per run (repeated once at the end), others are arrays."""
+        names = STEP_TABLE.names
+        lens = [1 if isinstance(r, tuple) else r["_n"] for r in self.rows]
+        table = np.zeros(sum(lens), dtype=STEP_TABLE)
+        for i, name in enumerate(names):
+            vals = [r[i] if isinstance(r, tuple) else r[name] for r in self.rows]
+            if not any(isinstance(v, np.ndarray) for v in vals):
+                table[name] = np.repeat(np.array(vals, dtype=table.dtype[name]), lens)
+            else:
+                table[name] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(n, v)
+                                              for v, n in zip(vals, lens)])
+        return table
+
+    # -- one step, the reference way ----------------------------------------------------------------
+
+    def _slow_step(self, live: list[Group]) -> None:
+        step, t = self.step, self.t
+        before_pre = sum(g.preemptions for g in live)
+        total, scheduled = self.sched.schedule(live) if live else (0, [])
+        preempted = sum(g.preemptions for g in live) - before_pre
+        copied, peak = 0, self.pool_total * self.block_bytes
+        if self.pool.total != self.pool_total:
+            copied, peak = self._pool_rows(step, self.pool.total, inference=total > 0)
+        copied += self.sched.copies * self.block_bytes
+        blocks_used = self.pool.used()
+        internal = self._internal_slack(live)
+        n_live = len(live)
+        if total == 0:
+            self.sampled += 1  # an outcome: progress
+            for g in live:  # nothing fits: GenAI marks every request out of memory
+                if g.status == RUNNING:
+                    self.sched.free_group(g)
+                    g.status = IGNORED
+                    g.finish_s, g.finish_step = t, step
+            dt = 0.0
+            self.timer.record_idle()
+        else:
+            new = pairs = kv_read = logits = 0
+            for g in scheduled:
+                n, s, p = len(g.tables), g.scheduled, g.processed
+                new += n * s
+                pairs += n * attended_pairs(p, s, self.window)
+                kv_read += n * (p + s if self.window is None else min(p + s, self.window))  # tokens read
+                if p + s >= g.P and p + s > g.maxc:
+                    logits += n
+            dt = self.timer.step(new, pairs, kv_read, copied, logits)
+        t += dt
+        self.est.append(dt)
+        used_tokens = blocks_used * self.bs - internal
+        finished = []
+        for g in scheduled:
+            ctx = g.processed + g.scheduled
+            sample = ctx >= g.P and ctx > g.maxc
+            g.processed = ctx
+            g.maxc = max(g.maxc, ctx)
+            g.scheduled = 0
+            if sample:
+                if g.generated == 0:
+                    g.first_token_s, g.first_token_step = t, step
+                    fork_samples(self.pool, g)
+                self.sampled += 1
+                if g.seq_tokens is not None:
+                    for s, toks in enumerate(g.seq_tokens):
+                        toks.append((3, g.req.id, s, g.generated))
+                g.generated += 1
+                if g.generated >= g.G:
+                    g.status = FINISHED
+                    g.finish_s, g.finish_step = t, step
+                    finished.append(g)
+        if self.trace_requests:
+            for g in live:
+                self.progress_rows.append((step, g.req.id, g.generated, g.processed, g.status))
+        if self.window_blocks:
+            for g in scheduled:
+                if g.status == RUNNING:
+                    self.sched.drop_outside_window(g, self.window)
+        if self.observe is not None:
+            self.observe(step, self, live)
+        for g in finished:
+            self.sched.free_group(g)
+        self.rows.append((step, t, n_live, len(scheduled), blocks_used, self.pool.total,
+                          self.pool.total * self.block_bytes, used_tokens * self.block_bytes // self.bs,
+                          dt, total, peak, (self.pool.total - blocks_used) * self.block_bytes,
+                          blocks_used * self.block_bytes - used_tokens * self.block_bytes // self.bs, copied, preempted))
+        self.t = t
+        self.step = step + 1
+
+    # -- a quiet run of steps at once --------------------------------------------------------------
+
+    def _run_of_steps(self, live: list[Group], next_step: int | None, next_s: float | None) -> bool:
+        """Plan the steps in which nothing but arithmetic happens, all at once.
+
+        In such a run every generating sequence decodes one token per step and the requests
+        in their prompt phase share the rest of the token budget in request order (a prompt
+        that completes starts decoding the next step; one that finishes leaves, its blocks
+        freed), and every block needed is free. The run ends before the step an arrival
+        joins, before a step that would need more blocks than are free or more decode
+        tokens than the budget (that step goes the reference way: growth, preemption).
+        Block ids are handed out and freed in the reference order. False when the present
+        state does not allow a run of at least two steps.
+        """
+        cfg, sched, pool = self.cfg, self.sched, self.pool
+        if cfg.enable_prefix_caching or self.trace_requests or self.observe is not None or not cfg.dynamic_split_fuse:
+            return False
+        if not sched.initialized or pool.total != self.pool_total:
+            return False  # the pool's tensors are (re)allocated in this step
+        if self.window_blocks and any(g.P + g.G > self.window for g in live):
+            return False  # blocks leave the window: step by step
+        n = len(live)
+        proc = np.empty(n, dtype=np.int64)
+        P = np.empty(n, dtype=np.int64)
+        G = np.empty(n, dtype=np.int64)
+        gen = np.empty(n, dtype=np.int64)
+        nb = np.empty(n, dtype=np.int64)
+        prompt_phase = False
+        for j, g in enumerate(live):
+            if len(g.tables) != 1:
+                return False
+            if g.maxc >= g.P:
+                if g.maxc != g.processed:
+                    return False
+            else:
+                if g.n > 1:
+                    return False  # forks at the end of its prompt
+                prompt_phase = True
+            proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
+        if sched.dynamic and prompt_phase and min(sched._target_blocks(live), sched.max_blocks) > pool.total:
+            return False  # the reference step raises the dynamic pool first
+        budget, bs = cfg.max_num_batched_tokens, self.bs
+        K = KMAX if next_step is None else min(KMAX, next_step - self.step)
+        if next_s is not None and self.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
+            K = min(K, int((next_s - self.t) / self.timer.min_seconds) + 2)
+        if K < 2:
+            return False
+        ks = np.arange(K, dtype=np.int64)
+        dec = proc >= P  # generating at the start (all prompts of decoders are processed)
+        # step of each request's last token (decoders: G - generated more steps); prompts: found below
+        fin = np.where(dec, G - gen - 1, K)
+        start = np.where(dec, 0, K)  # first decode step
+        tok = np.zeros((n, K), dtype=np.int64)  # tokens scheduled per request and step
+        active_dec = (ks[None, :] >= start[:, None]) & (ks[None, :] <= fin[:, None])
+        q_idx = np.flatnonzero(~dec)
+        taken = np.zeros(K, dtype=np.int64)  # prompt tokens given to earlier requests in the queue
+        nd = active_dec.sum(axis=0)  # decoders per step
+        for q in q_idx.tolist():  # in request order: a completed prompt decodes from the next step on
+            room = budget - nd - taken
+            if (room < 0).any():
+                K = int(np.argmax(room < 0))
+                if K < 2:
+                    return False
+                break
+            cum = np.cumsum(room)
+            if cum[-1] <= 0:
+                break  # no budget left for this request or any after it in this run
+            left = P[q] - proc[q]
+            got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
+            tok[q] = got
+            taken += got
+            if cum[-1] >= left:
+                kc = int(np.argmax(cum >= left))
+                start[q] = kc + 1
+                fin[q] = kc + G[q] - 1  # first token at kc, G - 1 more
+                active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
+                nd = nd + active_dec[q]
+            else:
+                break  # it takes all the budget left: nobody after it gets tokens
+        K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
+        over = nd > budget
+        if over.any():
+            K = min(K, int(over.argmax()))
+        if K < 2:
+            return False
+        tok += active_dec
+        tok, active_dec, ks = tok[:, :K], active_dec[:, :K], ks[:K]
+        ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
+        alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
+        held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
+        base = pool.used() - int(nb.sum())
+        used = base + held.sum(axis=0)
+        bad = used > pool.total
+        if bad.any():
+            K = int(bad.argmax())
+            if K < 2:
+                return False
+        # cost of each step, then the cut at the next arrival
+        prev = ctx - tok
+        win = self.window
+        if win is None:
+            pairs_m = tok * prev + tok * (tok + 1) // 2
+            seen = np.where(tok > 0, ctx, 0)
+        else:
+            first = np.maximum(0, win - prev)
+            fit = np.minimum(first, tok)
+            over_w = tok - fit
+            st_ = prev + fit + 1 - win
+            pairs_m = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
+            seen = np.where(tok > 0, np.minimum(ctx, win), 0)
+        logits_m = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
+        new = tok.sum(axis=0)[:K]
+        pairs = pairs_m.sum(axis=0)[:K]
+        kvr = seen.sum(axis=0)[:K]
+        logits = logits_m.sum(axis=0)[:K]
+        sec = self.timer.steps(new, pairs, kvr, logits)
+        times = np.empty(len(sec) + 1)
+        times[0] = self.t
+        times[1:] = sec
+        times = np.cumsum(times, out=times)[1:]  # t + s0, then + s1, ...: the reference's additions
+        if next_s is not None:
+            late = times[:-1] >= next_s  # step k+1 starts at times[k]
+            if late.any():
+                K = int(late.argmax()) + 1
+        if K < 2:
+            return False
+        self._commit_run(live, K, tok[:, :K], ctx[:, :K], held[:, :K], alive[:, :K], nb, fin, start,
+                         logits_m[:, :K], used[:K], sec[:K], times[:K], new[:K], pairs[:K], kvr[:K], logits[:K], dec)
+        return True
+
+    def _commit_run(self, live, K, tok, ctx, held, alive, nb, fin, start, sampled, used, sec, times, new, pairs,
+                    kvr, logits, dec) -> None:
+        pool, bs, step0 = self.pool, self.bs, self.step
+        n = len(live)
+        # block events in the reference order: per step, decoders (request order), then prompt chunks,
+        # then the frees of the requests that finished in that step
+        inc = held.copy()
+        inc[:, 1:] -= held[:, :-1]
+        inc[:, 0] -= nb
+        kk, jj = np.nonzero((inc > 0).T)  # (a drop is a free after the last step, handled below)
+        counts = inc[jj, kk].tolist()
+        st, fin_l = start.tolist(), fin.tolist()
+        # sort key: step, kind (0 decode allocs, 1 prompt allocs, 2 frees), phase at that step
+        # (0 decoding, 1 prompt chunk: a prompt finishing at its last chunk frees after the decoders), request
+        events = [(k, 0 if k >= st[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
+        events += [(f, 2, 0 if f >= st[j] else 1, j, -1) for j, f in enumerate(fin_l) if f < K]
+        events.sort()
+        alloc_many, free_group = pool.allocate_many, self.sched.free_group
+        for _, _, _, j, c in events:
+            g = live[j]
+            if c < 0:
+                free_group(g)
+            else:
+                g.tables[0].extend(alloc_many(c))
+        # requests after the run
+        ctx_end = ctx[:, -1].tolist()
+        firsts = (start - 1).tolist()  # a prompt's first token comes with its last chunk
+        has_first = ((~dec) & (start <= K)).tolist()
+        gen_add = sampled.sum(axis=1).tolist()
+        self.sampled += sum(gen_add)
+        for j, g in enumerate(live):
+            g.processed = ctx_end[j]
+            g.maxc = max(g.maxc, g.processed)
+            g.generated += gen_add[j]
+            if has_first[j]:
+                g.first_token_s, g.first_token_step = float(times[firsts[j]]), step0 + firsts[j]
+            if fin[j] < K:
+                g.status = FINISHED
+                g.finish_s, g.finish_step = float(times[fin[j]]), step0 + int(fin[j])
+        # the step table
+        ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+        ks = np.arange(K)
+        gone_before = (fin[:, None] < ks[None, :]).sum(axis=0)
+        used_b = ctx_total * self.block_bytes // bs
+        alloc_b = pool.total * self.block_bytes
+        self.rows.append({
+            "step": step0 + ks, "time_s": times, "requests": n - gone_before,
+            "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
+            "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
+            "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * self.block_bytes,
+            "internal_bytes": used * self.block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
+        })
+        self.timer.record(new, pairs, kvr, logits)
+        self.est.append(sec)
+        self.t = float(times[-1])
+        self.step = step0 + K
+
+
+    def _add(self, req, index) -> Group:
+        g = Group(req, index, self.prompts[index])
+        g.added_s, g.added_step = (req.arrival_s if req.arrival_s is not None else self.t), self.step
+        if self.tokens is not None:
+            prepare_tokens(g, self.tokens[index], self.bs)
+            self.sched.restore(g)
+        self.groups.append(g)
+        return g
+
+    def _internal_slack(self, live) -> int:
+        """Unfilled slots of the blocks in use: only a sequence's last block can be partial
+        (a block shared by several sequences counts once)."""
+        slack = 0
+        seen = set()
+        bs = self.bs
+        for g in live:
+            if g.status != RUNNING:
+                continue
+            ctx = g.processed + g.scheduled
+            tables = g.tables
+            if len(tables) == 1:
+                table = tables[0]
+                if table:
+                    if len(tables) == 1 and self.pool.ref[table[-1]] == 1:
+                        slack += len(table) * bs - ctx
+                    elif table[-1] not in seen:
+                        seen.add(table[-1])
+                        slack += len(table) * bs - ctx
+                continue
+            for table in tables:
+                if table and table[-1] not in seen:
+                    seen.add(table[-1])
+                    slack += len(table) * bs - ctx
+        return slack
