@@ -1,0 +1,409 @@
+"""The cost model: how long one engine step takes on a device.
+
+One step processes ``new_tokens`` tokens over all its sequences (decode: one per
+sequence; a prefill chunk: its length). It streams the weights once, reads the
+KV cache its tokens attend to, writes the KV of its new tokens, and does the
+matmul and attention FLOPs. A roofline bounds it, plus two separate terms::
+
+    t = max(weights_bytes / (bandwidth · η_bw) + KV bytes / (bandwidth · η_kv),
+            FLOPs / (peak[precision] · η_flops))
+        + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
+        + step_overhead_s                      # runtime/framework fixed cost per step
+
+    KV bytes = kv_read_bytes + kv_write_bytes   (η_kv defaults to η_bw)
+    FLOPs = 2 · layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
+            + 4 · layers · heads · head_dim · attended_pairs
+
+``layer_params`` are the parameters of the matrices of the transformer layers
+(``ModelSpec.weight_params`` without the embedding table and LM head); the LM
+head runs only for the tokens whose logits are needed (every token by default,
+the last token of each sequence in :func:`forward_cost`); ``attended_pairs`` is Σ over the step's tokens of the positions each
+attends to (QKᵀ and PV each cost 2 · head_dim FLOPs per query head per pair).
+
+Every argument of :func:`step_cost` may be a numpy array: the serving engine
+evaluates ~10⁵ steps at once. The model leaves out activations' bytes, kernel
+fusion gaps, cache effects and the overlap of a copy with compute.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from simkv.errors import ConfigError
+from simkv.models import ModelSpec, weights_bytes as model_weights_bytes
+from simkv.precision import Precision
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device's peaks, the fractions of them a real engine achieves, and its fixed costs.
+
+    ``sources`` names where each number comes from (keys: field names).
+    """
+
+    name: str
+    description: str
+    memory_bytes: int
+    #: Peak memory bandwidth, bytes/s.
+    memory_bandwidth: float
+    #: Peak dense FLOP/s per compute precision ("f32", "bf16", "f16", "int8", ...).
+    peak_flops: Mapping[str, float]
+    #: Achieved fraction of ``memory_bandwidth`` when streaming weights and KV.
+    bandwidth_efficiency: float
+    #: Achieved fraction of ``peak_flops`` on large matmuls.
+    flops_efficiency: float
+    #: Fixed runtime/framework cost of one step (kernel launches, graph dispatch), seconds.
+    step_overhead_s: float
+    #: Bytes per second of a device-to-device copy (a KV reallocation moving its old contents).
+    copy_bandwidth: float
+    #: The precision matmuls run in when none is given.
+    compute_precision: str = "bf16"
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: Achieved fraction of ``memory_bandwidth`` when attention streams the KV cache
+    #: (long contiguous reads, closer to a copy than a small-batch weight GEMV); None = ``bandwidth_efficiency``.
+    kv_bandwidth_efficiency: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("memory_bytes", "memory_bandwidth", "copy_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"device {self.name}: {name} must be positive")
+        for name in ("bandwidth_efficiency", "flops_efficiency", "kv_bandwidth_efficiency"):
+            if name == "kv_bandwidth_efficiency" and self.kv_bandwidth_efficiency is None:
+                continue
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"device {self.name}: {name} must be in (0, 1]")
+        if not self.step_overhead_s >= 0:
+            raise ConfigError(f"device {self.name}: step_overhead_s must be >= 0")
+        if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
+            raise ConfigError(f"device {self.name}: peak_flops needs positive values")
+        if self.compute_precision not in self.peak_flops:
+            raise ConfigError(f"device {self.name}: no peak for compute precision {self.compute_precision!r}")
+
+    @property
+    def kv_efficiency(self) -> float:
+        return self.bandwidth_efficiency if self.kv_bandwidth_efficiency is None else self.kv_bandwidth_efficiency
+
+    def peak(self, precision: str | None = None) -> float:
+        precision = precision or self.compute_precision
+        try:
+            return self.peak_flops[precision]
+        except KeyError:
+            raise ConfigError(
+                f"device {self.name} has no peak for {precision!r}; it has {', '.join(self.peak_flops)}"
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["peak_flops"] = dict(self.peak_flops)
+        d["sources"] = dict(self.sources)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Device":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"device file has unknown keys: {', '.join(sorted(unknown))}")
+        try:
+            return cls(**{**data, "peak_flops": dict(data["peak_flops"]), "sources": dict(data.get("sources", {}))})
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ConfigError(f"bad device description: {exc}") from None
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One step's time and the terms behind it (floats, or arrays when the inputs were arrays)."""
+
+    seconds: Any
+    #: "memory" or "compute": the larger roofline term.
+    bound: Any
+    memory_s: Any
+    compute_s: Any
+    copy_s: Any
+    overhead_s: Any
+    bytes: Any
+    flops: Any
+
+
+def matmul_params(model: ModelSpec) -> int:
+    """Parameters a token multiplies by if its logits are computed: the weight matrices and
+    the LM head, not the input-embedding lookup (a separate table unless tied)."""
+    params = model.weight_params
+    if params and not model.tied_embeddings:
+        params -= model.vocab * model.hidden
+    return params
+
+
+def step_cost(
+    model: ModelSpec,
+    device: Device,
+    *,
+    weights_bytes: Any,
+    new_tokens: Any,
+    attended_pairs: Any,
+    kv_read_bytes: Any,
+    kv_write_bytes: Any,
+    copy_bytes: Any = 0,
+    precision: str | None = None,
+    logit_tokens: Any = None,
+) -> StepCost:
+    """Time of one step (or of many, when arguments are arrays; they broadcast).
+
+    See the module docstring for the formula. ``precision`` is the compute
+    precision (a key of ``device.peak_flops``; default ``device.compute_precision``).
+    ``logit_tokens``: tokens whose logits the LM head computes (default ``new_tokens``;
+    engines compute only each sequence's last prompt token in a prefill).
+    """
+    peak = device.peak(precision) * device.flops_efficiency
+    weights_bw = device.memory_bandwidth * device.bandwidth_efficiency
+    kv_bw = device.memory_bandwidth * device.kv_efficiency
+    logit_tokens = new_tokens if logit_tokens is None else logit_tokens
+    args = (weights_bytes, new_tokens, attended_pairs, kv_read_bytes, kv_write_bytes, copy_bytes, logit_tokens)
+    scalar = all(np.ndim(a) == 0 for a in args)
+    w, n, pairs, kr, kw, cb, logits = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in args))
+    nbytes = w + kr + kw
+    head = float(model.vocab * model.hidden) if model.weight_params else 0.0
+    flops = (2.0 * (matmul_params(model) - head) * n + 2.0 * head * logits
+             + 4.0 * model.layers * model.heads * model.head_dim * pairs)
+    memory_s = w / weights_bw + (kr + kw) / kv_bw
+    compute_s = flops / peak
+    copy_s = cb / device.copy_bandwidth
+    overhead = np.full(w.shape, device.step_overhead_s)
+    seconds = np.maximum(memory_s, compute_s) + copy_s + overhead
+    bound = np.where(compute_s > memory_s, "compute", "memory")
+    if scalar:
+        return StepCost(float(seconds), str(bound), float(memory_s), float(compute_s), float(copy_s),
+                        float(overhead), float(nbytes), float(flops))
+    return StepCost(seconds, bound, memory_s, compute_s, copy_s, overhead, nbytes, flops)
+
+
+def attended_pairs(model: ModelSpec, context: Any, new: Any) -> Any:
+    """Σ over ``new`` tokens appended after ``context`` cached ones of the positions each
+    attends to (itself included), capped by the model's sliding window."""
+    context = np.asarray(context, dtype=np.float64)
+    new = np.asarray(new, dtype=np.float64)
+    # token i (0-based among the new) attends to context + i + 1 positions
+    total = new * context + new * (new + 1) / 2
+    if model.sliding_window is not None:
+        w = float(model.sliding_window)
+        # positions beyond the window: Σ_i max(0, context + i + 1 - w)
+        first = np.maximum(0.0, w - context)  # new tokens that still fit the window entirely
+        over = np.maximum(0.0, new - np.minimum(first, new))
+        start = context + np.minimum(first, new) + 1 - w  # excess of the first over-window token
+        total = total - over * start - over * (over - 1) / 2
+    return total if total.ndim else float(total)
+
+
+def forward_cost(
+    model: ModelSpec,
+    device: Device,
+    kv: Precision,
+    *,
+    batch: Any,
+    context: Any,
+    new: Any,
+    weights_precision: str = "f16",
+    copy_bytes: Any = 0,
+    precision: str | None = None,
+) -> StepCost:
+    """One forward pass of ``batch`` sequences, each with ``context`` cached tokens and
+    ``new`` tokens to process: decode is ``new=1``, a prefill is ``context=0, new=prompt``.
+    Reads the attended KV (window-capped), writes the new tokens' KV."""
+    per_token = kv.kv_bytes_per_token(model)
+    batch = np.asarray(batch, dtype=np.float64)
+    context = np.asarray(context, dtype=np.float64)
+    new = np.asarray(new, dtype=np.float64)
+    window = model.sliding_window
+    visible = context if window is None else np.minimum(context, float(window))
+    result = step_cost(
+        model,
+        device,
+        weights_bytes=model_weights_bytes(model, weights_precision),
+        new_tokens=batch * new,
+        attended_pairs=batch * np.asarray(attended_pairs(model, context, new)),
+        kv_read_bytes=batch * visible * per_token,
+        kv_write_bytes=batch * new * per_token,
+        copy_bytes=copy_bytes,
+        precision=precision,
+        logit_tokens=batch,
+    )
+    return result
+
+
+# --------------------------------------------------------------------------- devices
+
+#: Preset devices by name; ``host`` is added from the calibration file when present.
+DEVICES: dict[str, Device] = {}
+
+
+def _register(device: Device) -> Device:
+    DEVICES[device.name] = device
+    return device
+
+
+def host_preset_path() -> Path:
+    """Where ``simkv calibrate`` writes the host preset (``$SIMKV_HOST_PRESET`` overrides)."""
+    import os
+
+    override = os.environ.get("SIMKV_HOST_PRESET")
+    if override:
+        return Path(override)
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "simkv" / "host.json"
+
+
+def load_device(path: str | Path) -> Device:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read device file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"device file {path} is not JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"device file {path} must hold a JSON object")
+    return Device.from_dict(data)
+
+
+def get_device(name_or_path: str) -> Device:
+    """A preset by name, ``host`` (the calibration file), or a device JSON file path."""
+    key = name_or_path.lower()
+    if key in DEVICES:
+        return DEVICES[key]
+    if key == "host":
+        path = host_preset_path()
+        if not path.exists():
+            raise ConfigError(f"no host preset at {path}; run `simkv calibrate` first")
+        return load_device(path)
+    if name_or_path.endswith(".json") or Path(name_or_path).exists():
+        return load_device(name_or_path)
+    raise ConfigError(f"unknown device {name_or_path!r}; presets: {', '.join(DEVICES)}, host, or a preset file")
+
+
+T = 1e12
+G = 1e9
+
+# Presets: peaks from vendor sheets; efficiencies from published measurements (see sources).
+_H100 = "experiments/data/h100.json (experiments/h100_bench.py on one H100 80GB HBM3 SXM, torch 2.11, CUDA events, median of 30)"
+_register(Device(
+    name="h100-sxm",
+    description="NVIDIA H100 SXM5 80 GB (HBM3), engine-grade step (CUDA graphs)",
+    memory_bytes=80 * 10**9,
+    memory_bandwidth=3.35 * T,
+    peak_flops={"bf16": 989.4 * T, "f16": 989.4 * T, "f8": 1978.9 * T, "int8": 1978.9 * T, "tf32": 494.7 * T, "f32": 66.9 * T},
+    bandwidth_efficiency=0.694,
+    kv_bandwidth_efficiency=0.892,
+    flops_efficiency=0.561,
+    step_overhead_s=0.0,
+    copy_bandwidth=1.493 * T,
+    compute_precision="bf16",
+    sources={
+        "memory_bandwidth": "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 3.35 TB/s HBM3, 80 GB)",
+        "peak_flops": "NVIDIA H100 datasheet, dense (half the with-sparsity figures)",
+        "kv_bandwidth_efficiency": "measured: 2 GiB device-to-device copy, 2.99 TB/s read+written = 0.892 of peak; " + _H100,
+        "bandwidth_efficiency": "measured: llama-2-7b bf16 decode, batch 1, context 128, CUDA-graph step 5.82 ms, "
+                                "minus its KV at the copy rate: 13.48 GB of weights at 0.694 of peak; " + _H100,
+        "flops_efficiency": "measured: llama-2-7b bf16 prefill of 2,048 tokens (eager forward) 49.8 ms for 27.6 TFLOP "
+                            "= 0.561 of peak (a bf16 8192^3 matmul alone reaches 0.772); " + _H100,
+        "step_overhead_s": "0: a CUDA-graph step has no per-kernel launch cost; the eager loop adds 0.7-5 ms on the "
+                           "same shapes (eager_step_s - step_s in " + _H100.split(" (")[0] + ")",
+        "copy_bandwidth": "measured: the 2 GiB copy moved 1.49 TB/s of buffer (each byte read and written); " + _H100,
+    },
+))
+
+_register(Device(
+    name="a100-80gb",
+    description="NVIDIA A100 SXM4 80 GB (HBM2e)",
+    memory_bytes=80 * 10**9,
+    memory_bandwidth=2.039 * T,
+    peak_flops={"bf16": 312 * T, "f16": 312 * T, "int8": 624 * T, "tf32": 156 * T, "f32": 19.5 * T},
+    bandwidth_efficiency=0.85,
+    flops_efficiency=0.70,
+    step_overhead_s=30e-6,
+    copy_bandwidth=2.039 * T * 0.85 / 2,
+    compute_precision="bf16",
+    sources={
+        "memory_bandwidth": "NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM: 2,039 GB/s)",
+        "peak_flops": "NVIDIA A100 datasheet, dense (half the with-sparsity figures)",
+        "bandwidth_efficiency": "provisional",
+        "flops_efficiency": "provisional",
+        "step_overhead_s": "provisional",
+        "copy_bandwidth": "a copy reads and writes each byte: achieved bandwidth / 2",
+    },
+))
+
+_register(Device(
+    name="arc-a770",
+    description="Intel Arc A770 16 GB (GDDR6, 32 Xe-cores, 512 XMX engines)",
+    memory_bytes=16 * GIB,
+    memory_bandwidth=560 * G,
+    # Xe-core: 2,048 FP16/BF16 and 4,096 INT8 XMX ops per clock; 256 FP32 ops per clock (vector)
+    peak_flops={"f16": 32 * 2048 * 2.1e9, "bf16": 32 * 2048 * 2.1e9, "int8": 32 * 4096 * 2.1e9, "f32": 32 * 256 * 2.1e9},
+    bandwidth_efficiency=0.75,
+    flops_efficiency=0.50,
+    step_overhead_s=1e-3,
+    copy_bandwidth=560 * G * 0.75 / 2,
+    compute_precision="f16",
+    sources={
+        "memory_bandwidth": "Intel ARK, Arc A770 Graphics 16GB: 560 GB/s, 2,100 MHz graphics clock",
+        "peak_flops": "Intel Architecture Day 2021, Xe-HPG Xe-core ops/clock x 32 Xe-cores x 2.1 GHz",
+        "bandwidth_efficiency": "provisional",
+        "flops_efficiency": "provisional",
+        "step_overhead_s": "provisional",
+        "copy_bandwidth": "a copy reads and writes each byte: achieved bandwidth / 2",
+    },
+))
+
+_register(Device(
+    name="xeon-8480",
+    description="Intel Xeon Platinum 8480+ socket (Sapphire Rapids, 56 cores, 8x DDR5-4800, AMX)",
+    memory_bytes=512 * GIB,
+    memory_bandwidth=8 * 8 * 4800e6,
+    # AMX: 1,024 BF16 / 2,048 INT8 ops per cycle per core; AVX-512: 2 FMA x 16 f32 lanes
+    peak_flops={"bf16": 56 * 1024 * 2.0e9, "int8": 56 * 2048 * 2.0e9, "f32": 56 * 64 * 2.0e9},
+    bandwidth_efficiency=0.75,
+    flops_efficiency=0.50,
+    step_overhead_s=1e-3,
+    copy_bandwidth=8 * 8 * 4800e6 * 0.75 / 2,
+    compute_precision="bf16",
+    sources={
+        "memory_bandwidth": "Intel ARK, Xeon Platinum 8480+: 8 channels DDR5-4800 (8 B x 4.8 GT/s each)",
+        "peak_flops": "Intel ARK base clock 2.0 GHz x 56 cores x AMX/AVX-512 ops per cycle (Intel optimization manual)",
+        "bandwidth_efficiency": "provisional",
+        "flops_efficiency": "provisional",
+        "step_overhead_s": "provisional",
+        "copy_bandwidth": "a copy reads and writes each byte: achieved bandwidth / 2",
+    },
+))
+
+_register(Device(
+    name="core-ultra-155h-igpu",
+    description="Intel Core Ultra 7 155H integrated Arc GPU (8 Xe-LPG cores, LPDDR5X-7467 shared)",
+    memory_bytes=16 * GIB,
+    memory_bandwidth=16 * 7467e6,
+    # Xe-LPG core: 128 FP32 lanes (FMA = 2 FLOPs), FP16 at twice the rate, INT8 DP4a at 4x; 2.25 GHz
+    peak_flops={"f32": 8 * 256 * 2.25e9, "f16": 8 * 512 * 2.25e9, "int8": 8 * 1024 * 2.25e9},
+    bandwidth_efficiency=0.75,
+    flops_efficiency=0.50,
+    step_overhead_s=1e-3,
+    copy_bandwidth=16 * 7467e6 * 0.75 / 2,
+    compute_precision="f16",
+    sources={
+        "memory_bytes": "half of a 32 GB system (the iGPU shares system memory)",
+        "memory_bandwidth": "Intel ARK, Core Ultra 7 155H: LPDDR5X-7467, 128-bit bus",
+        "peak_flops": "Intel ARK max graphics clock 2.25 GHz x 8 Xe-cores x 128 FP32 lanes x 2",
+        "bandwidth_efficiency": "provisional",
+        "flops_efficiency": "provisional",
+        "step_overhead_s": "provisional",
+        "copy_bandwidth": "a copy reads and writes each byte: achieved bandwidth / 2",
+    },
+))
