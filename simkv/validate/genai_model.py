@@ -7,7 +7,8 @@ Lightest path, no download, no torch, no transformers:
   Gather(beam_idx) -> Concat -> SDPA per layer). GenAI turns it into its paged form itself
   (``paged_attention_transformation``: the per-layer state becomes ``key_cache.N`` /
   ``value_cache.N`` inputs); measured with openvino-genai 2026.4.1: the pipeline builds and
-  generates on CPU.
+  generates on CPU. Its logits get a -1e9 bias on the prompt id range, so generated tokens never
+  coincide with prompt tokens (prefix-cache matches stay exactly those a workload declares).
 * ``openvino_tokenizer.xml`` / ``openvino_detokenizer.xml``: a word-level tokenizer trained
   locally with ``tokenizers`` (WordLevelTrainer on a generated corpus) and turned into IRs with
   openvino-tokenizers' pipeline steps (whitespace split + vocab encoder; vocab decoder + fuse).
@@ -33,8 +34,11 @@ from pathlib import Path
 
 __all__ = ["GenaiModelSpec", "EOS_TOKEN_ID", "cache_root", "model_dir"]
 
-#: Reserved ids of the toy vocabulary: 0 <unk>, 1 <bos>, 2 <eos>. Prompts use ids >= 3.
+#: Reserved ids of the toy vocabulary: 0 <unk>, 1 <bos>, 2 <eos>.
 EOS_TOKEN_ID = 2
+#: Prompts use ids in [PROMPT_ID_START, PROMPT_ID_END); the model never generates an id below
+#: PROMPT_ID_END (its logits there are -1e9), so generated tokens never look like prompt tokens.
+PROMPT_ID_START, PROMPT_ID_END = 3, 259
 SPECIAL_TOKENS = ("<unk>", "<bos>", "<eos>")
 _DONE = ".complete"
 
@@ -48,9 +52,13 @@ class GenaiModelSpec:
     heads: int = 4
     kv_heads: int = 2
     head_dim: int = 32
-    vocab: int = 512
+    vocab: int = 512  # ids >= PROMPT_ID_END (259) are the ones it generates
     seed: int = 0
     with_tokenizer: bool = True
+
+    def __post_init__(self) -> None:
+        if self.vocab <= PROMPT_ID_END:
+            raise ValueError(f"vocab must exceed {PROMPT_ID_END} (the prompt id range the model never generates)")
 
     def key(self) -> str:
         import openvino as ov
@@ -61,7 +69,7 @@ class GenaiModelSpec:
             tok = version("openvino-tokenizers") if self.with_tokenizer else "none"
         except Exception:  # pragma: no cover - metadata missing
             tok = "unknown"
-        return (f"genai-toy-L{self.layers}-H{self.heads}-KV{self.kv_heads}-S{self.head_dim}-V{self.vocab}"
+        return (f"genai-toy-v2-L{self.layers}-H{self.heads}-KV{self.kv_heads}-S{self.head_dim}-V{self.vocab}"
                 f"-seed{self.seed}-ov{ov.__version__.split('-')[0]}-tok{tok}")
 
 
@@ -122,6 +130,22 @@ def _write_tokenizer(spec: GenaiModelSpec, out: Path) -> None:
     ov.save_model(detokenizer, str(out / "openvino_detokenizer.xml"))
 
 
+def _mask_prompt_ids(model, vocab: int) -> None:
+    """logits += bias with -1e9 on ids < PROMPT_ID_END: greedy, multinomial and beam search never pick them."""
+    import numpy as np
+    import openvino.opset13 as ops
+
+    bias = np.zeros(vocab, np.float32)
+    bias[:PROMPT_ID_END] = -1e9
+    result = model.get_results()[0]
+    logits = result.input_value(0)
+    biased = ops.add(logits, ops.constant(bias))
+    logits.get_tensor().set_names(set())
+    biased.output(0).set_names({"logits"})
+    result.input(0).replace_source_output(biased.output(0))
+    model.validate_nodes_and_infer_types()
+
+
 def _build(spec: GenaiModelSpec, out: Path) -> None:
     import openvino as ov
 
@@ -129,6 +153,7 @@ def _build(spec: GenaiModelSpec, out: Path) -> None:
 
     model = build_stateful_decoder(ToyDecoderSpec(layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
                                                   head_dim=spec.head_dim, vocab=spec.vocab, seed=spec.seed))
+    _mask_prompt_ids(model, spec.vocab)
     ov.save_model(model, str(out / "openvino_model.xml"))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_TOKEN_ID, "bos_token_id": 1,
                                                             "pad_token_id": 0}, indent=1) + "\n")
