@@ -1,0 +1,275 @@
+"""One library call serves the CLI, the dashboard, the experiments and ``simkv validate --paged``:
+:func:`serve` (a :class:`ServingSpec` → a :class:`ServingResult`)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from simkv.errors import ConfigError
+from simkv.ledger import Ledger
+from simkv.serving.requests import Request, check_workload
+from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, PagedConfig
+
+SCHEDULERS = ("sequential", "static", "continuous")
+MEMORIES = ("contiguous", "paged")
+ON_OOM = ("wait", "preempt", "reject")
+DEFAULT_DEVICE = "xeon-8480"
+
+#: Request table columns (``--requests``), as the issue's contract names them.
+REQUEST_COLUMNS = ("id", "arrival_s", "prompt", "max_new_tokens", "generated", "status", "ttft_s", "tpot_s", "e2e_s",
+                   "preemptions", "prefix_hit_tokens")
+
+#: Context lengths (max_position_embeddings of each preset's config.json).
+CONTEXT = {"gpt2": 1024, "tinyllama-1.1b": 2048, "qwen2.5-0.5b": 32768, "phi-3.5-mini": 131072, "llama-2-7b": 4096,
+           "llama-2-13b": 4096, "llama-3-8b": 8192, "mistral-7b": 32768, "qwen2.5-7b": 32768, "llama-3-70b": 8192}
+
+
+@dataclass
+class ServingSpec:
+    """Everything a serving run needs (plain values; see :func:`serve`)."""
+
+    requests: list[Request]
+    model: object  # ModelSpec
+    precision: object  # Precision
+    scheduler: str = "continuous"
+    memory: str = "paged"
+    paged: PagedConfig = field(default_factory=PagedConfig)
+    device: str = DEFAULT_DEVICE
+    device_memory: int | None = None  # default: the device preset's memory
+    weights_bytes: int = 0
+    block_bytes: int | None = None  # override of the bytes per block (all layers, K+V)
+    policy: str = "openvino-cpu"  # contiguous memory: the per-request buffer policy
+    static_batch: int = 8
+    max_context: int | None = None
+    trace_requests: bool = False
+
+
+@dataclass(eq=False)
+class ServingResult:
+    spec: ServingSpec
+    groups: list
+    #: One row per engine step (:data:`simkv.serving.engine.STEP_TABLE`).
+    steps: np.ndarray
+    #: One row per live request per step (only with ``trace_requests``).
+    progress: np.ndarray
+    ledger: Ledger
+    device_name: str = ""
+
+    # -- tables --------------------------------------------------------------------------------
+
+    def request_rows(self) -> list[tuple]:
+        out = []
+        for g in sorted(self.groups, key=lambda g: g.index):
+            r = g.req
+            ttft = g.first_token_s - g.added_s if g.first_token_s is not None else float("nan")
+            e2e = g.finish_s - g.added_s if g.status == FINISHED else float("nan")
+            tpot = ((g.finish_s - g.first_token_s) / (g.generated - 1)
+                    if g.status == FINISHED and g.generated > 1 else float("nan"))
+            out.append((r.id, float(g.added_s), g.P, g.G, g.generated, g.status, float(ttft), float(tpot), float(e2e),
+                        g.preemptions, g.prefix_hit))
+        return out
+
+    @cached_property
+    def request_table(self) -> dict[str, np.ndarray]:
+        rows = self.request_rows()
+        cols = list(zip(*rows)) if rows else [[] for _ in REQUEST_COLUMNS]
+        return {name: np.asarray(col) for name, col in zip(REQUEST_COLUMNS, cols)}
+
+    def write_steps(self, path: str | Path) -> Path:
+        from simkv.serving.engine import STEP_COLUMNS
+
+        return _write_csv(path, STEP_COLUMNS, zip(*(self.steps[c].tolist() for c in STEP_COLUMNS)))
+
+    def write_requests(self, path: str | Path) -> Path:
+        return _write_csv(path, REQUEST_COLUMNS, self.request_rows())
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    @cached_property
+    def metrics(self) -> dict:
+        s = self.steps
+        t = self.request_table
+        status = t["status"]
+        dt = s["step_s"]
+        span = float(dt.sum())
+        w = dt if span > 0 else np.ones(len(s))
+        wsum = float(w.sum()) or 1.0
+
+        def tmean(col):
+            return int(round(float((s[col] * w).sum() / wsum))) if len(s) else 0
+
+        def pct(values, q):
+            v = values[~np.isnan(values)]
+            return float(np.percentile(v, q)) if len(v) else None
+
+        ttft, tpot = t["ttft_s"].astype(float), t["tpot_s"].astype(float)
+        in_use = s["allocated_bytes"] - s["reserved_bytes"]
+        tokens = int(t["generated"].sum() * 1)
+        rows = self.ledger.rows
+        from simkv.ledger import ALLOC, COPY
+
+        copy_rows = int(rows["bytes"][rows["op"] == COPY].sum()) if len(rows) else 0
+        hit = t["prefix_hit_tokens"].astype(np.int64)
+        prompts = t["prompt"].astype(np.int64)
+        final = s[-1] if len(s) else None
+        return {
+            # the keys of `simkv run --json`, with their serving meaning
+            "peak_allocated_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
+            "peak_resident_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
+            "final_allocated_bytes": int(final["allocated_bytes"]) if final is not None else 0,
+            "mean_allocated_bytes": tmean("allocated_bytes"),
+            "used_bytes": int(final["used_bytes"]) if final is not None else 0,
+            "peak_used_bytes": int(s["used_bytes"].max()) if len(s) else 0,
+            "waste_bytes": tmean("allocated_bytes") - tmean("used_bytes"),
+            "waste_reserved_bytes": tmean("reserved_bytes"),
+            "waste_transient_bytes": tmean("peak_bytes") - tmean("allocated_bytes"),
+            "realloc_count": _replaced_buffers(rows, self.spec.model.layers),
+            "bytes_copied": int(s["copy_bytes"].sum()),
+            "pool_bytes_copied": copy_rows,
+            "steps": len(s),
+            "oom_step": None,
+            # serving
+            "requests_total": len(status),
+            "requests_finished": int((status == FINISHED).sum()),
+            "requests_ignored": int((status == IGNORED).sum()),
+            "requests_rejected": int((status == REJECTED).sum()),
+            "preemptions": int(s["preemptions"].sum()),
+            "prefix_hit_rate": float(hit.sum() / prompts.sum()) if prompts.sum() else 0.0,
+            "waste_internal_bytes": tmean("internal_bytes"),
+            "mean_in_use_bytes": int(round(float((in_use * w).sum() / wsum))) if len(s) else 0,
+            "waste_internal_pct_of_in_use": 100.0 * float((s["internal_bytes"] * w).sum()) / float((in_use * w).sum())
+            if len(s) and (in_use * w).sum() else 0.0,
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+            "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
+            "throughput_tokens_per_s": tokens / float(s["time_s"][-1]) if len(s) and s["time_s"][-1] > 0 else 0.0,
+            "sim_time_s": float(s["time_s"][-1]) if len(s) else 0.0,
+        }
+
+    def summary(self) -> dict:
+        sp = self.spec
+        out = dict(self.metrics)
+        out["scenario"] = {
+            "model": sp.model.name, "layers": sp.model.layers, "heads": sp.model.heads, "kv_heads": sp.model.kv_heads,
+            "head_dim": sp.model.head_dim, "precision": sp.precision.name, "scheduler": sp.scheduler,
+            "memory": sp.memory, "device": self.device_name, "device_memory_bytes": sp.device_memory,
+            "weights_memory_bytes": sp.weights_bytes, "kv_bytes_per_token": sp.precision.kv_bytes_per_token(sp.model),
+            "paged": dict(vars(sp.paged)) if sp.memory == "paged" else None,
+            "policy": sp.policy if sp.memory == "contiguous" else None,
+        }
+        out["oom"] = None
+        return out
+
+
+def _replaced_buffers(rows, layers: int) -> int:
+    """K/V tensors allocated to replace a live one (every allocation after each tensor's first)."""
+    from simkv.ledger import ALLOC, TENSOR_CODE
+
+    kv = np.isin(rows["tensor"], [TENSOR_CODE["k"], TENSOR_CODE["v"]]) & (rows["op"] == ALLOC)
+    first = len(np.unique(rows["request"][kv].astype(np.int64) * (1 << 40) + rows["layer"][kv] * 8 + rows["tensor"][kv]))
+    return int(kv.sum()) - first
+
+
+def _write_csv(path, columns, rows) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(columns)
+        for row in rows:
+            w.writerow(["" if isinstance(v, float) and np.isnan(v) else (repr(v) if isinstance(v, float) else v)
+                        for v in row])
+    return path
+
+
+def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
+    """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec."""
+    from simkv.cost import get_device
+
+    if spec.scheduler not in SCHEDULERS:
+        raise ConfigError(f"unknown scheduler {spec.scheduler!r}; choose {', '.join(SCHEDULERS)}")
+    if spec.memory not in MEMORIES:
+        raise ConfigError(f"unknown memory {spec.memory!r}; choose {', '.join(MEMORIES)}")
+    if spec.paged.on_oom not in ON_OOM:
+        raise ConfigError(f"unknown --on-oom {spec.paged.on_oom!r}; choose {', '.join(ON_OOM)}")
+    cfg = spec.paged
+    for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name} must be positive")
+    if cfg.num_kv_blocks < 0 or cfg.cache_size_gib < 0:
+        raise ConfigError("num_kv_blocks and cache_size must be >= 0")
+    if cfg.num_kv_blocks and cfg.cache_size_gib:
+        raise ConfigError("give num_kv_blocks or cache_size, not both")
+    context = spec.max_context if spec.max_context is not None else CONTEXT.get(spec.model.name)
+    check_workload(spec.requests, context)
+    device = get_device(spec.device)
+    if spec.device_memory is None:
+        spec.device_memory = device.memory_bytes
+    if spec.weights_bytes >= spec.device_memory:
+        raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)")
+    bar = None
+    if progress:
+        bar = _progress_bar(len(spec.requests))
+    try:
+        if spec.scheduler == "continuous" and spec.memory == "paged":
+            from simkv.serving.engine import PagedServing
+
+            eng = PagedServing(spec.requests, spec.model, spec.precision, cfg, device=device,
+                               weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
+                               block_bytes=spec.block_bytes, trace_requests=spec.trace_requests,
+                               progress=bar.update_to if bar else None)
+            groups, steps, prog, _ = eng.run()
+            ledger = eng.ledger
+        else:
+            raise ConfigError(f"--scheduler {spec.scheduler} with --memory {spec.memory} is not available")
+    finally:
+        if bar:
+            bar.close()
+    return ServingResult(spec, groups, steps, prog, ledger, device.name)
+
+
+def _progress_bar(total: int):
+    import sys
+    import time
+
+    from tqdm import tqdm
+
+    class Bar:
+        def __init__(self):
+            self.t0 = time.monotonic()
+            self.bar = None
+            self.n = 0
+
+        def update_to(self, n):
+            if self.bar is None:
+                if time.monotonic() - self.t0 < 1.0 or not sys.stderr.isatty():
+                    self.n = n
+                    return
+                self.bar = tqdm(total=total, unit="req", desc="serving", leave=False)
+            self.bar.update(n - self.bar.n)
+
+        def close(self):
+            if self.bar is not None:
+                self.bar.close()
+
+    return Bar()
+
+
+def simulate_paged(requests: list[Request], *, model, precision, block_size: int = 32, num_kv_blocks: int = 0,
+                   cache_size: float = 0.0, max_num_batched_tokens: int = 256, max_num_seqs: int = 256,
+                   dynamic_split_fuse: bool = True, enable_prefix_caching: bool = False, block_bytes: int | None = None,
+                   device: str = DEFAULT_DEVICE, device_memory: int | None = None, weights_bytes: int = 0,
+                   max_context: int | None = 0) -> ServingResult:
+    """GenAI continuous batching on a paged pool, with per-step per-request progress
+    (``result.progress``) — the call ``simkv validate --paged`` compares with the real pipeline."""
+    cfg = PagedConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, cache_size_gib=cache_size,
+                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                      dynamic_split_fuse=dynamic_split_fuse, enable_prefix_caching=enable_prefix_caching)
+    spec = ServingSpec(list(requests), model, precision, "continuous", "paged", cfg, device=device,
+                       device_memory=device_memory, weights_bytes=weights_bytes, block_bytes=block_bytes,
+                       max_context=max_context, trace_requests=True)
+    return serve(spec)
