@@ -213,23 +213,19 @@ def kv_layout(model_path: str | Path, properties: dict | None = None) -> KVLayou
 # --------------------------------------------------------------------------- beam bounds
 
 
-def beam_bounds(prompt: int, processed: int, beams: int, generated: int) -> tuple[int, int]:
-    """Blocks one beam-search request can hold, whatever its lineage.
+def beam_bounds(prompt: int, context: int, beams: int, generated: int) -> tuple[int, int]:
+    """Blocks one beam-search request with ``context`` tokens per beam can hold, whatever its lineage.
 
-    Before its first token (``generated == 0``) it is one sequence: ``ceil(processed / 32)`` blocks.
-    After that every beam has ``L = prompt + generated`` tokens and shares the prompt's full blocks
-    (``floor(prompt / 32)``); the rest lies between all beams sharing every block they can (one lineage:
-    ``ceil(L / 32)`` in all, plus one partly filled last block per other beam once they diverge —
-    bounded below by ``ceil(L / 32)``) and no sharing beyond the prompt:
-    ``floor(P/32) + beams · (ceil(L/32) − floor(P/32))``.
+    Before its first token (``generated == 0``) it is one sequence: ``ceil(context / 32)`` blocks.
+    After that, every beam shares the prompt's full blocks (``floor(prompt / 32)``); at least the beams
+    form one lineage (``ceil(context / 32)`` blocks in all), at most they share nothing else:
+    ``floor(P/32) + beams · (ceil(C/32) − floor(P/32))``.
     """
+    n = -(-context // BLOCK_SIZE)
     if generated == 0:
-        n = -(-processed // BLOCK_SIZE)
         return n, n
-    total = prompt + generated
-    shared = prompt // BLOCK_SIZE
-    upper = shared + beams * (-(-total // BLOCK_SIZE) - shared)
-    return -(-total // BLOCK_SIZE), upper
+    shared = min(prompt, context) // BLOCK_SIZE
+    return n, shared + beams * (n - shared)
 
 
 # --------------------------------------------------------------------------- the real run
@@ -518,3 +514,389 @@ def random_case(rng: np.random.Generator) -> tuple[list, SchedulerOptions]:
     opts = SchedulerOptions(num_kv_blocks=blocks, max_num_batched_tokens=batched, max_num_seqs=seqs,
                             dynamic_split_fuse=split_fuse, enable_prefix_caching=caching)
     return reqs, opts
+
+
+# --------------------------------------------------------------------------- the simulated side
+
+
+def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: SchedulerOptions, layout: KVLayout,
+             spec) -> tuple[list[dict], list[dict]]:
+    """The same workload (same token ids) through simkv's paged continuous scheduler
+    (:func:`simkv.serving.simulate_paged` with the real bytes per block): step records shaped like
+    :func:`run_real`'s, with per request ``processed`` added, and the pool's ledger events."""
+    from simkv.models import custom_model
+    from simkv.precision import get_precision
+    from simkv.serving import simulate_paged
+
+    from .compare import predicted_events
+
+    reqs = [replace(r, token_ids=tuple(ids)) for r, ids in zip(requests, token_ids)]
+    try:
+        precision = get_precision(layout.kv_precision)
+    except ConfigError:
+        precision = get_precision("u8")  # only names the type: block_bytes below carries the real size
+    res = simulate_paged(reqs, model=custom_model(layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
+                                                  head_dim=spec.head_dim),
+                         precision=precision, block_size=BLOCK_SIZE, num_kv_blocks=opts.num_kv_blocks,
+                         cache_size=float(opts.cache_size), max_num_batched_tokens=opts.max_num_batched_tokens,
+                         max_num_seqs=opts.max_num_seqs, dynamic_split_fuse=opts.dynamic_split_fuse,
+                         enable_prefix_caching=opts.enable_prefix_caching, block_bytes=layout.block_bytes,
+                         device_memory=1 << 50)
+    by_step: dict[int, list] = {}
+    for row in res.progress:
+        by_step.setdefault(int(row["step"]), []).append(row)
+    arrival = {str(r.id): r.arrival_step for r in requests}
+    gen: dict[str, int] = {}
+    status: dict[str, str] = {}
+    processed: dict[str, int] = {}
+    steps = []
+    for row in res.steps:
+        k = int(row["step"])
+        for rid, a in arrival.items():  # added before step k: RUNNING with nothing generated until it shows up
+            if a <= k and rid not in status:
+                gen[rid], status[rid], processed[rid] = 0, "RUNNING", 0
+        for p in by_step.get(k, ()):
+            rid = str(int(p["request"]))
+            gen[rid], status[rid], processed[rid] = int(p["generated"]), str(p["status"]), int(p["processed"])
+        steps.append({"step": k, "requests": int(row["requests"]), "scheduled_requests": int(row["scheduled_requests"]),
+                      "blocks_used": int(row["blocks_used"]), "blocks_total": int(row["blocks_total"]),
+                      "generated": dict(gen), "status": dict(status), "processed": dict(processed)})
+    events = [e for e in predicted_events(res) if e["tensor"] in ("k", "v")]
+    return steps, events
+
+
+# --------------------------------------------------------------------------- one workload, many workloads
+
+
+@dataclass
+class CaseResult:
+    """One workload's comparison (the ``workloads`` entries of the JSON result)."""
+
+    index: int
+    scheduler: dict
+    requests: list[dict]
+    comparison: dict
+    allocations: dict
+    real_s: float
+    sim_s: float
+    steps: list[dict] | None = None  # per step, real and simulated (single-workload runs, for the report)
+
+
+def _request_dict(r) -> dict:
+    d = {"id": r.id, "arrival_step": r.arrival_step, "prompt": r.prompt, "max_new_tokens": r.max_new_tokens}
+    if r.prefix_id:
+        d.update(prefix_id=r.prefix_id, prefix_tokens=r.prefix_tokens)
+    if r.samples > 1:
+        d["samples"] = r.samples
+    if r.beam > 1:
+        d["beam"] = r.beam
+    return d
+
+
+def _beam_exemptions(requests, sim_steps: list[dict]) -> tuple[set[int], dict[int, tuple[int, int]]]:
+    """Steps where a beam-search request holds blocks, and the bounds of the real ``blocks_used`` there.
+
+    simkv models a beam request as ``beam`` sequences sharing only the prompt's full blocks (the most a
+    beam search can hold: :func:`beam_bounds`' upper bound). GenAI shares more along each beam's lineage,
+    which depends on the scores, so the real count lies between the simulated one less, per live beam
+    request, ``(beam − 1) · (ceil(C/32) − floor(P/32))`` (every beam one lineage: all blocks past the
+    prompt shared) and the simulated one. ``C`` is the request's processed context in the simulation.
+    """
+    beams = {str(r.id): r for r in requests if r.beam > 1}
+    exempt, bounds = set(), {}
+    if not beams:
+        return exempt, bounds
+    prev: dict[str, str] = {}
+    for s in sim_steps:
+        live = [rid for rid in beams if rid in s["status"] and (s["status"][rid] == "RUNNING"
+                                                               or prev.get(rid, "RUNNING") == "RUNNING")]
+        prev = s["status"]
+        if not live:
+            continue
+        slack = 0
+        for rid in live:
+            r = beams[rid]
+            lo, hi = beam_bounds(r.prompt, max(s["processed"][rid], 1), r.beam, max(s["generated"][rid], 1))
+            slack += hi - lo
+        exempt.add(s["step"])
+        bounds[s["step"]] = (s["blocks_used"] - slack, s["blocks_used"])
+    return exempt, bounds
+
+
+def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path: str | Path, spec, *, seed: int = 0,
+             trace: bool = True, keep_steps: bool = False, progress: bool = False) -> CaseResult:
+    """Real run, simulation and comparison of one workload."""
+    from .compare import align_events
+
+    ids = prompt_token_ids(requests, seed)
+    real = run_real(requests, ids, opts, model_path, trace=trace, seed=seed, progress=progress)
+    t0 = time.perf_counter()
+    sim_steps, sim_events = simulate(requests, ids, opts, real.layout, spec)
+    sim_s = time.perf_counter() - t0
+    exempt, bounds = _beam_exemptions(requests, sim_steps)
+    comparison = compare_steps(real.steps, sim_steps, exempt_blocks=exempt, bounds=bounds)
+    comparison["warnings"] = real.warnings
+    comparison["bounded_steps"] = len(exempt)
+    allocations: dict = {"compared": False, "real_events": len(real.pool_events),
+                         "plugin_transients": len(real.transient_events),
+                         "plugin_transient_bytes": sum(t["bytes"] for t in real.transient_events)}
+    if trace and sim_events is not None:
+        aligned = align_events(real.pool_events, sim_events)
+        counts = {s: sum(1 for e in aligned if e["status"] == s) for s in ("matched", "missing", "unexpected")}
+        allocations.update(compared=True, events_total=len(aligned), events_matched=counts["matched"],
+                           events_missing=counts["missing"], events_unexpected=counts["unexpected"],
+                           first_differences=[e for e in aligned if e["status"] != "matched"][:20])
+    steps = None
+    if keep_steps:
+        steps = [{"step": k, "real": real.steps[k] if k < len(real.steps) else None,
+                  "simulated": sim_steps[k] if k < len(sim_steps) else None}
+                 for k in range(max(len(real.steps), len(sim_steps)))]
+    return CaseResult(index=index, scheduler=asdict(opts), requests=[_request_dict(r) for r in requests],
+                      comparison=comparison, allocations=allocations, real_s=real.elapsed_s, sim_s=sim_s, steps=steps)
+
+
+def case_ok(c: CaseResult) -> bool:
+    a = c.allocations
+    return c.comparison["steps_mismatched"] == 0 and (not a["compared"] or
+                                                      a["events_missing"] == 0 and a["events_unexpected"] == 0)
+
+
+def paged_versions() -> dict:
+    from importlib.metadata import version
+
+    from .runner import versions
+
+    v = versions(None)
+    v.pop("MALLOC_MMAP_THRESHOLD_", None)
+    for pkg in ("openvino-genai", "openvino-tokenizers", "tokenizers"):
+        try:
+            v[pkg] = version(pkg)
+        except Exception:  # pragma: no cover
+            v[pkg] = None
+    return v
+
+
+def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, model_root: str | Path | None = None,
+             seed: int = 0, trace: bool = True, progress: bool = False, keep_steps: bool | None = None) -> dict:
+    """Every workload real vs simulated; the ``simkv validate --paged --json`` dict."""
+    check_dependencies()
+    from .genai_model import GenaiModelSpec, model_dir
+
+    t0 = time.perf_counter()
+    spec = spec or GenaiModelSpec()
+    path = model_dir(spec, model_root)
+    keep = len(cases) == 1 if keep_steps is None else keep_steps
+    results: list[CaseResult] = []
+    it: Iterable = enumerate(cases)
+    if progress and len(cases) > 1:
+        from tqdm import tqdm
+
+        it = tqdm(it, total=len(cases), desc="workloads", unit="workload", file=sys.stderr)
+    for i, (requests, opts) in it:
+        check_workload(requests)
+        results.append(run_case(i, requests, opts, path, spec, seed=seed, trace=trace, keep_steps=keep,
+                                progress=progress and len(cases) == 1))
+    layout = kv_layout(path, PIPELINE_PROPERTIES)
+    first = [{"workload": c.index, **m} for c in results for m in c.comparison["first_mismatches"]][:20]
+    alloc = [c.allocations for c in results if c.allocations["compared"]]
+    data = {
+        "steps_total": sum(c.comparison["steps_total"] for c in results),
+        "steps_matched": sum(c.comparison["steps_matched"] for c in results),
+        "steps_mismatched": sum(c.comparison["steps_mismatched"] for c in results),
+        "first_mismatches": first,
+        "workloads_total": len(results),
+        "workloads_matched": sum(case_ok(c) for c in results),
+        "allocations": {
+            "compared": bool(alloc),
+            "events_total": sum(a["events_total"] for a in alloc),
+            "events_matched": sum(a["events_matched"] for a in alloc),
+            "events_missing": sum(a["events_missing"] for a in alloc),
+            "events_unexpected": sum(a["events_unexpected"] for a in alloc),
+            "real_events": sum(c.allocations["real_events"] for c in results),
+            "plugin_transients": sum(c.allocations["plugin_transients"] for c in results),
+        },
+        "bounded_steps": sum(c.comparison["bounded_steps"] for c in results),
+        "block_bytes": layout.block_bytes,
+        "kv_precision": layout.kv_precision,
+        "kv_layout": {"layers": layout.layers, "block_size": BLOCK_SIZE, "key_block_shape": list(layout.key_shape),
+                      "value_block_shape": list(layout.value_shape)},
+        "model": {k: v for k, v in asdict(spec).items() if k != "with_tokenizer"} | {"dir": str(path)},
+        "seed": seed,
+        "workloads": [asdict(c) for c in results],
+        "versions": paged_versions(),
+    }
+    data["elapsed_s"] = time.perf_counter() - t0
+    return data
+
+
+def ok(data: dict) -> bool:
+    a = data["allocations"]
+    return data["steps_mismatched"] == 0 and a["events_missing"] == 0 and a["events_unexpected"] == 0
+
+
+def summary_lines(data: dict) -> list[str]:
+    a = data["allocations"]
+    lines = [
+        f"simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
+        f"  {'result':<24}{'PASS: every step matched' if ok(data) else 'FAIL: steps differ'}",
+        f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched",
+        f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}"
+        + (f" ({data['bounded_steps']:,} with beam search: blocks within bounds)" if data["bounded_steps"] else ""),
+        f"  {'KV precision':<24}{data['kv_precision']} ({data['block_bytes']:,} B per block, all layers, K+V)",
+    ]
+    if a["compared"]:
+        lines.append(f"  {'pool allocations':<24}{a['events_matched']:,} / {a['events_total']:,} matched "
+                     f"({a['events_missing']} missing, {a['events_unexpected']} unexpected)")
+    else:
+        lines.append(f"  {'pool allocations':<24}{a['real_events']:,} observed (not compared)")
+    for m in data["first_mismatches"][:5]:
+        fields = ", ".join(f"{k} real {v['real']} sim {v['simulated']}" for k, v in list(m["fields"].items())[:4])
+        lines.append(f"  {'mismatch':<24}workload {m['workload']} step {m['step']}: {fields}")
+    lines.append(f"  {'time':<24}{data['elapsed_s']:.1f} s")
+    return lines
+
+
+# --------------------------------------------------------------------------- report and CLI
+
+
+def steps_figure(data: dict):
+    """Blocks in use and pool size per step, real (solid) vs simulated (dashed), for a single workload."""
+    import plotly.graph_objects as go
+
+    from .report import COLORS, _layout
+
+    steps = (data["workloads"][0].get("steps") or []) if data["workloads"] else []
+    fig = go.Figure()
+    for key, color in (("blocks_used", COLORS["resident"]), ("blocks_total", COLORS["allocated"]),
+                       ("scheduled_requests", COLORS["latency"])):
+        for side, dash in (("real", "solid"), ("simulated", "dash")):
+            xs = [s["step"] for s in steps if s[side] is not None]
+            ys = [s[side][key] for s in steps if s[side] is not None]
+            fig.add_scatter(x=xs, y=ys, name=f"{side} {key}", line={"color": color, "dash": dash, "width": 1.5})
+    bad = [m["step"] for m in data["first_mismatches"] if m["workload"] == 0]
+    if bad:
+        fig.add_scatter(x=bad, y=[0] * len(bad), mode="markers", name="mismatching step",
+                        marker={"color": COLORS["event"], "symbol": "x", "size": 9})
+    fig.update_layout(xaxis_title="step", yaxis_title="blocks / requests")
+    return _layout(fig, "Per step: real (solid) vs simulated (dashed)")
+
+
+def write_report(data: dict, path: str | Path) -> Path:
+    """A self-contained HTML page: summary, the per-step figure (one workload), mismatches, workloads,
+    versions. Byte-identical for the same dict."""
+    import html
+
+    from plotly.offline import get_plotlyjs
+
+    from .report import _table
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    a = data["allocations"]
+    summary = _table([
+        ("result", "PASS: every step matched" if ok(data) else "FAIL: steps differ"),
+        ("steps matched / total", f"{data['steps_matched']:,} / {data['steps_total']:,}"),
+        ("workloads matched / total", f"{data['workloads_matched']:,} / {data['workloads_total']:,}"),
+        ("beam-search steps (blocks within bounds)", data["bounded_steps"]),
+        ("KV precision, block bytes", f"{data['kv_precision']}, {data['block_bytes']:,} B"),
+        ("pool allocations matched / total", f"{a['events_matched']:,} / {a['events_total']:,}" if a["compared"]
+         else f"{a['real_events']:,} observed, not compared"),
+        ("plugin transients (same size, freed in the step)", a["plugin_transients"]),
+    ])
+    rows = "".join(
+        f"<tr><td>{m['workload']}</td><td>{m['step']}</td><td>{html.escape(json.dumps(m['fields']))}</td></tr>"
+        for m in data["first_mismatches"])
+    mism = ("<p>None.</p>" if not rows else
+            f"<table><tr><th>workload</th><th>step</th><th>fields (real vs simulated)</th></tr>{rows}</table>")
+    wl = "".join(
+        f"<tr><td>{w['index']}</td><td>{w['comparison']['steps_matched']:,} / {w['comparison']['steps_total']:,}</td>"
+        f"<td>{html.escape(json.dumps(w['scheduler']))}</td><td>{len(w['requests'])}</td>"
+        f"<td>{w['real_s']:.2f}</td></tr>" for w in data["workloads"][:500])
+    fig = ""
+    if len(data["workloads"]) == 1 and data["workloads"][0].get("steps"):
+        fig = steps_figure(data).to_html(full_html=False, include_plotlyjs=False, div_id="simkv-paged-steps")
+    versions = _table([(k, v) for k, v in data["versions"].items() if k != "cpu_flags"])
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>simkv validate --paged</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
+th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:90%}}pre{{background:#f6f6f6;padding:1em}}</style>
+<script type="text/javascript">{get_plotlyjs()}</script></head><body>
+<h1>simkv validate --paged: OpenVINO GenAI continuous batching vs simkv's paged model</h1>
+{summary}
+<pre>{html.escape(chr(10).join(summary_lines(data)))}</pre>
+{fig}
+<h2>First mismatching steps</h2>{mism}
+<h2>Workloads</h2><table><tr><th>#</th><th>steps matched</th><th>scheduler</th><th>requests</th><th>real s</th></tr>{wl}</table>
+<h2>Versions</h2>{versions}
+</body></html>
+"""
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+MAX_RANDOM = 10_000
+
+
+def cases_from_args(args) -> list[tuple[list, SchedulerOptions]]:
+    """The workloads ``--trace`` or ``--random`` asks for (errors are one-line ConfigErrors)."""
+    if (args.trace is None) == (args.random is None):
+        raise ConfigError("--paged needs exactly one of --trace W.csv and --random N")
+    if args.ir or args.ops:
+        raise ConfigError("--paged runs its own model and workload: drop --ir/--ops")
+    if args.random is not None:
+        if not 1 <= args.random <= MAX_RANDOM:
+            raise ConfigError(f"--random must be in 1..{MAX_RANDOM:,}")
+        rng = np.random.default_rng(args.seed)
+        return [random_case(rng) for _ in range(args.random)]
+    from simkv.serving.requests import load_trace
+
+    opts = SchedulerOptions(num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
+                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                            dynamic_split_fuse=not args.no_dynamic_split_fuse,
+                            enable_prefix_caching=args.prefix_caching)
+    requests = load_trace(args.trace)
+    check_workload(requests)
+    return [(requests, opts)]
+
+
+def spec_from_args(args):
+    from .genai_model import GenaiModelSpec
+
+    heads = args.heads or 4
+    kv = args.kv_heads or (heads if args.heads else 2)
+    try:
+        return GenaiModelSpec(layers=args.layers or 2, heads=heads, kv_heads=kv, head_dim=args.head_dim or 32,
+                              vocab=args.vocab)  # weights: seed 0 (they do not change the schedule)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def cli_main(args) -> int:
+    """``simkv validate --paged``: exit 0 only if every step (and every pool allocation) matched."""
+    cases = cases_from_args(args)
+    spec = spec_from_args(args)
+    try:
+        check_dependencies()
+    except ImportError:
+        print(f"simkv validate: error: {MISSING_DEPS}", file=sys.stderr)
+        return 2
+    try:
+        data = validate(cases, spec=spec, seed=args.seed, trace=not args.no_memray, progress=sys.stderr.isatty())
+    except RuntimeError as err:  # the real pipeline refused the workload or configuration
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from ")]
+        print(f"simkv validate: error: the real pipeline failed: {lines[-1] if lines else repr(err)}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    if args.report:
+        write_report(data, args.report)
+    if args.json:
+        json.dump(data, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(summary_lines(data)))
+        for what, p in (("json", args.out), ("report", args.report)):
+            if p:
+                print(f"  {what:<24}{p}")
+    return 0 if ok(data) else 1

@@ -52,7 +52,7 @@ class GenaiModelSpec:
     heads: int = 4
     kv_heads: int = 2
     head_dim: int = 32
-    vocab: int = 512  # ids >= PROMPT_ID_END (259) are the ones it generates
+    vocab: int = 1000  # ids >= PROMPT_ID_END (259) are the ones it generates
     seed: int = 0
     with_tokenizer: bool = True
 
