@@ -520,10 +520,11 @@ def random_case(rng: np.random.Generator) -> tuple[list, SchedulerOptions]:
 
 
 def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: SchedulerOptions, layout: KVLayout,
-             spec) -> tuple[list[dict], list[dict]]:
+             spec) -> tuple[list[dict], list[dict], dict]:
     """The same workload (same token ids) through simkv's paged continuous scheduler
     (:func:`simkv.serving.simulate_paged` with the real bytes per block): step records shaped like
-    :func:`run_real`'s, with per request ``processed`` added, and the pool's ledger events."""
+    :func:`run_real`'s, with per request ``processed`` added, the pool's ledger events, and what the
+    run went through (preemptions, IGNORED requests, prefix-cache hits, pool growths)."""
     from simkv.models import custom_model
     from simkv.precision import get_precision
     from simkv.serving import simulate_paged
@@ -562,7 +563,13 @@ def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
                       "blocks_used": int(row["blocks_used"]), "blocks_total": int(row["blocks_total"]),
                       "generated": dict(gen), "status": dict(status), "processed": dict(processed)})
     events = [e for e in predicted_events(res) if e["tensor"] in ("k", "v")]
-    return steps, events
+    table, st = res.request_table, res.steps
+    facts = {"preemptions": int(np.sum(table["preemptions"])), "ignored": int(np.sum(table["status"] == "IGNORED")),
+             "prefix_hit_tokens": int(np.sum(table["prefix_hit_tokens"])),
+             "pool_growths": int(np.sum(st["blocks_total"][1:] != st["blocks_total"][:-1])) if len(st) > 1 else 0,
+             "max_blocks_used": int(st["blocks_used"].max()) if len(st) else 0,
+             "max_blocks_total": int(st["blocks_total"].max()) if len(st) else 0}
+    return steps, events, facts
 
 
 # --------------------------------------------------------------------------- one workload, many workloads
@@ -577,6 +584,7 @@ class CaseResult:
     requests: list[dict]
     comparison: dict
     allocations: dict
+    exercised: dict
     real_s: float
     sim_s: float
     steps: list[dict] | None = None  # per step, real and simulated (single-workload runs, for the report)
@@ -631,7 +639,7 @@ def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path:
     ids = prompt_token_ids(requests, seed)
     real = run_real(requests, ids, opts, model_path, trace=trace, seed=seed, progress=progress)
     t0 = time.perf_counter()
-    sim_steps, sim_events = simulate(requests, ids, opts, real.layout, spec)
+    sim_steps, sim_events, facts = simulate(requests, ids, opts, real.layout, spec)
     sim_s = time.perf_counter() - t0
     exempt, bounds = _beam_exemptions(requests, sim_steps)
     comparison = compare_steps(real.steps, sim_steps, exempt_blocks=exempt, bounds=bounds)
@@ -652,7 +660,8 @@ def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path:
                   "simulated": sim_steps[k] if k < len(sim_steps) else None}
                  for k in range(max(len(real.steps), len(sim_steps)))]
     return CaseResult(index=index, scheduler=asdict(opts), requests=[_request_dict(r) for r in requests],
-                      comparison=comparison, allocations=allocations, real_s=real.elapsed_s, sim_s=sim_s, steps=steps)
+                      comparison=comparison, allocations=allocations, exercised=facts, real_s=real.elapsed_s,
+                      sim_s=sim_s, steps=steps)
 
 
 def case_ok(c: CaseResult) -> bool:
