@@ -55,9 +55,11 @@ MISSING_DEPS = "paged validation needs openvino-genai: pip install 'simkv[openvi
 BLOCK_SIZE = 32  # GenAI's KV block on CPU (DESIGN §4b)
 STEP_FIELDS = ("requests", "scheduled_requests", "blocks_used", "blocks_total")
 #: Bounds on a real run (it costs CPU time on a shared machine): requests, tokens, steps.
-MAX_REQUESTS = 2000
-MAX_TOKENS = 400_000
-MAX_STEPS = 200_000
+MAX_REQUESTS = 500
+MAX_TOKENS = 100_000
+MAX_STEPS = 50_000
+#: Per-step records kept in the JSON result (for the report) only up to this many request entries.
+MAX_KEPT_ENTRIES = 200_000
 
 
 def check_dependencies() -> None:
@@ -331,7 +333,7 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
             if abs(used_f - used) > 0.05:
                 warnings.append(f"step {k}: cache_usage {m.cache_usage} of {total} blocks is not a whole block count")
             gen, status = {}, {}
-            for rid, h in handles.items():
+            for rid, h in list(handles.items()):  # live requests; one that ends here shows now, then leaves
                 st = h.get_status().name
                 while h.can_read():
                     for seq, out in h.read().items():
@@ -339,6 +341,8 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
                 done = st in ("FINISHED", "IGNORED")
                 gen[str(rid)] = max(counts[rid].values(), default=0) if streamed[rid] or done else None
                 status[str(rid)] = st
+                if done:
+                    del handles[rid], counts[rid]
             steps.append({"step": k, "requests": int(m.requests), "scheduled_requests": int(m.scheduled_requests),
                           "blocks_used": used, "blocks_total": total, "generated": gen, "status": status})
             k += 1
@@ -481,13 +485,21 @@ def compare_steps(real: Sequence[dict], sim: Sequence[dict], *, exempt_blocks: I
 # --------------------------------------------------------------------------- random workloads
 
 
+def group_blocks(prompt: int, new: int, sequences: int) -> int:
+    """Blocks a request with ``sequences`` samples holds at its end: the prompt's full blocks once, the
+    rest per sequence (DESIGN §4b): ``floor(P/32) + n · (ceil((P+G)/32) − floor(P/32))``."""
+    shared = prompt // BLOCK_SIZE
+    return shared + sequences * (-(-(prompt + new) // BLOCK_SIZE) - shared)
+
+
 def random_case(rng: np.random.Generator) -> tuple[list, SchedulerOptions]:
     """One small random workload and scheduler config, exercising what the validator compares exactly.
 
     Fixed pools (tight ones preempt and ignore), dynamic pools, split-fuse on and off (off: every
     sequence must fit ``max_num_batched_tokens`` whole, else GenAI stops with an assertion, and
     ``max_num_batched_tokens >= max_num_seqs``), chunked prompts, prefix caching with shared prefixes
-    (some prompts are exactly their prefix), multinomial samples. No beam search (bounds only).
+    (some prompts are exactly their prefix), multinomial samples whose group fits a fixed pool.
+    No beam search (bounds only).
     """
     from simkv.serving.requests import Request
 
@@ -511,6 +523,9 @@ def random_case(rng: np.random.Generator) -> tuple[list, SchedulerOptions]:
     if not split_fuse:
         batched = max(batched, seqs, max(r.prompt + r.max_new_tokens for r in reqs))
     blocks = 0 if rng.random() < 0.3 else int(rng.integers(2, 31))
+    if blocks:  # a sample group larger than the whole pool makes GenAI recompute it forever (DESIGN §4b)
+        reqs = [r if r.samples == 1 or group_blocks(r.prompt, r.max_new_tokens, r.samples) <= blocks
+                else replace(r, samples=1) for r in reqs]
     opts = SchedulerOptions(num_kv_blocks=blocks, max_num_batched_tokens=batched, max_num_seqs=seqs,
                             dynamic_split_fuse=split_fuse, enable_prefix_caching=caching)
     return reqs, opts
@@ -546,22 +561,15 @@ def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
     by_step: dict[int, list] = {}
     for row in res.progress:
         by_step.setdefault(int(row["step"]), []).append(row)
-    arrival = {str(r.id): r.arrival_step for r in requests}
-    gen: dict[str, int] = {}
-    status: dict[str, str] = {}
-    processed: dict[str, int] = {}
     steps = []
     for row in res.steps:
         k = int(row["step"])
-        for rid, a in arrival.items():  # added before step k: RUNNING with nothing generated until it shows up
-            if a <= k and rid not in status:
-                gen[rid], status[rid], processed[rid] = 0, "RUNNING", 0
-        for p in by_step.get(k, ()):
-            rid = str(int(p["request"]))
-            gen[rid], status[rid], processed[rid] = int(p["generated"]), str(p["status"]), int(p["processed"])
+        live = by_step.get(k, ())
         steps.append({"step": k, "requests": int(row["requests"]), "scheduled_requests": int(row["scheduled_requests"]),
                       "blocks_used": int(row["blocks_used"]), "blocks_total": int(row["blocks_total"]),
-                      "generated": dict(gen), "status": dict(status), "processed": dict(processed)})
+                      "generated": {str(int(p["request"])): int(p["generated"]) for p in live},
+                      "status": {str(int(p["request"])): str(p["status"]) for p in live},
+                      "processed": {str(int(p["request"])): int(p["processed"]) for p in live}})
     events = [e for e in predicted_events(res) if e["tensor"] in ("k", "v")]
     table, st = res.request_table, res.steps
     facts = {"preemptions": int(np.sum(table["preemptions"])), "ignored": int(np.sum(table["status"] == "IGNORED")),
@@ -588,6 +596,7 @@ class CaseResult:
     real_s: float
     sim_s: float
     steps: list[dict] | None = None  # per step, real and simulated (single-workload runs, for the report)
+    error: str | None = None  # the real pipeline failed on this workload (--random)
 
 
 def _request_dict(r) -> dict:
@@ -614,17 +623,14 @@ def _beam_exemptions(requests, sim_steps: list[dict]) -> tuple[set[int], dict[in
     exempt, bounds = set(), {}
     if not beams:
         return exempt, bounds
-    prev: dict[str, str] = {}
     for s in sim_steps:
-        live = [rid for rid in beams if rid in s["status"] and (s["status"][rid] == "RUNNING"
-                                                               or prev.get(rid, "RUNNING") == "RUNNING")]
-        prev = s["status"]
+        live = [rid for rid in beams if rid in s["status"]]  # in the pipeline at this step
         if not live:
             continue
         slack = 0
         for rid in live:
             r = beams[rid]
-            lo, hi = beam_bounds(r.prompt, max(s["processed"][rid], 1), r.beam, max(s["generated"][rid], 1))
+            lo, hi = beam_bounds(r.prompt, max(s["processed"][rid], 1), r.beam, s["generated"][rid])
             slack += hi - lo
         exempt.add(s["step"])
         bounds[s["step"]] = (s["blocks_used"] - slack, s["blocks_used"])
@@ -655,7 +661,7 @@ def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path:
                            events_missing=counts["missing"], events_unexpected=counts["unexpected"],
                            first_differences=[e for e in aligned if e["status"] != "matched"][:20])
     steps = None
-    if keep_steps:
+    if keep_steps and sum(len(x["status"]) for x in real.steps) <= MAX_KEPT_ENTRIES:
         steps = [{"step": k, "real": real.steps[k] if k < len(real.steps) else None,
                   "simulated": sim_steps[k] if k < len(sim_steps) else None}
                  for k in range(max(len(real.steps), len(sim_steps)))]
@@ -664,9 +670,14 @@ def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path:
                       sim_s=sim_s, steps=steps)
 
 
+def _one_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from ")]
+    return lines[-1] if lines else repr(err)
+
+
 def case_ok(c: CaseResult) -> bool:
     a = c.allocations
-    return c.comparison["steps_mismatched"] == 0 and (not a["compared"] or
+    return c.error is None and c.comparison["steps_mismatched"] == 0 and (not a["compared"] or
                                                       a["events_missing"] == 0 and a["events_unexpected"] == 0)
 
 
@@ -703,8 +714,17 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
         it = tqdm(it, total=len(cases), desc="workloads", unit="workload", file=sys.stderr)
     for i, (requests, opts) in it:
         check_workload(requests)
-        results.append(run_case(i, requests, opts, path, spec, seed=seed, trace=trace, keep_steps=keep,
-                                progress=progress and len(cases) == 1))
+        try:
+            results.append(run_case(i, requests, opts, path, spec, seed=seed, trace=trace, keep_steps=keep,
+                                    progress=progress and len(cases) == 1))
+        except RuntimeError as err:  # the real pipeline refused or did not finish: the workload fails
+            if len(cases) == 1:
+                raise
+            results.append(CaseResult(i, asdict(opts), [_request_dict(r) for r in requests],
+                                      {"steps_total": 0, "steps_matched": 0, "steps_mismatched": 0,
+                                       "first_mismatches": [], "bounded_steps": 0, "warnings": []},
+                                      {"compared": False, "real_events": 0, "plugin_transients": 0}, {}, 0.0, 0.0,
+                                      error=_one_line(err)))
     layout = kv_layout(path, PIPELINE_PROPERTIES)
     first = [{"workload": c.index, **m} for c in results for m in c.comparison["first_mismatches"]][:20]
     alloc = [c.allocations for c in results if c.allocations["compared"]]
@@ -715,6 +735,7 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
         "first_mismatches": first,
         "workloads_total": len(results),
         "workloads_matched": sum(case_ok(c) for c in results),
+        "workload_errors": [{"workload": c.index, "error": c.error} for c in results if c.error],
         "allocations": {
             "compared": bool(alloc),
             "events_total": sum(a["events_total"] for a in alloc),
@@ -740,7 +761,7 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
 
 def ok(data: dict) -> bool:
     a = data["allocations"]
-    return data["steps_mismatched"] == 0 and a["events_missing"] == 0 and a["events_unexpected"] == 0
+    return not data["workload_errors"] and data["steps_mismatched"] == 0 and a["events_missing"] == 0 and a["events_unexpected"] == 0
 
 
 def summary_lines(data: dict) -> list[str]:
@@ -758,6 +779,8 @@ def summary_lines(data: dict) -> list[str]:
                      f"({a['events_missing']} missing, {a['events_unexpected']} unexpected)")
     else:
         lines.append(f"  {'pool allocations':<24}{a['real_events']:,} observed (not compared)")
+    for e in data["workload_errors"][:5]:
+        lines.append(f"  {'real pipeline failed':<24}workload {e['workload']}: {e['error']}")
     for m in data["first_mismatches"][:5]:
         fields = ", ".join(f"{k} real {v['real']} sim {v['simulated']}" for k, v in list(m["fields"].items())[:4])
         lines.append(f"  {'mismatch':<24}workload {m['workload']} step {m['step']}: {fields}")
@@ -892,8 +915,7 @@ def cli_main(args) -> int:
     try:
         data = validate(cases, spec=spec, seed=args.seed, trace=not args.no_memray, progress=sys.stderr.isatty())
     except RuntimeError as err:  # the real pipeline refused the workload or configuration
-        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from ")]
-        print(f"simkv validate: error: the real pipeline failed: {lines[-1] if lines else repr(err)}", file=sys.stderr)
+        print(f"simkv validate: error: the real pipeline failed: {_one_line(err)}", file=sys.stderr)
         return 2
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
