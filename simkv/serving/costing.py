@@ -42,33 +42,56 @@ class StepTimer:
         probe = np.zeros((k + 1, k))
         probe[1:] = np.eye(k) * 1e6
         c = step_cost(model, device, **{a: probe[:, i] for i, a in enumerate(_ARGS)})
-        self._mem = (float(c.memory_s[0]), (np.asarray(c.memory_s[1:]) - c.memory_s[0]) / 1e6)
-        self._cmp = (float(c.compute_s[0]), (np.asarray(c.compute_s[1:]) - c.compute_s[0]) / 1e6)
-        self._copy = (float(c.copy_s[0]), (np.asarray(c.copy_s[1:]) - c.copy_s[0]) / 1e6)
+        mem0, cmp0, cp0 = float(c.memory_s[0]), float(c.compute_s[0]), float(c.copy_s[0])
+        coef = lambda a, a0: [float(v) for v in (np.asarray(a[1:]) - a0) / 1e6]  # noqa: E731
+        m, cm, cp = coef(c.memory_s, mem0), coef(c.compute_s, cmp0), coef(c.copy_s, cp0)
         self._ovh = float(c.overhead_s[0])
-        m, cm, cp = self._mem[1], self._cmp[1], self._copy[1]
-        # coefficients per argument (weights fixed per run)
-        self.m0 = self._mem[0] + m[0] * weights_bytes
-        self.c0 = self._cmp[0] + cm[0] * weights_bytes
-        self.mc = m[1:]
-        self.cc = cm[1:]
-        self.pc = self._copy[0] + cp[0] * weights_bytes, cp[1:]
-        self.rows: list[tuple] = []
+        # the weights are fixed for a run: fold them into the constants
+        self.m0, self.c0, self.p0 = mem0 + m[0] * weights_bytes, cmp0 + cm[0] * weights_bytes, cp0 + cp[0] * weights_bytes
+        self.mc, self.cc, self.pc = m[1:], cm[1:], cp[1:]
+        self.chunks: list[np.ndarray] = []
+        self.pending: list[tuple] = []
+
+    def _eval(self, x):
+        """The roofline with the probed coefficients; scalars or arrays, the same operations in the same order."""
+        mem = cmp_ = cp = 0
+        for cm_, cc_, cp_, v in zip(self.mc, self.cc, self.pc, x):
+            if cm_:
+                mem = mem + cm_ * v
+            if cc_:
+                cmp_ = cmp_ + cc_ * v
+            if cp_:
+                cp = cp + cp_ * v
+        return np.maximum(self.m0 + mem, self.c0 + cmp_) + (self.p0 + cp) + self._ovh
 
     def step(self, new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens) -> float:
         """Seconds of one step; the inputs are recorded for :meth:`official`."""
-        self.rows.append((new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens))
         x = (new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens)
-        mem = self.m0 + sum(c * v for c, v in zip(self.mc, x) if c)
-        cmp_ = self.c0 + sum(c * v for c, v in zip(self.cc, x) if c)
-        cp = self.pc[0] + sum(c * v for c, v in zip(self.pc[1], x) if c)
-        return max(mem, cmp_) + cp + self._ovh
+        self.pending.append(x)
+        return float(self._eval(x))
+
+    def steps(self, new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens) -> np.ndarray:
+        """Seconds of many steps (arrays), bit-identical to :meth:`step` on each."""
+        x = tuple(np.asarray(v, dtype=np.float64) for v in (new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens))
+        x = np.broadcast_arrays(*x)
+        self._flush()
+        self.chunks.append(np.stack(x, axis=1))
+        return self._eval(x)
+
+    def record_idle(self) -> None:
+        self.pending.append((0, 0, 0, 0, 0, 0))
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.chunks.append(np.asarray(self.pending, dtype=np.float64).reshape(-1, 6))
+            self.pending = []
 
     def official(self, estimated: np.ndarray):
         """``step_cost`` on every recorded step (a step that ran no forward pass costs nothing)."""
-        if not self.rows:
+        self._flush()
+        if not self.chunks:
             return np.zeros(0), None
-        a = np.asarray(self.rows, dtype=np.float64)
+        a = np.concatenate(self.chunks)
         c = step_cost(self.model, self.device, weights_bytes=self.weights, new_tokens=a[:, 0], attended_pairs=a[:, 1],
                       kv_read_bytes=a[:, 2], kv_write_bytes=a[:, 3], copy_bytes=a[:, 4], logit_tokens=a[:, 5])
         seconds = np.asarray(c.seconds, dtype=np.float64)

@@ -43,7 +43,9 @@ class ServingSpec:
     device_memory: int | None = None  # default: the device preset's memory
     weights_bytes: int = 0
     block_bytes: int | None = None  # override of the bytes per block (all layers, K+V)
-    policy: str = "openvino-cpu"  # contiguous memory: the per-request buffer policy
+    tensor_block_bytes: tuple[int, int] | None = None  # override: (K, V) bytes per block per layer
+    policy: object = "openvino-cpu"  # contiguous memory: the per-request buffer policy (name or Policy)
+    policy_options: dict | None = None
     static_batch: int = 8
     max_context: int | None = None
     trace_requests: bool = False
@@ -159,7 +161,7 @@ class ServingResult:
             "memory": sp.memory, "device": self.device_name, "device_memory_bytes": sp.device_memory,
             "weights_memory_bytes": sp.weights_bytes, "kv_bytes_per_token": sp.precision.kv_bytes_per_token(sp.model),
             "paged": dict(vars(sp.paged)) if sp.memory == "paged" else None,
-            "policy": sp.policy if sp.memory == "contiguous" else None,
+            "policy": (sp.policy if isinstance(sp.policy, str) else sp.policy.name) if sp.memory == "contiguous" else None,
         }
         out["oom"] = None
         return out
@@ -220,12 +222,25 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
 
             eng = PagedServing(spec.requests, spec.model, spec.precision, cfg, device=device,
                                weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
-                               block_bytes=spec.block_bytes, trace_requests=spec.trace_requests,
+                               block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
+                               trace_requests=spec.trace_requests,
                                progress=bar.update_to if bar else None)
             groups, steps, prog, _ = eng.run()
             ledger = eng.ledger
+        elif spec.memory == "contiguous":
+            from policies import get_policy
+            from simkv.serving.contiguous import ContiguousServing
+
+            policy = spec.policy if not isinstance(spec.policy, str) else get_policy(spec.policy, spec.policy_options)
+            eng = ContiguousServing(spec.requests, spec.model, spec.precision, policy, cfg, scheduler=spec.scheduler,
+                                    static_batch=spec.static_batch, device=device, weights_bytes=spec.weights_bytes,
+                                    device_memory=spec.device_memory, trace_requests=spec.trace_requests,
+                                    progress=bar.update_to if bar else None)
+            groups, steps, prog = eng.run()
+            ledger = eng.ledger
         else:
-            raise ConfigError(f"--scheduler {spec.scheduler} with --memory {spec.memory} is not available")
+            raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
+                              f"(got {spec.scheduler})")
     finally:
         if bar:
             bar.close()
@@ -262,6 +277,7 @@ def _progress_bar(total: int):
 def simulate_paged(requests: list[Request], *, model, precision, block_size: int = 32, num_kv_blocks: int = 0,
                    cache_size: float = 0.0, max_num_batched_tokens: int = 256, max_num_seqs: int = 256,
                    dynamic_split_fuse: bool = True, enable_prefix_caching: bool = False, block_bytes: int | None = None,
+                   tensor_block_bytes: tuple[int, int] | None = None,
                    device: str = DEFAULT_DEVICE, device_memory: int | None = None, weights_bytes: int = 0,
                    max_context: int | None = 0) -> ServingResult:
     """GenAI continuous batching on a paged pool, with per-step per-request progress
@@ -271,5 +287,6 @@ def simulate_paged(requests: list[Request], *, model, precision, block_size: int
                       dynamic_split_fuse=dynamic_split_fuse, enable_prefix_caching=enable_prefix_caching)
     spec = ServingSpec(list(requests), model, precision, "continuous", "paged", cfg, device=device,
                        device_memory=device_memory, weights_bytes=weights_bytes, block_bytes=block_bytes,
+                       tensor_block_bytes=tensor_block_bytes,
                        max_context=max_context, trace_requests=True)
     return serve(spec)

@@ -1,0 +1,23 @@
+"""The serving timeline: allocated, used and in-use memory and step time over simulated time."""
+
+from __future__ import annotations
+
+
+def serving_timeline(result):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    s = result.steps
+    gib = 1024**3
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.05)
+    t = s["time_s"]
+    fig.add_trace(go.Scattergl(x=t, y=s["peak_bytes"] / gib, name="in-step peak", line=dict(dash="dot")), 1, 1)
+    fig.add_trace(go.Scattergl(x=t, y=s["allocated_bytes"] / gib, name="allocated"), 1, 1)
+    fig.add_trace(go.Scattergl(x=t, y=(s["allocated_bytes"] - s["reserved_bytes"]) / gib, name="in use"), 1, 1)
+    fig.add_trace(go.Scattergl(x=t, y=s["used_bytes"] / gib, name="used (tokens)"), 1, 1)
+    fig.add_trace(go.Scattergl(x=t, y=s["step_s"] * 1000, name="step time (ms)"), 2, 1)
+    fig.update_yaxes(title_text="GiB", row=1, col=1)
+    fig.update_yaxes(title_text="ms", row=2, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
+    fig.update_layout(title="simkv serving: " + result.spec.model.name, template="plotly_white")
+    return fig

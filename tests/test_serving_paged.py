@@ -1,0 +1,227 @@
+"""Paged serving (GenAI continuous batching): golden block ids/counts derived by hand, invariants,
+fast planned runs = the step-by-step reference.
+
+Rules (DESIGN §4b; openvino.genai scheduler.hpp / block_manager.hpp, cited in simkv/serving):
+decode tokens first, then prompt chunks within max_num_batched_tokens; blocks from a FIFO free
+list (ids 0..N-1 in order, freed blocks to the back, a sequence's blocks freed first to last);
+blocks_used read after scheduling, before finished requests are freed; preemption by recompute
+of the last request holding processed tokens; a step that schedules nothing ignores everyone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simkv.cost import get_device
+from simkv.models import custom_model
+from simkv.precision import get_precision
+from simkv.serving import Request
+from simkv.serving.engine import PagedServing
+from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, PagedConfig
+
+MODEL = custom_model(layers=2, heads=2, head_dim=8)
+PREC = get_precision("f16")
+DEVICE = get_device("xeon-8480")
+
+
+def run(requests, fast=False, observe=None, block_bytes=1000, **cfg):
+    eng = PagedServing(requests, MODEL, PREC, PagedConfig(**cfg), device=DEVICE, weights_bytes=0,
+                       device_memory=10**12, block_bytes=block_bytes, observe=observe)
+    groups, steps, _, _ = eng.run(fast=fast)
+    return eng, {g.req.id: g for g in groups}, steps
+
+
+def tables_by_step(requests, **cfg):
+    seen = {}
+
+    def observe(step, eng, live):
+        seen[step] = {g.req.id: [list(t) for t in g.tables] for g in live}
+
+    eng, groups, steps = run(requests, observe=observe, **cfg)
+    return eng, groups, steps, seen
+
+
+def test_fifo_block_ids_and_counts():
+    # Pool of 6 blocks of 4 tokens. A: P=6, G=3; B: P=3, G=2 at step 0; C: P=5, G=2 at step 2.
+    # step 0: prompts A (6 tok -> blocks 0,1), B (3 tok -> 2); used 3; both sample their 1st token.
+    # step 1: A ctx 7 (2 blocks), B ctx 4 (1 block); used 3; B has 2 tokens -> FINISHED, frees 2:
+    #         free list 3,4,5,2.
+    # step 2: C added; A ctx 8 (2 blocks); C prompt 5 tok -> pops 3,4; used 4; A FINISHED, frees 0,1
+    #         (first to last): free list 5,2,0,1.
+    # step 3: C ctx 6 (2 blocks); used 2; C FINISHED: free list 5,2,0,1,3,4.
+    reqs = [Request(0, 6, 3, arrival_step=0), Request(1, 3, 2, arrival_step=0), Request(2, 5, 2, arrival_step=2)]
+    eng, groups, steps, seen = tables_by_step(reqs, block_size=4, num_kv_blocks=6)
+    assert steps["blocks_used"].tolist() == [3, 3, 4, 2]
+    assert steps["requests"].tolist() == [2, 2, 2, 1]
+    assert steps["scheduled_requests"].tolist() == [2, 2, 2, 1]
+    assert seen[0] == {0: [[0, 1]], 1: [[2]]}
+    assert seen[2] == {0: [[0, 1]], 2: [[3, 4]]}
+    assert list(eng.pool.free) == [5, 2, 0, 1, 3, 4]
+    assert all(g.status == FINISHED and g.generated == g.G for g in groups.values())
+
+
+def test_preemption_partial_then_full_then_ignored():
+    # Pool of 4 blocks of 4 tokens. A: P=8, G=10; B: P=7, G=10, both at step 0.
+    # step 0: A -> blocks 0,1; B -> 2,3 (used 4).
+    # step 1: A ctx 9 needs a 3rd block, none free: victim = last request with processed tokens = B;
+    #         B holds 2 blocks > 1 needed -> partial: its last block (3) freed, 7 % 4 = 3 tokens
+    #         preempted (processed 7 -> 4); A takes block 3.  B waits this step. used 4.
+    # steps 2-4: B (can generate: it had processed its prompt) wants 3 tokens -> 2 blocks, 0 free;
+    #         the only victim with tokens after it is itself -> not scheduled.
+    # step 5: A ctx 13 needs a 4th block: victim B holds 1 block, not more than the 1 needed ->
+    #         full preemption (block 2 freed, processed 0); A takes block 2.
+    # steps 6-8: A decodes (ctx 14..16, 4 blocks); B needs 2 blocks, victim search finds A (earlier) -> no.
+    # step 9: A ctx 17 needs a 5th block: no victim after it; B cannot fit either: nothing scheduled ->
+    #         both IGNORED. A has generated 9 tokens (steps 0..8), B 1.
+    reqs = [Request(0, 8, 10, arrival_step=0), Request(1, 7, 10, arrival_step=0)]
+    eng, groups, steps, seen = tables_by_step(reqs, block_size=4, num_kv_blocks=4)
+    assert len(steps) == 10
+    assert steps["blocks_used"].tolist() == [4] * 10
+    assert steps["scheduled_requests"].tolist() == [2] + [1] * 8 + [0]
+    assert steps["preemptions"].tolist() == [0, 1, 0, 0, 0, 1, 0, 0, 0, 0]
+    assert seen[1] == {0: [[0, 1, 3]], 1: [[2]]}
+    assert seen[5] == {0: [[0, 1, 3, 2]], 1: [[]]}
+    a, b = groups[0], groups[1]
+    assert (a.status, a.generated, b.status, b.generated, b.preemptions) == (IGNORED, 9, IGNORED, 1, 2)
+
+
+def test_prefix_caching_restores_full_blocks_of_a_finished_request():
+    # Blocks of 4, pool 8. A: ids 1..10, G=2 at step 0: blocks 0,1,2 (hashes of 1-4, 1-8, 1-10).
+    # step 1: A ctx 11 -> FINISHED; its blocks keep their hashes in the overwritable store (free).
+    # step 2: idle (nothing live): used 0.
+    # step 3: B (ids 1..8, 20, 21) restores 1-4 and 1-8 (blocks 0, 1); 1..9/1..10 with 20 are not
+    #         cached -> processed 8, prefix hit 8; its chunk of 2 tokens needs a 3rd block: the
+    #         free list's front, 3. used 3.  step 4: B ctx 11, FINISHED.
+    ids_a = tuple(range(1, 11))
+    ids_b = tuple(range(1, 9)) + (20, 21)
+    reqs = [Request(0, 10, 2, arrival_step=0, token_ids=ids_a), Request(1, 10, 2, arrival_step=3, token_ids=ids_b)]
+    eng, groups, steps, seen = tables_by_step(reqs, block_size=4, num_kv_blocks=8, enable_prefix_caching=True)
+    assert steps["blocks_used"].tolist() == [3, 3, 0, 3, 3]
+    assert seen[0] == {0: [[0, 1, 2]]}
+    assert seen[3] == {1: [[0, 1, 3]]}
+    assert groups[1].prefix_hit == 8
+    assert steps["scheduled_tokens"].tolist() == [10, 1, 0, 2, 1]
+
+
+def test_prefix_caching_fully_matched_prompt_recomputes_its_last_token():
+    # Same 8-token prompt twice (blocks of 4): the second restores both blocks (8 tokens = the whole
+    # prompt) and recomputes token 8 (processed 7): 1 scheduled token, no new block.
+    ids = tuple(range(100, 108))
+    reqs = [Request(0, 8, 1, arrival_step=0, token_ids=ids), Request(1, 8, 1, arrival_step=2, token_ids=ids)]
+    eng, groups, steps, seen = tables_by_step(reqs, block_size=4, num_kv_blocks=8, enable_prefix_caching=True)
+    assert groups[1].prefix_hit == 8
+    assert steps["scheduled_tokens"].tolist() == [8, 0, 1]
+    assert seen[2] == {1: [[0, 1]]}
+
+
+def test_samples_share_the_prompt_blocks():
+    # DESIGN §4b: multinomial n samples use floor(P/32) + n*(ceil((P+g)/32) - floor(P/32)) blocks.
+    # P=40, n=3, blocks of 32: step 0 prompt (one sequence, 2 blocks); after it the 3 sequences
+    # share blocks 0,1; step 1 each writes token 41 into the shared partial block 1 -> 2 copies
+    # (copy-on-write): 1 + 3*(2-1) = 4 blocks, and so on while ceil((40+g)/32) = 2.
+    reqs = [Request(0, 40, 5, arrival_step=0, samples=3)]
+    eng, groups, steps, seen = tables_by_step(reqs, block_size=32, num_kv_blocks=10)
+    assert steps["blocks_used"].tolist() == [2, 4, 4, 4, 4]
+    assert seen[1] == {0: [[0, 2], [0, 3], [0, 1]]} or seen[1] == {0: [[0, 1], [0, 2], [0, 3]]} \
+        or sorted(t[1] for t in seen[1][0]) == [1, 2, 3]
+    assert steps["copy_bytes"].tolist()[1] == 2 * 1000  # two 1000-byte blocks copied
+
+
+def test_dynamic_pool_initial_size_and_growth_by_eight_blocks():
+    # Dynamic pool, blocks of 32: first sized ceil(min(2*40, 40+60)/32) = ceil(80/32) = 3 blocks.
+    # Decode: ctx at step k is 40+k; a 4th block is needed when 40+k > 96, k = 57: the pool grows
+    # by 256/32 = 8 blocks to 11 (one reallocation: 2 tensors per layer copied).
+    reqs = [Request(0, 40, 60, arrival_step=0)]
+    eng, groups, steps, _ = tables_by_step(reqs, block_size=32)
+    total = steps["blocks_total"]
+    assert total[:57].tolist() == [3] * 57 and total[57:].tolist() == [11] * 3
+    rows = eng.ledger.rows
+    copies = rows[rows["op"] == 1]
+    assert set(copies["step"].tolist()) == {57}
+    assert len(copies) == 2 * MODEL.layers
+    assert int(copies["bytes"].sum()) == 3 * 1000
+    assert steps["copy_bytes"][57] == 3 * 1000
+    # the copy is in the step's time: step 57 is slower than its neighbours
+    assert steps["step_s"][57] > steps["step_s"][56]
+
+
+def test_vllm_mode_whole_prompts_within_max_num_seqs():
+    # dynamic_split_fuse off: whole prompts while fewer than max_num_seqs (2) can generate;
+    # a step that schedules prompts runs no decode.  A, B, C: P=10, G=3 at step 0, budget 64.
+    # step 0: A, B prompts (2 running -> C must wait).  steps 1, 2: A, B decode; finish at step 2.
+    # step 3: C's prompt; steps 4, 5: C decodes.
+    reqs = [Request(i, 10, 3, arrival_step=0) for i in range(3)]
+    eng, groups, steps, _ = tables_by_step(reqs, block_size=4, num_kv_blocks=20, dynamic_split_fuse=False,
+                                           max_num_seqs=2, max_num_batched_tokens=64)
+    assert steps["scheduled_tokens"].tolist() == [20, 2, 2, 10, 1, 1]
+    assert groups[2].first_token_step == 3
+
+
+# -- invariants --------------------------------------------------------------------------------------
+
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 6))
+    reqs, step = [], 0
+    for i in range(n):
+        step += draw(st.integers(0, 3))
+        prefix = draw(st.booleans())
+        P = draw(st.integers(1, 60))
+        reqs.append(Request(i, P, draw(st.integers(1, 40)), arrival_step=step,
+                            samples=draw(st.sampled_from([1, 1, 2, 3])),
+                            prefix_id="sys" if prefix else None, prefix_tokens=min(P, 9) if prefix else 0))
+    cfg = dict(block_size=draw(st.sampled_from([4, 8, 32])),
+               num_kv_blocks=draw(st.sampled_from([0, 3, 6, 12, 40])),
+               max_num_batched_tokens=draw(st.sampled_from([16, 64, 256])),
+               dynamic_split_fuse=draw(st.booleans()),
+               enable_prefix_caching=draw(st.booleans()),
+               on_oom=draw(st.sampled_from(["preempt", "wait", "reject"])))
+    if not cfg["dynamic_split_fuse"]:
+        cfg["max_num_batched_tokens"] = 256
+    return reqs, cfg
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_paged_invariants(case):
+    reqs, cfg = case
+
+    def observe(step, eng, live):
+        eng.pool.check()  # every block exactly one of: free list, overwritable store, referenced
+        held = set()
+        for g in live:
+            for t in g.tables:
+                held.update(t)
+        assert all(eng.pool.ref[b] > 0 for b in held)
+        assert eng.pool.used() + eng.pool.num_free() == eng.pool.total
+
+    eng, groups, steps = run(reqs, observe=observe, **cfg)
+    ok = {FINISHED, IGNORED} | ({REJECTED} if cfg["on_oom"] == "reject" else set())
+    assert all(g.status in ok for g in groups.values())
+    assert all(g.generated == g.G for g in groups.values() if g.status == FINISHED)
+    assert (steps["blocks_used"] <= steps["blocks_total"]).all()
+    # byte conservation: the pool's ledger leaves exactly the final pool allocated
+    rows = eng.ledger.rows
+    net = int(rows["bytes"][rows["op"] == 0].sum() - rows["bytes"][rows["op"] == 2].sum())
+    assert net == steps["allocated_bytes"][-1] == eng.pool.total * 1000
+    # used + reserved + internal account for the allocation
+    assert (steps["used_bytes"] + steps["reserved_bytes"] + steps["internal_bytes"] == steps["allocated_bytes"]).all()
+    # determinism, and the planned runs equal the reference
+    eng2, groups2, steps2 = run(reqs, fast=True, **cfg)
+    assert np.array_equal(steps, steps2)
+    assert eng.ledger == eng2.ledger
+    assert [(g.status, g.generated, g.first_token_s, g.finish_s) for g in groups.values()] == \
+        [(g.status, g.generated, g.first_token_s, g.finish_s) for g in groups2.values()]
+
+
+def test_fast_equals_reference_on_a_trace_slice():
+    from simkv.serving import load_trace
+
+    reqs = load_trace("/work/shared/traces/azure_llm_2023_conv.csv", limit=60)
+    a = run(reqs, fast=False, block_size=32, num_kv_blocks=400)
+    b = run(reqs, fast=True, block_size=32, num_kv_blocks=400)
+    assert np.array_equal(a[2], b[2]) and a[0].ledger == b[0].ledger
+    assert len(b[2]) > 1000
