@@ -374,12 +374,14 @@ POOL_FRAME = "KVCacheManager::allocate_cache_if_needed"
 
 
 def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[list[dict], list[dict]]:
-    """Pool tensor allocations/frees (layer, k/v, bytes, blocks) and the plugin's same-size transients.
+    """The pool's allocations and frees, in the order they happened: ``(events, transients)``.
 
-    A pool allocation is one whose native stack holds :data:`POOL_FRAME` (GenAI is not stripped); inside a
-    step they come per layer as K then V (input order ``key_cache.i, value_cache.i``). Its free is matched
-    by address. A *transient* is any other allocation inside a step of exactly the size of a pool tensor
-    allocated in that step, freed in the same step.
+    A pool tensor is an allocation whose native stack holds :data:`POOL_FRAME` (GenAI is not stripped);
+    inside a step they come per layer as K then V (input order ``key_cache.i, value_cache.i``), and a free
+    is matched by address. A *transient* is any other allocation inside a step of exactly the size of a
+    pool tensor allocated in that step and freed in the same step (the CPU plugin's, DESIGN §4b); they are
+    numbered in the same K, V per layer order and kept in ``events`` too (``transient: True``), where
+    they sit in the stream. ``transients`` lists them alone.
     """
     import memray
 
@@ -388,29 +390,28 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
     names = {int(a): a.name for a in memray.AllocatorType}
     site_is_pool: dict[int, bool] = {}
     live: dict[int, dict] = {}
-    other: dict[int, dict] = {}
+    cand: dict[int, dict] = {}
     events: list[dict] = []
-    transients: list[dict] = []
-    step, seen, per_step = None, 0, 0
+    step, seen, n_pool, n_trans, sizes = None, 0, 0, {"k": 0, "v": 0}, {"k": set(), "v": set()}
     min_bytes = min(layout.tensor_block_bytes)
+    ntens = len(layout.tensor_block_bytes)
     reader = memray.FileReader(str(path))
     try:
         for rec in reader.get_allocation_records():
             kind = names[int(rec.allocator)]
             if kind == "MALLOC" and MARKER_BASE <= rec.size < MARKER_BASE + 2 * n_steps:
                 seq, end = divmod(rec.size - MARKER_BASE, 2)
+                for ev in cand.values():  # allocated in the step, not freed in it: not a transient
+                    ev["drop"] = True
+                cand.clear()
                 step = None if end else seq
                 seen += 0 if end else 1
-                per_step = 0
+                n_pool, n_trans, sizes = 0, {"k": 0, "v": 0}, {"k": set(), "v": set()}
                 continue
             if kind in ("FREE", "MUNMAP"):
-                ev = live.pop(rec.address, None)
+                ev = live.pop(rec.address, None) or cand.pop(rec.address, None)
                 if ev is not None and step is not None:
                     events.append({**ev, "step": step, "op": "free"})
-                t = other.pop(rec.address, None)
-                if t is not None and step == t["step"] and t["bytes"] in {e["bytes"] for e in events
-                                                                          if e["step"] == step and e["op"] == "alloc"}:
-                    transients.append(t)
                 continue
             if step is None or rec.size < min_bytes:
                 continue
@@ -422,19 +423,30 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
                     frames = []
                 site_is_pool[sid] = any(POOL_FRAME in str(f[0]) for f in frames)
             if site_is_pool[sid]:
-                i = per_step
-                per_step += 1
+                i, n_pool = n_pool, n_pool + 1
                 ev = {"layer": i // 2, "tensor": "k" if i % 2 == 0 else "v", "bytes": int(rec.size),
-                      "blocks": int(rec.size) // layout.tensor_block_bytes[i % len(layout.tensor_block_bytes)]}
+                      "blocks": int(rec.size) // layout.tensor_block_bytes[i % ntens], "transient": False}
                 live[rec.address] = ev
+                sizes[ev["tensor"]].add(int(rec.size))
                 events.append({**ev, "step": step, "op": "alloc"})
-            else:
-                other[rec.address] = {"step": step, "bytes": int(rec.size), "allocator": kind}
+            elif int(rec.size) in sizes["k"] | sizes["v"]:
+                size = int(rec.size)
+                # Named by size (the plugin takes V before K when they differ); equal sizes alternate K, V.
+                t = ("k" if size not in sizes["v"] else "v" if size not in sizes["k"]
+                     else "k" if (n_trans["k"] + n_trans["v"]) % 2 == 0 else "v")
+                i = n_trans[t]
+                n_trans[t] += 1
+                ev = {"layer": i, "tensor": t, "bytes": size,
+                      "blocks": size // layout.tensor_block_bytes[0 if t == "k" else 1], "transient": True}
+                cand[rec.address] = ev
+                events.append(ev | {"step": step, "op": "alloc", "_ref": ev})
     finally:
         reader.close()
     if seen != n_steps:
         raise RuntimeError(f"memray trace holds {seen} steps, expected {n_steps}")
-    return events, transients
+    out = [{k: v for k, v in e.items() if k != "_ref"} for e in events
+           if not e.get("drop") and not (e.get("_ref") or {}).get("drop")]
+    return out, [e for e in out if e["transient"] and e["op"] == "alloc"]
 
 
 # --------------------------------------------------------------------------- comparison
@@ -557,7 +569,7 @@ def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
                          cache_size=float(opts.cache_size), max_num_batched_tokens=opts.max_num_batched_tokens,
                          max_num_seqs=opts.max_num_seqs, dynamic_split_fuse=opts.dynamic_split_fuse,
                          enable_prefix_caching=opts.enable_prefix_caching, block_bytes=layout.block_bytes,
-                         device_memory=1 << 50)
+                         tensor_block_bytes=layout.tensor_block_bytes[:2], device_memory=1 << 50)
     by_step: dict[int, list] = {}
     for row in res.progress:
         by_step.setdefault(int(row["step"]), []).append(row)
