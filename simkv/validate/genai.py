@@ -729,14 +729,15 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
         try:
             results.append(run_case(i, requests, opts, path, spec, seed=seed, trace=trace, keep_steps=keep,
                                     progress=progress and len(cases) == 1))
-        except RuntimeError as err:  # the real pipeline refused or did not finish: the workload fails
+        except (RuntimeError, SimkvError) as err:  # real pipeline or simulator failed: the workload fails
             if len(cases) == 1:
                 raise
             results.append(CaseResult(i, asdict(opts), [_request_dict(r) for r in requests],
                                       {"steps_total": 0, "steps_matched": 0, "steps_mismatched": 0,
                                        "first_mismatches": [], "bounded_steps": 0, "warnings": []},
                                       {"compared": False, "real_events": 0, "plugin_transients": 0}, {}, 0.0, 0.0,
-                                      error=_one_line(err)))
+                                      error=("simulation: " if isinstance(err, SimkvError) else "real pipeline: ")
+                                      + _one_line(err)))
     layout = kv_layout(path, PIPELINE_PROPERTIES)
     first = [{"workload": c.index, **m} for c in results for m in c.comparison["first_mismatches"]][:20]
     alloc = [c.allocations for c in results if c.allocations["compared"]]
@@ -792,7 +793,7 @@ def summary_lines(data: dict) -> list[str]:
     else:
         lines.append(f"  {'pool allocations':<24}{a['real_events']:,} observed (not compared)")
     for e in data["workload_errors"][:5]:
-        lines.append(f"  {'real pipeline failed':<24}workload {e['workload']}: {e['error']}")
+        lines.append(f"  {'workload failed':<24}workload {e['workload']}: {e['error']}")
     for m in data["first_mismatches"][:5]:
         fields = ", ".join(f"{k} real {v['real']} sim {v['simulated']}" for k, v in list(m["fields"].items())[:4])
         lines.append(f"  {'mismatch':<24}workload {m['workload']} step {m['step']}: {fields}")
