@@ -1,5 +1,9 @@
 """``simkv validate --paged``: OpenVINO GenAI's ``ContinuousBatchingPipeline`` on CPU vs simkv's paged model, step by step.
 
+This module holds the workload side (token ids, random cases), the comparison and the command;
+:mod:`.genai_model` builds the model directory, :mod:`.genai_real` drives the real pipeline and reads
+its allocations, :mod:`.genai_report` draws the report.
+
 What runs
 ---------
 1. **Model directory** (:mod:`.genai_model`): the toy stateful decoder plus a local word-level tokenizer,
@@ -23,8 +27,8 @@ What runs
    the scores of a random model; ``blocks_used`` must lie within ``[lower, upper]`` (see :func:`beam_bounds`).
 4. **Allocations** (memray, optional): the 2·L pool tensors ``key_cache.N`` / ``value_cache.N``, allocated by
    ``ov::genai::KVCacheManager::allocate_cache_if_needed`` (recognised by that frame in the native stack),
-   per layer ``+K +V −K_old −V_old`` on growth; and the CPU plugin's transient copies of the same size
-   allocated and freed inside the step (reported, see DESIGN §4b).
+   per layer ``+K +V −K_old −V_old`` on growth; and the CPU plugin's transient buffers of the same sizes
+   allocated and freed inside the step (DESIGN §4b). Compared with the simulated ledger in order and size.
 5. **Block bytes and KV type** are read from the compiled model (``paged_attention_transformation`` then
    CPU compile: the ``key_cache.N`` / ``value_cache.N`` input shapes and element type), and cross-checked
    with the pipeline's ``kv_cache_size_in_bytes``.
@@ -46,9 +50,11 @@ import numpy as np
 
 from simkv.errors import ConfigError, SimkvError
 
+from .genai_real import PIPELINE_PROPERTIES, KVLayout, kv_layout, run_real
+
 __all__ = [
-    "MISSING_DEPS", "SchedulerOptions", "RealRun", "check_dependencies", "prompt_token_ids",
-    "run_real", "compare_steps", "random_case", "beam_bounds", "kv_layout", "STEP_FIELDS",
+    "MISSING_DEPS", "SchedulerOptions", "check_dependencies", "prompt_token_ids", "compare_steps", "random_case",
+    "beam_bounds", "simulate", "run_case", "validate", "summary_lines", "cli_main", "STEP_FIELDS",
 ]
 
 MISSING_DEPS = "paged validation needs openvino-genai: pip install 'simkv[openvino]'"
@@ -57,7 +63,6 @@ STEP_FIELDS = ("requests", "scheduled_requests", "blocks_used", "blocks_total")
 #: Bounds on a real run (it costs CPU time on a shared machine): requests, tokens, steps.
 MAX_REQUESTS = 500
 MAX_TOKENS = 100_000
-MAX_STEPS = 50_000
 #: Per-step records kept in the JSON result (for the report) only up to this many request entries.
 MAX_KEPT_ENTRIES = 200_000
 
@@ -160,58 +165,6 @@ def prompt_token_ids(requests: Sequence, seed: int = 0) -> list[tuple[int, ...]]
     return out
 
 
-# --------------------------------------------------------------------------- the real KV layout
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """What the compiled paged model stores per block (read from its ``key_cache.N``/``value_cache.N`` inputs)."""
-
-    kv_precision: str
-    layers: int
-    block_bytes: int  # all layers, K + V
-    tensor_block_bytes: tuple[int, ...]  # per tensor, in input order (key_cache.0, value_cache.0, ...)
-    key_shape: tuple[int, ...]  # per block: [H_kv, rows, cols]
-    value_shape: tuple[int, ...]
-
-
-_LAYOUTS: dict[str, KVLayout] = {}
-
-
-def kv_layout(model_path: str | Path, properties: dict | None = None) -> KVLayout:
-    """Compile the paged form of the model on CPU as GenAI does and read the cache inputs."""
-    key = f"{model_path}|{sorted((properties or {}).items())}"
-    if key in _LAYOUTS:
-        return _LAYOUTS[key]
-    import openvino as ov
-    from openvino._offline_transformations import paged_attention_transformation
-
-    core = ov.Core()
-    model = core.read_model(str(Path(model_path) / "openvino_model.xml"))
-    paged_attention_transformation(model, False, False)
-    compiled = core.compile_model(model, "CPU", dict(properties or {}))
-    tensors = []
-    for port in compiled.inputs:
-        name = port.get_any_name()
-        if name.startswith(("key_cache.", "value_cache.")):
-            shape = tuple(int(d.get_length()) for d in list(port.get_partial_shape())[1:])
-            et = port.get_element_type()
-            tensors.append((name, shape, et.get_type_name(), int(np.prod(shape)) * et.size))
-    if not tensors:
-        raise RuntimeError("the compiled model has no key_cache/value_cache inputs")
-    types = {t[2] for t in tensors}
-    if len(types) != 1:
-        raise RuntimeError(f"cache inputs disagree on the element type: {sorted(types)}")
-    layout = KVLayout(
-        kv_precision=types.pop(), layers=len(tensors) // 2, block_bytes=sum(t[3] for t in tensors),
-        tensor_block_bytes=tuple(t[3] for t in tensors),
-        key_shape=next(t[1] for t in tensors if t[0].startswith("key")),
-        value_shape=next(t[1] for t in tensors if t[0].startswith("value")),
-    )
-    _LAYOUTS[key] = layout
-    return layout
-
-
 # --------------------------------------------------------------------------- beam bounds
 
 
@@ -228,225 +181,6 @@ def beam_bounds(prompt: int, context: int, beams: int, generated: int) -> tuple[
         return n, n
     shared = min(prompt, context) // BLOCK_SIZE
     return n, shared + beams * (n - shared)
-
-
-# --------------------------------------------------------------------------- the real run
-
-
-@dataclass
-class RealRun:
-    steps: list[dict]
-    layout: KVLayout
-    pool_events: list[dict] = field(default_factory=list)
-    transient_events: list[dict] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-
-
-def _generation_config(r, seed: int):
-    import openvino_genai as og
-
-    from .genai_model import EOS_TOKEN_ID
-
-    g = og.GenerationConfig()
-    g.max_new_tokens = r.max_new_tokens
-    g.ignore_eos = True
-    g.set_eos_token_id(EOS_TOKEN_ID)
-    if r.samples > 1:
-        g.do_sample = True
-        g.num_return_sequences = r.samples
-        g.rng_seed = seed + r.id
-    elif r.beam > 1:
-        g.num_beams = r.beam
-        g.num_return_sequences = r.beam
-    return g
-
-
-def _scheduler_config(opts: SchedulerOptions):
-    import openvino_genai as og
-
-    sc = og.SchedulerConfig()
-    sc.num_kv_blocks = opts.num_kv_blocks
-    sc.cache_size = opts.cache_size
-    sc.max_num_batched_tokens = opts.max_num_batched_tokens
-    sc.max_num_seqs = opts.max_num_seqs
-    sc.dynamic_split_fuse = opts.dynamic_split_fuse
-    sc.enable_prefix_caching = opts.enable_prefix_caching
-    return sc
-
-
-#: One CPU thread: the schedule does not depend on it, and the machine is shared.
-PIPELINE_PROPERTIES = {"INFERENCE_NUM_THREADS": 1}
-
-
-def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: SchedulerOptions, model_path: str | Path,
-             *, trace: bool = False, seed: int = 0, progress: bool = False) -> RealRun:
-    """Drive the real pipeline step by step (module docstring, points 2-4)."""
-    import openvino as ov
-    import openvino_genai as og
-
-    t0 = time.perf_counter()
-    layout = kv_layout(model_path, PIPELINE_PROPERTIES)
-    pipe = og.ContinuousBatchingPipeline(str(model_path), _scheduler_config(opts), "CPU", dict(PIPELINE_PROPERTIES))
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step, i))
-    max_steps = min(MAX_STEPS, max(r.arrival_step for r in requests)
-                    + 4 * sum(r.prompt + r.max_new_tokens * r.sequences for r in requests) + 64)
-    handles: dict[int, object] = {}
-    counts: dict[int, dict[int, int]] = {}
-    streamed = {r.id: r.sequences == 1 for r in requests}
-    steps: list[dict] = []
-    warnings: list[str] = []
-    recorder = None
-    if trace:
-        from .memtrace import Recorder
-
-        recorder = Recorder()
-        recorder.__enter__()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(desc="real steps", unit="step", leave=False, file=sys.stderr)
-    nxt, k = 0, 0
-    try:
-        while nxt < len(order) or pipe.has_non_finished_requests():
-            if k >= max_steps:
-                raise RuntimeError(f"the real pipeline did not finish within {max_steps:,} steps")
-            while nxt < len(order) and requests[order[nxt]].arrival_step <= k:
-                r = requests[order[nxt]]
-                ids = ov.Tensor(np.asarray(token_ids[order[nxt]], dtype=np.int64).reshape(1, -1))
-                handles[r.id] = pipe.add_request(r.id, ids, _generation_config(r, seed))
-                counts[r.id] = {}
-                nxt += 1
-            if recorder is not None:
-                with recorder.operation(k):
-                    pipe.step()
-            else:
-                pipe.step()
-            m = pipe.get_metrics()
-            total_bytes = int(m.kv_cache_size_in_bytes)
-            if total_bytes % layout.block_bytes:
-                raise RuntimeError(f"pool of {total_bytes:,} B is not a whole number of {layout.block_bytes:,}-B blocks")
-            total = total_bytes // layout.block_bytes
-            used_f = float(m.cache_usage) * total / 100.0
-            used = int(round(used_f))
-            if abs(used_f - used) > 0.05:
-                warnings.append(f"step {k}: cache_usage {m.cache_usage} of {total} blocks is not a whole block count")
-            gen, status = {}, {}
-            for rid, h in list(handles.items()):  # live requests; one that ends here shows now, then leaves
-                st = h.get_status().name
-                while h.can_read():
-                    for seq, out in h.read().items():
-                        counts[rid][seq] = counts[rid].get(seq, 0) + len(out.generated_ids)
-                done = st in ("FINISHED", "IGNORED")
-                gen[str(rid)] = max(counts[rid].values(), default=0) if streamed[rid] or done else None
-                status[str(rid)] = st
-                if done:
-                    del handles[rid], counts[rid]
-            steps.append({"step": k, "requests": int(m.requests), "scheduled_requests": int(m.scheduled_requests),
-                          "blocks_used": used, "blocks_total": total, "generated": gen, "status": status})
-            k += 1
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-        if recorder is not None:
-            recorder.__exit__(None, None, None)
-    del pipe
-    run = RealRun(steps=steps, layout=layout, warnings=warnings)
-    if recorder is not None:
-        try:
-            run.pool_events, run.transient_events = read_pool_events(recorder.path, len(steps), layout)
-        finally:
-            recorder.cleanup()
-    if opts.num_kv_blocks and steps and steps[-1]["blocks_total"] != opts.num_kv_blocks:
-        raise RuntimeError(f"the pipeline reports {steps[-1]['blocks_total']} blocks for num_kv_blocks "
-                           f"{opts.num_kv_blocks}: block bytes misread")
-    run.elapsed_s = time.perf_counter() - t0
-    return run
-
-
-# --------------------------------------------------------------------------- memray: the pool tensors
-
-
-POOL_FRAME = "KVCacheManager::allocate_cache_if_needed"
-
-
-def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[list[dict], list[dict]]:
-    """The pool's allocations and frees, in the order they happened: ``(events, transients)``.
-
-    A pool tensor is an allocation whose native stack holds :data:`POOL_FRAME` (GenAI is not stripped);
-    inside a step they come per layer as K then V (input order ``key_cache.i, value_cache.i``), and a free
-    is matched by address. A *transient* is any other allocation inside a step of exactly the size of a
-    pool tensor allocated in that step and freed in the same step (the CPU plugin's, DESIGN §4b); they are
-    numbered in the same K, V per layer order and kept in ``events`` too (``transient: True``), where
-    they sit in the stream. ``transients`` lists them alone.
-    """
-    import memray
-
-    from .memtrace import MARKER_BASE
-
-    names = {int(a): a.name for a in memray.AllocatorType}
-    site_is_pool: dict[int, bool] = {}
-    live: dict[int, dict] = {}
-    cand: dict[int, dict] = {}
-    events: list[dict] = []
-    step, seen, n_pool, n_trans, sizes = None, 0, 0, {"k": 0, "v": 0}, {"k": set(), "v": set()}
-    min_bytes = min(layout.tensor_block_bytes)
-    ntens = len(layout.tensor_block_bytes)
-    reader = memray.FileReader(str(path))
-    try:
-        for rec in reader.get_allocation_records():
-            kind = names[int(rec.allocator)]
-            if kind == "MALLOC" and MARKER_BASE <= rec.size < MARKER_BASE + 2 * n_steps:
-                seq, end = divmod(rec.size - MARKER_BASE, 2)
-                for ev in cand.values():  # allocated in the step, not freed in it: not a transient
-                    ev["drop"] = True
-                cand.clear()
-                step = None if end else seq
-                seen += 0 if end else 1
-                n_pool, n_trans, sizes = 0, {"k": 0, "v": 0}, {"k": set(), "v": set()}
-                continue
-            if kind in ("FREE", "MUNMAP"):
-                ev = live.pop(rec.address, None) or cand.pop(rec.address, None)
-                if ev is not None and step is not None:
-                    events.append({**ev, "step": step, "op": "free"})
-                continue
-            if step is None or rec.size < min_bytes:
-                continue
-            sid = rec.native_stack_id
-            if sid not in site_is_pool:
-                try:
-                    frames = rec.native_stack_trace(max_stacks=16)
-                except Exception:  # pragma: no cover - unresolvable stack
-                    frames = []
-                site_is_pool[sid] = any(POOL_FRAME in str(f[0]) for f in frames)
-            if site_is_pool[sid]:
-                i, n_pool = n_pool, n_pool + 1
-                ev = {"layer": i // 2, "tensor": "k" if i % 2 == 0 else "v", "bytes": int(rec.size),
-                      "blocks": int(rec.size) // layout.tensor_block_bytes[i % ntens], "transient": False}
-                live[rec.address] = ev
-                sizes[ev["tensor"]].add(int(rec.size))
-                events.append({**ev, "step": step, "op": "alloc"})
-            elif int(rec.size) in sizes["k"] | sizes["v"]:
-                size = int(rec.size)
-                # Named by size (the plugin takes V before K when they differ); equal sizes alternate K, V.
-                t = ("k" if size not in sizes["v"] else "v" if size not in sizes["k"]
-                     else "k" if (n_trans["k"] + n_trans["v"]) % 2 == 0 else "v")
-                i = n_trans[t]
-                n_trans[t] += 1
-                ev = {"layer": i, "tensor": t, "bytes": size,
-                      "blocks": size // layout.tensor_block_bytes[0 if t == "k" else 1], "transient": True}
-                cand[rec.address] = ev
-                events.append(ev | {"step": step, "op": "alloc", "_ref": ev})
-    finally:
-        reader.close()
-    if seen != n_steps:
-        raise RuntimeError(f"memray trace holds {seen} steps, expected {n_steps}")
-    out = [{k: v for k, v in e.items() if k != "_ref"} for e in events
-           if not e.get("drop") and not (e.get("_ref") or {}).get("drop")]
-    return out, [e for e in out if e["transient"] and e["op"] == "alloc"]
 
 
 # --------------------------------------------------------------------------- comparison
@@ -801,84 +535,6 @@ def summary_lines(data: dict) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- report and CLI
-
-
-def steps_figure(data: dict):
-    """Blocks in use and pool size per step, real (solid) vs simulated (dashed), for a single workload."""
-    import plotly.graph_objects as go
-
-    from .report import COLORS, _layout
-
-    steps = (data["workloads"][0].get("steps") or []) if data["workloads"] else []
-    fig = go.Figure()
-    for key, color in (("blocks_used", COLORS["resident"]), ("blocks_total", COLORS["allocated"]),
-                       ("scheduled_requests", COLORS["latency"])):
-        for side, dash in (("real", "solid"), ("simulated", "dash")):
-            xs = [s["step"] for s in steps if s[side] is not None]
-            ys = [s[side][key] for s in steps if s[side] is not None]
-            fig.add_scatter(x=xs, y=ys, name=f"{side} {key}", line={"color": color, "dash": dash, "width": 1.5})
-    bad = [m["step"] for m in data["first_mismatches"] if m["workload"] == 0]
-    if bad:
-        fig.add_scatter(x=bad, y=[0] * len(bad), mode="markers", name="mismatching step",
-                        marker={"color": COLORS["event"], "symbol": "x", "size": 9})
-    fig.update_layout(xaxis_title="step", yaxis_title="blocks / requests")
-    return _layout(fig, "Per step: real (solid) vs simulated (dashed)")
-
-
-def write_report(data: dict, path: str | Path) -> Path:
-    """A self-contained HTML page: summary, the per-step figure (one workload), mismatches, workloads,
-    versions. Byte-identical for the same dict."""
-    import html
-
-    from plotly.offline import get_plotlyjs
-
-    from .report import _table
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    a = data["allocations"]
-    summary = _table([
-        ("result", "PASS: every step matched" if ok(data) else "FAIL: steps differ"),
-        ("steps matched / total", f"{data['steps_matched']:,} / {data['steps_total']:,}"),
-        ("workloads matched / total", f"{data['workloads_matched']:,} / {data['workloads_total']:,}"),
-        ("beam-search steps (blocks within bounds)", data["bounded_steps"]),
-        ("KV precision, block bytes", f"{data['kv_precision']}, {data['block_bytes']:,} B"),
-        ("pool allocations matched / total", f"{a['events_matched']:,} / {a['events_total']:,}" if a["compared"]
-         else f"{a['real_events']:,} observed, not compared"),
-        ("plugin transients (same size, freed in the step)", a["plugin_transients"]),
-    ])
-    rows = "".join(
-        f"<tr><td>{m['workload']}</td><td>{m['step']}</td><td>{html.escape(json.dumps(m['fields']))}</td></tr>"
-        for m in data["first_mismatches"])
-    mism = ("<p>None.</p>" if not rows else
-            f"<table><tr><th>workload</th><th>step</th><th>fields (real vs simulated)</th></tr>{rows}</table>")
-    wl = "".join(
-        f"<tr><td>{w['index']}</td><td>{w['comparison']['steps_matched']:,} / {w['comparison']['steps_total']:,}</td>"
-        f"<td>{html.escape(json.dumps(w['scheduler']))}</td><td>{len(w['requests'])}</td>"
-        f"<td>{w['real_s']:.2f}</td></tr>" for w in data["workloads"][:500])
-    fig = ""
-    if len(data["workloads"]) == 1 and data["workloads"][0].get("steps"):
-        fig = steps_figure(data).to_html(full_html=False, include_plotlyjs=False, div_id="simkv-paged-steps")
-    versions = _table([(k, v) for k, v in data["versions"].items() if k != "cpu_flags"])
-    page = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>simkv validate --paged</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
-th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:90%}}pre{{background:#f6f6f6;padding:1em}}</style>
-<script type="text/javascript">{get_plotlyjs()}</script></head><body>
-<h1>simkv validate --paged: OpenVINO GenAI continuous batching vs simkv's paged model</h1>
-{summary}
-<pre>{html.escape(chr(10).join(summary_lines(data)))}</pre>
-{fig}
-<h2>First mismatching steps</h2>{mism}
-<h2>Workloads</h2><table><tr><th>#</th><th>steps matched</th><th>scheduler</th><th>requests</th><th>real s</th></tr>{wl}</table>
-<h2>Versions</h2>{versions}
-</body></html>
-"""
-    path.write_text(page, encoding="utf-8")
-    return path
-
-
 MAX_RANDOM = 10_000
 
 
@@ -934,6 +590,8 @@ def cli_main(args) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     if args.report:
+        from .genai_report import write_report
+
         write_report(data, args.report)
     if args.json:
         json.dump(data, sys.stdout, indent=1)
