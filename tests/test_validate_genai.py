@@ -176,23 +176,29 @@ def _cli(*args, env=None, pre=""):
     (["--trace", "/nonexistent.csv"], "no such trace file"),
     (["--random", "1", "--vocab", "100"], "vocab must exceed"),
 ])
-def test_cli_errors_are_one_line_exit_2(args, message):
-    proc = _cli(*args)
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+def test_cli_errors_are_one_line_exit_2(args, message, capsys):
+    from simkv.cli import main
+
+    assert main(["validate", "--paged", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_trace_needs_arrival_steps(tmp_path):
     w = tmp_path / "w.csv"
     w.write_text("id,arrival,prompt,max_new_tokens\n0,0.0,10,5\n")
-    proc = _cli("--trace", str(w))
+    proc = _cli("--trace", str(w))  # end to end, as a user runs it
     assert proc.returncode == 2 and "needs arrival_step" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_cli_without_openvino_genai_says_how_to_install():
-    proc = _cli("--random", "1", pre="import sys; sys.modules['openvino_genai'] = None; ")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "simkv validate: error: paged validation needs openvino-genai: pip install 'simkv[openvino]'"
+def test_cli_without_openvino_genai_says_how_to_install(monkeypatch, capsys):
+    from simkv.cli import main
+
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # import openvino_genai -> ImportError
+    assert main(["validate", "--paged", "--random", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("simkv validate: error: paged validation needs openvino-genai: "
+                                               "pip install 'simkv[openvino]'")
 
 
 # --------------------------------------------------------------------------- one real run
