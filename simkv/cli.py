@@ -340,7 +340,7 @@ def _add_serving_arguments(run) -> None:
     g.add_argument("--rate", type=float, default=1.0, help="synthetic: arrivals per second (default 1)")
     g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", help="synthetic arrival process")
     g.add_argument("--prompt-dist", default="lognormal:1024:1.0", help="synthetic prompt lengths: fixed:N, "
-                   "uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0)")
+                   "uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to the context)")
     g.add_argument("--output-dist", default="lognormal:200:1.0", help="synthetic output lengths (same forms; "
                    "default lognormal:200:1.0)")
     g.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")

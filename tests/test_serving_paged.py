@@ -225,3 +225,17 @@ def test_fast_equals_reference_on_a_trace_slice():
     b = run(reqs, fast=True, block_size=32, num_kv_blocks=400)
     assert np.array_equal(a[2], b[2]) and a[0].ledger == b[0].ledger
     assert len(b[2]) > 1000
+
+
+def test_sliding_window_keeps_only_the_window():
+    # Window 64, blocks of 16: P=40, G=60. Blocks wholly before position ctx-64 are released after each
+    # step, so the pool holds ceil(ctx/16) - floor((ctx_before - 64)/16) blocks at step k (ctx = 40+k,
+    # ctx_before = 39+k): k 0..8 -> 3, k 9..24 -> 4 (ctx 49..64), then 5 = 64/16 + 1 for good.
+    from dataclasses import replace
+
+    model = replace(MODEL, sliding_window=64)
+    eng = PagedServing([Request(0, 40, 60, arrival_step=0)], model, PREC, PagedConfig(block_size=16, num_kv_blocks=20),
+                       device=DEVICE, weights_bytes=0, device_memory=10**12, block_bytes=1000)
+    _, steps, _, _ = eng.run(fast=False)
+    assert steps["blocks_used"].tolist() == [3] * 9 + [4] * 16 + [5] * 35
+    assert list(eng.pool.free)[-5:] != [] and eng.pool.used() == 0

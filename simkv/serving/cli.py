@@ -26,7 +26,7 @@ def spec_from_args(args):
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
-    from simkv.serving.run import ServingSpec
+    from simkv.serving.run import CONTEXT, ServingSpec
     from simkv.serving.scheduler import PagedConfig
 
     if args.trace and args.synthetic:
@@ -36,13 +36,14 @@ def spec_from_args(args):
     count, _ = _requests_flags(args.requests)
     if args.limit is not None and args.limit <= 0:
         raise ConfigError("--limit must be positive")
+    base = get_model(args.model) if args.model != "custom" else None
+    model = custom_model(base, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
     if args.trace:
         requests = load_trace(args.trace, limit=args.limit)
     else:
+        context = args.max_context if args.max_context is not None else CONTEXT.get(model.name)
         requests = synthetic(count, args.rate, args.prompt_dist, args.output_dist, arrivals=args.arrivals,
-                             seed=args.seed)
-    base = get_model(args.model) if args.model != "custom" else None
-    model = custom_model(base, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
+                             seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
     precision = get_precision(args.precision or ("u8" if args.memory == "paged" else policy.default_precision))
     precision.data_bytes_per_token(model)
@@ -117,8 +118,10 @@ def render(result) -> str:
         f"internal, {format_bytes(m['waste_transient_bytes'])} transient",
     ]
     if sp.memory == "paged":
-        lines.append(f"  {'waste among used blocks':<24}{m['waste_internal_pct_of_in_use']:.2f} % "
-                     f"(last-block slack of {format_bytes(m['mean_in_use_bytes'])} in blocks in use)")
+        lines.append(f"  {'internal waste':<24}{m['waste_internal_pct_of_in_use']:.2f} % of the "
+                     f"{format_bytes(m['mean_in_use_bytes'])} in blocks in use (last-block slack)")
         lines.append(f"  {'prefix cache hit rate':<24}{100 * m['prefix_hit_rate']:.1f} % of prompt tokens")
+    if result.stopped:
+        lines.append(f"  {'NOT FINISHED':<24}{result.stopped}")
     lines.append(f"  {'reallocations':<24}{m['realloc_count']:,}; {format_bytes(m['bytes_copied'])} copied")
     return "\n".join(lines)

@@ -49,6 +49,10 @@ class StepTimer:
         # the weights are fixed for a run: fold them into the constants
         self.m0, self.c0, self.p0 = mem0 + m[0] * weights_bytes, cmp0 + cm[0] * weights_bytes, cp0 + cp[0] * weights_bytes
         self.mc, self.cc, self.pc = m[1:], cm[1:], cp[1:]
+        #: A lower bound of any step's time (every coefficient is non-negative).
+        self.min_seconds = max(self.m0, self.c0) + self.p0 + self._ovh
+        if min(self.mc + self.cc + self.pc) < 0 or self.min_seconds < 0:
+            raise SimkvError("the cost model has a negative term")
         self.chunks: list[np.ndarray] = []
         self.pending: list[tuple] = []
 
@@ -70,20 +74,18 @@ class StepTimer:
         self.pending.append(x)
         return float(self._eval(x))
 
-    def steps(self, new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens) -> np.ndarray:
-        """Seconds of many steps (arrays), bit-identical to :meth:`step` on each."""
-        x = tuple(np.asarray(v, dtype=np.float64) for v in (new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens))
-        x = np.broadcast_arrays(*x)
+    def record(self, new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens) -> None:
+        """Record many steps already timed with :meth:`_eval` (equal-length arrays)."""
         self._flush()
-        self.chunks.append(np.stack(x, axis=1))
-        return self._eval(x)
+        self.chunks.append((new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens))
 
     def record_idle(self) -> None:
         self.pending.append((0, 0, 0, 0, 0, 0))
 
     def _flush(self) -> None:
         if self.pending:
-            self.chunks.append(np.asarray(self.pending, dtype=np.float64).reshape(-1, 6))
+            a = np.asarray(self.pending, dtype=np.float64).reshape(-1, 6)
+            self.chunks.append(tuple(a.T))
             self.pending = []
 
     def official(self, estimated: np.ndarray):
@@ -91,7 +93,7 @@ class StepTimer:
         self._flush()
         if not self.chunks:
             return np.zeros(0), None
-        a = np.concatenate(self.chunks)
+        a = np.stack([np.concatenate([np.asarray(c[i], dtype=np.float64) for c in self.chunks]) for i in range(6)], axis=1)
         c = step_cost(self.model, self.device, weights_bytes=self.weights, new_tokens=a[:, 0], attended_pairs=a[:, 1],
                       kv_read_bytes=a[:, 2], kv_write_bytes=a[:, 3], copy_bytes=a[:, 4], logit_tokens=a[:, 5])
         seconds = np.asarray(c.seconds, dtype=np.float64)

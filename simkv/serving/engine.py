@@ -19,12 +19,15 @@ from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
 from simkv.serving.costing import StepTimer, attended_pairs
 from simkv.serving.paged import BlockPool
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, ContinuousScheduler, Group, PagedConfig,
+from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group, PagedConfig,
                                      fork_samples, prepare_tokens)
 
 GIB = 1024**3
 #: Longest run of steps planned at once (bounds the arrays of a plan).
 KMAX = 512
+#: A run stops when no token has been generated for this many steps (or 4x the longest request):
+#: requests that keep preempting each other (a sample group larger than the pool) never finish.
+STALL_STEPS = 10_000
 
 #: The step table (``--steps``): the issue's contract columns, then extras.
 STEP_COLUMNS = ("step", "time_s", "requests", "scheduled_requests", "blocks_used", "blocks_total",
@@ -131,6 +134,8 @@ class PagedServing:
         self.sched = ContinuousScheduler(config, self.pool, dynamic=fixed == 0, max_blocks=self.max_blocks)
         self.timer = StepTimer(model, device, weights_bytes)
         self.window = model.sliding_window
+        #: Sliding-window models keep only the blocks of their window (PagedConfig.window_blocks).
+        self.window_blocks = self.window is not None and config.window_blocks
         self.max_steps = max_steps
         self.trace_requests = trace_requests
         self.progress = progress
@@ -151,7 +156,7 @@ class PagedServing:
         notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
         (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
         sizes, allocated and freed in the same step — at the first allocation too — so the
-        in-step peak is twice the new pool.
+        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first.
         """
         L = self.model.layers
         per_k, per_v = self.k_block, self.v_block
@@ -177,8 +182,8 @@ class PagedServing:
                     row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
         transient = []
         if self.cfg.transient_buffers:
-            for layer in range(L):
-                for t, per in (("k", per_k), ("v", last_v if layer == L - 1 else per_v)):
+            for layer in range(L):  # V-sized first (memray: +V0 +K0 +V1 +K1 ... -V0 -K0 ...)
+                for t, per in (("v", last_v if layer == L - 1 else per_v), ("k", per_k)):
                     transient.append((layer, t, per, self.next_buffer))
                     row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
                     self.next_buffer += 1
@@ -211,9 +216,23 @@ class PagedServing:
         self.progress_rows: list[tuple] = []
         self.est: list = []
         bar = self.progress
+        self.stopped = None
+        self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
+        longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
+        stall_limit = max(STALL_STEPS, 4 * longest)
+        progress_mark, progress_step = -1, 0
         while pending < len(reqs) or live:
-            if self.step >= self.max_steps:
-                raise ConfigError(f"stopped after {self.max_steps:,} steps (raise max_steps)")
+            tokens_out = self.sampled + pending
+            if tokens_out != progress_mark:
+                progress_mark, progress_step = tokens_out, self.step
+            if self.step >= self.max_steps or (live and self.step - progress_step > stall_limit):
+                self.stopped = (f"stopped after {self.step:,} steps: {len(live)} requests never finish "
+                                + ("(the step limit)" if self.step >= self.max_steps else
+                                   f"(no token generated for {self.step - progress_step:,} steps: they keep "
+                                   "preempting each other, as the real pipeline does)"))
+                for g in live:
+                    g.status = UNFINISHED
+                break
             if by_step:
                 while pending < len(reqs) and reqs[pending].arrival_step <= self.step:
                     live.append(self._add(reqs[pending], pending))
@@ -231,26 +250,29 @@ class PagedServing:
             live = [g for g in live if g.status == RUNNING]
             if bar is not None and not by_step:
                 bar(pending)
-        steps = np.concatenate([np.asarray(r, dtype=STEP_TABLE).reshape(-1) if isinstance(r, tuple) else r
-                                for r in self._row_blocks()]) if self.rows else np.zeros(0, dtype=STEP_TABLE)
+        steps = self._step_table() if self.rows else np.zeros(0, dtype=STEP_TABLE)
         estimated = np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
         _, cost = self.timer.official(estimated)
         prog = np.array(self.progress_rows, dtype=PROGRESS) if self.progress_rows else np.zeros(0, dtype=PROGRESS)
         return self.groups, steps, prog, cost
 
-    def _row_blocks(self):
-        """Step rows: consecutive single-step tuples packed together, then the planned blocks."""
-        singles = []
+    def _step_table(self) -> np.ndarray:
+        """The step table from single-step tuples and planned runs (columns), column by column."""
+        names = STEP_TABLE.names
+        cols: list[list] = [[] for _ in names]
         for r in self.rows:
             if isinstance(r, tuple):
-                singles.append(r)
-                continue
-            if singles:
-                yield np.array(singles, dtype=STEP_TABLE)
-                singles = []
-            yield r
-        if singles:
-            yield np.array(singles, dtype=STEP_TABLE)
+                for c, v in zip(cols, r):
+                    c.append(np.array((v,)))
+            else:
+                n = r["_n"]
+                for c, name in zip(cols, names):
+                    v = r[name]
+                    c.append(v if np.ndim(v) else np.full(n, v))
+        table = np.zeros(sum(len(a) for a in cols[0]), dtype=STEP_TABLE)
+        for c, name in zip(cols, names):
+            table[name] = np.concatenate(c)
+        return table
 
     # -- one step, the reference way ----------------------------------------------------------------
 
@@ -267,6 +289,7 @@ class PagedServing:
         internal = self._internal_slack(live)
         n_live = len(live)
         if total == 0:
+            self.sampled += 1  # an outcome: progress
             for g in live:  # nothing fits: GenAI marks every request out of memory
                 if g.status == RUNNING:
                     self.sched.free_group(g)
@@ -300,6 +323,7 @@ class PagedServing:
                 if g.generated == 0:
                     g.first_token_s, g.first_token_step = t, step
                     fork_samples(self.pool, g)
+                self.sampled += 1
                 if g.seq_tokens is not None:
                     for s, toks in enumerate(g.seq_tokens):
                         toks.append((3, g.req.id, s, g.generated))
@@ -311,6 +335,10 @@ class PagedServing:
         if self.trace_requests:
             for g in live:
                 self.progress_rows.append((step, g.req.id, g.generated, g.processed, g.status))
+        if self.window_blocks:
+            for g in scheduled:
+                if g.status == RUNNING:
+                    self.sched.drop_outside_window(g, self.window)
         if self.observe is not None:
             self.observe(step, self, live)
         for g in finished:
@@ -327,173 +355,189 @@ class PagedServing:
     def _run_of_steps(self, live: list[Group], next_step: int | None, next_s: float | None) -> bool:
         """Plan the steps in which nothing but arithmetic happens, all at once.
 
-        Such a run: every generating sequence decodes one token per step, the first
-        request in its prompt phase takes the rest of the token budget as a chunk, and
-        every block needed is free. It ends with the step in which a request finishes or
-        the prompt completes, before the step an arrival joins, before a step that would
-        need more blocks than are free (that step goes the reference way: growth,
-        preemption). Block ids are handed out in the reference order (per step: the
-        generating requests in order, then the prompt chunk). False when the present
+        In such a run every generating sequence decodes one token per step and the requests
+        in their prompt phase share the rest of the token budget in request order (a prompt
+        that completes starts decoding the next step; one that finishes leaves, its blocks
+        freed), and every block needed is free. The run ends before the step an arrival
+        joins, before a step that would need more blocks than are free or more decode
+        tokens than the budget (that step goes the reference way: growth, preemption).
+        Block ids are handed out and freed in the reference order. False when the present
         state does not allow a run of at least two steps.
         """
-        cfg = self.cfg
-        if cfg.enable_prefix_caching or self.trace_requests or self.observe is not None:
+        cfg, sched, pool = self.cfg, self.sched, self.pool
+        if cfg.enable_prefix_caching or self.trace_requests or self.observe is not None or not cfg.dynamic_split_fuse:
             return False
-        if not self.sched.initialized or self.pool.total != self.pool_total:
+        if not sched.initialized or pool.total != self.pool_total:
             return False  # the pool's tensors are (re)allocated in this step
-        dec: list[Group] = []
-        prm = None
-        n_prompt = 0
-        others_ctx = 0
-        for g in live:
+        if self.window_blocks and any(g.P + g.G > self.window for g in live):
+            return False  # blocks leave the window: step by step
+        n = len(live)
+        proc = np.empty(n, dtype=np.int64)
+        P = np.empty(n, dtype=np.int64)
+        G = np.empty(n, dtype=np.int64)
+        gen = np.empty(n, dtype=np.int64)
+        nb = np.empty(n, dtype=np.int64)
+        prompt_phase = False
+        for j, g in enumerate(live):
             if len(g.tables) != 1:
                 return False
             if g.maxc >= g.P:
                 if g.maxc != g.processed:
                     return False
-                dec.append(g)
             else:
-                n_prompt += 1
-                if prm is None:
-                    prm = g
-                else:
-                    others_ctx += g.processed
-        nd = len(dec)
-        budget = cfg.max_num_batched_tokens
-        if nd > budget or (prm is not None and not cfg.dynamic_split_fuse):
-            return False
-        if self.sched.dynamic and prm is not None and self.sched._target_blocks(live) > self.pool.total:
-            return False
-        bs = self.bs
-        r = budget - nd if prm is not None else 0
-        K = min((g.G - g.generated for g in dec), default=KMAX)
-        if prm is not None and r > 0:
-            left = prm.P - prm.processed
-            kc = -(-left // r)
-            # the completing step stays out when its leftover budget goes to the next prompt
-            # or the request forks into samples there
-            K = min(K, kc - 1 if (n_prompt > 1 and left % r) or prm.n > 1 else kc)
-        K = min(K, KMAX)
-        if next_step is not None:
-            K = min(K, next_step - self.step)
+                if g.n > 1:
+                    return False  # forks at the end of its prompt
+                prompt_phase = True
+            proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
+        if sched.dynamic and prompt_phase and min(sched._target_blocks(live), sched.max_blocks) > pool.total:
+            return False  # the reference step raises the dynamic pool first
+        budget, bs = cfg.max_num_batched_tokens, self.bs
+        K = KMAX if next_step is None else min(KMAX, next_step - self.step)
+        if next_s is not None and self.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
+            K = min(K, int((next_s - self.t) / self.timer.min_seconds) + 2)
         if K < 2:
             return False
         ks = np.arange(K, dtype=np.int64)
-        c = np.fromiter((g.processed for g in dec), dtype=np.int64, count=nd)
-        nb = np.fromiter((len(g.tables[0]) for g in dec), dtype=np.int64, count=nd)
-        ctx = c[:, None] + ks[None, :] + 1  # (nd, K) context after each step
-        held = np.maximum(-(-ctx // bs), nb[:, None])
-        dec_blocks = held.sum(axis=0)
-        if prm is not None:
-            p0, nbp = prm.processed, len(prm.tables[0])
-            ctx_p = np.minimum(prm.P, p0 + (ks + 1) * r)
-            s_p = np.diff(np.r_[p0, ctx_p])
-            held_p = np.maximum(-(-ctx_p // bs), nbp)
-        else:
-            p0 = nbp = 0
-            ctx_p = s_p = held_p = np.zeros(K, dtype=np.int64)
-        base = self.pool.used() - int(nb.sum()) - nbp
-        used = base + dec_blocks + held_p
-        over = np.flatnonzero(used > self.pool.total)
-        if len(over):
-            K = int(over[0])
-            if K < 2:
-                return False
-        # time of each step, then the cut at the next arrival
-        win = self.window
-        dctx = ctx[:, :K] if win is None else np.minimum(ctx[:, :K], win)
-        ctx_sum = dctx.sum(axis=0)
-        s_p, ctx_p, held_p, used = s_p[:K], ctx_p[:K], held_p[:K], used[:K]
-        prev_p = ctx_p - s_p
-        if win is None:
-            pairs = ctx_sum + s_p * prev_p + s_p * (s_p + 1) // 2
-            kvr = ctx_sum + ctx_p
-        else:
-            pairs = ctx_sum + np.array([attended_pairs(int(a), int(b), win) for a, b in zip(prev_p, s_p)], dtype=np.int64)
-            kvr = ctx_sum + np.minimum(ctx_p, win)
-        completes = (prm is not None) & (ctx_p >= (prm.P if prm is not None else 0)) & (prev_p < (prm.P if prm else 0))
-        new = nd + s_p
-        logits = nd + completes.astype(np.int64)
-        sec = self.timer_preview(new, pairs, kvr * self.kv_token, new * self.kv_token, logits)
-        times = np.cumsum(np.r_[self.t, sec])[1:]
-        if next_s is not None:
-            starts = np.r_[self.t, times[:-1]]
-            late = np.flatnonzero(starts >= next_s)
-            if len(late):
-                K = int(late[0])
+        dec = proc >= P  # generating at the start (all prompts of decoders are processed)
+        # step of each request's last token (decoders: G - generated more steps); prompts: found below
+        fin = np.where(dec, G - gen - 1, K)
+        start = np.where(dec, 0, K)  # first decode step
+        tok = np.zeros((n, K), dtype=np.int64)  # tokens scheduled per request and step
+        active_dec = (ks[None, :] >= start[:, None]) & (ks[None, :] <= fin[:, None])
+        q_idx = np.flatnonzero(~dec)
+        taken = np.zeros(K, dtype=np.int64)  # prompt tokens given to earlier requests in the queue
+        for q in q_idx.tolist():  # in request order: a completed prompt decodes from the next step on
+            room = budget - active_dec.sum(axis=0) - taken
+            if (room < 0).any():
+                K = int(np.argmax(room < 0))
                 if K < 2:
                     return False
-        self._commit_run(live, dec, prm, K, held[:, :K], nb, held_p[:K], nbp, s_p[:K], ctx_p[:K], used[:K],
-                         sec[:K], times[:K], new[:K], pairs[:K], kvr[:K], logits[:K], others_ctx, c)
+                break
+            cum = np.cumsum(room)
+            if cum[-1] <= 0:
+                break  # no budget left for this request or any after it in this run
+            left = P[q] - proc[q]
+            got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
+            tok[q] = got
+            taken += got
+            if cum[-1] >= left:
+                kc = int(np.argmax(cum >= left))
+                start[q] = kc + 1
+                fin[q] = kc + G[q] - 1  # first token at kc, G - 1 more
+                active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
+            else:
+                break  # it takes all the budget left: nobody after it gets tokens
+        K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
+        nd = active_dec.sum(axis=0)
+        over = np.flatnonzero(nd > budget)
+        if len(over):
+            K = min(K, int(over[0]))
+        if K < 2:
+            return False
+        tok += active_dec
+        tok, active_dec, ks = tok[:, :K], active_dec[:, :K], ks[:K]
+        ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
+        alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
+        held = np.where(alive, np.maximum(-(-ctx // bs), nb[:, None]), 0)
+        base = pool.used() - int(nb.sum())
+        used = base + held.sum(axis=0)
+        bad = np.flatnonzero(used > pool.total)
+        if len(bad):
+            K = int(bad[0])
+            if K < 2:
+                return False
+        # cost of each step, then the cut at the next arrival
+        prev = ctx - tok
+        win = self.window
+        if win is None:
+            pairs_m = tok * prev + tok * (tok + 1) // 2
+            seen = np.where(tok > 0, ctx, 0)
+        else:
+            first = np.maximum(0, win - prev)
+            fit = np.minimum(first, tok)
+            over_w = tok - fit
+            st_ = prev + fit + 1 - win
+            pairs_m = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
+            seen = np.where(tok > 0, np.minimum(ctx, win), 0)
+        logits_m = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
+        new = tok.sum(axis=0)[:K]
+        pairs = pairs_m.sum(axis=0)[:K]
+        kvr = seen.sum(axis=0)[:K]
+        logits = logits_m.sum(axis=0)[:K]
+        sec = self.timer._eval((new.astype(np.float64), pairs.astype(np.float64), (kvr * self.kv_token).astype(np.float64),
+                                (new * self.kv_token).astype(np.float64), np.zeros(K), logits.astype(np.float64)))
+        times = np.cumsum(np.concatenate(([self.t], sec)))[1:]
+        if next_s is not None:
+            late = np.flatnonzero(times[:-1] >= next_s)  # step k+1 starts at times[k]
+            if len(late):
+                K = int(late[0]) + 1
+        if K < 2:
+            return False
+        self._commit_run(live, K, tok[:, :K], ctx[:, :K], held[:, :K], alive[:, :K], nb, fin, start,
+                         logits_m[:, :K], used[:K], sec[:K], times[:K], new[:K], pairs[:K], kvr[:K], logits[:K], dec)
         return True
 
-    def timer_preview(self, new, pairs, kvr_bytes, kvw_bytes, logits):
-        """Step seconds without recording them (a plan may be cut)."""
-        x = tuple(np.asarray(v, dtype=np.float64) for v in (new, pairs, kvr_bytes, kvw_bytes, np.zeros(len(new)), logits))
-        return self.timer._eval(x)
-
-    def _commit_run(self, live, dec, prm, K, held, nb, held_p, nbp, s_p, ctx_p, used, sec, times, new, pairs, kvr,
-                    logits, others_ctx, c) -> None:
+    def _commit_run(self, live, K, tok, ctx, held, alive, nb, fin, start, sampled, used, sec, times, new, pairs,
+                    kvr, logits, dec) -> None:
         pool, bs, step0 = self.pool, self.bs, self.step
-        # blocks, in the reference order: per step the generating requests in order, then the prompt
-        inc = np.diff(np.concatenate([nb[:, None], held], axis=1), axis=1)  # (nd, K)
-        kk, ii = np.nonzero(inc.T)
-        inc_p = np.diff(np.r_[nbp, held_p])
-        if prm is not None and inc_p.any():
-            pk = np.flatnonzero(inc_p)
-            order = np.argsort(np.r_[kk * 2, pk * 2 + 1], kind="stable")
-            who = np.r_[ii, np.full(len(pk), -1)][order]
-            cnt = np.r_[inc.T[kk, ii], inc_p[pk]][order]
-        else:
-            who, cnt = ii, inc.T[kk, ii]
-        tables = [g.tables[0] for g in dec]
-        ptable = prm.tables[0] if prm is not None else None
-        alloc = pool.allocate
-        for w, n in zip(who.tolist(), cnt.tolist()):
-            table = ptable if w < 0 else tables[w]
-            for _ in range(n):
-                table.append(alloc(None))
-        # state after the run
-        for i, g in enumerate(dec):
-            g.processed = g.maxc = int(c[i]) + K
-            g.generated += K
-        finished = [g for g in dec if g.generated >= g.G]
-        for g in finished:
-            g.status = FINISHED
-            g.finish_s, g.finish_step = float(times[-1]), step0 + K - 1
-        if prm is not None:
-            prm.processed = int(ctx_p[-1])
-            prm.maxc = max(prm.maxc, prm.processed)
-            if prm.processed >= prm.P and prm.generated == 0:
-                prm.generated = 1
-                prm.first_token_s, prm.first_token_step = float(times[-1]), step0 + K - 1
-                if prm.generated >= prm.G:
-                    prm.status = FINISHED
-                    prm.finish_s, prm.finish_step = float(times[-1]), step0 + K - 1
-                    finished.append(prm)
+        n = len(live)
+        # block events in the reference order: per step, decoders (request order), then prompt chunks,
+        # then the frees of the requests that finished in that step
+        inc = held.copy()
+        inc[:, 1:] -= held[:, :-1]
+        inc[:, 0] -= nb
+        inc[~alive] = 0
+        ks = np.arange(K)
+        # phase of each request at each step: 0 decoding (generate phase), 1 prompt chunk
+        phase = (ks[None, :] < start[:, None]).astype(np.int64)
+        kk, jj = np.nonzero(inc.T)
+        ends = np.flatnonzero(fin < K)
+        fin_e = fin[ends]
+        # key: step, then kind (0 decode allocs, 1 prompt allocs, 2 frees), then phase, then request order
+        keys = np.concatenate([((kk * 3 + phase[jj, kk]) * 2) * n + jj,
+                               ((fin_e * 3 + 2) * 2 + phase[ends, fin_e]) * n + ends])
+        what = np.concatenate([inc[jj, kk], np.full(len(ends), -1, dtype=np.int64)])
+        who = np.concatenate([jj, ends])
+        order = np.argsort(keys, kind="stable")
+        alloc_many, free_group = pool.allocate_many, self.sched.free_group
+        for j, c in zip(who[order].tolist(), what[order].tolist()):
+            g = live[j]
+            if c < 0:
+                free_group(g)
+            else:
+                g.tables[0].extend(alloc_many(c))
+        # requests after the run
+        ctx_end = ctx[:, -1].tolist()
+        firsts = (start - 1).tolist()  # a prompt's first token comes with its last chunk
+        has_first = ((~dec) & (start <= K)).tolist()
+        gen_add = sampled.sum(axis=1).tolist()
+        self.sampled += sum(gen_add)
+        for j, g in enumerate(live):
+            g.processed = ctx_end[j]
+            g.maxc = max(g.maxc, g.processed)
+            g.generated += gen_add[j]
+            if has_first[j]:
+                g.first_token_s, g.first_token_step = float(times[firsts[j]]), step0 + firsts[j]
+            if fin[j] < K:
+                g.status = FINISHED
+                g.finish_s, g.finish_step = float(times[fin[j]]), step0 + int(fin[j])
         # the step table
-        ctx_total = (np.sum(c) + (np.arange(K) + 1) * len(dec)) + ctx_p + others_ctx
-        internal = used * bs - ctx_total
-        block = np.zeros(K, dtype=STEP_TABLE)
-        block["step"] = step0 + np.arange(K)
-        block["time_s"] = times
-        block["requests"] = len(live)
-        block["scheduled_requests"] = len(dec) + (s_p > 0)
-        block["blocks_used"] = used
-        block["blocks_total"] = pool.total
-        block["allocated_bytes"] = block["peak_bytes"] = pool.total * self.block_bytes
-        block["used_bytes"] = (used * bs - internal) * self.block_bytes // bs
-        block["step_s"] = sec
-        block["scheduled_tokens"] = new
-        block["reserved_bytes"] = (pool.total - used) * self.block_bytes
-        block["internal_bytes"] = used * self.block_bytes - block["used_bytes"]
-        self.rows.append(block)
-        self.timer.steps(new, pairs, kvr * self.kv_token, new * self.kv_token, np.zeros(K), logits)
+        ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+        gone_before = (fin[:, None] < ks[None, :]).sum(axis=0)
+        used_b = ctx_total * self.block_bytes // bs
+        alloc_b = pool.total * self.block_bytes
+        self.rows.append({
+            "step": step0 + ks, "time_s": times, "requests": n - gone_before,
+            "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
+            "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
+            "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * self.block_bytes,
+            "internal_bytes": used * self.block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
+        })
+        self.timer.record(new, pairs, kvr * self.kv_token, new * self.kv_token, np.zeros(K), logits)
         self.est.append(sec)
-        for g in finished:
-            self.sched.free_group(g)
         self.t = float(times[-1])
         self.step = step0 + K
+
 
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])

@@ -88,6 +88,34 @@ class BlockPool:
                 self.cached[h] = b
         return b
 
+    def allocate_many(self, n: int) -> list[int]:
+        """``n`` blocks without prefix hashes, as ``n`` calls of :meth:`allocate` would give them."""
+        if self.prefix_caching or n > len(self.free):
+            return [self.allocate(None) for _ in range(n)]
+        free, ref = self.free, self.ref
+        out = [free.popleft() for _ in range(n)]
+        for b in out:
+            ref[b] = 1  # (timestamps only order the prefix cache's evictions)
+        return out
+
+    def release_many(self, blocks: list[int]) -> None:
+        """:meth:`release` of each block in order."""
+        if self.prefix_caching:
+            for b in blocks:
+                if b is not None:
+                    self.release(b)
+            return
+        ref, free = self.ref, self.free
+        for b in blocks:
+            if b is None:
+                continue
+            r = ref[b]
+            if r <= 0:
+                raise SimkvError(f"internal error: block {b} freed twice")
+            ref[b] = r - 1
+            if r == 1:
+                free.append(b)
+
     def share(self, b: int) -> None:
         """One more sequence refers to ``b`` (a fork)."""
         self.ref[b] += 1

@@ -280,9 +280,11 @@ def synthetic(
     *,
     arrivals: str = "poisson",
     seed: int = 0,
+    max_prompt: int | None = None,
 ) -> list[Request]:
     """``requests`` requests arriving at ``rate`` per second (Poisson or fixed-rate), lengths drawn
-    from the given distributions with a seeded generator (same seed, same workload)."""
+    from the given distributions with a seeded generator (same seed, same workload); prompts are
+    clipped to ``max_prompt`` (the model's context less one) when given."""
     if requests <= 0 or requests > MAX_REQUESTS:
         raise ConfigError(f"--requests must be in 1..{MAX_REQUESTS}, got {requests}")
     if not rate > 0 or not np.isfinite(rate):
@@ -293,6 +295,8 @@ def synthetic(
     gaps = rng.exponential(1 / rate, requests) if arrivals == "poisson" else np.full(requests, 1 / rate)
     times = np.cumsum(gaps) - gaps[0]
     prompts = _draw(prompt_dist, requests, rng, "prompt", "prompt")
+    if max_prompt:
+        prompts = np.minimum(prompts, max_prompt)
     outputs = _draw(output_dist, requests, rng, "output", "max_new_tokens")
     return [Request(i, int(p), int(o), arrival_s=float(t)) for i, (t, p, o) in enumerate(zip(times, prompts, outputs))]
 

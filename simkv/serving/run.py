@@ -13,7 +13,7 @@ import numpy as np
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
 from simkv.serving.requests import Request, check_workload
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, PagedConfig
+from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, PagedConfig
 
 SCHEDULERS = ("sequential", "static", "continuous")
 MEMORIES = ("contiguous", "paged")
@@ -49,6 +49,8 @@ class ServingSpec:
     static_batch: int = 8
     max_context: int | None = None
     trace_requests: bool = False
+    #: Stop after this many steps (the requests still running are UNFINISHED).
+    max_steps: int = 10_000_000
 
 
 @dataclass(eq=False)
@@ -61,6 +63,8 @@ class ServingResult:
     progress: np.ndarray
     ledger: Ledger
     device_name: str = ""
+    #: Why the simulation stopped with requests still running (None: every request ended).
+    stopped: str | None = None
 
     # -- tables --------------------------------------------------------------------------------
 
@@ -130,7 +134,10 @@ class ServingResult:
             "waste_bytes": tmean("allocated_bytes") - tmean("used_bytes"),
             "waste_reserved_bytes": tmean("reserved_bytes"),
             "waste_transient_bytes": tmean("peak_bytes") - tmean("allocated_bytes"),
-            "realloc_count": _replaced_buffers(rows, self.spec.model.layers),
+            # K/V tensors replaced: paged, each pool tensor moved to a bigger one (its copy row; the CPU
+            # plugin's scratch buffers are not replacements); contiguous, every allocation after a tensor's first
+            "realloc_count": (int(((rows["op"] == COPY) & (rows["tensor"] <= 1)).sum()) if self.spec.memory == "paged"
+                              else _replaced_buffers(rows, self.spec.model.layers)) if len(rows) else 0,
             "bytes_copied": int(s["copy_bytes"].sum()),
             "pool_bytes_copied": copy_rows,
             "steps": len(s),
@@ -140,6 +147,7 @@ class ServingResult:
             "requests_finished": int((status == FINISHED).sum()),
             "requests_ignored": int((status == IGNORED).sum()),
             "requests_rejected": int((status == REJECTED).sum()),
+            "requests_unfinished": int((status == UNFINISHED).sum()),
             "preemptions": int(s["preemptions"].sum()),
             "prefix_hit_rate": float(hit.sum() / prompts.sum()) if prompts.sum() else 0.0,
             "waste_internal_bytes": tmean("internal_bytes"),
@@ -164,6 +172,7 @@ class ServingResult:
             "policy": (sp.policy if isinstance(sp.policy, str) else sp.policy.name) if sp.memory == "contiguous" else None,
         }
         out["oom"] = None
+        out["stopped"] = self.stopped
         return out
 
 
@@ -223,10 +232,11 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
             eng = PagedServing(spec.requests, spec.model, spec.precision, cfg, device=device,
                                weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
                                block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
-                               trace_requests=spec.trace_requests,
+                               trace_requests=spec.trace_requests, max_steps=spec.max_steps,
                                progress=bar.update_to if bar else None)
             groups, steps, prog, _ = eng.run()
             ledger = eng.ledger
+            stopped = eng.stopped
         elif spec.memory == "contiguous":
             from policies import get_policy
             from simkv.serving.contiguous import ContiguousServing
@@ -238,13 +248,14 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
                                     progress=bar.update_to if bar else None)
             groups, steps, prog = eng.run()
             ledger = eng.ledger
+            stopped = None
         else:
             raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
                               f"(got {spec.scheduler})")
     finally:
         if bar:
             bar.close()
-    return ServingResult(spec, groups, steps, prog, ledger, device.name)
+    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped)
 
 
 def _progress_bar(total: int):
@@ -279,7 +290,7 @@ def simulate_paged(requests: list[Request], *, model, precision, block_size: int
                    dynamic_split_fuse: bool = True, enable_prefix_caching: bool = False, block_bytes: int | None = None,
                    tensor_block_bytes: tuple[int, int] | None = None,
                    device: str = DEFAULT_DEVICE, device_memory: int | None = None, weights_bytes: int = 0,
-                   max_context: int | None = 0) -> ServingResult:
+                   max_context: int | None = 0, max_steps: int = 10_000_000) -> ServingResult:
     """GenAI continuous batching on a paged pool, with per-step per-request progress
     (``result.progress``) — the call ``simkv validate --paged`` compares with the real pipeline."""
     cfg = PagedConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, cache_size_gib=cache_size,
@@ -288,5 +299,5 @@ def simulate_paged(requests: list[Request], *, model, precision, block_size: int
     spec = ServingSpec(list(requests), model, precision, "continuous", "paged", cfg, device=device,
                        device_memory=device_memory, weights_bytes=weights_bytes, block_bytes=block_bytes,
                        tensor_block_bytes=tensor_block_bytes,
-                       max_context=max_context, trace_requests=True)
+                       max_context=max_context, trace_requests=True, max_steps=max_steps)
     return serve(spec)

@@ -42,6 +42,8 @@ GROWTH_TOKENS = 256  # Scheduler::m_cache_growth_num_tokens
 INITIAL_MULTIPLIER = 2  # Scheduler::m_kv_blocks_initial_multiplier
 
 RUNNING, FINISHED, IGNORED, REJECTED = "RUNNING", "FINISHED", "IGNORED", "REJECTED"
+#: Still running when the simulation stopped (a step limit, or requests that never finish).
+UNFINISHED = "UNFINISHED"
 
 
 @dataclass
@@ -61,6 +63,8 @@ class PagedConfig:
     #: The CPU plugin allocates and frees 2·L scratch buffers of the new pool tensors' sizes at every
     #: pool (re)allocation (measured by ``simkv validate --paged``): the in-step peak is twice the pool.
     transient_buffers: bool = True
+    #: Sliding-window models (``ModelSpec.sliding_window``) release blocks that left the window.
+    window_blocks: bool = True
 
 
 class Group:
@@ -68,7 +72,7 @@ class Group:
 
     __slots__ = ("req", "index", "P", "G", "n", "processed", "maxc", "generated", "scheduled", "waiting",
                  "tables", "status", "tokens", "full_hashes", "preemptions", "prefix_hit", "first_token_s",
-                 "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens")
+                 "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens", "dropped")
 
     def __init__(self, req, index: int, prompt_tokens: int) -> None:
         self.req = req
@@ -92,6 +96,7 @@ class Group:
         self.added_s = 0.0
         self.added_step = 0
         self.first_token_step = self.finish_step = None
+        self.dropped = 0  # leading blocks released because they left a sliding window (None in the tables)
 
     # sequence_group.hpp
     def can_generate(self) -> bool:
@@ -154,19 +159,31 @@ class ContinuousScheduler:
             full.append(hash((full[-1] if full else None, tuple(toks[s : s + self.bs]))))
         return prefix_hash(toks, length, self.bs, full)
 
-    def append_slots(self, g: Group) -> None:
-        """Give every running sequence blocks for its scheduled tokens; copy a shared last block."""
+    def append_slots(self, g: Group, copy_on_write: bool = True) -> None:
+        """Give every running sequence blocks for its scheduled tokens; copy a shared last block
+        (``BlockManager::append_slots``). A prompt chunk under dynamic split-fuse only adds blocks
+        (``allocate_tokens`` → ``allocate``): no copy-on-write.
+
+        Prefix hashes as ``BlockManager::allocate`` gives them: a new block is hashed by the content it
+        will hold once the known tokens (prompt + generated so far) are processed — its full length,
+        or up to the last known token — not by the chunk computed in this step; before adding blocks the
+        last block is re-hashed as a full block. A block that is not copied is re-hashed by the context
+        after the step (the non-copy-on-write branch of ``append_slots``)."""
         pool, need = self.pool, self._need(g, g.scheduled)
         prefix = pool.prefix_caching
         content = g.processed + g.scheduled
+        known = g.P + g.generated
+        bs = self.bs
         for s, table in enumerate(g.tables):
             if need > len(table):
+                if prefix and table and table[-1] is not None:
+                    pool.rehash(table[-1], self._hash(g, s, min(len(table) * bs, len(g.seq_tokens[s]))))
                 for k in range(len(table), need):
-                    h = self._hash(g, s, min((k + 1) * self.bs, content)) if prefix else None
+                    h = self._hash(g, s, min((k + 1) * bs, known)) if prefix else None
                     table.append(pool.allocate(h))
             elif table:
                 last = table[-1]
-                if pool.ref[last] > 1:
+                if pool.ref[last] > 1 and copy_on_write:
                     h = self._hash(g, s, content) if prefix else None
                     table[-1] = pool.allocate(h)
                     pool.release(last)
@@ -177,9 +194,9 @@ class ContinuousScheduler:
     def free_group(self, g: Group) -> None:
         """``BlockManager::free_sequence``: each sequence's blocks, first to last."""
         for table in g.tables:
-            for b in table:
-                self.pool.release(b)
+            self.pool.release_many(table if not g.dropped else table[g.dropped:])
             table.clear()
+        g.dropped = 0
         if len(g.tables) > 1 and not g.can_generate():
             g.tables = [[]]
 
@@ -225,6 +242,19 @@ class ContinuousScheduler:
             self.pool.grow(min(blocks, self.max_blocks))
             if blocks > self.max_blocks:
                 self.pool_limited = True
+
+    def drop_outside_window(self, g: Group, window: int) -> None:
+        """Release the leading blocks that hold no position of the last ``window`` ones (sliding-window
+        attention never reads them again)."""
+        drop = max(0, g.processed - window) // self.bs
+        if drop <= g.dropped:
+            return
+        for table in g.tables:
+            for i in range(g.dropped, min(drop, len(table))):
+                if table[i] is not None:
+                    self.pool.release(table[i])
+                    table[i] = None
+        g.dropped = drop
 
     def try_increase(self) -> bool:
         if not self.dynamic:
@@ -301,7 +331,7 @@ class ContinuousScheduler:
                 break
 
     def _occupied(self, g: Group) -> int:
-        return len({b for t in g.tables for b in t})
+        return len({b for t in g.tables for b in t if b is not None})
 
     def _preempt(self, victim: Group, target: Group) -> bool:
         before = self.pool.num_free()
@@ -339,7 +369,7 @@ class ContinuousScheduler:
             tokens = min(tokens, len(table) * self.bs - g.processed + self.pool.num_free() * self.bs)
             if tokens > 0:
                 g.scheduled = tokens
-                self.append_slots(g)
+                self.append_slots(g, copy_on_write=False)
                 scheduled.append(g)
                 total += tokens
             if total == budget:
@@ -381,7 +411,8 @@ def fork_samples(pool: BlockPool, g: Group) -> None:
         base = g.tables[0]
         for _ in range(g.n - 1):
             for b in base:
-                pool.share(b)
+                if b is not None:
+                    pool.share(b)
             g.tables.append(list(base))
         if g.seq_tokens is not None:
             g.seq_tokens = [list(g.seq_tokens[0]) for _ in range(g.n)]

@@ -1,0 +1,212 @@
+"""Serving workloads, contiguous memory, metrics and the CLI (`simkv run --trace/--synthetic`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from simkv.errors import ConfigError
+from simkv.models import custom_model, get_model
+from simkv.precision import get_precision
+from simkv.serving import PagedConfig, Request, ServingSpec, load_trace, serve, synthetic, write_trace
+from simkv.serving.engine import STEP_COLUMNS
+from simkv.serving.run import REQUEST_COLUMNS
+
+AZURE = "/work/shared/traces/azure_llm_2023_conv.csv"
+TOY = custom_model(layers=2, heads=4, head_dim=16)
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "simkv.cli", "run", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def azure_slice(tmp_path):
+    path = tmp_path / "azure.csv"
+    with open(AZURE) as src:
+        path.write_text("".join(next(src) for _ in range(41)))
+    return path
+
+
+# -- workloads ---------------------------------------------------------------------------------------
+
+def test_azure_loader(azure_slice):
+    reqs = load_trace(azure_slice)
+    assert len(reqs) == 40
+    # first rows of the trace: 18:15:46.6805900 374/44, 18:15:50.9951690 396/109
+    assert (reqs[0].prompt, reqs[0].max_new_tokens, reqs[0].arrival_s) == (374, 44, 0.0)
+    assert reqs[1].arrival_s == pytest.approx(4.314579)
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:]))
+
+
+def test_our_csv_and_jsonl_round_trip(tmp_path):
+    reqs = [Request(0, 10, 5, arrival_s=0.0, prefix_id="sys", prefix_tokens=4),
+            Request(1, 12, 3, arrival_s=0.5, session="u1", samples=2),
+            Request(2, 3, 1, arrival_s=0.5, token_ids=(7, 8, 9))]
+    write_trace(reqs, tmp_path / "w.csv")
+    assert load_trace(tmp_path / "w.csv") == reqs
+    (tmp_path / "w.jsonl").write_text("\n".join(json.dumps(
+        {"id": r.id, "arrival": r.arrival_s, "prompt": r.prompt, "max_new_tokens": r.max_new_tokens,
+         "prefix_id": r.prefix_id, "prefix_tokens": r.prefix_tokens, "session": r.session, "samples": r.samples,
+         "token_ids": list(r.token_ids) if r.token_ids else None}) for r in reqs) + "\n")
+    assert load_trace(tmp_path / "w.jsonl") == reqs
+
+
+def test_synthetic_is_seeded():
+    a = synthetic(50, 4.0, "lognormal:500:1", "uniform:10:20", seed=3)
+    assert a == synthetic(50, 4.0, "lognormal:500:1", "uniform:10:20", seed=3)
+    assert a != synthetic(50, 4.0, "lognormal:500:1", "uniform:10:20", seed=4)
+    assert all(10 <= r.max_new_tokens <= 20 for r in a)
+    fixed = synthetic(5, 2.0, "fixed:7", "fixed:3", arrivals="fixed")
+    assert [r.arrival_s for r in fixed] == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+BAD = {
+    "missing_column": ("id,arrival,prompt\n0,0,10\n", "missing max_new_tokens"),
+    "zero_length": ("id,arrival,prompt,max_new_tokens\n0,0,0,5\n", "prompt must be positive"),
+    "negative": ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,-3\n", "must be positive"),
+    "unsorted": ("id,arrival,prompt,max_new_tokens\n0,1.0,10,5\n1,0.5,10,5\n", "not sorted"),
+    "empty": ("", "is empty"),
+    "not_numbers": ("id,arrival,prompt,max_new_tokens\n0,zero,10,5\n", "should be a number"),
+    "long_prompt": ("id,arrival,prompt,max_new_tokens\n0,0,5000,5\n", "exceeds the model's context of 4096"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_traces_exit_2_with_one_line(tmp_path, case):
+    text, message = BAD[case]
+    path = tmp_path / f"{case}.csv"
+    path.write_text(text)
+    out = cli("--trace", str(path), "--model", "llama-2-7b")
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert message in out.stderr
+
+
+def test_bad_options_exit_2(azure_slice):
+    for args, message in ((("--scheduler", "fifo"), "unknown scheduler"), (("--memory", "virtual"), "unknown memory"),
+                          (("--on-oom", "explode"), "unknown --on-oom"),
+                          (("--memory", "paged", "--scheduler", "static"), "use --scheduler continuous"),
+                          (("--num-kv-blocks", "100000000"), "does not fit")):
+        out = cli("--trace", str(azure_slice), "--model", "llama-2-7b", *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+# -- CLI end to end ------------------------------------------------------------------------------------
+
+def test_cli_json_and_tables(tmp_path, azure_slice):
+    steps, table = tmp_path / "steps.csv", tmp_path / "req.csv"
+    out = cli("--trace", str(azure_slice), "--model", "llama-2-7b", "--device", "h100-sxm", "--json",
+              "--steps", str(steps), "--requests", str(table), "--ledger", str(tmp_path / "l.csv"))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("peak_allocated_bytes", "mean_allocated_bytes", "waste_bytes", "realloc_count", "bytes_copied",
+                "steps", "requests_total", "requests_finished", "requests_ignored", "preemptions", "prefix_hit_rate",
+                "waste_internal_bytes", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                "throughput_tokens_per_s", "sim_time_s", "scenario"):
+        assert key in data
+    assert data["requests_total"] == data["requests_finished"] == 40
+    with open(steps) as fh:
+        rows = list(csv.reader(fh))
+    assert tuple(rows[0]) == STEP_COLUMNS and len(rows) - 1 == data["steps"]
+    with open(table) as fh:
+        rows = list(csv.reader(fh))
+    assert tuple(rows[0]) == REQUEST_COLUMNS and len(rows) == 41
+    assert {r[5] for r in rows[1:]} == {"FINISHED"}
+
+
+def test_cli_synthetic_human_report():
+    out = cli("--synthetic", "--requests", "20", "--rate", "5", "--prompt-dist", "fixed:100", "--output-dist",
+              "fixed:20", "--model", "llama-3-8b", "--device", "h100-sxm", "--memory", "contiguous",
+              "--policy", "openvino-gpu")
+    assert out.returncode == 0, out.stderr
+    assert "20 finished" in out.stdout and "contiguous, policy openvino-gpu" in out.stdout
+
+
+def test_deterministic_output(tmp_path):
+    args = ("--synthetic", "--requests", "30", "--rate", "20", "--model", "llama-2-7b", "--device", "h100-sxm",
+            "--num-kv-blocks", "300", "--json")
+    a, b = cli(*args), cli(*args)
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+# -- contiguous memory ------------------------------------------------------------------------------------
+
+def spec(reqs, **kw):
+    base = dict(model=TOY, precision=get_precision("f16"), device="h100-sxm", weights_bytes=0, max_context=0)
+    base.update(kw)
+    return ServingSpec(list(reqs), **base)
+
+
+def test_contiguous_request_uses_the_single_session_mechanics():
+    # One request through contiguous serving allocates exactly what `simkv run` allocates for the
+    # same prompt and answer under the same policy (the same FastEngine, not a copy).
+    from simkv import build_scenario, simulate
+
+    r = serve(spec([Request(0, 300, 400, arrival_step=0)], memory="contiguous", scheduler="continuous",
+                   policy="openvino-gpu"))
+    single = simulate(build_scenario(model=None, layers=2, heads=4, head_dim=16, precision="f16",
+                                     policy="openvino-gpu", prompt=300, decode=399))
+    rows = r.ledger.rows
+    ref = single.ledger.rows
+    kept = rows[: len(ref)]
+    for col in ("layer", "tensor", "op", "bytes", "capacity_tokens", "step"):
+        assert np.array_equal(kept[col], ref[col]), col
+    # and the request's buffers are freed when it finishes: allocs - frees = 0
+    net = rows["bytes"][rows["op"] == 0].sum() - rows["bytes"][rows["op"] == 2].sum()
+    assert net == 0
+    # a reallocation's copy is in its step's time: a TPOT spike
+    s = r.steps
+    spikes = s["step_s"][s["copy_bytes"] > 0]
+    quiet = s["step_s"][1:][s["copy_bytes"][1:] == 0]
+    assert len(spikes) and spikes.min() > np.median(quiet)
+
+
+def test_contiguous_sequential_runs_one_at_a_time():
+    reqs = [Request(i, 50, 10, arrival_step=0) for i in range(3)]
+    r = serve(spec(reqs, memory="contiguous", scheduler="sequential", policy="openvino-cpu"))
+    # 3 requests x (1 prompt step + 9 decode steps), never two at once
+    assert len(r.steps) == 30 and (r.steps["scheduled_requests"] == 1).all()
+    first = [g.first_token_step for g in sorted(r.groups, key=lambda g: g.index)]
+    assert first == [0, 10, 20]
+
+
+def test_static_batch_pads_and_holds_memory_until_the_longest_ends():
+    # A batch of 2: 10 and 30 tokens to generate. Both run 30 steps (padded); the short one's
+    # latency ends at its 10th token, its memory at the batch's end.
+    reqs = [Request(0, 20, 10, arrival_step=0), Request(1, 40, 30, arrival_step=0)]
+    r = serve(spec(reqs, memory="contiguous", scheduler="static", static_batch=2, policy="openvino-cpu"))
+    g0, g1 = sorted(r.groups, key=lambda g: g.index)
+    assert (g0.finish_step, g1.finish_step) == (9, 29)
+    assert (r.steps["scheduled_requests"] == 2).all() and len(r.steps) == 30
+
+
+def test_contiguous_oom_preempt_wait_reject_never_crash():
+    # max-length reservation (static policy, 1,024 + 128 tokens per request) on a device that holds two.
+    per_request = get_precision("f16").kv_bytes_per_token(TOY) * 1152
+    reqs = [Request(i, 100, 50, arrival_step=0) for i in range(5)]
+    for oom in ("preempt", "wait", "reject"):
+        r = serve(spec(reqs, memory="contiguous", scheduler="continuous", policy="static",
+                       device_memory=2 * per_request + 1000, paged=PagedConfig(on_oom=oom)))
+        assert r.steps["allocated_bytes"].max() <= 2 * per_request
+        assert r.metrics["requests_finished"] == 5  # admission waits for room; nobody is dropped
+
+
+def test_paged_pool_larger_than_device_is_a_config_error():
+    with pytest.raises(ConfigError, match="does not fit"):
+        serve(spec([Request(0, 10, 5, arrival_step=0)], paged=PagedConfig(num_kv_blocks=10**9)))
+
+
+def test_sliding_window_model_runs():
+    # mistral-7b (4,096-token window): an 8,000-token prompt runs; the window caps its attention cost
+    m = get_model("mistral-7b")
+    r = serve(spec([Request(0, 8000, 3, arrival_step=0)], model=m, max_context=0, weights_bytes=0,
+                   precision=get_precision("u8")))
+    assert r.metrics["requests_finished"] == 1
