@@ -225,10 +225,12 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
 
     A pool tensor is an allocation whose native stack holds :data:`POOL_FRAME` (GenAI is not stripped);
     inside a step they come per layer as K then V (input order ``key_cache.i, value_cache.i``), and a free
-    is matched by address. A *transient* is any other allocation inside a step of exactly the size of a
-    pool tensor allocated in that step and freed in the same step (the CPU plugin's, DESIGN §4b); they are
-    numbered in the same K, V per layer order and kept in ``events`` too (``transient: True``), where
-    they sit in the stream. ``transients`` lists them alone.
+    is matched by address. A *transient* is one of the next allocations, at most as many as the pool
+    tensors the step allocated, of exactly a new pool tensor's size and freed in the same step (the CPU
+    plugin's, DESIGN §4b; later same-size allocations are activations that happen to match, e.g. 40
+    tokens x 32 f32 = 5,120 B = 2 blocks of the toy model). They are named K or V by size, numbered per
+    layer, and kept in ``events`` too (``transient: True``) where they sit in the stream; ``transients``
+    lists them alone.
     """
     import memray
 
@@ -276,7 +278,7 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
                 live[rec.address] = ev
                 sizes[ev["tensor"]].add(int(rec.size))
                 events.append({**ev, "step": step, "op": "alloc"})
-            elif int(rec.size) in sizes["k"] | sizes["v"]:
+            elif int(rec.size) in sizes["k"] | sizes["v"] and n_trans["k"] + n_trans["v"] < n_pool:
                 size = int(rec.size)
                 # Named by size (the plugin takes V before K when they differ); equal sizes alternate K, V.
                 t = ("k" if size not in sizes["v"] else "v" if size not in sizes["k"]
