@@ -511,11 +511,23 @@ def ok(data: dict) -> bool:
     return not data["workload_errors"] and data["steps_mismatched"] == 0 and a["events_missing"] == 0 and a["events_unexpected"] == 0
 
 
+def verdict(data: dict) -> str:
+    a = data["allocations"]
+    if ok(data):
+        return "PASS: every step matched" + (" and every pool allocation" if a["compared"] else "")
+    why = [f"{len(data['workload_errors'])} workload(s) failed"] if data["workload_errors"] else []
+    if data["steps_mismatched"]:
+        why.append(f"{data['steps_mismatched']:,} step(s) differ")
+    if a["events_missing"] or a["events_unexpected"]:
+        why.append("pool allocations differ")
+    return "FAIL: " + ", ".join(why)
+
+
 def summary_lines(data: dict) -> list[str]:
     a = data["allocations"]
     lines = [
         f"simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
-        f"  {'result':<24}{'PASS: every step matched' if ok(data) else 'FAIL: steps differ'}",
+        f"  {'result':<24}{verdict(data)}",
         f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched",
         f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}"
         + (f" ({data['bounded_steps']:,} with beam search: blocks within bounds)" if data["bounded_steps"] else ""),

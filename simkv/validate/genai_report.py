@@ -41,14 +41,14 @@ def write_report(data: dict, path: str | Path) -> Path:
 
     from plotly.offline import get_plotlyjs
 
-    from .genai import ok, summary_lines
+    from .genai import summary_lines, verdict
     from .report import _table
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     a = data["allocations"]
     summary = _table([
-        ("result", "PASS: every step matched" if ok(data) else "FAIL: steps differ"),
+        ("result", verdict(data)),
         ("steps matched / total", f"{data['steps_matched']:,} / {data['steps_total']:,}"),
         ("workloads matched / total", f"{data['workloads_matched']:,} / {data['workloads_total']:,}"),
         ("beam-search steps (blocks within bounds)", data["bounded_steps"]),
