@@ -228,8 +228,8 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
     is matched by address. A *transient* is one of the next allocations, at most as many as the pool
     tensors the step allocated, of exactly a new pool tensor's size and freed in the same step (the CPU
     plugin's, DESIGN §4b; later same-size allocations are activations that happen to match, e.g. 40
-    tokens x 32 f32 = 5,120 B = 2 blocks of the toy model). They are named K or V by size, numbered per
-    layer, and kept in ``events`` too (``transient: True``) where they sit in the stream; ``transients``
+    tokens x 32 f32 = 5,120 B = 2 blocks of the toy model). They are named K or V by size (V first per
+    layer, as the plugin allocates them), numbered per layer, and kept in ``events`` too (``transient: True``) where they sit in the stream; ``transients``
     lists them alone.
     """
     import memray
@@ -280,9 +280,10 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
                 events.append({**ev, "step": step, "op": "alloc"})
             elif int(rec.size) in sizes["k"] | sizes["v"] and n_trans["k"] + n_trans["v"] < n_pool:
                 size = int(rec.size)
-                # Named by size (the plugin takes V before K when they differ); equal sizes alternate K, V.
+                # Named by size: the plugin takes each layer's V-sized buffer before its K-sized one when
+                # the sizes differ (head_dim != 32 in u8), so equal sizes are named V, K, V, K too.
                 t = ("k" if size not in sizes["v"] else "v" if size not in sizes["k"]
-                     else "k" if (n_trans["k"] + n_trans["v"]) % 2 == 0 else "v")
+                     else "v" if (n_trans["k"] + n_trans["v"]) % 2 == 0 else "k")
                 i = n_trans[t]
                 n_trans[t] += 1
                 ev = {"layer": i, "tensor": t, "bytes": size,
