@@ -229,8 +229,8 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
     tensors the step allocated, of exactly a new pool tensor's size and freed in the same step (the CPU
     plugin's, DESIGN §4b; later same-size allocations are activations that happen to match, e.g. 40
     tokens x 32 f32 = 5,120 B = 2 blocks of the toy model). They are named K or V by size (V first per
-    layer, as the plugin allocates them), numbered per layer, and kept in ``events`` too (``transient: True``) where they sit in the stream; ``transients``
-    lists them alone.
+    layer, as the plugin allocates them), numbered per layer, and kept in ``events`` too
+    (``transient: True``) where they sit in the stream; ``transients`` lists them alone.
     """
     import memray
 
