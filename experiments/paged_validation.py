@@ -28,13 +28,14 @@ sys.path.insert(0, str(ROOT))
 
 from simkv.serving.requests import Request, write_trace  # noqa: E402
 from simkv.validate.genai import SchedulerOptions, random_case, validate  # noqa: E402
+from simkv.validate.genai_model import GenaiModelSpec  # noqa: E402
 
 
 def R(i, step, prompt, new, prefix=None, ptok=0, samples=1, beam=1):
     return Request(i, prompt, new, arrival_step=step, prefix_id=prefix, prefix_tokens=ptok, samples=samples, beam=beam)
 
 
-#: (id, coverage item, requests, scheduler options)
+#: (id, coverage item, requests, scheduler options[, model]); the model defaults to 2 layers, 4/2 heads x 32.
 ROWS = [
     ("fixed-chunked", "fixed pool (40 blocks), split-fuse, prompts chunked by max_num_batched_tokens 32",
      [R(0, 0, 100, 30), R(1, 0, 70, 25), R(2, 1, 45, 40), R(3, 3, 33, 12)],
@@ -70,11 +71,19 @@ ROWS = [
     ("beam", "beam search, 3 beams (blocks within bounds; tokens compared at the finish)",
      [R(0, 0, 45, 40, beam=3), R(1, 1, 60, 20)],
      SchedulerOptions(num_kv_blocks=40, max_num_batched_tokens=64)),
+    ("gqa-hd64", "another model: 3 layers, GQA 4/1 heads x 64 (u8 K and V blocks differ: 2,560 vs 2,304 B), "
+     "dynamic pool, prefix caching",
+     [R(0, 0, 70, 90, "p", 40), R(1, 4, 50, 60, "p", 40), R(2, 9, 200, 30)],
+     SchedulerOptions(max_num_batched_tokens=48, enable_prefix_caching=True),
+     GenaiModelSpec(layers=3, heads=4, kv_heads=1, head_dim=64)),
 ]
 
 
-def flags(o: SchedulerOptions) -> str:
+def flags(o: SchedulerOptions, model=None) -> str:
     out = []
+    if model:
+        out.append(f"--layers {model[0].layers} --heads {model[0].heads} --kv-heads {model[0].kv_heads} "
+                   f"--head-dim {model[0].head_dim}")
     if o.num_kv_blocks:
         out.append(f"--num-kv-blocks {o.num_kv_blocks}")
     if o.cache_size:
@@ -114,9 +123,9 @@ def main() -> int:
     print("| row | coverage | steps matched / total | pool allocations matched / total | exercised (simulation) | flags | time |")
     print("|---|---|---:|---:|---|---|---:|")
     failed = 0
-    for rid, what, requests, opts in rows:
+    for rid, what, requests, opts, *model in rows:
         t0 = time.perf_counter()
-        data = validate([(requests, opts)], seed=args.seed)
+        data = validate([(requests, opts)], spec=model[0] if model else None, seed=args.seed)
         dt = time.perf_counter() - t0
         write_trace(requests, out / f"{rid}.csv")
         (out / f"{rid}.json").write_text(json.dumps(data, indent=1) + "\n")
@@ -126,7 +135,7 @@ def main() -> int:
             steps += f" ({data['bounded_steps']} within beam bounds)"
         alloc = f"{a['events_matched']} / {a['events_total']}"
         failed += data["steps_mismatched"] > 0
-        print(f"| {rid} | {what} | {steps} | {alloc} | {exercised(data)} | `{flags(opts)}` | {dt:.1f} s |",
+        print(f"| {rid} | {what} | {steps} | {alloc} | {exercised(data)} | `{flags(opts, model)}` | {dt:.1f} s |",
               flush=True)
     if args.random:
         import numpy as np

