@@ -554,8 +554,9 @@ def cases_from_args(args) -> list[tuple[list, SchedulerOptions]]:
     """The workloads ``--trace`` or ``--random`` asks for (errors are one-line ConfigErrors)."""
     if (args.trace is None) == (args.random is None):
         raise ConfigError("--paged needs exactly one of --trace W.csv and --random N")
-    if args.ir or args.ops:
-        raise ConfigError("--paged runs its own model and workload: drop --ir/--ops")
+    if args.ir or args.ops or args.model != "custom":
+        raise ConfigError("--paged runs its own toy model and workload: drop --ir/--ops/--model "
+                          "(shape the model with --layers/--heads/--kv-heads/--head-dim)")
     if args.random is not None:
         if not 1 <= args.random <= MAX_RANDOM:
             raise ConfigError(f"--random must be in 1..{MAX_RANDOM:,}")
@@ -575,11 +576,14 @@ def cases_from_args(args) -> list[tuple[list, SchedulerOptions]]:
 def spec_from_args(args):
     from .genai_model import GenaiModelSpec
 
-    heads = args.heads or 4
-    kv = args.kv_heads or (heads if args.heads else 2)
-    try:
-        return GenaiModelSpec(layers=args.layers or 2, heads=heads, kv_heads=kv, head_dim=args.head_dim or 32,
-                              vocab=args.vocab)  # weights: seed 0 (they do not change the schedule)
+    def given(value, default):
+        return default if value is None else value
+
+    heads = given(args.heads, 4)
+    kv = given(args.kv_heads, 2 if args.heads is None else heads)
+    try:  # weights: seed 0 (they do not change the schedule)
+        return GenaiModelSpec(layers=given(args.layers, 2), heads=heads, kv_heads=kv,
+                              head_dim=given(args.head_dim, 32), vocab=args.vocab)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

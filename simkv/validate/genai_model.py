@@ -39,6 +39,8 @@ EOS_TOKEN_ID = 2
 #: Prompts use ids in [PROMPT_ID_START, PROMPT_ID_END); the model never generates an id below
 #: PROMPT_ID_END (its logits there are -1e9), so generated tokens never look like prompt tokens.
 PROMPT_ID_START, PROMPT_ID_END = 3, 259
+#: Bound on the toy model's weights (f32: 200 MB), so odd shape flags fail fast instead of filling memory.
+MAX_PARAMS = 50_000_000
 SPECIAL_TOKENS = ("<unk>", "<bos>", "<eos>")
 _DONE = ".complete"
 
@@ -59,6 +61,15 @@ class GenaiModelSpec:
     def __post_init__(self) -> None:
         if self.vocab <= PROMPT_ID_END:
             raise ValueError(f"vocab must exceed {PROMPT_ID_END} (the prompt id range the model never generates)")
+        if min(self.layers, self.heads, self.kv_heads, self.head_dim) < 1:
+            raise ValueError("layers, heads, kv heads and head dim must be positive")
+        if self.heads % self.kv_heads or self.head_dim % 2:
+            raise ValueError("heads must be a multiple of kv heads, and head dim even")
+        hidden = self.heads * self.head_dim
+        params = self.layers * (2 * hidden * hidden + 2 * hidden * self.kv_heads * self.head_dim) + 2 * self.vocab * hidden
+        if params > MAX_PARAMS:
+            raise ValueError(f"the toy model would hold {params:,} weights; a real validation run takes at most "
+                             f"{MAX_PARAMS:,} (the schedule does not depend on the model's size)")
 
     def key(self) -> str:
         import openvino as ov
