@@ -210,3 +210,10 @@ def test_sliding_window_model_runs():
     r = serve(spec([Request(0, 8000, 3, arrival_step=0)], model=m, max_context=0, weights_bytes=0,
                    precision=get_precision("u8")))
     assert r.metrics["requests_finished"] == 1
+
+
+def test_cli_reference_engine_gives_the_same_report(azure_slice):
+    args = ("--trace", str(azure_slice), "--model", "llama-2-7b", "--device", "h100-sxm", "--json")
+    fast, ref = cli(*args), cli(*args, "--engine", "reference")
+    assert fast.returncode == ref.returncode == 0
+    assert json.loads(fast.stdout) == json.loads(ref.stdout)

@@ -57,7 +57,7 @@ def spec_from_args(args):
         raise ConfigError("--static-batch must be positive")
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
                        device=args.device, device_memory=device_memory, weights_bytes=weights, policy=policy,
-                       static_batch=args.static_batch, max_context=args.max_context)
+                       static_batch=args.static_batch, max_context=args.max_context, engine=args.engine)
 
 
 def run_serving(args) -> int:

@@ -91,7 +91,7 @@ class ContiguousServing:
         self.static_batch = static_batch
         self.budget = device_memory - weights_bytes
         self.kv_token = precision.kv_bytes_per_token(model)
-        self.timer = StepTimer(model, device, weights_bytes)
+        self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
         self.window = model.sliding_window
         self.trace_requests = trace_requests
         self.progress = progress
@@ -177,7 +177,7 @@ class ContiguousServing:
                 admitted_order += 1
                 g.order = admitted_order
             # one local step per running request, in admission order
-            new = pairs = kvr = kvw = logits = copied = 0
+            new = pairs = kvr = logits = copied = 0
             preempted = 0
             held_total = sum(g.held for g in running)
             spike = 0
@@ -221,8 +221,7 @@ class ContiguousServing:
                 new += tokens
                 pairs += attended_pairs(ctx, tokens, self.window)
                 seen = ctx + tokens if self.window is None else min(ctx + tokens, self.window)
-                kvr += seen * self.kv_token
-                kvw += tokens * self.kv_token
+                kvr += seen  # tokens read
                 copied += int(traj.copy[l])
                 own = g.generated < g.G
                 if own:
@@ -241,7 +240,7 @@ class ContiguousServing:
                 self.timer.record_idle()
                 dt = 0.0
             else:
-                dt = self.timer.step(new, pairs, kvr, kvw, copied, logits)
+                dt = self.timer.step(new, pairs, kvr, copied, logits)
             t += dt
             est.append(dt)
             used_tokens = 0

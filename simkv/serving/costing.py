@@ -36,8 +36,9 @@ def attended_pairs(context: int, new: int, window: int | None) -> int:
 
 
 class StepTimer:
-    def __init__(self, model, device, weights_bytes: int) -> None:
+    def __init__(self, model, device, weights_bytes: int, kv_token_bytes: int) -> None:
         self.model, self.device, self.weights = model, device, weights_bytes
+        self.kv_token = kv_token_bytes
         k = len(_ARGS)
         probe = np.zeros((k + 1, k))
         probe[1:] = np.eye(k) * 1e6
@@ -48,12 +49,19 @@ class StepTimer:
         self._ovh = float(c.overhead_s[0])
         # the weights are fixed for a run: fold them into the constants
         self.m0, self.c0, self.p0 = mem0 + m[0] * weights_bytes, cmp0 + cm[0] * weights_bytes, cp0 + cp[0] * weights_bytes
-        self.mc, self.cc, self.pc = m[1:], cm[1:], cp[1:]
+        # per-step inputs of the loop: new tokens, attended pairs, KV tokens read, bytes copied, logit tokens
+        # (KV bytes written = new tokens x bytes per token; read = tokens read x bytes per token)
+        kvt = float(kv_token_bytes)
+
+        def fold(c):  # step_cost's (new, pairs, kv_read, kv_write, copy, logits) -> the loop's inputs
+            return [c[1] + c[4] * kvt, c[2], c[3] * kvt, c[5], c[6]]
+
+        self.mc, self.cc, self.pc = fold(m), fold(cm), fold(cp)
         #: A lower bound of any step's time (every coefficient is non-negative).
         self.min_seconds = max(self.m0, self.c0) + self.p0 + self._ovh
         if min(self.mc + self.cc + self.pc) < 0 or self.min_seconds < 0:
             raise SimkvError("the cost model has a negative term")
-        self.chunks: list[np.ndarray] = []
+        self.chunks: list = []
         self.pending: list[tuple] = []
 
     def _eval(self, x):
@@ -68,23 +76,28 @@ class StepTimer:
                 cp = cp + cp_ * v
         return np.maximum(self.m0 + mem, self.c0 + cmp_) + (self.p0 + cp) + self._ovh
 
-    def step(self, new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens) -> float:
+    def step(self, new_tokens, pairs, kv_read_tokens, copy_bytes, logit_tokens) -> float:
         """Seconds of one step; the inputs are recorded for :meth:`official`."""
-        x = (new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens)
+        x = (new_tokens, pairs, kv_read_tokens, copy_bytes, logit_tokens)
         self.pending.append(x)
         return float(self._eval(x))
 
-    def record(self, new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens) -> None:
-        """Record many steps already timed with :meth:`_eval` (equal-length arrays)."""
+    def steps(self, new_tokens, pairs, kv_read_tokens, logit_tokens) -> np.ndarray:
+        """Seconds of many steps without copies (arrays), bit-identical to :meth:`step` on each.
+        Not recorded: a plan may be cut; :meth:`record` what is kept."""
+        return self._eval((new_tokens, pairs, kv_read_tokens, 0, logit_tokens))
+
+    def record(self, new_tokens, pairs, kv_read_tokens, logit_tokens) -> None:
         self._flush()
-        self.chunks.append((new_tokens, pairs, kv_read, kv_write, copy_bytes, logit_tokens))
+        z = np.zeros(len(new_tokens))
+        self.chunks.append((new_tokens, pairs, kv_read_tokens, z, logit_tokens))
 
     def record_idle(self) -> None:
-        self.pending.append((0, 0, 0, 0, 0, 0))
+        self.pending.append((0, 0, 0, 0, 0))
 
     def _flush(self) -> None:
         if self.pending:
-            a = np.asarray(self.pending, dtype=np.float64).reshape(-1, 6)
+            a = np.asarray(self.pending, dtype=np.float64).reshape(-1, 5)
             self.chunks.append(tuple(a.T))
             self.pending = []
 
@@ -93,9 +106,10 @@ class StepTimer:
         self._flush()
         if not self.chunks:
             return np.zeros(0), None
-        a = np.stack([np.concatenate([np.asarray(c[i], dtype=np.float64) for c in self.chunks]) for i in range(6)], axis=1)
+        a = np.stack([np.concatenate([np.asarray(c[i], dtype=np.float64) for c in self.chunks]) for i in range(5)], axis=1)
         c = step_cost(self.model, self.device, weights_bytes=self.weights, new_tokens=a[:, 0], attended_pairs=a[:, 1],
-                      kv_read_bytes=a[:, 2], kv_write_bytes=a[:, 3], copy_bytes=a[:, 4], logit_tokens=a[:, 5])
+                      kv_read_bytes=a[:, 2] * self.kv_token, kv_write_bytes=a[:, 0] * self.kv_token,
+                      copy_bytes=a[:, 3], logit_tokens=a[:, 4])
         seconds = np.asarray(c.seconds, dtype=np.float64)
         ran = estimated > 0
         if not np.allclose(seconds[ran], estimated[ran], rtol=1e-9, atol=1e-15):

@@ -102,7 +102,7 @@ class PagedServing:
     def __init__(self, requests: list[Request], model, precision, config: PagedConfig, *, device, weights_bytes: int,
                  device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
                  max_steps: int = 10_000_000,
-                 trace_requests: bool = False, progress=None, observe=None) -> None:
+                 trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS) -> None:
         self.requests = requests
         self.model, self.cfg = model, config
         self.bs = config.block_size
@@ -132,11 +132,12 @@ class PagedServing:
                               f"the {budget / GIB:.2f} GiB the device has besides the weights")
         self.pool = BlockPool(fixed, config.enable_prefix_caching)
         self.sched = ContinuousScheduler(config, self.pool, dynamic=fixed == 0, max_blocks=self.max_blocks)
-        self.timer = StepTimer(model, device, weights_bytes)
+        self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
         self.window = model.sliding_window
         #: Sliding-window models keep only the blocks of their window (PagedConfig.window_blocks).
         self.window_blocks = self.window is not None and config.window_blocks
         self.max_steps = max_steps
+        self.stall_steps = stall_steps
         self.trace_requests = trace_requests
         self.progress = progress
         #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
@@ -149,14 +150,16 @@ class PagedServing:
 
     # -- pool tensors in the ledger ---------------------------------------------------------------
 
-    def _pool_rows(self, step: int, new_total: int) -> tuple[int, int]:
+    def _pool_rows(self, step: int, new_total: int, inference: bool = True) -> tuple[int, int]:
         """(Re)allocate the pool's 2·L tensors at ``new_total`` blocks. Returns (bytes copied, in-step peak).
 
         Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
         notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
         (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
         sizes, allocated and freed in the same step — at the first allocation too — so the
-        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first.
+        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first. The scratch
+        buffers come with the step's inference: a step that allocates the pool without running one (idle
+        step 0, or everything IGNORED) has none, and none follow later (measured, notes/paged-mismatches.md).
         """
         L = self.model.layers
         per_k, per_v = self.k_block, self.v_block
@@ -181,7 +184,7 @@ class PagedServing:
                 for t, per in sizes:
                     row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
         transient = []
-        if self.cfg.transient_buffers:
+        if self.cfg.transient_buffers and inference:
             for layer in range(L):  # V-sized first (memray: +V0 +K0 +V1 +K1 ... -V0 -K0 ...)
                 for t, per in (("v", last_v if layer == L - 1 else per_v), ("k", per_k)):
                     transient.append((layer, t, per, self.next_buffer))
@@ -219,7 +222,7 @@ class PagedServing:
         self.stopped = None
         self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
         longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
-        stall_limit = max(STALL_STEPS, 4 * longest)
+        stall_limit = max(self.stall_steps, 4 * longest)
         progress_mark, progress_step = -1, 0
         while pending < len(reqs) or live:
             tokens_out = self.sampled + pending
@@ -257,21 +260,18 @@ class PagedServing:
         return self.groups, steps, prog, cost
 
     def _step_table(self) -> np.ndarray:
-        """The step table from single-step tuples and planned runs (columns), column by column."""
+        """The step table from single-step tuples and planned runs, column by column: a column that is
+        constant over a run is one value per run (repeated once at the end), others are arrays."""
         names = STEP_TABLE.names
-        cols: list[list] = [[] for _ in names]
-        for r in self.rows:
-            if isinstance(r, tuple):
-                for c, v in zip(cols, r):
-                    c.append(np.array((v,)))
+        lens = [1 if isinstance(r, tuple) else r["_n"] for r in self.rows]
+        table = np.zeros(sum(lens), dtype=STEP_TABLE)
+        for i, name in enumerate(names):
+            vals = [r[i] if isinstance(r, tuple) else r[name] for r in self.rows]
+            if not any(isinstance(v, np.ndarray) for v in vals):
+                table[name] = np.repeat(np.array(vals, dtype=table.dtype[name]), lens)
             else:
-                n = r["_n"]
-                for c, name in zip(cols, names):
-                    v = r[name]
-                    c.append(v if np.ndim(v) else np.full(n, v))
-        table = np.zeros(sum(len(a) for a in cols[0]), dtype=STEP_TABLE)
-        for c, name in zip(cols, names):
-            table[name] = np.concatenate(c)
+                table[name] = np.concatenate([v if isinstance(v, np.ndarray) else np.full(n, v)
+                                              for v, n in zip(vals, lens)])
         return table
 
     # -- one step, the reference way ----------------------------------------------------------------
@@ -283,7 +283,7 @@ class PagedServing:
         preempted = sum(g.preemptions for g in live) - before_pre
         copied, peak = 0, self.pool_total * self.block_bytes
         if self.pool.total != self.pool_total:
-            copied, peak = self._pool_rows(step, self.pool.total)
+            copied, peak = self._pool_rows(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
         blocks_used = self.pool.used()
         internal = self._internal_slack(live)
@@ -298,17 +298,15 @@ class PagedServing:
             dt = 0.0
             self.timer.record_idle()
         else:
-            new = pairs = kv_read = kv_write = logits = 0
+            new = pairs = kv_read = logits = 0
             for g in scheduled:
                 n, s, p = len(g.tables), g.scheduled, g.processed
                 new += n * s
                 pairs += n * attended_pairs(p, s, self.window)
-                ctx = p + s if self.window is None else min(p + s, self.window)
-                kv_read += n * ctx * self.kv_token
-                kv_write += n * s * self.kv_token
+                kv_read += n * (p + s if self.window is None else min(p + s, self.window))  # tokens read
                 if p + s >= g.P and p + s > g.maxc:
                     logits += n
-            dt = self.timer.step(new, pairs, kv_read, kv_write, copied, logits)
+            dt = self.timer.step(new, pairs, kv_read, copied, logits)
         t += dt
         self.est.append(dt)
         used_tokens = blocks_used * self.bs - internal
@@ -464,9 +462,11 @@ class PagedServing:
         pairs = pairs_m.sum(axis=0)[:K]
         kvr = seen.sum(axis=0)[:K]
         logits = logits_m.sum(axis=0)[:K]
-        sec = self.timer._eval((new.astype(np.float64), pairs.astype(np.float64), (kvr * self.kv_token).astype(np.float64),
-                                (new * self.kv_token).astype(np.float64), np.zeros(K), logits.astype(np.float64)))
-        times = np.cumsum(np.concatenate(([self.t], sec)))[1:]
+        sec = self.timer.steps(new, pairs, kvr, logits)
+        times = np.empty(len(sec) + 1)
+        times[0] = self.t
+        times[1:] = sec
+        times = np.cumsum(times, out=times)[1:]  # t + s0, then + s1, ...: the reference's additions
         if next_s is not None:
             late = np.flatnonzero(times[:-1] >= next_s)  # step k+1 starts at times[k]
             if len(late):
@@ -533,7 +533,7 @@ class PagedServing:
             "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * self.block_bytes,
             "internal_bytes": used * self.block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
         })
-        self.timer.record(new, pairs, kvr * self.kv_token, new * self.kv_token, np.zeros(K), logits)
+        self.timer.record(new, pairs, kvr, logits)
         self.est.append(sec)
         self.t = float(times[-1])
         self.step = step0 + K

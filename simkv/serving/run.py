@@ -51,6 +51,8 @@ class ServingSpec:
     trace_requests: bool = False
     #: Stop after this many steps (the requests still running are UNFINISHED).
     max_steps: int = 10_000_000
+    #: "fast" plans quiet runs of steps at once; "reference" takes every step one by one (paged memory).
+    engine: str = "fast"
 
 
 @dataclass(eq=False)
@@ -234,7 +236,9 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
                                block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                                trace_requests=spec.trace_requests, max_steps=spec.max_steps,
                                progress=bar.update_to if bar else None)
-            groups, steps, prog, _ = eng.run()
+            if spec.engine not in ("fast", "reference"):
+                raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
+            groups, steps, prog, _ = eng.run(fast=spec.engine == "fast")
             ledger = eng.ledger
             stopped = eng.stopped
         elif spec.memory == "contiguous":

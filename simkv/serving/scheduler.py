@@ -167,8 +167,9 @@ class ContinuousScheduler:
         Prefix hashes as ``BlockManager::allocate`` gives them: a new block is hashed by the content it
         will hold once the known tokens (prompt + generated so far) are processed — its full length,
         or up to the last known token — not by the chunk computed in this step; before adding blocks the
-        last block is re-hashed as a full block. A block that is not copied is re-hashed by the context
-        after the step (the non-copy-on-write branch of ``append_slots``)."""
+        last block is re-hashed as a full block. In the generate phase a block that is not copied is
+        re-hashed by the context after the step (the non-copy-on-write branch of ``append_slots``); a
+        prompt chunk that needs no new block leaves the hashes alone (``allocate_tokens``)."""
         pool, need = self.pool, self._need(g, g.scheduled)
         prefix = pool.prefix_caching
         content = g.processed + g.scheduled
@@ -181,9 +182,9 @@ class ContinuousScheduler:
                 for k in range(len(table), need):
                     h = self._hash(g, s, min((k + 1) * bs, known)) if prefix else None
                     table.append(pool.allocate(h))
-            elif table:
+            elif table and copy_on_write:  # (a prompt chunk that needs no new block changes nothing)
                 last = table[-1]
-                if pool.ref[last] > 1 and copy_on_write:
+                if pool.ref[last] > 1:
                     h = self._hash(g, s, content) if prefix else None
                     table[-1] = pool.allocate(h)
                     pool.release(last)
