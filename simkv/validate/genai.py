@@ -50,7 +50,7 @@ import numpy as np
 
 from simkv.errors import ConfigError, SimkvError
 
-from .genai_real import PIPELINE_PROPERTIES, KVLayout, kv_layout, run_real
+from .genai_real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
 
 __all__ = [
     "MISSING_DEPS", "SchedulerOptions", "check_dependencies", "prompt_token_ids", "compare_steps", "random_case",
@@ -384,12 +384,15 @@ def _beam_exemptions(requests, sim_steps: list[dict]) -> tuple[set[int], dict[in
 
 
 def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path: str | Path, spec, *, seed: int = 0,
-             trace: bool = True, keep_steps: bool = False, progress: bool = False) -> CaseResult:
-    """Real run, simulation and comparison of one workload."""
+             trace: bool = True, keep_steps: bool = False, progress: bool = False, worker=None) -> CaseResult:
+    """Real run (in ``worker``'s child process when given), simulation and comparison of one workload."""
     from .compare import align_events
 
     ids = prompt_token_ids(requests, seed)
-    real = run_real(requests, ids, opts, model_path, trace=trace, seed=seed, progress=progress)
+    if worker is not None:
+        real = worker.run(requests, ids, opts, model_path, trace=trace, seed=seed)
+    else:
+        real = run_real(requests, ids, opts, model_path, trace=trace, seed=seed, progress=progress)
     t0 = time.perf_counter()
     sim_steps, sim_events, facts = simulate(requests, ids, opts, real.layout, spec)
     sim_s = time.perf_counter() - t0
@@ -442,6 +445,23 @@ def paged_versions() -> dict:
     return v
 
 
+def _validate_one(results: list, i: int, requests, opts, path, spec, seed: int, trace: bool, keep: bool, worker,
+                  *, single: bool) -> None:
+    check_workload(requests)
+    try:
+        results.append(run_case(i, requests, opts, path, spec, seed=seed, trace=trace, keep_steps=keep,
+                                worker=worker))
+    except (RuntimeError, SimkvError) as err:  # real pipeline or simulator failed: the workload fails
+        if single:
+            raise
+        results.append(CaseResult(i, asdict(opts), [_request_dict(r) for r in requests],
+                                  {"steps_total": 0, "steps_matched": 0, "steps_mismatched": 0,
+                                   "first_mismatches": [], "bounded_steps": 0, "warnings": []},
+                                  {"compared": False, "real_events": 0, "plugin_transients": 0}, {}, 0.0, 0.0,
+                                  error=("simulation: " if isinstance(err, SimkvError) else "real pipeline: ")
+                                  + _one_line(err)))
+
+
 def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, model_root: str | Path | None = None,
              seed: int = 0, trace: bool = True, progress: bool = False, keep_steps: bool | None = None) -> dict:
     """Every workload real vs simulated; the ``simkv validate --paged --json`` dict."""
@@ -458,20 +478,12 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
         from tqdm import tqdm
 
         it = tqdm(it, total=len(cases), desc="workloads", unit="workload", file=sys.stderr)
-    for i, (requests, opts) in it:
-        check_workload(requests)
-        try:
-            results.append(run_case(i, requests, opts, path, spec, seed=seed, trace=trace, keep_steps=keep,
-                                    progress=progress and len(cases) == 1))
-        except (RuntimeError, SimkvError) as err:  # real pipeline or simulator failed: the workload fails
-            if len(cases) == 1:
-                raise
-            results.append(CaseResult(i, asdict(opts), [_request_dict(r) for r in requests],
-                                      {"steps_total": 0, "steps_matched": 0, "steps_mismatched": 0,
-                                       "first_mismatches": [], "bounded_steps": 0, "warnings": []},
-                                      {"compared": False, "real_events": 0, "plugin_transients": 0}, {}, 0.0, 0.0,
-                                      error=("simulation: " if isinstance(err, SimkvError) else "real pipeline: ")
-                                      + _one_line(err)))
+    worker = RealWorker()  # a crash of the native pipeline fails one workload, not the whole run
+    try:
+        for i, (requests, opts) in it:
+            _validate_one(results, i, requests, opts, path, spec, seed, trace, keep, worker, single=len(cases) == 1)
+    finally:
+        worker.close()
     layout = kv_layout(path, PIPELINE_PROPERTIES)
     first = [{"workload": c.index, **m} for c in results for m in c.comparison["first_mismatches"]][:20]
     alloc = [c.allocations for c in results if c.allocations["compared"]]

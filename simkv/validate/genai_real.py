@@ -306,3 +306,101 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
                        key=lambda x: x[0]):
         out[i] = e
     return out, [e for e in out if e["transient"] and e["op"] == "alloc"]
+
+
+# --------------------------------------------------------------------------- a child process per session
+
+
+_RESULT = "SIMKV-RESULT "
+
+
+class RealWorker:
+    """Runs :func:`run_real` in a child process, one workload after another.
+
+    The pipeline is native code: a crash (a segfault inside GenAI) would take the whole validation with
+    it. In a child it fails that workload only (:class:`RealCrash`); the next workload starts a fresh
+    child. Results come back as one JSON line each, marked, so anything the runtime prints to stdout
+    (GenAI logs there) is skipped.
+    """
+
+    def __init__(self) -> None:
+        self.proc = None
+
+    def _start(self) -> None:
+        import os
+        import subprocess
+
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"]
+                                                   if os.environ.get("PYTHONPATH") else "")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "simkv.validate.genai_real"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+
+    def run(self, requests: Sequence, token_ids, opts, model_path, *, trace: bool, seed: int) -> RealRun:
+        import json
+        from dataclasses import asdict
+
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        task = {"requests": [asdict(r) | {"token_ids": None} for r in requests],
+                "token_ids": [list(t) for t in token_ids], "opts": asdict(opts), "model": str(model_path),
+                "trace": trace, "seed": seed}
+        self.proc.stdin.write(json.dumps(task) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(_RESULT):
+                out = json.loads(line[len(_RESULT):])
+                if "error" in out:
+                    raise RuntimeError(out["error"])
+                run = out["run"]
+                lay = run.pop("layout")
+                layout = KVLayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in lay.items()})
+                return RealRun(layout=layout, **run)
+        code = self.proc.wait()
+        self.proc = None
+        raise RealCrash(f"the real pipeline crashed ({_signal_name(code)})")
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+        self.proc = None
+
+
+class RealCrash(RuntimeError):
+    """The pipeline's process died (a signal from native code) while running a workload."""
+
+
+def _signal_name(code: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(-code).name if code < 0 else f"exit {code}"
+    except ValueError:
+        return f"exit {code}"
+
+
+def _child() -> int:
+    """``python -m simkv.validate.genai_real``: run the workloads read from stdin, one JSON line each."""
+    import json
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from simkv.serving.requests import Request
+
+    for line in sys.stdin:
+        task = json.loads(line)
+        requests = [Request(**r) for r in task["requests"]]
+        try:
+            run = run_real(requests, task["token_ids"], SimpleNamespace(**task["opts"]), task["model"],
+                           trace=task["trace"], seed=task["seed"])
+            out = {"run": asdict(run)}
+        except RuntimeError as err:
+            out = {"error": str(err)}
+        sys.stdout.write(_RESULT + json.dumps(out) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child())
