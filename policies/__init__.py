@@ -15,12 +15,13 @@ from policies.fixed import Fixed
 from policies.geometric import Geometric
 from policies.openvino_cpu import OpenVINOCPU
 from policies.openvino_gpu import OpenVINOGPU
+from policies.stateless import Stateless
 from policies.static import Static
 from simkv.errors import ConfigError
 
 __all__ = ["Policy", "REGISTRY", "get_policy", "parse_policy_opts", "register"]
 
-_BUILTIN = (OpenVINOGPU, OpenVINOCPU, Fixed, Geometric, Exact, Static)
+_BUILTIN = (OpenVINOGPU, OpenVINOCPU, Fixed, Geometric, Exact, Static, Stateless)
 REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in _BUILTIN}
 
 

@@ -77,6 +77,9 @@ class Policy:
     #: ``grow_empty`` (buffers kept across a reset, nothing stored), ``rebatch``
     #: (batch width changed). ``None`` or a missing key: allocs, copies, frees.
     row_orders: ClassVar[dict[str, str] | None] = None
+    #: Nothing is kept between steps: each step recomputes the whole history into buffers
+    #: of exactly its size (no copy) and frees them all at the end of the step (policies/stateless.py).
+    stateless: ClassVar[bool] = False
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")

@@ -25,14 +25,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that describe a scenario, shared by ``run`` and ``validate``."""
     from simkv import scenario as sc
 
-    m = p.add_argument_group("model (a preset, optionally with some dimensions overridden)")
-    m.add_argument("--model", default=sc.DEFAULT_MODEL, help=f"preset name, or 'custom' (default {sc.DEFAULT_MODEL}; see `simkv models`)")
-    m.add_argument("--layers", type=int, help="attention layers")
-    m.add_argument("--heads", type=int, help="query heads")
-    m.add_argument("--kv-heads", type=int, help="key/value heads (fewer than heads: GQA)")
-    m.add_argument("--head-dim", type=int, help="head size")
-    m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the policy's runtime default)")
-
+    add_model_arguments(p)
     w = p.add_argument_group("workload (one stateful session)")
     w.add_argument("--prompt", type=int, default=sc.DEFAULT_PROMPT, help=f"prompt tokens (default {sc.DEFAULT_PROMPT})")
     w.add_argument("--decode", type=int, default=sc.DEFAULT_DECODE, help=f"generated tokens (default {sc.DEFAULT_DECODE})")
@@ -45,6 +38,19 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
         help="explicit operations instead of the above, e.g. prefill:32,decode:100,fork:4,decode:50,"
         "reorder,select:0,reset,prefill:16,decode:10",
     )
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model flags (a preset, optionally with dimensions overridden) and the KV precision."""
+    from simkv import scenario as sc
+
+    m = p.add_argument_group("model (a preset, optionally with some dimensions overridden)")
+    m.add_argument("--model", default=sc.DEFAULT_MODEL, help=f"preset name, or 'custom' (default {sc.DEFAULT_MODEL}; see `simkv models`)")
+    m.add_argument("--layers", type=int, help="attention layers")
+    m.add_argument("--heads", type=int, help="query heads")
+    m.add_argument("--kv-heads", type=int, help="key/value heads (fewer than heads: GQA)")
+    m.add_argument("--head-dim", type=int, help="head size")
+    m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the policy's runtime default)")
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,6 +89,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _run_serving(args)
     scenario = scenario_from_args(args)
     result = simulate(scenario, engine=args.engine, progress=not args.json)
+    latency = run_latency(result, args)  # None without --device
     if args.ledger:
         result.ledger.write(args.ledger)
     if args.timeline:
@@ -92,10 +99,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         out = result.summary()
         out["per_layer"] = result.per_layer()
+        if latency:
+            out["latency"] = latency
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(render_summary(result))
+        print("\n".join([render_summary(result)] + (_latency_lines(latency) if latency else [])))
         for what, path in (("ledger", args.ledger), ("timeline", args.timeline)):
             if path:
                 print(f"  {what:<22}{path}")
@@ -200,6 +209,7 @@ def _add_validate_parser(sub) -> None:
     r.add_argument("--slope-min-tokens", type=int, default=500,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
     r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
+    add_latency_arguments(p, default="host")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
@@ -262,7 +272,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
         hidden=args.hidden, vocab=args.vocab, seed=args.seed, kv_cache_precision=args.precision,
         inference_precision=args.inference_precision, ir=args.ir, mmap_threshold=args.mmap_threshold,
-        slope_min_tokens=args.slope_min_tokens, progress=sys.stderr.isatty(), model_name=m.name,
+        slope_min_tokens=args.slope_min_tokens, progress=sys.stderr.isatty(), model_name=m.name, device=args.device,
     )
     try:
         data = run_validation(cfg)
@@ -328,7 +338,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
 
 
 def _add_serving_arguments(run) -> None:
-    from simkv.serving.run import DEFAULT_DEVICE, MEMORIES, ON_OOM, SCHEDULERS
+    from simkv.serving.run import MEMORIES, ON_OOM, SCHEDULERS
 
     g = run.add_argument_group("serving (a stream of requests on one device; given --trace or --synthetic)")
     g.add_argument("--trace", metavar="PATH", help="requests from a trace: Azure LLM CSV (TIMESTAMP,ContextTokens,"
@@ -360,8 +370,6 @@ def _add_serving_arguments(run) -> None:
     g.add_argument("--on-oom", default="preempt", help=f"when a request's memory does not fit: {' | '.join(ON_OOM)} "
                    "(default preempt: by recompute, GenAI's victim rule)")
     g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
-    g.add_argument("--device", default=DEFAULT_DEVICE, help=f"cost-model device preset or JSON file (default "
-                   f"{DEFAULT_DEVICE}; also sets the device memory unless --device-memory is given)")
     g.add_argument("--max-context", type=int, help="reject prompts at or above this many tokens (default: the "
                    "preset's context length; 0 = no limit)")
     g.add_argument("--steps", metavar="PATH.csv", help="write the step table")
@@ -374,6 +382,170 @@ def _run_serving(args: argparse.Namespace) -> int:
 
 
 # --- end of serving ------------------------------------------------------------------------------
+
+# --- simkv cost / devices / calibrate (issue #13): the cost model ---------------------------------
+# Self-contained block: parsers, commands, and one registration line each in build_parser().
+# The substance is in simkv/cost.py (model, presets), simkv/latency.py (a session's steps), simkv/calibrate.py.
+
+
+def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--device``: price every step with the cost model (simkv/cost.py)."""
+    g = p.add_argument_group("latency (the cost model, see `simkv devices`)")
+    g.add_argument("--device", metavar="NAME|host|PATH", default=default, help="cost-model device: a preset, host "
+                   "(after `simkv calibrate`) or a preset file; adds predicted step times to the report"
+                   + (f" (default {default})" if default else ""))
+
+
+def run_latency(result, args: argparse.Namespace) -> dict | None:
+    """TTFT/TPOT of a single-session run on ``--device`` (None without it)."""
+    if not getattr(args, "device", None):
+        return None
+    from simkv.cost import get_device
+    from simkv.latency import session_times
+
+    times = session_times(result, get_device(args.device), getattr(args, "weights_precision", None))
+    return times.summary(result.steps["phase"])
+
+
+def _latency_lines(latency: dict) -> list[str]:
+    ms = lambda v: "-" if v is None else f"{1e3 * v:,.3f} ms"  # noqa: E731
+    slowest = "" if latency["tpot_max_step"] is None else f" (max {ms(latency['tpot_max_s'])} at step {latency['tpot_max_step']})"
+    return [
+        f"  {'TTFT':<22}{ms(latency['ttft_s'])} on {latency['device']}, {latency['weights_precision']} weights",
+        f"  {'TPOT':<22}{ms(latency['tpot_s'])} mean{slowest}",
+        f"  {'copy time':<22}{ms(latency['copy_s'])} in all; whole session {latency['total_s']:,.3f} s",
+    ]
+
+
+def _add_cost_parser(sub) -> None:
+    from simkv.models import WEIGHT_BYTES
+
+    p = sub.add_parser("cost", help="one step's time on a device: decode, prefill, copy per GiB, and the terms",
+                       description=(
+        "Price a decode step (BATCH sequences with CONTEXT cached tokens each) and, with --prompt, a prefill on "
+        "a device with the cost model: max(bytes / (bandwidth x efficiency), FLOPs / (peak x efficiency)) + copy "
+        "time + fixed overhead. Also the stateless loop (the whole sequence recomputed every step) beside it."))
+    add_model_arguments(p)
+    p.add_argument("--hidden", type=int, help="hidden size (a custom shape's weights; default: the preset's)")
+    p.add_argument("--intermediate", type=int, help="MLP size (a custom shape's weights)")
+    p.add_argument("--vocab", type=int, help="vocabulary (a custom shape's weights)")
+    p.add_argument("--device", default="h100-sxm", metavar="NAME|host|PATH", help="device preset, host or a preset file (default h100-sxm)")
+    p.add_argument("--batch", type=int, default=1, help="sequences in the step (default 1)")
+    p.add_argument("--context", type=int, default=1024, help="tokens already cached per sequence (default 1024)")
+    p.add_argument("--prompt", type=int, help="also price a prefill of this many tokens per sequence")
+    p.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), default="f16", help="weight precision (default f16)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_cost)
+
+
+def _cmd_cost(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from simkv.cost import estimate, get_device
+    from simkv.models import custom_model, get_model
+    from simkv.precision import get_precision
+
+    base = None if args.model == "custom" else get_model(args.model)
+    model = custom_model(base, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
+    extra = {k: getattr(args, k) for k in ("hidden", "intermediate", "vocab") if getattr(args, k) is not None}
+    if extra:
+        model = replace(model, **extra)
+    device = get_device(args.device)
+    out = estimate(model, device, get_precision(args.precision or "f16"), batch=args.batch, context=args.context,
+                   prompt=args.prompt, weights_precision=args.weights_precision)
+    if args.json:
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    ms = lambda v: f"{1e3 * v:,.3f} ms"  # noqa: E731
+    t, sl = out["terms"], out["stateless"]
+    lines = [
+        f"simkv cost: {model.describe()}; {out['kv_precision']} KV, {out['weights_precision']} weights; "
+        f"batch {out['batch']} x context {out['context']:,} on {device.name}",
+        f"  {'decode step':<22}{ms(out['decode_step_s'])} ({out['bound']} bound)",
+        f"  {'  memory term':<22}{ms(t['memory_s'])}: weights {format_bytes(out['weights_bytes'])}, KV read "
+        f"{format_bytes(out['kv_read_bytes'])}, written {format_bytes(out['kv_write_bytes'])}",
+        f"  {'  compute term':<22}{ms(t['compute_s'])}: {out['flops']:.4g} FLOPs",
+        f"  {'  overhead':<22}{ms(t['overhead_s'])}",
+    ]
+    if "prefill_s" in out:
+        lines.append(f"  {'prefill':<22}{ms(out['prefill_s'])} for {out['batch']} x {args.prompt:,} tokens ({out['prefill_bound']} bound)")
+    lines += [
+        f"  {'copy per GiB':<22}{ms(out['copy_s_per_gib'])} (a reallocation moving 1 GiB)",
+        f"  {'stateful KV':<22}{format_bytes(out['stateful_kv_bytes'])} kept between steps",
+        f"  {'stateless step':<22}{ms(sl['decode_step_s'])} ({sl['slowdown']:,.1f}x; {sl['bound']} bound): recomputes "
+        f"{out['context'] + 1:,} tokens, {format_bytes(sl['kv_peak_bytes'])} KV inside the step, 0 B between steps",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def _add_devices_parser(sub) -> None:
+    p = sub.add_parser("devices", help="list cost-model device presets with their sources",
+                       description="Device presets of the cost model: peaks, achieved efficiencies, overhead, and "
+                       "where each number comes from. `host` appears after `simkv calibrate`.")
+    p.add_argument("--json", action="store_true", help="print the presets as JSON")
+    p.set_defaults(func=_cmd_devices)
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from simkv.cost import DEVICES, device_summary, host_preset_path, load_device
+
+    devices = list(DEVICES.values())
+    if host_preset_path().exists():
+        devices.append(load_device(host_preset_path()))
+    if args.json:
+        json.dump([device_summary(d) for d in devices], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{'device':<22}{'memory':>11}{'bandwidth':>12}{'peak':>16}{'eff bw/kv/flops':>18}{'overhead':>11}{'copy':>12}")
+    for d in devices:
+        peak = f"{d.peak() / 1e12:,.1f} T {d.compute_precision}"
+        eff = f"{d.bandwidth_efficiency:.2f}/{d.kv_efficiency:.2f}/{d.flops_efficiency:.2f}"
+        print(f"{d.name:<22}{format_bytes(d.memory_bytes):>11}{d.memory_bandwidth / 1e9:>8,.0f} GB/s{peak:>16}"
+              f"{eff:>18}{d.step_overhead_s * 1e3:>8.3f} ms{d.copy_bandwidth / 1e9:>7,.0f} GB/s")
+    for d in devices:
+        print(f"\n{d.name}: {d.description}")
+        for key, source in d.sources.items():
+            print(f"    {key:<24}{source}")
+    return 0
+
+
+def _add_calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this host and write the `host` device preset",
+                       description="Measure this host: memory copy bandwidth, matmul throughput in the precision "
+                       "the OpenVINO CPU plugin computes in, and the CPU plugin's fixed per-inference overhead "
+                       "on a tiny model; write the host preset (path printed). Under a minute.")
+    p.add_argument("--out", metavar="PATH.json", help="where to write the preset (default: the host preset path, "
+                   "$SIMKV_HOST_PRESET or ~/.config/simkv/host.json)")
+    p.add_argument("--threads", type=int, help="CPU threads to measure with (default: the OpenVINO default)")
+    p.add_argument("--json", action="store_true", help="print the preset as JSON")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from simkv.calibrate import calibrate
+    from simkv.cost import device_summary, host_preset_path
+
+    if args.threads is not None and args.threads < 1:
+        raise SimkvError("--threads must be positive")
+    path = args.out or host_preset_path()
+    device = calibrate(path, threads=args.threads, progress=not args.json)
+    if args.json:
+        json.dump({**device_summary(device), "path": str(path)}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"host preset written to {path}")
+        print(f"  {'weight streaming':<24}{device.memory_bandwidth * device.bandwidth_efficiency / 1e9:,.2f} GB/s")
+        print(f"  {'KV streaming':<24}{device.memory_bandwidth * device.kv_efficiency / 1e9:,.2f} GB/s (attention over the cache)")
+        print(f"  {'matmul':<24}{device.peak() / 1e9:,.1f} GFLOP/s {device.compute_precision}")
+        print(f"  {'copy bandwidth':<24}{device.copy_bandwidth / 1e9:,.2f} GB/s of KV copied by a plugin reallocation")
+        print(f"  {'per-inference overhead':<24}{device.step_overhead_s * 1e3:,.3f} ms + "
+              f"{device.layer_overhead_s * 1e3:,.3f} ms per layer")
+    return 0
+
+
+# --- end of simkv cost / devices / calibrate ----------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,6 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     o.add_argument("--ledger", metavar="PATH", help="write every alloc/copy/free event (.csv or .parquet)")
     o.add_argument("--timeline", metavar="PATH.html", help="write the memory timeline as a self-contained HTML page")
+    add_latency_arguments(run)
     _add_serving_arguments(run)  # simkv run --trace/--synthetic (block above)
     run.set_defaults(func=_cmd_run)
 
@@ -400,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list model presets and precisions").set_defaults(func=_cmd_models)
     _add_validate_parser(sub)  # simkv validate (block above)
     _add_app_parser(sub)  # simkv app (block above)
+    _add_cost_parser(sub), _add_devices_parser(sub), _add_calibrate_parser(sub)  # simkv cost/devices/calibrate
     return parser
 
 

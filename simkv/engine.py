@@ -224,6 +224,8 @@ class FastEngine:
                 rows.append(free)
                 resident_delta.append(-self._live_resident(slots) if self.first_touch else -free["bytes"])
                 self.budget[:], self.buf[:], self.written[:], self.batch = 0, -1, 0, 1
+            elif policy.reset == "free":  # nothing live (a stateless policy): the batch still resets
+                self.batch = 1
             self.after_reset = True
         else:
             if policy.past_view:
@@ -280,7 +282,18 @@ class FastEngine:
             self.ledger.append(deferred)
             self.allocated -= int(deferred["bytes"].sum())
             self.resident -= int(deferred_resident.sum())
+        if policy.stateless and self.budget.any():
+            self._free_all(step, phase)
         self._record(step, phase, peak, resident_peak)
+
+    def _free_all(self, step: int, phase: int) -> None:
+        """Free every live K/V buffer at the end of a step (a stateless policy keeps nothing)."""
+        slots = self.layout.unit_slots[np.flatnonzero(self.budget)].ravel()
+        free = self._live_rows(slots, step, phase)
+        self.ledger.append(free)
+        self.allocated -= int(free["bytes"].sum())
+        self.resident -= int(self._live_resident(slots).sum()) if self.first_touch else int(free["bytes"].sum())
+        self.budget[:], self.buf[:], self.written[:] = 0, -1, 0
 
     def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind):
         lay, policy = self.layout, self.policy
@@ -341,6 +354,8 @@ class FastEngine:
     def _decode_run(self, first_step: int, n: int) -> bool:
         """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes."""
         lay, policy = self.layout, self.policy
+        if policy.stateless:
+            return self._stateless_run(first_step, n)
         L0, B = self.stored, self.batch
         U, K = lay.unit_slots.shape
         decode = PHASE_CODE["decode"]
@@ -487,6 +502,55 @@ class FastEngine:
         self.budget = budget
         self.stored = L0 + n
         np.maximum(self.written, self.stored * B, out=self.written)
+        return True
+
+    def _stateless_run(self, first_step: int, n: int) -> bool:
+        """``n`` decode steps of a stateless policy at once: each allocates every slot for the whole
+        history (no copy), the history is written, and every buffer is freed at the step's end.
+        False (nothing changed) where the plain per-step path must decide (past view, memory limit)."""
+        lay, policy = self.layout, self.policy
+        L0, B = self.stored, self.width
+        U, K = lay.unit_slots.shape
+        k = np.arange(1, n + 1, dtype=np.int64)
+        needed = L0 + k
+        caps = np.asarray(policy.capacity(np.repeat(needed, U), np.tile(lay.unit_prim, n)), dtype=np.int64)
+        if policy.past_view or len(self.pending) or self.budget.any() or (caps != np.repeat(needed, U)).any():
+            return False
+        if self.allocated + int(needed[-1]) * B * self.row_total > self.scenario.device_memory:
+            return False
+        order = self.orders["grow"]
+        alloc_slots = order[order // K == ALLOC] % K  # a unit's slots in allocation order
+        rank = np.argsort(alloc_slots)  # buffer id offset of each slot within its unit
+        ids = self.next_id + ((k[:, None] - 1) * U + np.arange(U)[None, :])[..., None] * K + rank  # (n, U, K)
+        slots = lay.unit_slots  # (U, K)
+
+        def rows(op, slot_index):
+            out = np.zeros((n, U, K), dtype=ROW)
+            s = np.take_along_axis(slots, slot_index, axis=1) if slot_index is not None else slots
+            out["step"] = (first_step + k - 1)[:, None, None]
+            out["phase"], out["request"], out["op"] = PHASE_CODE["decode"], self.request, op
+            out["layer"], out["tensor"] = lay.layer[s][None], lay.tensor[s][None]
+            out["bytes"] = needed[:, None, None] * B * lay.row_bytes[s][None]
+            out["capacity_tokens"] = out["used_tokens"] = needed[:, None, None]
+            sid = ids if slot_index is None else np.take_along_axis(ids, np.broadcast_to(slot_index, (n, U, K)), axis=2)
+            out["buffer"] = sid
+            return out
+
+        allocs = rows(ALLOC, np.broadcast_to(alloc_slots, (U, K)).copy())
+        frees = rows(FREE, None)
+        self.ledger.append(np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel())
+        block = np.zeros(n, dtype=STEP)
+        block["step"], block["phase"] = first_step + k - 1, PHASE_CODE["decode"]
+        block["tokens"], block["batch"] = needed, B
+        block["allocated"] = self.allocated
+        block["peak"] = self.allocated + needed * B * self.row_total
+        block["steady"], block["used"] = self._steady(), 0
+        base = self.resident if self.first_touch else self.allocated
+        block["resident"] = base
+        block["resident_peak"] = base + needed * B * self.row_total if self.first_touch else block["peak"]
+        self.steps.add_block(block)
+        self.next_id += n * U * K
+        self.stored, self.batch = L0 + n, B
         return True
 
     def _view_plan(self, first_step: int, n: int, L0: int, B: int, first_id: int):

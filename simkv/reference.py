@@ -114,6 +114,10 @@ class ReferenceEngine:
                     for s, new in zip(slots, news):
                         self.current[s] = new
                 batch = inf.batch
+                if policy.stateless:  # the history is recomputed into the fresh buffers, not copied
+                    for buf in self.current:
+                        buf.used = stored
+                        mem.write(buf, stored)
                 for _token in range(inf.tokens):
                     for buf in self.current:
                         buf.used += 1
@@ -125,6 +129,11 @@ class ReferenceEngine:
                         mem.free(*where, buf)
                 else:
                     pending = later
+                if policy.stateless:  # nothing is kept to the next step
+                    for slot, buf in enumerate(self.current):
+                        if buf is not None:
+                            mem.free(*where, buf)
+                            self.current[slot] = None
             except OutOfMemory as oom:
                 self.oom = oom
                 self.ledger.append(mem.take_rows())

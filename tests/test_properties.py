@@ -51,7 +51,7 @@ def workloads(draw):
 
 @st.composite
 def scenarios(draw):
-    policy = draw(st.sampled_from(["openvino-gpu", "openvino-cpu", "fixed", "geometric", "exact", "static"]))
+    policy = draw(st.sampled_from(["openvino-gpu", "openvino-cpu", "fixed", "geometric", "exact", "static", "stateless"]))
     opts = {}
     if policy == "static":
         opts = {"max_prompt_len": 2048, "min_response_len": draw(st.integers(500, 4000))}

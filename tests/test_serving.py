@@ -217,3 +217,43 @@ def test_cli_reference_engine_gives_the_same_report(azure_slice):
     fast, ref = cli(*args), cli(*args, "--engine", "reference")
     assert fast.returncode == ref.returncode == 0
     assert json.loads(fast.stdout) == json.loads(ref.stdout)
+
+
+def test_serving_json_has_every_single_session_key():
+    single = cli("--json", "--decode", "10", "--prompt", "10")
+    serving = cli("--synthetic", "--requests", "5", "--rate", "5", "--device", "h100-sxm", "--json")
+    assert single.returncode == serving.returncode == 0
+    missing = set(json.loads(single.stdout)) - set(json.loads(serving.stdout))
+    assert not missing, missing
+
+
+def test_readme_serving_example_is_current(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("<!-- the first 2,000 requests of the Azure conversation trace on an H100 preset -->")[1]
+    command, shown = re.findall(r"```(?:bash|text)\n(.*?)```", block, flags=re.S)[:2]
+    args = command.replace("\\\n", " ").split()[2:]  # after `simkv run`
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "run", *args], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == shown
+
+
+def test_contiguous_wait_deadlock_ends_with_ignored():
+    # Two requests whose growth cannot both fit, `wait`: each waits for memory only the other could free.
+    # Nothing can ever step, so both are IGNORED (GenAI's rule for a step that schedules nothing).
+    from simkv.serving.contiguous import Trajectory
+
+    pol = __import__("policies").get_policy("openvino-cpu")
+    t = Trajectory(TOY, get_precision("f16"), pol, 64, 100, 10**12)  # cap 128 tokens, then 258 at token 129
+    budget = int(t.peak.max())  # one request alone fits, growth included
+    first = int(t.allocated[0])
+    assert 2 * first <= budget < first + int(t.peak.max())  # both prompts fit; neither can grow beside the other
+    reqs = [Request(0, 64, 100, arrival_step=0), Request(1, 64, 100, arrival_step=0)]
+    r = serve(spec(reqs, memory="contiguous", scheduler="continuous", policy="openvino-cpu",
+                   device_memory=budget, paged=PagedConfig(on_oom="wait")))
+    assert [g.status for g in r.groups] == ["IGNORED", "IGNORED"]
+    rows = r.ledger.rows
+    assert rows["bytes"][rows["op"] == 0].sum() == rows["bytes"][rows["op"] == 2].sum()

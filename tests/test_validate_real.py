@@ -34,7 +34,7 @@ def test_validate_cli_matches_every_event(tmp_path):
     out, report = tmp_path / "v.json", tmp_path / "v.html"
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", *ARGS, "--json", "--out", str(out),
-                           "--report", str(report)], capture_output=True, text=True, timeout=300)
+                           "--report", str(report), "--device", "xeon-8480"], capture_output=True, text=True, timeout=300)
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
@@ -66,6 +66,11 @@ def test_validate_cli_matches_every_event(tmp_path):
     fork = phases.index("fork")
     assert fork in realloc and phases.index("select") in realloc
     assert phases.index("reorder") not in realloc and 0 not in realloc
+
+    latency = data["latency"]  # the cost model's prediction vs the clean run (simkv/validate/latency.py)
+    assert latency["device"] == "xeon-8480" and latency["steps_compared"] > 100
+    assert latency["decode_error_median_pct"] >= 0 and latency["decode_error_p90_pct"] >= latency["decode_error_median_pct"]
+    assert "realloc_excess_error_median_pct" in latency
 
     text = report.read_text()
     assert "simkv-validate-memory" in text and "PASS" in text and data["versions"]["openvino"] in text

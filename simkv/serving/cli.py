@@ -26,7 +26,7 @@ def spec_from_args(args):
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
-    from simkv.serving.run import CONTEXT, ServingSpec
+    from simkv.serving.run import CONTEXT, DEFAULT_DEVICE, ServingSpec
     from simkv.serving.scheduler import PagedConfig
 
     if args.trace and args.synthetic:
@@ -56,7 +56,7 @@ def spec_from_args(args):
     if args.static_batch <= 0:
         raise ConfigError("--static-batch must be positive")
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
-                       device=args.device, device_memory=device_memory, weights_bytes=weights, policy=policy,
+                       device=args.device or DEFAULT_DEVICE, device_memory=device_memory, weights_bytes=weights, policy=policy,
                        static_batch=args.static_batch, max_context=args.max_context, engine=args.engine)
 
 
@@ -111,6 +111,8 @@ def render(result) -> str:
         f"  {'TTFT p50 / p99':<24}{sec(m['ttft_p50_s'])} / {sec(m['ttft_p99_s'])}",
         f"  {'TPOT p50 / p99':<24}{sec(m['tpot_p50_s'])} / {sec(m['tpot_p99_s'])}",
         f"  {'peak allocated':<24}{format_bytes(m['peak_allocated_bytes'])}",
+        f"  {'peak resident':<24}{format_bytes(m['peak_resident_bytes'])}"
+        + (" (blocks ever handed out: the free list is FIFO)" if sp.memory == "paged" else ""),
         f"  {'mean allocated':<24}{format_bytes(m['mean_allocated_bytes'])} (time-weighted)",
         f"  {'mean used':<24}{format_bytes(m['mean_allocated_bytes'] - m['waste_bytes'])} (tokens' KV)",
         f"  {'waste':<24}{100 * m['waste_bytes'] / alloc:.1f} % of allocated: "

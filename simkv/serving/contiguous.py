@@ -231,12 +231,15 @@ class ContiguousServing:
                 g.processed = g.run_P + l
             n_live = len(running) + len(waiting)
             if not stepped:
-                if running or waiting:
-                    if not running:  # nothing can ever run: mark the waiting requests IGNORED
-                        for g in waiting:
-                            g.status = IGNORED
-                            g.finish_s, g.finish_step = t, step
-                        waiting.clear()
+                # Nothing could step (every running request waits for memory that only a step could free,
+                # or nothing can be admitted): nothing will ever change, so, as GenAI does when a step
+                # schedules nothing, every present request is IGNORED and its memory freed.
+                for g in list(running) + list(waiting):
+                    if g.status == RUNNING:
+                        self._free_all(g, step)
+                        g.status = IGNORED
+                        g.finish_s, g.finish_step = t, step
+                waiting.clear()
                 self.timer.record_idle()
                 dt = 0.0
             else:

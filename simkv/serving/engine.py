@@ -404,8 +404,9 @@ class PagedServing:
         active_dec = (ks[None, :] >= start[:, None]) & (ks[None, :] <= fin[:, None])
         q_idx = np.flatnonzero(~dec)
         taken = np.zeros(K, dtype=np.int64)  # prompt tokens given to earlier requests in the queue
+        nd = active_dec.sum(axis=0)  # decoders per step
         for q in q_idx.tolist():  # in request order: a completed prompt decodes from the next step on
-            room = budget - active_dec.sum(axis=0) - taken
+            room = budget - nd - taken
             if (room < 0).any():
                 K = int(np.argmax(room < 0))
                 if K < 2:
@@ -423,10 +424,10 @@ class PagedServing:
                 start[q] = kc + 1
                 fin[q] = kc + G[q] - 1  # first token at kc, G - 1 more
                 active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
+                nd = nd + active_dec[q]
             else:
                 break  # it takes all the budget left: nobody after it gets tokens
         K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
-        nd = active_dec.sum(axis=0)
         over = np.flatnonzero(nd > budget)
         if len(over):
             K = min(K, int(over[0]))
@@ -436,7 +437,7 @@ class PagedServing:
         tok, active_dec, ks = tok[:, :K], active_dec[:, :K], ks[:K]
         ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
         alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
-        held = np.where(alive, np.maximum(-(-ctx // bs), nb[:, None]), 0)
+        held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
         base = pool.used() - int(nb.sum())
         used = base + held.sum(axis=0)
         bad = np.flatnonzero(used > pool.total)
@@ -486,21 +487,16 @@ class PagedServing:
         inc = held.copy()
         inc[:, 1:] -= held[:, :-1]
         inc[:, 0] -= nb
-        inc[~alive] = 0
-        ks = np.arange(K)
-        # phase of each request at each step: 0 decoding (generate phase), 1 prompt chunk
-        phase = (ks[None, :] < start[:, None]).astype(np.int64)
-        kk, jj = np.nonzero(inc.T)
-        ends = np.flatnonzero(fin < K)
-        fin_e = fin[ends]
-        # key: step, then kind (0 decode allocs, 1 prompt allocs, 2 frees), then phase, then request order
-        keys = np.concatenate([((kk * 3 + phase[jj, kk]) * 2) * n + jj,
-                               ((fin_e * 3 + 2) * 2 + phase[ends, fin_e]) * n + ends])
-        what = np.concatenate([inc[jj, kk], np.full(len(ends), -1, dtype=np.int64)])
-        who = np.concatenate([jj, ends])
-        order = np.argsort(keys, kind="stable")
+        kk, jj = np.nonzero((inc > 0).T)  # (a drop is a free after the last step, handled below)
+        counts = inc[jj, kk].tolist()
+        st, fin_l = start.tolist(), fin.tolist()
+        # sort key: step, kind (0 decode allocs, 1 prompt allocs, 2 frees), phase at that step
+        # (0 decoding, 1 prompt chunk: a prompt finishing at its last chunk frees after the decoders), request
+        events = [(k, 0 if k >= st[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
+        events += [(f, 2, 0 if f >= st[j] else 1, j, -1) for j, f in enumerate(fin_l) if f < K]
+        events.sort()
         alloc_many, free_group = pool.allocate_many, self.sched.free_group
-        for j, c in zip(who[order].tolist(), what[order].tolist()):
+        for _, _, _, j, c in events:
             g = live[j]
             if c < 0:
                 free_group(g)
@@ -523,6 +519,7 @@ class PagedServing:
                 g.finish_s, g.finish_step = float(times[fin[j]]), step0 + int(fin[j])
         # the step table
         ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+        ks = np.arange(K)
         gone_before = (fin[:, None] < ks[None, :]).sum(axis=0)
         used_b = ctx_total * self.block_bytes // bs
         alloc_b = pool.total * self.block_bytes

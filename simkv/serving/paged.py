@@ -7,6 +7,8 @@ Rules (openvinotoolkit/openvino.genai ``src/cpp/src/continuous_batching/cache/bl
   ``allocate_block`` takes the front, ``free`` appends to the back (FIFO), and
   ``increase_block_count`` appends the new ids. One id stands for the block in
   every layer (all layers allocate identically), so one id here covers 2·L tensors' rows.
+* The free list is FIFO, so on a CPU the resident memory follows the blocks *ever* handed out
+  (``BlockPool.touched``: ids ``0 .. touched-1``), not those in use (DESIGN §4b).
 * ``CacheBlock::copy_on_write``: a block referenced by more than one sequence
   (forked samples, restored prefixes) is copied before a sequence writes into it.
 * Prefix caching (``allocate_block(hash, cached_blocks)``, ``free(blocks, cached_blocks)``,
@@ -41,6 +43,8 @@ class BlockPool:
         self.cached: dict[object, int] = {}  # hash -> block (live or stored)
         self.stored: dict[object, int] = {}  # the overwritable store: hash -> unreferenced block
         self.clock = 0
+        #: Blocks ever handed out: with a FIFO free list, what is resident on a CPU (written pages stay).
+        self.touched = 0
         self.grow(total)
 
     # -- size ----------------------------------------------------------------------------
@@ -81,6 +85,7 @@ class BlockPool:
         else:
             raise SimkvError("internal error: allocation from an exhausted pool")
         self.ref[b] = 1
+        self.touched = max(self.touched, b + 1)
         self.stamp[b] = self._tick()
         if self.prefix_caching:
             self.hash_of[b] = h
@@ -96,6 +101,8 @@ class BlockPool:
         out = [free.popleft() for _ in range(n)]
         for b in out:
             ref[b] = 1  # (timestamps only order the prefix cache's evictions)
+        if out:
+            self.touched = max(self.touched, max(out) + 1)
         return out
 
     def release_many(self, blocks: list[int]) -> None:

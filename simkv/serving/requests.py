@@ -39,8 +39,13 @@ import numpy as np
 from simkv.errors import ConfigError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-#: Bound on rows read from one file (the Azure traces hold < 30,000).
-MAX_REQUESTS = 2_000_000
+#: Bound on the requests of one run (the Azure traces hold < 30,000; one hour of the conversation
+#: trace simulates in tens of seconds): more is refused with one line instead of running for hours.
+MAX_REQUESTS = 200_000
+
+
+def _too_many(p) -> ConfigError:
+    return ConfigError(f"{p} has more than {MAX_REQUESTS:,} requests; use --limit N (at most {MAX_REQUESTS:,})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +145,10 @@ def _load_azure(reader: csv.DictReader, p: Path, limit: int | None) -> list[Requ
     out: list[Request] = []
     t0 = None
     for i, row in enumerate(reader):
-        if limit is not None and i >= limit or i >= MAX_REQUESTS:
+        if limit is not None and i >= limit:
             break
+        if i >= MAX_REQUESTS:
+            raise _too_many(p)
         line = i + 2
         try:
             ts = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26])
@@ -200,8 +207,10 @@ def _load_rows(reader, p: Path, limit: int | None, csv_ids: bool) -> list[Reques
                           "id, arrival|arrival_step, prompt, max_new_tokens")
     out = []
     for i, row in enumerate(reader):
-        if limit is not None and i >= limit or i >= MAX_REQUESTS:
+        if limit is not None and i >= limit:
             break
+        if i >= MAX_REQUESTS:
+            raise _too_many(p)
         out.append(_request_from(row, p, i + 2, i))
     return out
 
@@ -209,8 +218,10 @@ def _load_rows(reader, p: Path, limit: int | None, csv_ids: bool) -> list[Reques
 def _load_jsonl(fh, p: Path, limit: int | None) -> list[Request]:
     out = []
     for i, text in enumerate(fh):
-        if limit is not None and len(out) >= limit or len(out) >= MAX_REQUESTS:
+        if limit is not None and len(out) >= limit:
             break
+        if len(out) >= MAX_REQUESTS:
+            raise _too_many(p)
         if not text.strip():
             continue
         try:

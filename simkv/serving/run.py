@@ -67,6 +67,12 @@ class ServingResult:
     device_name: str = ""
     #: Why the simulation stopped with requests still running (None: every request ended).
     stopped: str | None = None
+    #: Paged: blocks ever handed out (resident on a CPU: the free list is FIFO).
+    resident_blocks: int = 0
+    block_bytes: int = 0
+
+    def _block_bytes(self) -> int:
+        return self.block_bytes
 
     # -- tables --------------------------------------------------------------------------------
 
@@ -128,7 +134,10 @@ class ServingResult:
         return {
             # the keys of `simkv run --json`, with their serving meaning
             "peak_allocated_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
-            "peak_resident_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
+            # paged: blocks ever handed out (FIFO free list: written pages stay resident), DESIGN §4b;
+            # contiguous: the allocation (no first-touch model across requests)
+            "peak_resident_bytes": (self.resident_blocks * self._block_bytes() if self.spec.memory == "paged"
+                                    else int(s["peak_bytes"].max()) if len(s) else 0),
             "final_allocated_bytes": int(final["allocated_bytes"]) if final is not None else 0,
             "mean_allocated_bytes": tmean("allocated_bytes"),
             "used_bytes": int(final["used_bytes"]) if final is not None else 0,
@@ -144,6 +153,11 @@ class ServingResult:
             "pool_bytes_copied": copy_rows,
             "steps": len(s),
             "oom_step": None,
+            "waste_pct": round(100.0 * (tmean("allocated_bytes") - tmean("used_bytes")) / tmean("allocated_bytes"), 3)
+            if len(s) and tmean("allocated_bytes") else 0.0,
+            "max_spike_bytes": int((s["peak_bytes"] - s["allocated_bytes"]).max()) if len(s) else 0,
+            "max_spike_step": (int(s["step"][np.argmax(s["peak_bytes"] - s["allocated_bytes"])])
+                               if len(s) and (s["peak_bytes"] - s["allocated_bytes"]).max() > 0 else None),
             # serving
             "requests_total": len(status),
             "requests_finished": int((status == FINISHED).sum()),
@@ -175,6 +189,20 @@ class ServingResult:
         }
         out["oom"] = None
         out["stopped"] = self.stopped
+        out["per_layer"] = self.per_layer()
+        return out
+
+    def per_layer(self, max_steps: int = 1000) -> list[dict]:
+        """Per layer and K/V tensor, as ``simkv run --json``: the steps where it was (re)allocated and the
+        capacities — the pool's tensors (paged) or every request's buffers (contiguous; lists capped at
+        ``max_steps`` entries, ``allocations`` counts them all)."""
+        from simkv.metrics import per_layer
+
+        out = per_layer(self.ledger, self.spec.model.layers)
+        for entry in out:
+            entry["allocations"] = len(entry["alloc_steps"])
+            entry["alloc_steps"] = entry["alloc_steps"][:max_steps]
+            entry["capacities"] = entry["capacities"][:max_steps]
         return out
 
 
@@ -241,6 +269,7 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
             groups, steps, prog, _ = eng.run(fast=spec.engine == "fast")
             ledger = eng.ledger
             stopped = eng.stopped
+            resident, block_bytes = eng.pool.touched, eng.block_bytes
         elif spec.memory == "contiguous":
             from policies import get_policy
             from simkv.serving.contiguous import ContiguousServing
@@ -252,14 +281,14 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
                                     progress=bar.update_to if bar else None)
             groups, steps, prog = eng.run()
             ledger = eng.ledger
-            stopped = None
+            stopped, resident, block_bytes = None, 0, 0
         else:
             raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
                               f"(got {spec.scheduler})")
     finally:
         if bar:
             bar.close()
-    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped)
+    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped, resident, block_bytes)
 
 
 def _progress_bar(total: int):

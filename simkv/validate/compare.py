@@ -505,6 +505,12 @@ def summary_lines(data: dict) -> list[str]:
         extra = f"; slowest realloc step {worst['step']}: {worst['latency_ms']:.2f} ms ({worst['x_median']:.1f}x)" if worst and worst["x_median"] else ""
         lines.append(f"  {'latency':<22}median decode {la['median_decode_ms']:.2f} ms; {len(la['realloc_steps'])} "
                      f"realloc steps{extra}")
+        if la.get("decode_error_median_pct") is not None:  # the cost model's prediction (simkv/validate/latency.py)
+            lines.append(f"  {'predicted step time':<22}on {la['device']}: decode error median {la['decode_error_median_pct']:.1f} %, "
+                         f"p90 {la['decode_error_p90_pct']:.1f} % over {la['steps_compared']} steps; realloc excess "
+                         f"error median {'n/a' if la['realloc_excess_error_median_pct'] is None else format(la['realloc_excess_error_median_pct'], '.1f') + ' %'}")
+        elif la.get("latency_note"):
+            lines.append(f"  {'predicted step time':<22}{la['latency_note']}")
     v = data.get("versions", {})
     if v:
         lines.append(f"  {'versions':<22}openvino {v.get('openvino')}, memray {v.get('memray')}, python "

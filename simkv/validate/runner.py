@@ -71,6 +71,7 @@ class ValidateConfig:
     progress: bool = True
     model_name: str = "custom"
     extra: dict = field(default_factory=dict)
+    device: str | None = "host"  # cost-model device for the latency prediction (None: none)
 
 
 # --------------------------------------------------------------------------- scenario
@@ -290,9 +291,38 @@ def run_validation(cfg: ValidateConfig) -> dict:
     head["versions"]["clean_run_malloc_env"] = clean["malloc_env"] if clean else None
     head["clean_run_error"] = clean_error
     head.update(data)
+    if clean is not None:
+        head["latency"] = {**data.get("latency", {}), **_predicted_latency(cfg, result, clean["samples"], observed,
+                                                                            vocab, inspection.inference_precision)}
     head["observer"] = {"trace": f.trace, "warnings": f.warnings, "kv_sites": {str(k): v for k, v in f.kv_sites.items()}}
     head["elapsed_s"] = time.perf_counter() - t0
     return head
+
+
+def _predicted_latency(cfg: ValidateConfig, result, samples, observed, vocab, inference_precision) -> dict:
+    """The cost model's step times vs the clean run's (simkv/validate/latency.py); fields are None
+    with a ``latency_note`` when no prediction can be made (an IR's weights, no host preset)."""
+    from simkv.ledger import PHASES
+    from simkv.models import WEIGHT_BYTES
+
+    from .compare import predicted_events
+    from .latency import predict_and_compare
+
+    empty = {"decode_error_median_pct": None, "decode_error_p90_pct": None, "realloc_excess_error_median_pct": None,
+             "steps_compared": 0, "device": cfg.device}
+    if cfg.ir or not cfg.device:
+        return {**empty, "latency_note": "no prediction: " + ("an IR's weights are not modelled" if cfg.ir else "no device")}
+    pred = predicted_events(result)
+    events = {e["step"] for e in pred if e["tensor"] != "past_view"} | {
+        int(e["step"]) for e in observed if e["tensor"] != "past_view"}
+    realloc = {e["step"] for e in pred if e["tensor"] != "past_view" and e["op"] == "free"}
+    precision = inference_precision if inference_precision in WEIGHT_BYTES else "f32"
+    try:
+        return predict_and_compare(result, [s["latency_s"] for s in samples], [PHASES[p] for p in result.steps["phase"]],
+                                   events, realloc, device_name=cfg.device, hidden=cfg.hidden or cfg.heads * cfg.head_dim,
+                                   vocab=vocab, weights_precision=precision)
+    except ConfigError as err:  # e.g. no host preset yet
+        return {**empty, "latency_note": f"no prediction: {err}"}
 
 
 if __name__ == "__main__":  # the clean-run subprocess
