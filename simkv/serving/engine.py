@@ -428,9 +428,9 @@ class PagedServing:
             else:
                 break  # it takes all the budget left: nobody after it gets tokens
         K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
-        over = np.flatnonzero(nd > budget)
-        if len(over):
-            K = min(K, int(over[0]))
+        over = nd > budget
+        if over.any():
+            K = min(K, int(over.argmax()))
         if K < 2:
             return False
         tok += active_dec
@@ -440,9 +440,9 @@ class PagedServing:
         held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
         base = pool.used() - int(nb.sum())
         used = base + held.sum(axis=0)
-        bad = np.flatnonzero(used > pool.total)
-        if len(bad):
-            K = int(bad[0])
+        bad = used > pool.total
+        if bad.any():
+            K = int(bad.argmax())
             if K < 2:
                 return False
         # cost of each step, then the cut at the next arrival
@@ -469,9 +469,9 @@ class PagedServing:
         times[1:] = sec
         times = np.cumsum(times, out=times)[1:]  # t + s0, then + s1, ...: the reference's additions
         if next_s is not None:
-            late = np.flatnonzero(times[:-1] >= next_s)  # step k+1 starts at times[k]
-            if len(late):
-                K = int(late[0]) + 1
+            late = times[:-1] >= next_s  # step k+1 starts at times[k]
+            if late.any():
+                K = int(late.argmax()) + 1
         if K < 2:
             return False
         self._commit_run(live, K, tok[:, :K], ctx[:, :K], held[:, :K], alive[:, :K], nb, fin, start,

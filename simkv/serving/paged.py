@@ -101,7 +101,7 @@ class BlockPool:
         out = [free.popleft() for _ in range(n)]
         for b in out:
             ref[b] = 1  # (timestamps only order the prefix cache's evictions)
-        if out:
+        if self.touched < self.total:
             self.touched = max(self.touched, max(out) + 1)
         return out
 

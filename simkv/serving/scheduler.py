@@ -391,13 +391,16 @@ class ContinuousScheduler:
                 continue
             if running >= self.cfg.max_num_seqs or budget - total < length:
                 break
-            g.scheduled = length
-            while self.required_blocks(g) > self.pool.num_free():
+            # BlockManager::can_allocate_tokens: new blocks for the tokens beyond the free slots of the
+            # last block (restored, possibly shared, blocks are not counted again)
+            unused = (self.bs - g.processed % self.bs) % self.bs
+            blocks = -(-max(0, length - unused) // self.bs)
+            while blocks > self.pool.num_free():
                 if not self.try_increase():
                     break
-            if self.required_blocks(g) > self.pool.num_free():
-                g.scheduled = 0
+            if blocks > self.pool.num_free():
                 break
+            g.scheduled = length
             self.append_slots(g)
             scheduled.append(g)
             total += length
