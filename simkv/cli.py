@@ -243,10 +243,33 @@ def _add_validate_parser(sub) -> None:
     o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
     o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
+    _add_paged_validate_arguments(p)
     p.set_defaults(func=_cmd_validate)
 
 
+def _add_paged_validate_arguments(p) -> None:
+    """``simkv validate --paged`` (issue #8): OpenVINO GenAI continuous batching vs the paged model."""
+    g = p.add_argument_group("paged (--paged: OpenVINO GenAI ContinuousBatchingPipeline vs the paged serving model)")
+    g.add_argument("--paged", action="store_true",
+                   help="validate the paged continuous-batching model step by step against GenAI's pipeline on CPU "
+                        "(model flags shape its toy model: default 2 layers, 4 heads, 2 kv heads x 32)")
+    g.add_argument("--trace", metavar="W.csv", help="the workload (serving CSV/JSONL with arrival_step)")
+    g.add_argument("--random", type=int, metavar="N", help="N random workloads and configurations from --seed")
+    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", help="pool blocks (0 with --cache-size 0: dynamic pool)")
+    g.add_argument("--cache-size", type=int, default=0, metavar="GIB", help="pool size in whole GiB (GenAI's cache_size)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", help="tokens per step (default 256)")
+    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
+                   help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
+    g.add_argument("--no-dynamic-split-fuse", action="store_true", help="vLLM mode: whole prompts, no chunks")
+    g.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching")
+    g.add_argument("--no-memray", action="store_true", help="skip recording the pool allocations (faster)")
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
+    if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai.py)
+        from simkv.validate.genai import cli_main
+
+        return cli_main(args)
     from simkv.limits import check_flags
     from simkv.scenario import build_scenario
 

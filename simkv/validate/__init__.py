@@ -15,6 +15,9 @@ Modules (imported explicitly, so ``import simkv`` never pulls in OpenVINO or mem
 * :mod:`simkv.validate.compare` -- event alignment (matched / missing / unexpected), resident
   slope, in-step peak, VmSize and latency comparison; pure numpy, no OpenVINO.
 * :mod:`simkv.validate.report` -- plotly figures and the HTML report from the JSON result.
+* :mod:`simkv.validate.genai` -- ``simkv validate --paged``: OpenVINO GenAI continuous batching vs the
+  paged serving model, step by step (:mod:`.genai_model` model directory, :mod:`.genai_real` the real
+  pipeline and its pool allocations, :mod:`.genai_report` the report).
 
 What the plugin does (formulas, event order, memory signals) is written up in
 docs/DESIGN.md §3; ``compare`` and ``report`` import neither OpenVINO nor memray.

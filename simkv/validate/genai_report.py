@@ -1,0 +1,88 @@
+"""Figure and self-contained HTML report of a ``simkv validate --paged`` result (plotly only, no OpenVINO).
+
+Takes the JSON dict ``simkv validate --paged --json`` prints; reuses the table and layout helpers of
+:mod:`.report` (the stateful validator's report).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["steps_figure", "write_report"]
+
+
+def steps_figure(data: dict):
+    """Blocks in use and pool size per step, real (solid) vs simulated (dashed), for a single workload."""
+    import plotly.graph_objects as go
+
+    from .report import COLORS, _layout
+
+    steps = (data["workloads"][0].get("steps") or []) if data["workloads"] else []
+    fig = go.Figure()
+    for key, color in (("blocks_used", COLORS["resident"]), ("blocks_total", COLORS["allocated"]),
+                       ("scheduled_requests", COLORS["latency"])):
+        for side, dash in (("real", "solid"), ("simulated", "dash")):
+            xs = [s["step"] for s in steps if s[side] is not None]
+            ys = [s[side][key] for s in steps if s[side] is not None]
+            fig.add_scatter(x=xs, y=ys, name=f"{side} {key}", line={"color": color, "dash": dash, "width": 1.5})
+    bad = [m["step"] for m in data["first_mismatches"] if m["workload"] == 0]
+    if bad:
+        fig.add_scatter(x=bad, y=[0] * len(bad), mode="markers", name="mismatching step",
+                        marker={"color": COLORS["event"], "symbol": "x", "size": 9})
+    fig.update_layout(xaxis_title="step", yaxis_title="blocks / requests")
+    return _layout(fig, "Per step: real (solid) vs simulated (dashed)")
+
+
+def write_report(data: dict, path: str | Path) -> Path:
+    """A self-contained HTML page: summary, the per-step figure (one workload), mismatches, workloads,
+    versions. Byte-identical for the same dict."""
+    import html
+
+    from plotly.offline import get_plotlyjs
+
+    from .genai import summary_lines, verdict
+    from .report import _table
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    a = data["allocations"]
+    summary = _table([
+        ("result", verdict(data)),
+        ("steps matched / total", f"{data['steps_matched']:,} / {data['steps_total']:,}"),
+        ("workloads matched / total", f"{data['workloads_matched']:,} / {data['workloads_total']:,}"),
+        ("beam-search steps (blocks within bounds)", data["bounded_steps"]),
+        ("KV precision, block bytes", f"{data['kv_precision']}, {data['block_bytes']:,} B"),
+        ("pool allocations matched / total", f"{a['events_matched']:,} / {a['events_total']:,}" if a["compared"]
+         else f"{a['real_events']:,} observed, not compared"),
+        ("plugin transients (same size, freed in the step)", a["plugin_transients"]),
+    ])
+    rows = "".join(
+        f"<tr><td>{m['workload']}</td><td>{m['step']}</td><td>{html.escape(json.dumps(m['fields']))}</td></tr>"
+        for m in data["first_mismatches"])
+    mism = ("<p>None.</p>" if not rows else
+            f"<table><tr><th>workload</th><th>step</th><th>fields (real vs simulated)</th></tr>{rows}</table>")
+    wl = "".join(
+        f"<tr><td>{w['index']}</td><td>{w['comparison']['steps_matched']:,} / {w['comparison']['steps_total']:,}</td>"
+        f"<td>{html.escape(json.dumps(w['scheduler']))}</td><td>{len(w['requests'])}</td>"
+        f"<td>{w['real_s']:.2f}</td></tr>" for w in data["workloads"][:500])
+    fig = ""
+    if len(data["workloads"]) == 1 and data["workloads"][0].get("steps"):
+        fig = steps_figure(data).to_html(full_html=False, include_plotlyjs=False, div_id="simkv-paged-steps")
+    versions = _table([(k, v) for k, v in data["versions"].items() if k != "cpu_flags"])
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>simkv validate --paged</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;margin:1em 0}}
+th,td{{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:90%}}pre{{background:#f6f6f6;padding:1em}}</style>
+<script type="text/javascript">{get_plotlyjs()}</script></head><body>
+<h1>simkv validate --paged: OpenVINO GenAI continuous batching vs simkv's paged model</h1>
+{summary}
+<pre>{html.escape(chr(10).join(summary_lines(data)))}</pre>
+{fig}
+<h2>First mismatching steps</h2>{mism}
+<h2>Workloads</h2><table><tr><th>#</th><th>steps matched</th><th>scheduler</th><th>requests</th><th>real s</th></tr>{wl}</table>
+<h2>Versions</h2>{versions}
+</body></html>
+"""
+    path.write_text(page, encoding="utf-8")
+    return path
