@@ -292,6 +292,63 @@ def _cmd_app(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- simkv sweep / simkv tune (issue #11): the policy lab ----------------------------------------
+# Self-contained block: parsers, commands, two registration lines in build_parser(). Substance: simkv.lab.
+
+
+def _point_from_args(args: argparse.Namespace) -> dict:
+    """The scenario flags of ``simkv run`` as a sweep point (simkv.lab.sweep)."""
+    from policies import parse_policy_opts
+
+    return {
+        "model": None if args.model == "custom" else args.model, "layers": args.layers, "heads": args.heads,
+        "kv_heads": args.kv_heads, "head_dim": args.head_dim, "precision": args.precision,
+        "policy": args.policy, "policy_options": parse_policy_opts(args.policy_opt),
+        "prompt": args.prompt, "decode": args.decode, "turns": args.turns, "turn_tokens": args.turn_tokens,
+        "turn_decode": args.turn_decode, "beam": args.beam, "ops": args.ops, "device_memory": args.device_memory,
+    }
+
+
+def _add_executor_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where points run")
+    g.add_argument("--workers", type=int, help="local processes (default: one per core; 1 = in this process)")
+    g.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on this Dask cluster (dask.distributed) instead")
+
+
+def _add_sweep_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="run a parameter grid and store one Parquet row per point (resumable)",
+                       description=(
+        "Run every combination of the --param values (policy options or scenario fields such as decode) on top of "
+        "the scenario flags, and store one row per point in a Parquet file: every scenario field, policy options as "
+        "policy.NAME, the metrics of `simkv run --json` (per-layer lists left out), spike_p99_bytes and "
+        "mean_waste_bytes. Rerunning with the same --out skips the points already there, so an interrupted sweep "
+        "resumes. Points run on local processes, or on a Dask cluster with --scheduler."))
+    add_scenario_arguments(p)
+    add_policy_arguments(p)
+    p.add_argument("--param", action="append", required=True, metavar="KEY=START:STOP:STEP|KEY=V1,V2,...",
+                   help="values of one key (repeatable; STOP included when on the grid)")
+    p.add_argument("--out", required=True, metavar="PATH.parquet", help="rows go here (existing rows are kept)")
+    _add_executor_arguments(p)
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from simkv.lab import sweep
+
+    out = sweep.check_out_path(args.out)
+    base = _point_from_args(args)
+    points = [sweep.make_point(base, o) for o in sweep.grid(args.param, args.policy)]
+    result = sweep.run_sweep(points, out, workers=args.workers, scheduler=args.scheduler,
+                             progress=sys.stderr.isatty())
+    oom = sum(1 for r in result.rows if r["oom"])
+    print(f"simkv sweep: {len(points):,} points ({result.computed:,} run, {result.skipped:,} already in {out})"
+          f"{f', {oom:,} out of memory' if oom else ''} -> {out}")
+    return 0
+
+
+# --- end of simkv sweep / simkv tune -------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     from simkv.scenario import ENGINES
 
@@ -315,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list model presets and precisions").set_defaults(func=_cmd_models)
     _add_validate_parser(sub)  # simkv validate (block above)
     _add_app_parser(sub)  # simkv app (block above)
+    _add_sweep_parser(sub)  # simkv sweep (lab block above)
     return parser
 
 
