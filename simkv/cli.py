@@ -49,11 +49,17 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     from simkv import scenario as sc
+    from simkv.models import WEIGHT_BYTES
 
     g = p.add_argument_group("allocation policy and device")
     g.add_argument("--policy", default=sc.DEFAULT_POLICY, help=f"policy name (default {sc.DEFAULT_POLICY}; see `simkv policies`)")
     g.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", help="override a policy parameter (repeatable)")
     g.add_argument("--device-memory", default=sc.DEFAULT_DEVICE_MEMORY, help=f"device memory, e.g. 16GiB (default {sc.DEFAULT_DEVICE_MEMORY})")
+    g.add_argument("--weights-memory", metavar="BYTES", help="device memory taken besides the KV cache (weights, other "
+                   "models), e.g. 8GiB or 0; counts toward the headroom limit and out of memory (default: the "
+                   "preset's weights at --weights-precision; 0 for a custom shape)")
+    g.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), help="precision of the weights for the default "
+                   "--weights-memory (default: as optimum-intel exports: int8 from 1e9 parameters, else f16)")
 
 
 def scenario_from_args(args: argparse.Namespace):
@@ -66,6 +72,7 @@ def scenario_from_args(args: argparse.Namespace):
         precision=args.precision, policy=args.policy, policy_options=parse_policy_opts(args.policy_opt),
         prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
         turn_decode=args.turn_decode, beam=args.beam, ops=args.ops, device_memory=args.device_memory,
+        weights_memory=args.weights_memory, weights_precision=args.weights_precision,
     )
 
 
@@ -101,6 +108,7 @@ def render_summary(result) -> str:
         f"simkv: {s.describe()}",
         f"  {'engine':<22}{result.engine}",
         f"  {'steps':<22}{m.steps:,}",
+        f"  {'device memory':<22}{format_bytes(s.device_memory)} ({format_bytes(s.weights_memory)} of it weights and other models)",
         f"  {'KV bytes per token':<22}{format_bytes(s.precision.kv_bytes_per_token(s.model))} (all layers, K+V, with scales)",
         f"  {'peak allocated':<22}{format_bytes(m.peak_allocated_bytes)}",
         f"  {'peak resident':<22}{format_bytes(m.peak_resident_bytes)}",

@@ -46,17 +46,18 @@ def alloc_delta(rows: np.ndarray) -> np.ndarray:
     return np.where(op == ALLOC, rows["bytes"], np.where(op == FREE, -rows["bytes"], 0))
 
 
-def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memory):
+def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memory, weights=0):
     """Apply the headroom limits (``headroom_limit``, ``max_alloc_bytes``) to one step's units.
 
     ``unit_bytes(i, cap)`` gives unit i's bytes at a capacity; ``running_before(i, chosen)``
     the allocated bytes just before unit i allocates, given the bytes chosen so far.
-    Units are decided in order, as the runtime allocates them.
+    Units are decided in order, as the runtime allocates them. ``weights``: device
+    memory in use besides the KV cache, counted toward the limit.
     """
     if not policy.headroom_limit and not policy.max_alloc_bytes:
         return caps
     caps = np.array(caps)
-    limit = policy.headroom_limit * device_memory
+    limit = policy.headroom_limit * device_memory - weights
     chosen: list[int] = []
     for i in range(len(caps)):
         nbytes = unit_bytes(i, caps[i])
@@ -253,7 +254,7 @@ class FastEngine:
 
         rows, resident_delta = np.concatenate(rows), np.concatenate(resident_delta)
         allocated = self.allocated + np.cumsum(alloc_delta(rows))
-        over = np.flatnonzero(allocated > self.scenario.device_memory)
+        over = np.flatnonzero(allocated + self.scenario.weights_memory > self.scenario.device_memory)
         if len(over):
             return self._out_of_memory(step, phase, before, rows, resident_delta, int(over[0]))
         resident = self.resident + np.cumsum(resident_delta)
@@ -294,7 +295,7 @@ class FastEngine:
             policy, needed, caps,
             unit_bytes=lambda i, cap: int(cap) * int(self.unit_row[units[i]]) * batch,
             running_before=lambda i, chosen: start + sum(chosen) - (int(old_unit_bytes[:i].sum()) if immediate else 0),
-            device_memory=self.scenario.device_memory,
+            device_memory=self.scenario.device_memory, weights=self.scenario.weights_memory,
         )
         slots = lay.unit_slots[units]
         ids = self._ids_in_order(len(units), self.orders[kind])
@@ -437,7 +438,7 @@ class FastEngine:
         # 4. Memory along the stream, then per step.
         delta = np.where(real, alloc_delta(all_rows), 0)
         running = self.allocated + np.cumsum(delta)
-        if (running > self.scenario.device_memory).any():
+        if (running + self.scenario.weights_memory > self.scenario.device_memory).any():
             return False
         if policy.headroom_limit and E:
             # The limit looks at what is allocated just before an event's first alloc
@@ -445,7 +446,7 @@ class FastEngine:
             unit_allocs = np.flatnonzero((all_rows["op"] == ALLOC) & (all_rows["layer"] >= 0))
             before = running[unit_allocs[::K]] - delta[unit_allocs[::K]]
             event_bytes = np.add.reduceat(all_rows["bytes"][unit_allocs], np.arange(0, len(unit_allocs), K))
-            if (before + event_bytes >= policy.headroom_limit * self.scenario.device_memory).any():
+            if (before + event_bytes + self.scenario.weights_memory >= policy.headroom_limit * self.scenario.device_memory).any():
                 return False
         resident_run = self.resident + np.cumsum(all_res) if self.first_touch else running
         starts = np.searchsorted(row_k, steps_k)
@@ -577,7 +578,8 @@ class FastEngine:
         if failing:
             self.allocated, self.resident = int(allocated[-1]), int(resident[-1])
         self.oom = OutOfMemory(
-            step, int(rows[failing]["layer"]), int(rows[failing]["bytes"]), self.allocated, self.scenario.device_memory
+            step, int(rows[failing]["layer"]), int(rows[failing]["bytes"]), self.allocated, self.scenario.device_memory,
+            self.scenario.weights_memory,
         )
         tokens, batch, used = before
         self._record(step, phase, peak, resident_peak, tokens=tokens, batch=batch, steady=self.allocated, used=used)

@@ -25,12 +25,13 @@ from simkv.units import format_bytes
 class OutOfMemory(SimkvError):
     """An allocation that does not fit in device memory."""
 
-    def __init__(self, step: int, layer: int, requested: int, allocated: int, device_memory: int) -> None:
+    def __init__(self, step: int, layer: int, requested: int, allocated: int, device_memory: int, weights: int = 0) -> None:
         self.step, self.layer, self.requested = step, layer, requested
-        self.allocated, self.device_memory = allocated, device_memory
+        self.allocated, self.device_memory, self.weights = allocated, device_memory, weights
+        besides = f" KV + {format_bytes(weights)} weights" if weights else ""
         super().__init__(
             f"out of memory at step {step}, layer {layer}: {format_bytes(requested)} requested with "
-            f"{format_bytes(allocated)} of {format_bytes(device_memory)} allocated"
+            f"{format_bytes(allocated)}{besides} of {format_bytes(device_memory)} allocated"
         )
 
 
@@ -70,6 +71,7 @@ class Buffer:
 class Allocator:
     device_memory: int
     first_touch: bool = True
+    weights: int = 0  # device memory taken besides the KV cache (Scenario.weights_memory)
     live: dict[int, Buffer] = field(default_factory=dict)
     allocated: int = 0
     resident: int = 0
@@ -85,8 +87,8 @@ class Allocator:
 
     def alloc(self, step, phase, request, *, layer, tensor, capacity, batch, row_bytes, holds) -> Buffer:
         buf = Buffer(self.next_id, layer, tensor, capacity * batch, batch, row_bytes)
-        if self.allocated + buf.bytes > self.device_memory:
-            raise OutOfMemory(step, layer, buf.bytes, self.allocated, self.device_memory)
+        if self.allocated + self.weights + buf.bytes > self.device_memory:
+            raise OutOfMemory(step, layer, buf.bytes, self.allocated, self.device_memory, self.weights)
         self.next_id += 1
         self.live[buf.id] = buf
         self.allocated += buf.bytes

@@ -28,7 +28,8 @@ class ReferenceEngine:
         self.layout = Layout.build(scenario.model, scenario.precision, scenario.policy)
         self.request = request
         self.progress = progress
-        self.memory = Allocator(scenario.device_memory, first_touch=scenario.policy.first_touch)
+        self.memory = Allocator(scenario.device_memory, first_touch=scenario.policy.first_touch,
+                                weights=scenario.weights_memory)
         self.ledger = Ledger()
         self.steps = StepRecorder()
         self.oom: OutOfMemory | None = None
@@ -87,7 +88,7 @@ class ReferenceEngine:
                         raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
                     unit_bytes = cap * int(lay.unit_row_bytes[unit]) * inf.batch
                     near_limit = policy.headroom_limit and (
-                        mem.allocated + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
+                        mem.allocated + mem.weights + unit_bytes >= policy.headroom_limit * self.scenario.device_memory
                     )
                     if near_limit or (policy.max_alloc_bytes and unit_bytes > policy.max_alloc_bytes):
                         cap = needed  # no headroom near the device's limits

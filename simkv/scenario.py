@@ -15,7 +15,7 @@ import numpy as np
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
-from simkv.models import ModelSpec, custom_model, get_model
+from simkv.models import WEIGHT_BYTES, ModelSpec, custom_model, get_model, weights_bytes
 from simkv.precision import Precision, get_precision
 from simkv.units import parse_bytes
 from simkv.workload import Workload, chat_session, parse_ops
@@ -28,6 +28,11 @@ DEFAULT_POLICY = "openvino-gpu"
 DEFAULT_PROMPT = 1024
 DEFAULT_DECODE = 2048
 DEFAULT_DEVICE_MEMORY = "16GiB"
+#: optimum-intel's export compresses the weights of a model with at least 10^9 parameters to int8
+#: (asymmetric) unless told otherwise, and saves smaller models' weights as f16
+#: (huggingface/optimum-intel, optimum/exporters/openvino/utils.py ``_MAX_UNCOMPRESSED_SIZE = 1e9``,
+#: checked in ``main_export`` / ``_apply_model_size_based_quantization``).
+INT8_WEIGHTS_FROM_PARAMS = 10**9
 ENGINES = ("fast", "reference")
 
 
@@ -38,10 +43,15 @@ class Scenario:
     policy: Policy
     workload: Workload
     device_memory: int = parse_bytes(DEFAULT_DEVICE_MEMORY)
+    #: Bytes on the device besides the KV cache (weights, other models). They count toward the
+    #: headroom limit and toward out-of-memory: KV allocated + weights_memory > device_memory.
+    weights_memory: int = 0
 
     def __post_init__(self) -> None:
         if self.device_memory <= 0:
             raise ConfigError("device memory must be positive")
+        if not isinstance(self.weights_memory, int) or self.weights_memory < 0:
+            raise ConfigError(f"weights memory must be a non-negative number of bytes, got {self.weights_memory!r}")
         self.precision.data_bytes_per_token(self.model)  # rejects u4 with an odd head size
         self.policy.check(self.model, self.workload)
 
@@ -83,6 +93,7 @@ class Result:
             "policy_options": {f.name: getattr(s.policy, f.name) for f in s.policy.options()},
             "workload": str(s.workload),
             "device_memory_bytes": s.device_memory,
+            "weights_memory_bytes": s.weights_memory,
             "kv_bytes_per_token": s.precision.kv_bytes_per_token(s.model),
         }
         out["oom"] = str(self.oom) if self.oom else None
@@ -123,12 +134,18 @@ def build_scenario(
     beam: int = 1,
     ops: str | None = None,
     device_memory: str | int = DEFAULT_DEVICE_MEMORY,
+    weights_memory: str | int | None = None,
+    weights_precision: str | None = None,
 ) -> Scenario:
     """A scenario from plain values (what a CLI flag or a dashboard control holds).
 
     ``model=None`` with all four dimensions gives a custom shape; a preset with
     some dimensions overrides those. ``ops`` (e.g. ``"prefill:32,decode:100,reset"``)
     replaces the prompt/decode/turns/beam description of the workload.
+
+    ``weights_memory`` (bytes, or a size such as ``"8GiB"``) is the device memory taken
+    besides the KV cache; by default the model's weights at ``weights_precision``
+    (default: :func:`default_weights_precision`), 0 for a custom shape.
     """
     from policies import get_policy
 
@@ -142,4 +159,21 @@ def build_scenario(
         workload = chat_session(
             prompt, decode, turns=turns, turn_tokens=turn_tokens, turn_decode=turn_decode, beam=beam
         )
-    return Scenario(spec, prec, pol, workload, parse_bytes(device_memory))
+    weights = resolve_weights_memory(spec, weights_memory, weights_precision)
+    return Scenario(spec, prec, pol, workload, parse_bytes(device_memory), weights)
+
+
+def default_weights_precision(model: ModelSpec) -> str:
+    """The weight precision an optimum-intel export gives a model: int8 from 10^9 parameters, else f16."""
+    return "int8" if model.weight_params >= INT8_WEIGHTS_FROM_PARAMS else "f16"
+
+
+def resolve_weights_memory(model: ModelSpec, weights_memory: str | int | None, weights_precision: str | None) -> int:
+    """Bytes besides the KV cache: given explicitly, or the model's weights at a precision."""
+    if weights_memory is not None:
+        if weights_precision is not None:
+            raise ConfigError("give the weights memory or the weights precision, not both")
+        return 0 if weights_memory in (0, "0") else parse_bytes(weights_memory)
+    if weights_precision is not None and weights_precision not in WEIGHT_BYTES:
+        raise ConfigError(f"unknown weight precision {weights_precision!r}; choose {', '.join(WEIGHT_BYTES)}")
+    return weights_bytes(model, weights_precision or default_weights_precision(model))

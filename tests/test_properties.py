@@ -80,6 +80,7 @@ def scenarios(draw):
             policy_options=opts,
             ops=draw(workloads()),
             device_memory=draw(st.sampled_from(["16GiB", "64MiB", "8MiB", "2MiB"])),
+            weights_memory=draw(st.sampled_from([None, 0, 100_000, 1_500_000])),
         )
     except SimkvError:  # e.g. a workload a static cache cannot hold
         return draw(st.nothing())
@@ -99,7 +100,7 @@ def test_fast_engine_equals_reference(scenario):
 def test_memory_is_conserved(scenario):
     result = simulate(scenario)
     rows, steps = result.ledger.rows, result.steps
-    live = replay(result.ledger, scenario.device_memory)
+    live = replay(result.ledger, scenario.device_memory - scenario.weights_memory)
     assert sum(live.values()) == steps["allocated"][-1]
     assert (rows["bytes"] >= 0).all()
     allocs = rows[rows["op"] == ALLOC]
