@@ -314,6 +314,7 @@ def _point_from_args(args: argparse.Namespace) -> dict:
         "policy": args.policy, "policy_options": parse_policy_opts(args.policy_opt),
         "prompt": args.prompt, "decode": args.decode, "turns": args.turns, "turn_tokens": args.turn_tokens,
         "turn_decode": args.turn_decode, "beam": args.beam, "ops": args.ops, "device_memory": args.device_memory,
+        "weights_memory": args.weights_memory, "weights_precision": args.weights_precision,
     }
 
 
@@ -354,6 +355,87 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def _add_tune_parser(sub) -> None:
+    from simkv.lab import tune
+
+    p = sub.add_parser("tune", help="search a policy's parameters over a workload distribution (Pareto front)",
+                       description=(
+        "Run every candidate configuration on every workload of a distribution (decode lengths, and with "
+        "--trace-prompts prompt lengths, drawn from --trace; else the one workload of the scenario flags), aggregate "
+        "each objective over the workloads (METRIC:mean or METRIC:max = worst case), keep configurations with no OOM "
+        "and a worst peak that fits next to the weights (device memory - --weights-memory) and every --constraint, "
+        "and print the Pareto front, the recommendation next to the policy's defaults, and a command reproducing it. "
+        f"Metrics: {', '.join(tune.METRICS)}. Default parameters: "
+        + "; ".join(f"{k}: {' '.join(v)}" for k, v in tune.TUNABLE.items()) + "."))
+    add_scenario_arguments(p)
+    add_policy_arguments(p)
+    d = p.add_argument_group("workload distribution")
+    d.add_argument("--trace", metavar="PATH.csv", help="request trace (ContextTokens,GeneratedTokens or prompt,decode "
+                   "columns); its decode lengths replace --decode")
+    d.add_argument("--samples", type=int, default=64, help="workloads drawn from the trace (default 64)")
+    d.add_argument("--trace-prompts", action="store_true", help="take prompt lengths from the trace too")
+    s = p.add_argument_group("search")
+    s.add_argument("--param", action="append", metavar="KEY=START:STOP:STEP|KEY=V1,V2,...",
+                   help="a parameter's values (repeatable; default: the policy's tunable parameters)")
+    s.add_argument("--objective", action="append", metavar="METRIC[:mean|max]",
+                   help=f"minimise (repeatable; the first decides the recommendation; default {' '.join(tune.DEFAULT_OBJECTIVES)})")
+    s.add_argument("--constraint", action="append", metavar="METRIC[:mean|max]<=VALUE", help="e.g. spike:max<=64MiB (repeatable)")
+    s.add_argument("--search", choices=tune.SEARCHES, default="optuna", help="optuna (default), random or grid")
+    s.add_argument("--budget", type=int, default=60, help="configurations to try (default 60; grid: the most allowed)")
+    s.add_argument("--seed", type=int, default=0, help="trace sampling and search seed (default 0)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the result as JSON (keys baseline, recommendation, pareto, command)")
+    o.add_argument("--figure", metavar="PATH.html|.png|.svg", help="write the Pareto front figure")
+    o.add_argument("--out", metavar="PATH.parquet", help="also store every simulated point (as simkv sweep; resumable)")
+    _add_executor_arguments(p)
+    p.set_defaults(func=_cmd_tune)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import shlex
+
+    from simkv.lab import sweep, traces, tune
+
+    if args.out:
+        sweep.check_out_path(args.out)
+    if args.figure and not args.figure.endswith((".html", ".png", ".svg")):
+        raise SimkvError(f"--figure must end in .html, .png or .svg, got {args.figure!r}")
+    base = _point_from_args(args)
+    if args.trace:
+        prompts, decodes = traces.sample(args.trace, args.samples, args.seed)
+        workloads = [(int(p) if args.trace_prompts else args.prompt, int(d)) for p, d in zip(prompts, decodes)]
+        source = f"{args.trace} ({len(workloads)} rows, seed {args.seed}, {'prompt+decode' if args.trace_prompts else 'decode'})"
+    else:
+        workloads, source = [(args.prompt, args.decode)], "the scenario flags"
+    spec = tune.TuneSpec(
+        base=base, params=[tune.Param.parse(x, args.policy) for x in (args.param or tune.TUNABLE.get(args.policy, ()))],
+        workloads=workloads,
+        objectives=[tune.Objective.parse(x) for x in (args.objective or tune.DEFAULT_OBJECTIVES)],
+        constraints=[tune.Constraint.parse(x) for x in args.constraint or ()],
+        search=args.search, budget=args.budget, seed=args.seed)
+    result = tune.run_tune(spec, workers=args.workers, scheduler=args.scheduler, out=args.out,
+                           progress=sys.stderr.isatty() and not args.json)
+    command = tune.run_command(base, result.recommendation.params)
+    tune_command = shlex.join(["simkv", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else ""
+    if args.figure:
+        from simkv.lab.output import save_figure
+
+        save_figure(tune.figure(result), args.figure)
+    if args.json:
+        json.dump(result.to_json(command, tune_command, source), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(f"simkv tune: {args.policy} over {len(workloads)} workloads from {source}; search {args.search}, "
+              f"{len(result.evaluated)} configurations; objectives {', '.join(o.name for o in spec.objectives)}; "
+              f"constraints: no OOM, peak:max <= {format_bytes(spec.free_bytes)} free"
+              + "".join(f", {c.name}" for c in spec.constraints))
+        print("\n".join(tune.summary_lines(result, command)))
+        if args.figure:
+            print(f"  {'figure':<22}{args.figure}")
+    return 0
+
+
 # --- end of simkv sweep / simkv tune -------------------------------------------------------------
 
 
@@ -381,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_validate_parser(sub)  # simkv validate (block above)
     _add_app_parser(sub)  # simkv app (block above)
     _add_sweep_parser(sub)  # simkv sweep (lab block above)
+    _add_tune_parser(sub)  # simkv tune (lab block above)
     return parser
 
 

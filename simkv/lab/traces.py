@@ -67,4 +67,7 @@ def sample(path: str | Path, samples: int, seed: int) -> tuple[np.ndarray, np.nd
     return p, d
 
 
-__all__ = ["read_trace", "sample", "MAX_ROWS", "MAX_SAMPLES"]
+#: The Azure LLM inference trace 2023, conversation service (data/traces/README.md), in a source checkout.
+AZURE_CONV = Path(__file__).resolve().parents[2] / "data" / "traces" / "azure_llm_2023_conv.csv"
+
+__all__ = ["AZURE_CONV", "read_trace", "sample", "MAX_ROWS", "MAX_SAMPLES"]

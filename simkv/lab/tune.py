@@ -47,7 +47,7 @@ LABELS = {
 }
 AGGREGATES = ("mean", "max")
 SEARCHES = ("optuna", "random", "grid")
-DEFAULT_OBJECTIVES = ("peak:mean", "reallocs:mean")
+DEFAULT_OBJECTIVES = ("peak:max", "reallocs:mean")  # memory to budget for, time spent copying
 #: What to search when no --param is given (policy → param specs).
 TUNABLE = {
     "openvino-gpu": ("headroom_base=0:512:8", "stagger=1:256:1"),
@@ -111,8 +111,8 @@ class Constraint:
 
     @property
     def name(self) -> str:
-        return f"{self.objective.name}<={self.objective.show(self.limit) if self.objective.is_bytes else self.limit:g}" \
-            if not self.objective.is_bytes else f"{self.objective.name}<={self.objective.show(self.limit)}"
+        shown = self.objective.show(self.limit) if self.objective.is_bytes else f"{self.limit:g}"
+        return f"{self.objective.name}<={shown}"
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,6 @@ class TuneSpec:
     workloads: list[tuple[int, int]]  # (prompt, decode) per workload
     objectives: list[Objective] = field(default_factory=lambda: [Objective.parse(o) for o in DEFAULT_OBJECTIVES])
     constraints: list[Constraint] = field(default_factory=list)
-    weights_bytes: int = 0
     search: str = "optuna"
     budget: int = 60
     seed: int = 0
@@ -176,8 +175,9 @@ class TuneSpec:
 
     @property
     def free_bytes(self) -> int:
-        """Device memory left for the KV cache next to the weights."""
-        return sweep.scenario_of(self.base).device_memory - self.weights_bytes
+        """Device memory left for the KV cache next to the weights (``--weights-memory``)."""
+        sc = sweep.scenario_of(self.base)
+        return sc.device_memory - sc.weights_memory
 
 
 @dataclass
@@ -201,7 +201,7 @@ class TuneResult:
             "params": {p.key: list(p.values) if not p.ordered else [p.values[0], p.values[-1]] for p in s.params},
             "objectives": [o.name for o in s.objectives],
             "constraints": ["no OOM", f"peak:max<={s.free_bytes}"] + [c.name for c in s.constraints],
-            "weights_bytes": s.weights_bytes,
+            "weights_memory_bytes": sweep.scenario_of(s.base).weights_memory,
             "baseline": self.baseline.to_json(),
             "recommendation": self.recommendation.to_json(),
             "improved": self.improved,
@@ -356,11 +356,16 @@ def run_tune(spec: TuneSpec, *, workers: int | None = None, scheduler: str | Non
 
 def run_command(base: dict, params: dict) -> str:
     """A ``simkv run`` line for the base scenario with ``params`` applied."""
+    import inspect
+
+    from simkv.scenario import build_scenario
+
+    defaults = {k: v.default for k, v in inspect.signature(build_scenario).parameters.items()}
     point = sweep.make_point(base, params)
     words = ["simkv", "run"]
     for key in sweep.SCENARIO_FIELDS:
         value = point.get(key)
-        if value is not None:
+        if value is not None and value != defaults.get(key):
             words += [f"--{key.replace('_', '-')}", str(value)]
     words += ["--policy", point["policy"]]
     for key, value in point["policy_options"].items():
