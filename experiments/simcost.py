@@ -41,10 +41,10 @@ BEAM_DECODE = 512
 
 def scenario(axis: str, value: int, quick: bool = False):
     values = dict(BASE, **{axis: value})
-    if quick:
-        values["decode"] = min(values["decode"], 128) if axis != "decode" else values["decode"]
     if axis == "beam":
         values["decode"] = BEAM_DECODE
+    if quick and axis != "decode":
+        values["decode"] = 128
     # A device large enough that nothing here runs out of memory.
     return build_scenario(**SHAPE, layers=values["layers"], policy="openvino-gpu", prompt=1024,
                           decode=values["decode"], beam=values["beam"], device_memory="4TiB")
