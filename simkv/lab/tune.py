@@ -21,6 +21,7 @@ aggregated over them — ``mean`` or ``max`` (the worst case).
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ METRICS = {
 }
 LABELS = {
     "peak": "peak allocated", "spike_p99": "p99 in-step spike", "spike": "largest in-step spike",
-    "reallocs": "reallocations", "copied": "bytes copied", "waste": "mean waste (allocated − used)",
+    "reallocs": "reallocations per session", "copied": "bytes copied", "waste": "mean waste (allocated − used)",
 }
 AGGREGATES = ("mean", "max")
 SEARCHES = ("optuna", "random", "grid")
@@ -316,9 +317,11 @@ def _dominates(a: Candidate, b: Candidate, names: list[str]) -> bool:
 
 
 def pareto_front(cands: list[Candidate], names: list[str]) -> list[Candidate]:
+    """Feasible candidates no other feasible one dominates; of equal objective values, one (the first by params)."""
     feasible = [c for c in cands if c.feasible]
     front = [c for c in feasible if not any(_dominates(o, c, names) for o in feasible)]
-    return sorted(front, key=lambda c: ([c.objectives[n] for n in names], sorted(c.params.items())))
+    front.sort(key=lambda c: ([c.objectives[n] for n in names], sorted(c.params.items())))
+    return list({tuple(c.objectives[n] for n in names): c for c in reversed(front)}.values())[::-1]
 
 
 def run_tune(spec: TuneSpec, *, workers: int | None = None, scheduler: str | None = None,
@@ -441,7 +444,7 @@ def figure(result: TuneResult):
             continue
         pts = [xy(c) for c in cands]
         fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers", name=name,
-                        text=[text(c) for c in cands], customdata=[[i] for i in range(len(cands))],
+                        text=[text(c) for c in cands], customdata=[json.dumps(c.params, sort_keys=True) for c in cands],
                         hovertemplate="%{text}<br>%{x:,.2f}, %{y:,.2f}<extra>" + name + "</extra>",
                         marker={"color": colour, "symbol": symbol, "size": size,
                                 "line": {"width": 1, "color": "#333"}})
