@@ -375,6 +375,8 @@ def _add_tune_parser(sub) -> None:
                    "columns); its decode lengths replace --decode")
     d.add_argument("--samples", type=int, default=64, help="workloads drawn from the trace (default 64)")
     d.add_argument("--trace-prompts", action="store_true", help="take prompt lengths from the trace too")
+    d.add_argument("--holdout", type=int, default=0, help="also draw this many OTHER trace rows, never searched, and "
+                   "re-score the defaults and the recommendation on them (default 0)")
     s = p.add_argument_group("search")
     s.add_argument("--param", action="append", metavar="KEY=START:STOP:STEP|KEY=V1,V2,...",
                    help="a parameter's values (repeatable; default: the policy's tunable parameters)")
@@ -402,10 +404,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.figure and not args.figure.endswith((".html", ".png", ".svg")):
         raise SimkvError(f"--figure must end in .html, .png or .svg, got {args.figure!r}")
     base = _point_from_args(args)
+    holdout = []
     if args.trace:
-        prompts, decodes = traces.sample(args.trace, args.samples, args.seed)
-        workloads = [(int(p) if args.trace_prompts else args.prompt, int(d)) for p, d in zip(prompts, decodes)]
+        (prompts, decodes), (held_p, held_d) = traces.split(args.trace, args.samples, args.holdout, args.seed)
+
+        def pairs(ps, ds):
+            return [(int(p) if args.trace_prompts else args.prompt, int(d)) for p, d in zip(ps, ds)]
+
+        workloads, holdout = pairs(prompts, decodes), pairs(held_p, held_d)
         source = f"{args.trace} ({len(workloads)} rows, seed {args.seed}, {'prompt+decode' if args.trace_prompts else 'decode'})"
+    elif args.holdout:
+        raise SimkvError("--holdout needs --trace")
     else:
         workloads, source = [(args.prompt, args.decode)], "the scenario flags"
     spec = tune.TuneSpec(
@@ -413,7 +422,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         workloads=workloads,
         objectives=[tune.Objective.parse(x) for x in (args.objective or tune.DEFAULT_OBJECTIVES)],
         constraints=[tune.Constraint.parse(x) for x in args.constraint or ()],
-        search=args.search, budget=args.budget, seed=args.seed)
+        search=args.search, budget=args.budget, seed=args.seed, holdout=holdout)
     result = tune.run_tune(spec, workers=args.workers, scheduler=args.scheduler, out=args.out,
                            progress=sys.stderr.isatty() and not args.json)
     command = tune.run_command(base, result.recommendation.params)

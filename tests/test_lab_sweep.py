@@ -73,6 +73,17 @@ def test_row_has_every_scenario_field_and_the_run_metrics():
     assert row["mean_waste_bytes"] == round(float((res.steps["allocated"] - res.steps["used"]).mean()))
 
 
+def test_repeated_points_run_once_and_give_one_row_each(tmp_path, monkeypatch):
+    pts = points(decodes=(40, 90, 40), bases=(0,))
+    calls = []
+    real = sweep.run_point
+    monkeypatch.setattr(sweep, "run_point", lambda p: calls.append(1) or real(p))
+    res = sweep.run_sweep(pts, tmp_path / "d.parquet", workers=1, progress=False)
+    assert len(calls) == 2 and (res.computed, res.skipped) == (2, 0)
+    assert [r["decode"] for r in res.rows] == [40, 90, 40]  # one row per point, in order
+    assert [r["decode"] for r in sweep.read_rows(tmp_path / "d.parquet")] == [40, 90]  # stored once
+
+
 def test_bad_point_fails_before_any_work(tmp_path):
     bad = [sweep.make_point(BASE, {"kv_heads": 3})]  # 32 heads are not a multiple of 3
     with pytest.raises(ConfigError, match="point .*kv_heads=3"):

@@ -60,6 +60,15 @@ def test_trace_sampling_is_seeded_and_in_file_order(tmp_path):
     assert len(traces.sample(path, 500, seed=0)[0]) == 50  # fewer rows than asked: all of them
 
 
+def test_holdout_rows_are_disjoint_and_do_not_change_the_sample(tmp_path):
+    path = write_trace(tmp_path / "t.csv", [(i, 1000 + i) for i in range(1, 41)])
+    (p, _), (hp, hd) = traces.split(path, 10, 15, seed=7)
+    assert p.tolist() == traces.sample(path, 10, seed=7)[0].tolist()
+    assert len(hp) == 15 and not set(p.tolist()) & set(hp.tolist()) and (hd - hp == 1000).all()
+    with pytest.raises(ConfigError, match="none left to hold out"):
+        traces.split(path, 40, 5, seed=7)
+
+
 @pytest.mark.parametrize("content, message", [
     ("a,b\n1,2\n", "no ContextTokens or prompt column"),
     ("prompt,decode\n", "has no rows"),
@@ -176,7 +185,7 @@ def run_cli(*args):
 def test_cli_tune_json_contract_and_reproduce_command(tmp_path):
     trace = write_trace(tmp_path / "t.csv", [(500, d) for d in (20, 90, 160, 230, 300, 370)])
     r = run_cli("tune", "--model", "tinyllama-1.1b", "--prompt", "64", "--trace", str(trace), "--samples", "4",
-                "--search", "random", "--budget", "6", "--workers", "1", "--json",
+                "--holdout", "2", "--search", "random", "--budget", "6", "--workers", "1", "--json",
                 "--figure", str(tmp_path / "front.html"), "--out", str(tmp_path / "rows.parquet"))
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
@@ -184,6 +193,8 @@ def test_cli_tune_json_contract_and_reproduce_command(tmp_path):
         assert set(data[key]) >= {"params", "objectives"}
     assert data["pareto"] and all(set(p) >= {"params", "objectives"} for p in data["pareto"])
     assert data["workloads"]["count"] == 4 and data["workloads"]["prompt"]["max"] == 64  # prompts from --prompt
+    assert data["holdout"]["count"] == 2
+    assert set(data["holdout"]["recommendation"]["objectives"]) == set(data["recommendation"]["objectives"])
     assert data["command"].startswith("simkv run ")
     words = shlex.split(data["command"])[2:]
     rerun = run_cli("run", *words, "--json")

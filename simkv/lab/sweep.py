@@ -294,7 +294,7 @@ def check_out_path(path: str | Path) -> Path:
 
 @dataclass
 class SweepResult:
-    rows: list[dict]  # this sweep's rows, in point order
+    rows: list[dict]  # one row per point, in point order (a repeated point repeats its row)
     computed: int
     skipped: int
 
@@ -323,7 +323,7 @@ def run_sweep(points: list[dict], out: str | Path | None = None, *, workers: int
         first.setdefault(ids[i], i)
     unique = sorted(first.values())
 
-    def ordered() -> list[dict]:
+    def ordered() -> list[dict]:  # what the file holds: each point once, in point order
         return [done[pid] for pid in dict.fromkeys(ids) if pid in done]
 
     last_flush = time.monotonic()
@@ -346,7 +346,7 @@ def run_sweep(points: list[dict], out: str | Path | None = None, *, workers: int
             bar.close()
         if out and unique:
             write_rows(out, others + ordered())
-    return SweepResult(ordered(), computed=len(unique), skipped=len(points) - len(todo))
+    return SweepResult([done[pid] for pid in ids], computed=len(unique), skipped=len(points) - len(todo))
 
 
 def _brief(point: dict) -> str:

@@ -58,16 +58,27 @@ def read_trace(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 def sample(path: str | Path, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``samples`` rows (all if fewer) drawn without replacement with ``seed``, in file order."""
+    return split(path, samples, 0, seed)[0]
+
+
+def split(path: str | Path, samples: int, holdout: int, seed: int):
+    """Two disjoint draws without replacement: ``samples`` rows and ``holdout`` other rows, each in file order.
+
+    The first draw is the same as :func:`sample` with the same seed, whatever ``holdout`` is.
+    """
     if not 1 <= samples <= MAX_SAMPLES:
         raise ConfigError(f"--samples must be in 1..{MAX_SAMPLES:,}, got {samples}")
+    if not 0 <= holdout <= MAX_SAMPLES:
+        raise ConfigError(f"--holdout must be in 0..{MAX_SAMPLES:,}, got {holdout}")
     p, d = read_trace(path)
-    if samples < len(p):
-        idx = np.sort(np.random.default_rng(seed).choice(len(p), size=samples, replace=False))
-        p, d = p[idx], d[idx]
-    return p, d
+    order = np.random.default_rng(seed).permutation(len(p))
+    first, second = np.sort(order[:samples]), np.sort(order[samples:samples + holdout])
+    if holdout and not len(second):
+        raise ConfigError(f"trace {path} has {len(p)} rows: none left to hold out after {samples} samples")
+    return (p[first], d[first]), (p[second], d[second])
 
 
 #: The Azure LLM inference trace 2023, conversation service (data/traces/README.md), in a source checkout.
 AZURE_CONV = Path(__file__).resolve().parents[2] / "data" / "traces" / "azure_llm_2023_conv.csv"
 
-__all__ = ["AZURE_CONV", "read_trace", "sample", "MAX_ROWS", "MAX_SAMPLES"]
+__all__ = ["AZURE_CONV", "read_trace", "sample", "split", "MAX_ROWS", "MAX_SAMPLES"]

@@ -154,6 +154,8 @@ class TuneSpec:
     search: str = "optuna"
     budget: int = 60
     seed: int = 0
+    #: Workloads the search never sees; the baseline and the recommendation are re-scored on them.
+    holdout: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.search not in SEARCHES:
@@ -189,6 +191,8 @@ class TuneResult:
     improved: bool
     pareto: list[Candidate]
     evaluated: list[Candidate]
+    #: (baseline, recommendation) scored on the held-out workloads, if any.
+    holdout: tuple[Candidate, Candidate] | None = None
 
     def to_json(self, command: str, tune_command: str, workloads_source: str) -> dict:
         s = self.spec
@@ -208,6 +212,9 @@ class TuneResult:
             "improved": self.improved,
             "pareto": [c.to_json() for c in self.pareto],
             "evaluated": len(self.evaluated),
+            "holdout": None if not self.holdout else {
+                "count": len(s.holdout), "decode": _stats([d for _, d in s.holdout]),
+                "baseline": self.holdout[0].to_json(), "recommendation": self.holdout[1].to_json()},
             "command": command,
             "tune_command": tune_command,
         }
@@ -230,7 +237,11 @@ class Evaluator:
         self.free = spec.free_bytes
 
     def points(self, params: dict) -> list[dict]:
-        return [sweep.make_point(self.spec.base, {**params, "prompt": p, "decode": d}) for p, d in self.spec.workloads]
+        return [sweep.make_point(self.spec.base, {**params, "prompt": p, "decode": d}) for p, d in self.workloads]
+
+    @property
+    def workloads(self) -> list[tuple[int, int]]:
+        return self.spec.workloads
 
     def __call__(self, params: dict) -> Candidate:
         key = tuple(sorted(params.items()))
@@ -344,14 +355,25 @@ def run_tune(spec: TuneSpec, *, workers: int | None = None, scheduler: str | Non
                 for params in configs:
                     found.append(evaluate(params))
                     bar.update()
-    unique = list({tuple(sorted(c.params.items())): c for c in found}.values())
-    front = pareto_front(unique, names)
-    better = [c for c in unique if c.feasible and all(c.objectives[n] <= baseline.objectives[n] for n in names)
-              and c.objectives[names[0]] < baseline.objectives[names[0]]]
-    if better:
-        best = min(better, key=lambda c: ([c.objectives[n] for n in names], sorted(c.params.items())))
-        return TuneResult(spec, baseline, best, True, front, unique)
-    return TuneResult(spec, baseline, baseline, False, front, unique)
+        unique = list({tuple(sorted(c.params.items())): c for c in found}.values())
+        front = pareto_front(unique, names)
+        better = [c for c in unique if c.feasible and all(c.objectives[n] <= baseline.objectives[n] for n in names)
+                  and c.objectives[names[0]] < baseline.objectives[names[0]]]
+        best = min(better, key=lambda c: ([c.objectives[n] for n in names], sorted(c.params.items()))) \
+            if better else baseline
+        held = None
+        if spec.holdout:
+            check = HoldoutEvaluator(spec, pool, out)
+            held = (check({}), check(best.params))
+    return TuneResult(spec, baseline, best, bool(better), front, unique, held)
+
+
+class HoldoutEvaluator(Evaluator):
+    """Scores configurations on the held-out workloads instead of the searched ones."""
+
+    @property
+    def workloads(self) -> list[tuple[int, int]]:
+        return self.spec.holdout
 
 
 # --- presentation --------------------------------------------------------------------------------
@@ -408,6 +430,15 @@ def summary_lines(result: TuneResult, command: str) -> list[str]:
             lines.append(f"  {o.name:<16}{o.show(r):>14}  vs defaults {o.show(b):>14}  ({change})")
     else:
         lines.append("no configuration beats the defaults on every objective; keep the defaults")
+    if result.holdout:
+        held_base, held_rec = result.holdout
+        lines.append(f"held out ({len(spec.holdout)} other workloads, never searched):")
+        for o in spec.objectives:
+            b, r = held_base.objectives[o.name], held_rec.objectives[o.name]
+            change = f"{100 * (r - b) / b:+.1f} %" if b else "n/a"
+            lines.append(f"  {o.name:<16}{o.show(r):>14}  vs defaults {o.show(b):>14}  ({change})")
+        if held_rec.violations:
+            lines.append(f"  violates: {'; '.join(held_rec.violations)}")
     lines.append(f"reproduce: {command}")
     return lines
 
