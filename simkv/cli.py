@@ -373,7 +373,8 @@ def _add_tune_parser(sub) -> None:
     d = p.add_argument_group("workload distribution")
     d.add_argument("--trace", metavar="PATH.csv", help="request trace (ContextTokens,GeneratedTokens or prompt,decode "
                    "columns); its decode lengths replace --decode")
-    d.add_argument("--samples", type=int, default=64, help="workloads drawn from the trace (default 64)")
+    d.add_argument("--samples", type=_samples, default=64, metavar="N|all",
+                   help="workloads drawn from the trace (default 64; all = every row, each length simulated once)")
     d.add_argument("--trace-prompts", action="store_true", help="take prompt lengths from the trace too")
     d.add_argument("--holdout", type=int, default=0, help="also draw this many OTHER trace rows, never searched, and "
                    "re-score the defaults and the recommendation on them (default 0)")
@@ -394,6 +395,20 @@ def _add_tune_parser(sub) -> None:
     p.set_defaults(func=_cmd_tune)
 
 
+def _samples(text: str) -> int:
+    from simkv.lab.traces import ALL
+
+    if text == "all":
+        return ALL
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or all, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (or all), got {value}")
+    return value
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     import shlex
 
@@ -412,7 +427,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             return [(int(p) if args.trace_prompts else args.prompt, int(d)) for p, d in zip(ps, ds)]
 
         workloads, holdout = pairs(prompts, decodes), pairs(held_p, held_d)
-        source = f"{args.trace} ({len(workloads)} rows, seed {args.seed}, {'prompt+decode' if args.trace_prompts else 'decode'})"
+        drawn = "every row" if args.samples == traces.ALL else f"{len(workloads)} rows, seed {args.seed}"
+        source = f"{args.trace} ({drawn}, {'prompt+decode' if args.trace_prompts else 'decode'})"
     elif args.holdout:
         raise SimkvError("--holdout needs --trace")
     else:

@@ -58,6 +58,7 @@ def test_trace_sampling_is_seeded_and_in_file_order(tmp_path):
     assert p1.tolist() == sorted(p1.tolist()) and (d1 - p1 == 90).all()  # rows kept whole, in file order
     assert traces.sample(path, 7, seed=4)[0].tolist() != p1.tolist()
     assert len(traces.sample(path, 500, seed=0)[0]) == 50  # fewer rows than asked: all of them
+    assert traces.sample(path, traces.ALL, seed=9)[0].tolist() == list(range(10, 60))  # every row, in file order
 
 
 def test_holdout_rows_are_disjoint_and_do_not_change_the_sample(tmp_path):
@@ -209,7 +210,9 @@ def test_cli_tune_json_contract_and_reproduce_command(tmp_path):
     (["--policy", "exact"], "nothing to tune"),
     (["--trace", "/nonexistent.csv"], "cannot read trace"),
     (["--figure", "x.txt"], "--figure must end in"),
-    (["--samples", "0", "--trace", "data/traces/azure_llm_2023_conv.csv"], "--samples must be in"),
+    (["--samples", "0", "--trace", "data/traces/azure_llm_2023_conv.csv"], "must be at least 1 (or all)"),
+    (["--samples", "all", "--holdout", "5", "--trace", "data/traces/azure_llm_2023_conv.csv"], "no rows to hold out"),
+    (["--holdout", "5"], "--holdout needs --trace"),
 ])
 def test_cli_tune_errors_are_one_line(args, message):
     r = run_cli("tune", *args)

@@ -307,12 +307,12 @@ def run_sweep(points: list[dict], out: str | Path | None = None, *, workers: int
     """
     if len(points) > MAX_POINTS:
         raise ConfigError(f"{len(points):,} points, more than {MAX_POINTS:,}")
-    for p in points:  # a bad combination fails before any work, as one line
-        try:
-            scenario_of(p)
-        except ConfigError as err:
-            raise ConfigError(f"point {_brief(p)}: {err}") from None
     ids = [point_id(p) for p in points]
+    for i in {pid: i for i, pid in enumerate(ids)}.values():  # a bad combination fails before any work, as one line
+        try:
+            scenario_of(points[i])
+        except ConfigError as err:
+            raise ConfigError(f"point {_brief(points[i])}: {err}") from None
     stored = read_rows(out) if out else []
     done = {r["point_id"]: r for r in stored if r.get("point_id") in set(ids)}
     others = [r for r in stored if r.get("point_id") not in done]

@@ -18,10 +18,12 @@ from simkv.errors import ConfigError
 
 PROMPT_COLUMNS = ("ContextTokens", "prompt")
 DECODE_COLUMNS = ("GeneratedTokens", "decode")
+#: ``samples`` value meaning every row of the trace.
+ALL = 0
 #: Rows read from a trace at most (the Azure conversation trace has 19,366).
 MAX_ROWS = 2_000_000
-#: Workloads one distribution may hold at most.
-MAX_SAMPLES = 10_000
+#: Workloads one distribution may hold at most (repeated lengths are simulated once: simkv.lab.sweep).
+MAX_SAMPLES = 100_000
 
 
 def read_trace(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +59,7 @@ def read_trace(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sample(path: str | Path, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``samples`` rows (all if fewer) drawn without replacement with ``seed``, in file order."""
+    """``samples`` rows (all if fewer; :data:`ALL` = every row) drawn without replacement with ``seed``, in file order."""
     return split(path, samples, 0, seed)[0]
 
 
@@ -66,11 +68,17 @@ def split(path: str | Path, samples: int, holdout: int, seed: int):
 
     The first draw is the same as :func:`sample` with the same seed, whatever ``holdout`` is.
     """
-    if not 1 <= samples <= MAX_SAMPLES:
-        raise ConfigError(f"--samples must be in 1..{MAX_SAMPLES:,}, got {samples}")
+    if not (samples == ALL or 1 <= samples <= MAX_SAMPLES):
+        raise ConfigError(f"--samples must be in 1..{MAX_SAMPLES:,} or all, got {samples}")
     if not 0 <= holdout <= MAX_SAMPLES:
         raise ConfigError(f"--holdout must be in 0..{MAX_SAMPLES:,}, got {holdout}")
     p, d = read_trace(path)
+    if samples == ALL:
+        if holdout:
+            raise ConfigError("--samples all leaves no rows to hold out")
+        if len(p) > MAX_SAMPLES:
+            raise ConfigError(f"trace {path} has {len(p):,} rows, more than {MAX_SAMPLES:,}: give --samples N")
+        return (p, d), (p[:0], d[:0])
     order = np.random.default_rng(seed).permutation(len(p))
     first, second = np.sort(order[:samples]), np.sort(order[samples:samples + holdout])
     if holdout and not len(second):
