@@ -85,8 +85,8 @@ def figure(rows: list[dict], decode: int) -> go.Figure:
     for policy in PRECISIONS:
         mine = [r for r in rows if r["policy"] == policy]
         fig.add_scatter(x=[r["precision"] for r in mine], y=[r["peak_allocated_bytes"] / 2**20 for r in mine],
-                        name=policy, mode="markers+lines+text", marker={"color": policy_color(policy), "size": 11},
-                        line={"color": policy_color(policy)}, row=1, col=2, textposition="top center",
+                        name=policy, mode="markers+text", marker={"color": policy_color(policy), "size": 12},
+                        row=1, col=2, textposition="top center",
                         text=[f"{r['metadata_pct']:.1f} % meta" for r in mine], textfont={"size": 10})
     fig.update_yaxes(title_text="MiB", row=1, col=1)
     fig.update_yaxes(title_text="MiB", row=1, col=2)
