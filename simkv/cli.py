@@ -347,8 +347,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     out = sweep.check_out_path(args.out)
     base = _point_from_args(args)
     points = [sweep.make_point(base, o) for o in sweep.grid(args.param, args.policy)]
-    result = sweep.run_sweep(points, out, workers=args.workers, scheduler=args.scheduler,
-                             progress=sys.stderr.isatty())
+    try:
+        result = sweep.run_sweep(points, out, workers=args.workers, scheduler=args.scheduler,
+                                 progress=sys.stderr.isatty())
+    except KeyboardInterrupt:
+        print(f"simkv sweep: interrupted; {len(sweep.read_rows(out)):,} rows kept in {out}: rerun the same command "
+              "to resume", file=sys.stderr)
+        return 130
     oom = sum(1 for r in result.rows if r["oom"])
     print(f"simkv sweep: {len(points):,} points ({result.computed:,} run, {result.skipped:,} already in {out})"
           f"{f', {oom:,} out of memory' if oom else ''} -> {out}")

@@ -170,3 +170,21 @@ def test_cli_sweep_not_parquet_file(tmp_path):
     bad.write_text("not parquet")
     r = run_cli("sweep", "--param", "stagger=1", "--out", str(bad), "--workers", "1")
     assert r.returncode == 2 and "not a readable Parquet file" in r.stderr, r.stderr
+
+
+def test_cli_sweep_ctrl_c_keeps_the_rows_done(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "big.parquet"
+    proc = subprocess.Popen([sys.executable, "-m", "simkv.cli", "sweep", "--param", "headroom_base=0:3000:1",
+                             "--param", "decode=4000", "--out", str(out), "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:  # the first flush (~2 s)
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    kept = len(sweep.read_rows(out))
+    assert 0 < kept < 3001 and f"interrupted; {kept:,} rows kept" in err and "Traceback" not in err
