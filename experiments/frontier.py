@@ -7,7 +7,7 @@ from the Azure LLM conversation trace 2023 (data/traces/), each after the
 default 1,024-token prompt, on Llama-3-8B with an f16 cache (every policy at the
 same precision, so bytes compare). Each policy runs a small grid of its
 parameters (``static`` reserves the sample's longest answer, the least that
-never overflows). Every configuration is scored over all workloads — mean and
+never overflows); a policy's points are joined in parameter order. Every configuration is scored over all workloads — mean and
 worst-case peak, mean reallocations, mean bytes copied, mean waste — through
 the same sweep runner as ``simkv sweep`` (simkv.lab.sweep) and the same
 aggregation as ``simkv tune`` (simkv.lab.tune.Objective).
@@ -31,7 +31,8 @@ from simkv.lab.tune import Objective
 SEED = 0
 BASE = {"model": "llama-3-8b", "precision": "f16", "prompt": 1024}
 GRIDS = {
-    "openvino-gpu": [{"headroom_base": h, "stagger": s} for s in (1, 64) for h in (32, 64, 128, 256, 512)],
+    # stagger=1 would be `fixed` (the same rows); 64 = every primitive of a 32-layer model its own headroom.
+    "openvino-gpu": [{"headroom_base": h, "stagger": 64} for h in (0, 32, 64, 128, 256, 512)],
     "fixed": [{"tokens": t} for t in (32, 64, 128, 256, 512)],
     "geometric": [{"ratio": r} for r in (1.1, 1.25, 1.5, 2.0)],
     "openvino-cpu": [{"growth": g} for g in (2, 3, 4)],
@@ -82,7 +83,7 @@ def figure(summary: list[dict], workloads: int) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
         "mean peak vs mean reallocations", "worst-case peak vs mean bytes copied"))
     for policy in dict.fromkeys(r["policy"] for r in summary):
-        mine = sorted((r for r in summary if r["policy"] == policy), key=lambda r: r["peak:mean"])
+        mine = [r for r in summary if r["policy"] == policy]  # in parameter order: the line is the parameter's path
         style = {"mode": "markers+lines" if len(mine) > 1 else "markers", "name": policy, "legendgroup": policy,
                  "marker": {"color": policy_color(policy), "size": 10}, "line": {"color": policy_color(policy), "width": 1},
                  "text": [r["params"] for r in mine], "hovertemplate": "%{text}<br>%{x:,.1f} MiB, %{y:,.3g}"}

@@ -331,7 +331,7 @@ def run_sweep(points: list[dict], out: str | Path | None = None, *, workers: int
     if progress and unique:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(unique), desc="sweep", unit="point", initial=0)
+        bar = tqdm(total=len(unique), desc="sweep", unit="point", disable=None)  # None: only on a terminal
     try:
         with (contextlib.nullcontext(pool) if pool else executor(workers, scheduler)) as ex:
             for j, row in ex.map_unordered(run_point, [points[i] for i in unique]):
