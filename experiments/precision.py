@@ -3,7 +3,7 @@
     python -m experiments.precision [--quick] [--out out/precision]     (or: python -m experiments)
 
 One session (1,024-token prompt, 2,048 generated; ``--quick``: 256) per model ×
-policy × KV precision the plugin takes (simkv.precision: the CPU plugin stores
+policy × the KV precisions simkv models for that plugin (simkv.precision: the CPU plugin stores
 u8/u4 with an f32 scale + zero-point per token per head; the GPU plugin's i8
 with an f16 pair; f32/f16/bf16 are data only), under ``openvino-cpu`` (doubling,
 old freed at once, model-wide f32 past view) and ``openvino-gpu`` (staggered
