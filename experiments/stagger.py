@@ -1,6 +1,6 @@
 """Experiment: what the GPU plugin's stagger buys, across real model shapes.
 
-    python experiments/stagger.py [--out out/stagger] [--prompt 1024] [--decode 3072]
+    python -m experiments.stagger [--quick] [--out out/stagger]     (or: python -m experiments)
 
 The OpenVINO GPU plugin gives every kv_cache primitive its own headroom,
 ``128 + id % 64`` tokens, so that layers do not all reallocate on the same
@@ -12,14 +12,15 @@ one session per model preset (f16 KV, 16 GiB device) under
 * ``fixed`` N=160       — no stagger, but the stagger's mean headroom (128 + 31.5);
 * ``geometric`` 1.5     — a growth ratio instead, with the GPU plugin's mechanics;
 
-and writes a markdown table (peak, largest spike, reallocations, copies, mean
-waste), a bar chart of peaks and spikes, and the llama-3-8b timelines of the
-stagger against no stagger. Everything is simulated: same inputs, same bytes.
+with a 1,024-token prompt and 3,072 generated tokens (``--quick``: two models,
+512 generated), and writes the table as ``stagger.csv`` and ``table.md`` (peak,
+largest spike, reallocations, copies, mean waste), a bar chart of peaks and
+spikes (``peaks``), and the llama-3-8b timelines of the stagger against no
+stagger. Everything is simulated: same inputs, same bytes.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -27,8 +28,9 @@ from plotly.subplots import make_subplots
 from tqdm import tqdm
 
 from simkv import build_scenario, simulate
-from simkv.figures import MIB, compare, write_html
-from simkv.models import PRESETS
+from simkv.figures import MIB, compare
+from simkv.lab.output import main_for, save_figure, write_csv
+from simkv.lab.palette import policy_color
 
 MODELS = ("tinyllama-1.1b", "qwen2.5-7b", "llama-3-8b", "phi-3.5-mini", "llama-2-7b", "llama-2-13b")  # mistral-7b = llama-3-8b shape
 GPU_MECHANICS = {"free_old": "next_inference", "reset": "free", "first_touch": False, "beam_tables": 2, "headroom_limit": 0.9}
@@ -40,14 +42,30 @@ VARIANTS = {
 }
 
 
-def run_all(prompt: int, decode: int):
+QUICK_MODELS = ("tinyllama-1.1b", "llama-3-8b")
+#: Bar patterns tell apart two variants of one policy (same colour).
+PATTERNS = {"fixed +160": "/"}
+
+
+def run_all(models, prompt: int, decode: int):
     results = {}
-    for model in tqdm(MODELS, desc="models", unit="model"):
+    for model in tqdm(models, desc="models", unit="model", disable=None):
         for label, (policy, options) in VARIANTS.items():
             scenario = build_scenario(model=model, policy=policy, policy_options=options, precision="f16",
                                       prompt=prompt, decode=decode)
             results[model, label] = simulate(scenario)
     return results
+
+
+def rows(results) -> list[dict]:
+    out = []
+    for (model, label), res in results.items():
+        m, st = res.metrics, res.steps
+        out.append({"model": model, "variant": label, "policy": res.scenario.policy.name,
+                    "peak_allocated_bytes": m.peak_allocated_bytes, "max_spike_bytes": m.max_spike_bytes,
+                    "realloc_count": m.realloc_count, "bytes_copied": m.bytes_copied,
+                    "mean_waste_pct": round(100 * (1 - st["used"].sum() / st["allocated"].sum()), 6)})
+    return out
 
 
 def table(results) -> str:
@@ -65,41 +83,45 @@ def table(results) -> str:
     return "\n".join(lines)
 
 
-def bars(results) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("peak allocated (MiB)", "largest spike (MiB)"))
-    for i, label in enumerate(VARIANTS):
-        peaks = [results[m, label].metrics.peak_allocated_bytes / MIB for m in MODELS]
-        spikes = [results[m, label].metrics.max_spike_bytes / MIB for m in MODELS]
-        colour = ("#1f77b4", "#d62728", "#ff9896", "#9467bd")[i]
-        fig.add_bar(x=list(MODELS), y=peaks, name=label, marker_color=colour, row=1, col=1)
-        fig.add_bar(x=list(MODELS), y=spikes, name=label, marker_color=colour, showlegend=False, row=1, col=2)
-    fig.update_layout(barmode="group", template="plotly_white", width=1200, height=450,
-                      legend={"orientation": "h", "y": -0.25})
+def bars(results, models) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("peak allocated", "largest in-step spike"))
+    for label, (policy, _) in VARIANTS.items():
+        peaks = [results[m, label].metrics.peak_allocated_bytes / MIB for m in models]
+        spikes = [results[m, label].metrics.max_spike_bytes / MIB for m in models]
+        marker = {"color": policy_color(policy), "pattern": {"shape": PATTERNS.get(label, "")}}
+        fig.add_bar(x=list(models), y=peaks, name=label, marker=marker, row=1, col=1)
+        fig.add_bar(x=list(models), y=spikes, name=label, marker=marker, showlegend=False, row=1, col=2)
+    fig.update_yaxes(title_text="MiB", row=1, col=1)
+    fig.update_yaxes(title_text="MiB", row=1, col=2)
+    fig.update_xaxes(title_text="model (f16 KV)")
+    fig.update_layout(barmode="group", template="plotly_white", width=1200, height=480,
+                      title="Staggered vs synchronised headroom: peak and largest spike per model",
+                      legend={"orientation": "h", "y": -0.3})
     return fig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="out/stagger", help="output folder (default out/stagger)")
-    parser.add_argument("--prompt", type=int, default=1024)
-    parser.add_argument("--decode", type=int, default=3072)
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def run(out: Path, quick: bool) -> None:
+    """Staggered vs synchronised headroom across model shapes (the GPU plugin's 128 + id % 64)."""
+    models = QUICK_MODELS if quick else MODELS
+    prompt, decode = 1024, 512 if quick else 3072
+    results = run_all(models, prompt, decode)
+    write_csv(out / "stagger.csv", rows(results))
+    (out / "table.md").write_text(table(results) + "\n")
+    save_figure(bars(results, models), out / "peaks")
+    labels = ["stagger (openvino-gpu)", "fixed +128"]
+    timeline = compare([results["llama-3-8b", label] for label in labels], ["openvino-gpu (stagger)", "fixed +128"])
+    for i, policy in enumerate(("openvino-gpu", "fixed")):  # one colour per policy, in every figure
+        for trace in fig_traces(timeline, i):
+            trace.line.color = policy_color(policy)
+    timeline.update_layout(width=1200, height=450, xaxis_title="step (generated token)", yaxis_title="allocated KV, MiB",
+                           title=f"llama-3-8b, prompt {prompt}, decode {decode}: allocated and in-step peak")
+    save_figure(timeline, out / "llama-3-8b-timeline")
 
-    results = run_all(args.prompt, args.decode)
-    text = table(results)
-    (out / "table.md").write_text(text + "\n")
-    print(text)
 
-    bars(results).write_image(out / "peaks.png", scale=1)
-    pair = [results["llama-3-8b", "stagger (openvino-gpu)"], results["llama-3-8b", "fixed +128"]]
-    timeline = compare(pair, ["stagger", "fixed +128"])
-    write_html(timeline, out / "llama-3-8b-timeline.html")
-    timeline.update_layout(width=1200, height=450).write_image(out / "llama-3-8b-timeline.png")
-    print(f"\nwrote {out}/table.md, peaks.png, llama-3-8b-timeline.html and .png "
-          f"({PRESETS['llama-3-8b'].describe()}, prompt {args.prompt}, decode {args.decode})")
+def fig_traces(fig: go.Figure, run_index: int) -> list:
+    """The traces :func:`simkv.figures.compare` drew for one run (allocated and its in-step peak)."""
+    return list(fig.data[2 * run_index: 2 * run_index + 2])
 
 
 if __name__ == "__main__":
-    main()
+    main_for(run, __doc__, "stagger")

@@ -592,6 +592,174 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 # --- end of simkv cost / devices / calibrate ----------------------------------------------------
 
+# --- simkv sweep / simkv tune (issue #11): the policy lab ----------------------------------------
+# Self-contained block: parsers, commands, two registration lines in build_parser(). Substance: simkv.lab.
+
+
+def _point_from_args(args: argparse.Namespace) -> dict:
+    """The scenario flags of ``simkv run`` as a sweep point (simkv.lab.sweep)."""
+    from policies import parse_policy_opts
+
+    return {
+        "model": None if args.model == "custom" else args.model, "layers": args.layers, "heads": args.heads,
+        "kv_heads": args.kv_heads, "head_dim": args.head_dim, "precision": args.precision,
+        "policy": args.policy, "policy_options": parse_policy_opts(args.policy_opt),
+        "prompt": args.prompt, "decode": args.decode, "turns": args.turns, "turn_tokens": args.turn_tokens,
+        "turn_decode": args.turn_decode, "beam": args.beam, "ops": args.ops, "device_memory": args.device_memory,
+        "weights_memory": args.weights_memory, "weights_precision": args.weights_precision,
+    }
+
+
+def _add_executor_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where points run")
+    g.add_argument("--workers", type=int, help="local processes (default: one per core; 1 = in this process)")
+    g.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on this Dask cluster (dask.distributed) instead")
+
+
+def _add_sweep_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="run a parameter grid and store one Parquet row per point (resumable)",
+                       description=(
+        "Run every combination of the --param values (policy options or scenario fields such as decode) on top of "
+        "the scenario flags, and store one row per point in a Parquet file: every scenario field, policy options as "
+        "policy.NAME, the metrics of `simkv run --json` (per-layer lists left out), spike_p99_bytes and "
+        "mean_waste_bytes. Rerunning with the same --out skips the points already there, so an interrupted sweep "
+        "resumes. Points run on local processes, or on a Dask cluster with --scheduler."))
+    add_scenario_arguments(p)
+    add_policy_arguments(p)
+    p.add_argument("--param", action="append", required=True, metavar="KEY=START:STOP:STEP|KEY=V1,V2,...",
+                   help="values of one key (repeatable; STOP included when on the grid)")
+    p.add_argument("--out", required=True, metavar="PATH.parquet", help="rows go here (existing rows are kept)")
+    _add_executor_arguments(p)
+    p.set_defaults(func=_cmd_sweep)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from simkv.lab import sweep
+
+    out = sweep.check_out_path(args.out)
+    base = _point_from_args(args)
+    points = [sweep.make_point(base, o) for o in sweep.grid(args.param, args.policy)]
+    try:
+        result = sweep.run_sweep(points, out, workers=args.workers, scheduler=args.scheduler,
+                                 progress=sys.stderr.isatty())
+    except KeyboardInterrupt:
+        print(f"simkv sweep: interrupted; {len(sweep.read_rows(out)):,} rows kept in {out}: rerun the same command "
+              "to resume", file=sys.stderr)
+        return 130
+    oom = sum(1 for r in result.rows if r["oom"])
+    print(f"simkv sweep: {len(points):,} points ({result.computed:,} run, {result.skipped:,} already in {out})"
+          f"{f', {oom:,} out of memory' if oom else ''} -> {out}")
+    return 0
+
+
+
+def _add_tune_parser(sub) -> None:
+    from simkv.lab import tune
+
+    p = sub.add_parser("tune", help="search a policy's parameters over a workload distribution (Pareto front)",
+                       description=(
+        "Run every candidate configuration on every workload of a distribution (decode lengths, and with "
+        "--trace-prompts prompt lengths, drawn from --trace; else the one workload of the scenario flags), aggregate "
+        "each objective over the workloads (METRIC:mean or METRIC:max = worst case), keep configurations with no OOM "
+        "and a worst peak that fits next to the weights (device memory - --weights-memory) and every --constraint, "
+        "and print the Pareto front, the recommendation next to the policy's defaults, and a command reproducing it. "
+        f"Metrics: {', '.join(tune.METRICS)}. Default parameters: "
+        + "; ".join(f"{k}: {' '.join(v)}" for k, v in tune.TUNABLE.items()) + "."))
+    add_scenario_arguments(p)
+    add_policy_arguments(p)
+    d = p.add_argument_group("workload distribution")
+    d.add_argument("--trace", metavar="PATH.csv", help="request trace (ContextTokens,GeneratedTokens or prompt,decode "
+                   "columns); its decode lengths replace --decode")
+    d.add_argument("--samples", type=_samples, default=64, metavar="N|all",
+                   help="workloads drawn from the trace (default 64; all = every row, each length simulated once)")
+    d.add_argument("--trace-prompts", action="store_true", help="take prompt lengths from the trace too")
+    d.add_argument("--holdout", type=int, default=0, help="also draw this many OTHER trace rows, never searched, and "
+                   "re-score the defaults and the recommendation on them (default 0)")
+    s = p.add_argument_group("search")
+    s.add_argument("--param", action="append", metavar="KEY=START:STOP:STEP|KEY=V1,V2,...",
+                   help="a parameter's values (repeatable; default: the policy's tunable parameters)")
+    s.add_argument("--objective", action="append", metavar="METRIC[:mean|max]",
+                   help=f"minimise (repeatable; the first decides the recommendation; default {' '.join(tune.DEFAULT_OBJECTIVES)})")
+    s.add_argument("--constraint", action="append", metavar="METRIC[:mean|max]<=VALUE", help="e.g. spike:max<=64MiB (repeatable)")
+    s.add_argument("--search", choices=tune.SEARCHES, default="optuna", help="optuna (default), random or grid")
+    s.add_argument("--budget", type=int, default=60, help="configurations to try (default 60; grid: the most allowed)")
+    s.add_argument("--seed", type=int, default=0, help="trace sampling and search seed (default 0)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the result as JSON (keys baseline, recommendation, pareto, command)")
+    o.add_argument("--figure", metavar="PATH.html|.png|.svg", help="write the Pareto front figure")
+    o.add_argument("--out", metavar="PATH.parquet", help="also store every simulated point (as simkv sweep; resumable)")
+    _add_executor_arguments(p)
+    p.set_defaults(func=_cmd_tune)
+
+
+def _samples(text: str) -> int:
+    from simkv.lab.traces import ALL
+
+    if text == "all":
+        return ALL
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or all, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (or all), got {value}")
+    return value
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import shlex
+
+    from simkv.lab import sweep, traces, tune
+
+    if args.out:
+        sweep.check_out_path(args.out)
+    if args.figure and not args.figure.endswith((".html", ".png", ".svg")):
+        raise SimkvError(f"--figure must end in .html, .png or .svg, got {args.figure!r}")
+    base = _point_from_args(args)
+    holdout = []
+    if args.trace:
+        (prompts, decodes), (held_p, held_d) = traces.split(args.trace, args.samples, args.holdout, args.seed)
+
+        def pairs(ps, ds):
+            return [(int(p) if args.trace_prompts else args.prompt, int(d)) for p, d in zip(ps, ds)]
+
+        workloads, holdout = pairs(prompts, decodes), pairs(held_p, held_d)
+        drawn = "every row" if args.samples == traces.ALL else f"{len(workloads)} rows, seed {args.seed}"
+        source = f"{args.trace} ({drawn}, {'prompt+decode' if args.trace_prompts else 'decode'})"
+    elif args.holdout:
+        raise SimkvError("--holdout needs --trace")
+    else:
+        workloads, source = [(args.prompt, args.decode)], "the scenario flags"
+    spec = tune.TuneSpec(
+        base=base, params=[tune.Param.parse(x, args.policy) for x in (args.param or tune.TUNABLE.get(args.policy, ()))],
+        workloads=workloads,
+        objectives=[tune.Objective.parse(x) for x in (args.objective or tune.DEFAULT_OBJECTIVES)],
+        constraints=[tune.Constraint.parse(x) for x in args.constraint or ()],
+        search=args.search, budget=args.budget, seed=args.seed, holdout=holdout)
+    result = tune.run_tune(spec, workers=args.workers, scheduler=args.scheduler, out=args.out,
+                           progress=sys.stderr.isatty() and not args.json)
+    command = tune.run_command(base, result.recommendation.params)
+    tune_command = shlex.join(["simkv", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else ""
+    if args.figure:
+        from simkv.lab.output import save_figure
+
+        save_figure(tune.figure(result), args.figure)
+    if args.json:
+        json.dump(result.to_json(command, tune_command, source), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(f"simkv tune: {args.policy} over {len(workloads)} workloads from {source}; search {args.search}, "
+              f"{len(result.evaluated)} configurations; objectives {', '.join(o.name for o in spec.objectives)}; "
+              f"constraints: no OOM, peak:max <= {format_bytes(spec.free_bytes)} free"
+              + "".join(f", {c.name}" for c in spec.constraints))
+        print("\n".join(tune.summary_lines(result, command)))
+        if args.figure:
+            print(f"  {'figure':<22}{args.figure}")
+    return 0
+
+
+# --- end of simkv sweep / simkv tune -------------------------------------------------------------
+
 
 def build_parser() -> argparse.ArgumentParser:
     from simkv.scenario import ENGINES
@@ -628,6 +796,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_validate_parser(sub)  # simkv validate (block above)
     _add_app_parser(sub)  # simkv app (block above)
     _add_cost_parser(sub), _add_devices_parser(sub), _add_calibrate_parser(sub)  # simkv cost/devices/calibrate
+    _add_sweep_parser(sub)  # simkv sweep (lab block above)
+    _add_tune_parser(sub)  # simkv tune (lab block above)
     return parser
 
 

@@ -274,3 +274,27 @@ def test_validation_tab_loads_a_report(page, tmp_path):
     enter(page, "#vpath", str(tmp_path / "nowhere.json"))
     expect(page.locator("#v-message")).to_contain_text("cannot read")
     assert figure(page, "v-graph")["names"] == []
+
+
+# --- the Tune view (simkv/dashboard/tune_view.py) ---------------------------------------------------
+
+
+def test_tune_tab_runs_and_a_click_opens_the_point(page):
+    open_app(page, "?model=tinyllama-1.1b&prompt=64")
+    tab(page, "Tune")
+    for key, value in (("tune_budget", "4"), ("tune_samples", "3")):
+        page.fill(f"#{key}", value)
+    page.click("#tune-run")
+    fig = wait_figure(page, "tune-graph", "simkv tune: openvino-gpu over 3 workloads")
+    assert "defaults" in fig["names"] and "Pareto front" in fig["names"]
+    expect(page.locator("#tune-table")).to_contain_text("defaults")
+    first = page.locator("#tune-table td[data-dash-column='headroom_base']").first.inner_text()
+    # Click the first Pareto point where plotly drew it.
+    box = page.evaluate("""() => { const gd = document.querySelector('#tune-graph .js-plotly-plot');
+        const i = gd.data.findIndex(t => t.name === 'Pareto front');
+        const pt = gd.querySelectorAll('.scatterlayer .trace')[i].querySelector('.point').getBoundingClientRect();
+        return {x: pt.x + pt.width / 2, y: pt.y + pt.height / 2}; }""")
+    page.mouse.click(box["x"], box["y"])
+    expect(page.locator(popt("openvino-gpu", "headroom_base"))).to_have_value(first)
+    expect(page.locator("#tab .tab--selected")).to_have_text("Memory over steps")
+    page.screenshot(path=str(SHOTS / "tune.png"))

@@ -3,7 +3,8 @@
 * :mod:`simkv.dashboard.state` — control values, limits, the URL form of a what-if;
 * :mod:`simkv.dashboard.compute` — checks, cached runs and views as data (no Dash);
 * :mod:`simkv.dashboard.layout` — the page; :mod:`simkv.dashboard.callbacks` — wiring;
-* :mod:`simkv.dashboard.validation` — reading ``simkv validate`` reports.
+* :mod:`simkv.dashboard.validation` — reading ``simkv validate`` reports;
+* :mod:`simkv.dashboard.tune_view` — the Tune view (``simkv tune`` on the sidebar's scenario).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ def create_app():
     """A new Dash app (its Flask server is ``app.server``)."""
     from dash import Dash
 
-    from simkv.dashboard import callbacks, layout
+    from simkv.dashboard import callbacks, layout, tune_view
 
     app = Dash(__name__, title="simkv what-if", update_title=None, assets_folder="__no_assets__")
     app.index_string = layout.INDEX
     app.layout = layout.serve_layout
     callbacks.register(app)
+    tune_view.register(app)
     return app
 
 

@@ -296,6 +296,12 @@ def validation_tab(d: dict) -> html.Div:
     ])
 
 
+def tune_tab() -> html.Div:
+    from simkv.dashboard.tune_view import tune_tab as tab  # the Tune view lives in its own module
+
+    return tab()
+
+
 def main_panel(d: dict) -> html.Div:
     return html.Div(className="main", children=[
         dcc.Loading(type="dot", delay_show=80, overlay_style=DIMMED, children=[
@@ -320,6 +326,7 @@ def main_panel(d: dict) -> html.Div:
             dcc.Tab(label="Compare", value="compare", children=compare_tab(d)),
             dcc.Tab(label="Events (ledger)", value="events", children=events_tab()),
             dcc.Tab(label="Validation", value="validation", children=validation_tab(d)),
+            dcc.Tab(label="Tune", value="tune", children=tune_tab()),
         ]),
     ])
 

@@ -1,0 +1,1 @@
+"""Experiments: one script per figure or table; ``python -m experiments`` regenerates them all (see __main__)."""

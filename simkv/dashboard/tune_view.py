@@ -1,0 +1,207 @@
+"""The dashboard's Tune view: the same search as ``simkv tune`` (simkv.lab.tune), on the sidebar's scenario.
+
+In: parameter ranges (empty = the policy's tunable defaults), objectives,
+constraints, the workload distribution (Azure conversation decode lengths, or
+the sidebar's one workload), search, budget and seed. Out: the Pareto front
+figure and table, the recommendation against the defaults. Clicking a point
+sets the sidebar's policy parameters to it and opens the what-if view.
+
+A search runs only when "Run" is pressed (it takes seconds), in the server
+process (no worker pool), bounded by :data:`MAX_SIMULATIONS` so a request
+cannot take minutes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from dash import ALL, Input, Output, State, dcc, html, no_update
+
+from simkv.errors import SimkvError
+
+#: Simulations (configurations × workloads) one dashboard search may run.
+MAX_SIMULATIONS = 6_000
+DEFAULT_FORM = {"tune_params": "", "tune_objectives": ["peak:max", "reallocs:mean"], "tune_constraints": "",
+                "tune_workloads": "trace", "tune_samples": 64, "tune_search": "optuna", "tune_budget": 40, "tune_seed": 0}
+TABLE_STYLE = {"fontFamily": "ui-monospace, monospace", "fontSize": 12, "padding": "2px 6px"}
+
+
+def tune_tab() -> html.Div:
+    from simkv.dashboard.layout import data_table, dropdown, text_input
+    from simkv.lab.tune import AGGREGATES, METRICS, SEARCHES
+
+    objectives = [{"label": f"{m}:{a}", "value": f"{m}:{a}"} for m in METRICS for a in AGGREGATES]
+    d = DEFAULT_FORM
+    return html.Div(className="tab-body", children=[
+        html.Div(className="row", children=[
+            html.Div(className="field grow", children=[
+                html.Label("parameters (KEY=START:STOP:STEP or KEY=V1,V2; separated by ;)", htmlFor="tune_params"),
+                text_input("tune_params", d["tune_params"]),
+            ]),
+            html.Div(className="field grow", children=[
+                html.Label("constraints (METRIC[:mean|max]<=VALUE; …)", htmlFor="tune_constraints"),
+                text_input("tune_constraints", d["tune_constraints"], placeholder="e.g. spike:max<=64MiB"),
+            ]),
+        ]),
+        html.Div(className="row", children=[
+            html.Div(className="field grow", children=[
+                html.Label("objectives (minimised; the first decides the recommendation)", htmlFor="tune_objectives"),
+                dcc.Dropdown(id="tune_objectives", options=objectives, value=d["tune_objectives"], multi=True,
+                             clearable=False, className="dd"),
+            ]),
+            html.Div(className="field", children=[
+                html.Label("workloads", htmlFor="tune_workloads"),
+                dropdown("tune_workloads", [{"label": "Azure conversation decode lengths", "value": "trace"},
+                                            {"label": "the scenario's one workload", "value": "scenario"}],
+                         d["tune_workloads"]),
+            ]),
+            html.Div(className="field", children=[
+                html.Label("samples", htmlFor="tune_samples"),
+                dcc.Input(id="tune_samples", type="number", value=d["tune_samples"], min=1, className="text"),
+            ]),
+            html.Div(className="field", children=[
+                html.Label("search", htmlFor="tune_search"),
+                dropdown("tune_search", [{"label": s, "value": s} for s in SEARCHES], d["tune_search"]),
+            ]),
+            html.Div(className="field", children=[
+                html.Label("budget", htmlFor="tune_budget"),
+                dcc.Input(id="tune_budget", type="number", value=d["tune_budget"], min=1, className="text"),
+            ]),
+            html.Div(className="field", children=[
+                html.Label("seed", htmlFor="tune_seed"),
+                dcc.Input(id="tune_seed", type="number", value=d["tune_seed"], min=0, className="text"),
+            ]),
+            html.Button("Run", id="tune-run", className="btn"),
+        ]),
+        dcc.Loading(type="dot", delay_show=80, children=[
+            html.Div(id="tune-status", className="note", role="status"),
+            dcc.Graph(id="tune-graph", className="graph", figure={"data": [], "layout": {
+                "template": "none", "xaxis": {"visible": False}, "yaxis": {"visible": False}}}),
+        ]),
+        html.Div("Click a point to open it in the what-if view.", className="hint"),
+        data_table(id="tune-table", columns=[], data=[], page_size=12, sort_action="native",
+                   style_cell=TABLE_STYLE, style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5"}),
+    ])
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(";") if part.strip()]
+
+
+def _int(value, name: str, lo: int, hi: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise SimkvError(f"{name} must be a whole number") from None
+    if not lo <= number <= hi:
+        raise SimkvError(f"{name} must be in {lo:,}..{hi:,}")
+    return number
+
+
+def tune_view(kwargs: dict | None, form: dict) -> dict:
+    """The Tune view for the sidebar's scenario (``kwargs`` of build_scenario) and the form's values."""
+    from simkv.lab import sweep, traces, tune
+
+    if not kwargs:
+        raise SimkvError("fix the scenario on the left first")
+    if kwargs.get("ops"):
+        raise SimkvError("tuning draws prompt and decode lengths: clear the explicit operations (ops) first")
+    base = {k: v for k, v in kwargs.items()}
+    policy = base["policy"]
+    samples = _int(form.get("tune_samples"), "samples", 1, traces.MAX_SAMPLES)
+    budget = _int(form.get("tune_budget"), "budget", 1, tune.MAX_BUDGET)
+    seed = _int(form.get("tune_seed"), "seed", 0, 2**32 - 1)
+    if form.get("tune_workloads") == "trace":
+        _, decodes = traces.sample(traces.AZURE_CONV, samples, seed)
+        workloads = [(base["prompt"], int(d)) for d in decodes]
+    else:
+        workloads = [(base["prompt"], base["decode"])]
+    spec = tune.TuneSpec(
+        base=base, params=[tune.Param.parse(p, policy) for p in (_split(form.get("tune_params")) or tune.TUNABLE.get(policy, ()))],
+        workloads=workloads, objectives=[tune.Objective.parse(o) for o in form.get("tune_objectives") or ()],
+        constraints=[tune.Constraint.parse(c) for c in _split(form.get("tune_constraints"))],
+        search=form.get("tune_search") or "optuna", budget=budget, seed=seed)
+    configs = spec.grid_size if spec.search == "grid" else budget
+    if (configs + 1) * len(workloads) > MAX_SIMULATIONS:
+        raise SimkvError(f"{(configs + 1) * len(workloads):,} simulations; the dashboard runs at most "
+                         f"{MAX_SIMULATIONS:,}: lower the budget or the samples (or use `simkv tune`)")
+    result = tune.run_tune(spec, workers=1)
+    keys = [p.key for p in spec.params]
+    defaults = sweep.scenario_of(base).policy
+    rows = []
+    for c in result.pareto + [result.baseline]:
+        params = {k: c.params.get(k, getattr(defaults, k, "")) for k in keys}
+        tag = "defaults" if c is result.baseline else ("recommended" if c is result.recommendation else "")
+        rows.append({**params, **{o.name: o.show(c.objectives[o.name]) for o in spec.objectives}, "note": tag})
+    if result.improved:
+        o = spec.objectives[0]
+        b, r = result.baseline.objectives[o.name], result.recommendation.objectives[o.name]
+        status = (f"{len(result.evaluated)} configurations × {len(workloads)} workloads; recommended "
+                  f"{', '.join(f'{k}={v}' for k, v in result.recommendation.params.items())}: {o.name} {o.show(r)} "
+                  f"vs {o.show(b)} with the defaults, no worse on the other objectives")
+    else:
+        status = f"{len(result.evaluated)} configurations × {len(workloads)} workloads: nothing beats the defaults"
+    return {"figure": tune.figure(result), "rows": rows, "columns": [{"name": k, "id": k} for k in rows[0]],
+            "status": status}
+
+
+def tune_callback(_clicks, store: dict | None, form: dict) -> dict:
+    try:
+        view = tune_view((store or {}).get("kwargs") if (store or {}).get("ok") else None, form)
+    except SimkvError as err:
+        return {"figure": no_update, "rows": [], "columns": [], "status": f"Cannot tune: {err}"}
+    except Exception as err:  # noqa: BLE001 - never a traceback in the browser
+        from simkv.dashboard.callbacks import _internal
+
+        return {"figure": no_update, "rows": [], "columns": [], "status": _internal(err)}
+    return view
+
+
+def open_point(click: dict | None, policy: str, popt_ids: list[dict]) -> dict:
+    """A clicked point's parameters into the sidebar's policy inputs, and the what-if tab."""
+    from simkv.dashboard import state as st
+
+    try:
+        params = json.loads(click["points"][0]["customdata"])
+    except (TypeError, KeyError, IndexError, ValueError):
+        return {"popts": [no_update] * len(popt_ids), "tab": no_update}
+    defaults = st.policy_defaults(policy)
+    values = []
+    for i in popt_ids:
+        if i["policy"] != policy:
+            values.append(no_update)
+        else:
+            values.append(str(params[i["field"]]) if i["field"] in params else defaults[i["field"]])
+    return {"popts": values, "tab": "memory"}
+
+
+def register(app) -> None:
+    from simkv.dashboard import layout as lay
+    from simkv.lab.tune import TUNABLE
+
+    form = {k: State(k, "value") for k in DEFAULT_FORM}
+    app.callback(
+        output={"figure": Output("tune-graph", "figure"), "rows": Output("tune-table", "data"),
+                "columns": Output("tune-table", "columns"), "status": Output("tune-status", "children")},
+        inputs={"_clicks": Input("tune-run", "n_clicks"), "store": State("run-store", "data"), "form": form},
+        prevent_initial_call=True,
+    )(tune_callback)
+
+    @app.callback(Output("tune_params", "placeholder"), Input("policy", "value"))
+    def params_hint(policy):
+        return "; ".join(TUNABLE.get(policy, ())) or "this policy has no tunable defaults: give KEY=…"
+
+    popt_ids = lay.popt_ids()
+
+    @app.callback(
+        output={"popts": Output({"type": "popt", "policy": ALL, "field": ALL}, "value", allow_duplicate=True),
+                "tab": Output("tab", "value", allow_duplicate=True)},
+        inputs={"click": Input("tune-graph", "clickData")},
+        state={"policy": State("policy", "value")},
+        prevent_initial_call=True,
+    )
+    def clicked(click, policy):
+        return open_point(click, policy, popt_ids)
+
+
+__all__ = ["tune_tab", "tune_view", "tune_callback", "open_point", "register", "MAX_SIMULATIONS"]

@@ -1,0 +1,62 @@
+"""The dashboard's Tune view: the same results as simkv.lab.tune, bounded, and clickable into the what-if view."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dash import no_update
+
+from simkv.dashboard import state as st
+from simkv.dashboard import tune_view
+from simkv.lab import traces, tune
+
+FORM = dict(tune_view.DEFAULT_FORM, tune_budget=4, tune_samples=3, tune_search="random", tune_seed=2)
+
+
+def kwargs(**over):
+    state = {**st.default_state(), "model": "tinyllama-1.1b", "prompt": "64", **over}
+    return st.scenario_kwargs(state)
+
+
+def test_tune_view_matches_the_library():
+    view = tune_view.tune_view(kwargs(), FORM)
+    _, decodes = traces.sample(traces.AZURE_CONV, 3, 2)
+    spec = tune.TuneSpec(base=kwargs(), params=[tune.Param.parse(p, "openvino-gpu") for p in tune.TUNABLE["openvino-gpu"]],
+                         workloads=[(64, int(d)) for d in decodes], search="random", budget=4, seed=2)
+    lib = tune.run_tune(spec, workers=1)
+    assert [r["headroom_base"] for r in view["rows"][:-1]] == [
+        c.params.get("headroom_base") for c in lib.pareto]
+    assert view["rows"][-1]["note"] == "defaults"
+    assert view["rows"][-1]["headroom_base"] == 128 and view["rows"][-1]["stagger"] == 64
+    # Every plotted point carries its parameters for the click into the what-if view.
+    assert all(json.loads(cd) is not None for trace in view["figure"].data for cd in trace.customdata)
+
+
+@pytest.mark.parametrize("form, over, message", [
+    ({"tune_budget": 5000, "tune_samples": 64}, {}, "the dashboard runs at most"),
+    ({"tune_samples": 0}, {}, "samples must be in"),
+    ({"tune_params": "nonsense=1"}, {}, "not an option of policy openvino-gpu"),
+    ({"tune_objectives": []}, {}, "at least one --objective"),
+    ({}, {"ops": "prefill:8,decode:8"}, "clear the explicit operations"),
+])
+def test_tune_view_errors_are_one_line(form, over, message):
+    out = tune_view.tune_callback(1, {"ok": True, "kwargs": kwargs(**over)}, {**FORM, **form})
+    assert message in out["status"] and out["status"].startswith("Cannot tune:") and out["rows"] == []
+
+
+def test_tune_view_needs_a_valid_scenario():
+    out = tune_view.tune_callback(1, {"ok": False}, FORM)
+    assert out["status"] == "Cannot tune: fix the scenario on the left first"
+
+
+def test_clicking_a_point_sets_the_policy_inputs_and_opens_the_what_if_view():
+    ids = [{"type": "popt", "policy": "openvino-gpu", "field": "headroom_base"},
+           {"type": "popt", "policy": "openvino-gpu", "field": "stagger"},
+           {"type": "popt", "policy": "fixed", "field": "tokens"}]
+    click = {"points": [{"customdata": json.dumps({"headroom_base": 304})}]}
+    out = tune_view.open_point(click, "openvino-gpu", ids)
+    # headroom_base from the point; stagger back to the default (the point does not set it); other policies untouched.
+    assert out == {"popts": ["304", "64", no_update], "tab": "memory"}
+    assert tune_view.open_point({"points": []}, "openvino-gpu", ids)["tab"] is no_update
+
