@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--preset", help="host preset file to use (default: run simkv calibrate first)")
     p.add_argument("--repeats", type=int, default=2, help="clean runs per configuration (default 2)")
     p.add_argument("--quick", action="store_true", help="one small shape, two short contexts")
+    p.add_argument("--only", action="append", metavar="SHAPE", help="run only this shape (repeatable): "
+                   + ", ".join(sh[0] for sh in SHAPES))
     p.add_argument("--out-dir", default=str(ROOT / "experiments" / "out" / "latency"))
     args = p.parse_args(argv)
 
@@ -73,7 +75,8 @@ def main(argv=None) -> int:
     load = os.getloadavg()
     rows = []
     ops = session(QUICK_PROMPT, QUICK_CONTEXTS) if args.quick else session(FIRST_PROMPT, CONTEXTS)
-    for name, layers, heads, kv_heads, head_dim in (QUICK_SHAPES if args.quick else SHAPES):
+    shapes = QUICK_SHAPES if args.quick else [sh for sh in SHAPES if not args.only or sh[0] in args.only]
+    for name, layers, heads, kv_heads, head_dim in shapes:
         cfg = ValidateConfig(workload=ops, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                              hidden=heads * head_dim, progress=False, device=preset)
         t = time.perf_counter()
