@@ -331,26 +331,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def emit_validation(args: argparse.Namespace, data: dict) -> int:
     """Write/print a validation result as asked (--out, --report, --json); exit 0 only if every KV event matched."""
-    if args.out:
-        from pathlib import Path
+    from simkv.validate.report import emit
 
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-    if args.report:
-        from simkv.validate.report import write_report
-
-        write_report(data, args.report)
-    if args.json:
-        json.dump(data, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        from simkv.validate.compare import summary_lines
-
-        print("\n".join(summary_lines(data)))
-        for what, path in (("json", args.out), ("report", args.report)):
-            if path:
-                print(f"  {what:<22}{path}")
-    return 0 if data["events_missing"] == 0 and data["events_unexpected"] == 0 else 1
+    return emit(args, data)
 
 
 # --- end of simkv validate ---------------------------------------------------------------------

@@ -12,7 +12,6 @@ of L tokens; u4 head 16 and u8 head 8: scale and data of one capacity are equal)
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 

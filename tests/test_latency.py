@@ -11,7 +11,6 @@ import pytest
 from conftest import run
 from simkv.cost import Device, get_device
 from simkv.latency import session_times
-from simkv.ledger import PHASE_CODE
 from simkv.models import ModelSpec
 from simkv.validate.latency import compare_latency, toy_model_spec
 

@@ -11,7 +11,6 @@ of the last request holding processed tokens; a step that schedules nothing igno
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

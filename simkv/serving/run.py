@@ -125,7 +125,7 @@ class ServingResult:
         in_use = s["allocated_bytes"] - s["reserved_bytes"]
         tokens = int(t["generated"].sum() * 1)
         rows = self.ledger.rows
-        from simkv.ledger import ALLOC, COPY
+        from simkv.ledger import COPY
 
         copy_rows = int(rows["bytes"][rows["op"] == COPY].sum()) if len(rows) else 0
         hit = t["prefix_hit_tokens"].astype(np.int64)

@@ -38,11 +38,10 @@ What runs
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -538,7 +537,7 @@ def verdict(data: dict) -> str:
 def summary_lines(data: dict) -> list[str]:
     a = data["allocations"]
     lines = [
-        f"simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
+        "simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
         f"  {'result':<24}{verdict(data)}",
         f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched",
         f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}"
@@ -614,19 +613,7 @@ def cli_main(args) -> int:
     except RuntimeError as err:  # the real pipeline refused the workload or configuration
         print(f"simkv validate: error: the real pipeline failed: {_one_line(err)}", file=sys.stderr)
         return 2
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-    if args.report:
-        from .genai_report import write_report
+    from .genai_report import write_report
+    from .report import emit
 
-        write_report(data, args.report)
-    if args.json:
-        json.dump(data, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print("\n".join(summary_lines(data)))
-        for what, p in (("json", args.out), ("report", args.report)):
-            if p:
-                print(f"  {what:<24}{p}")
-    return 0 if ok(data) else 1
+    return emit(args, data, summary_lines=summary_lines, report=write_report, ok=ok)

@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-__all__ = ["memory_figure", "rise_figure", "latency_figure", "events_figure", "figures", "write_report", "DIV_IDS"]
+__all__ = ["memory_figure", "rise_figure", "latency_figure", "events_figure", "figures", "write_report", "emit", "DIV_IDS"]
 
 MIB = 1024 * 1024
 COLORS = {"resident": "#ff7f0e", "allocated": "#1f77b4", "peak": "#6baed6", "event": "#d62728", "latency": "#555555"}
@@ -228,3 +228,32 @@ Predicted absolute memory = baseline + predicted KV; {html.escape((data.get('bas
 """
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def events_ok(data: dict) -> bool:
+    """The event validators' verdict: no KV event missing or unexpected."""
+    return data["events_missing"] == 0 and data["events_unexpected"] == 0
+
+
+def emit(args, data: dict, *, summary_lines=None, report=None, ok=events_ok) -> int:
+    """Write and print a validation result as the command line asked (``--out``, ``--report``,
+    ``--json``, else the summary lines); the exit code is 0 only if ``ok(data)``, else 1.
+    ``summary_lines``/``report`` default to the event validators' (:mod:`simkv.validate.compare`, :func:`write_report`)."""
+    import sys
+
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    if args.report:
+        (report or write_report)(data, args.report)
+    if args.json:
+        json.dump(data, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        if summary_lines is None:
+            from simkv.validate.compare import summary_lines
+        print("\n".join(summary_lines(data)))
+        for what, path in (("json", args.out), ("report", args.report)):
+            if path:
+                print(f"  {what:<22}{path}")
+    return 0 if ok(data) else 1

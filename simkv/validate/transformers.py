@@ -394,7 +394,8 @@ def run_validation(cfg: HFValidateConfig) -> dict:
 def command(args) -> int:
     """``simkv validate --runtime transformers`` (parsed arguments of the validate parser)."""
     from policies import parse_policy_opts
-    from simkv.cli import VALIDATE_TOY, emit_validation
+    from simkv.cli import VALIDATE_TOY
+    from simkv.validate.report import emit
     from simkv.errors import SimkvError
     from simkv.scenario import build_scenario
 
@@ -441,7 +442,7 @@ def command(args) -> int:
     except ImportError:
         print(f"simkv validate: error: {MISSING_DEPS}", file=sys.stderr)
         return 2
-    return emit_validation(args, run_validation(cfg))
+    return emit(args, run_validation(cfg))
 
 
 if __name__ == "__main__":  # the clean-run subprocess
