@@ -23,7 +23,7 @@ from simkv.serving import load_trace
 from simkv.serving.engine import PagedServing
 from simkv.serving.scheduler import PagedConfig
 
-TRACE = "/work/shared/traces/azure_llm_2023_conv.csv"
+TRACE = "data/traces/azure_llm_2023_conv.csv"
 
 
 def run(requests, device, fast=True):

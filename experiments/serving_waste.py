@@ -22,7 +22,7 @@ from simkv.precision import get_precision
 from simkv.scenario import resolve_weights_memory
 from simkv.serving import ServingSpec, load_trace, serve
 
-TRACE = "/work/shared/traces/azure_llm_2023_conv.csv"
+TRACE = "data/traces/azure_llm_2023_conv.csv"
 
 
 def main() -> None:

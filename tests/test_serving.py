@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from simkv.errors import ConfigError
+from simkv.lab.traces import AZURE_CONV
 from simkv.models import custom_model, get_model
 from simkv.precision import get_precision
 from simkv.serving import PagedConfig, Request, ServingSpec, load_trace, serve, synthetic, write_trace
 from simkv.serving.engine import STEP_COLUMNS
 from simkv.serving.run import REQUEST_COLUMNS
 
-AZURE = "/work/shared/traces/azure_llm_2023_conv.csv"
+AZURE = str(AZURE_CONV)
 TOY = custom_model(layers=2, heads=4, head_dim=16)
 
 
@@ -236,7 +237,7 @@ def test_readme_serving_example_is_current(tmp_path):
     command, shown = re.findall(r"```(?:bash|text)\n(.*?)```", block, flags=re.S)[:2]
     args = command.replace("\\\n", " ").split()[2:]  # after `simkv run`
     out = subprocess.run([sys.executable, "-m", "simkv.cli", "run", *args], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=300)
+                         cwd=Path(__file__).resolve().parent.parent, timeout=300)  # README paths are the repo's
     assert out.returncode == 0, out.stderr
     assert out.stdout == shown
 

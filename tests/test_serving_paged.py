@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simkv.cost import get_device
+from simkv.lab.traces import AZURE_CONV
 from simkv.models import custom_model
 from simkv.precision import get_precision
 from simkv.serving import Request
@@ -221,7 +222,7 @@ def test_paged_invariants(case):
 def test_fast_equals_reference_on_a_trace_slice():
     from simkv.serving import load_trace
 
-    reqs = load_trace("/work/shared/traces/azure_llm_2023_conv.csv", limit=60)
+    reqs = load_trace(AZURE_CONV, limit=60)
     a = run(reqs, fast=False, block_size=32, num_kv_blocks=400)
     b = run(reqs, fast=True, block_size=32, num_kv_blocks=400)
     assert np.array_equal(a[2], b[2]) and a[0].ledger == b[0].ledger
@@ -240,3 +241,20 @@ def test_sliding_window_keeps_only_the_window():
     _, steps, _, _ = eng.run(fast=False)
     assert steps["blocks_used"].tolist() == [3] * 9 + [4] * 16 + [5] * 35
     assert list(eng.pool.free)[-5:] != [] and eng.pool.used() == 0
+
+
+def test_vllm_prompt_in_a_shared_restored_block_waits_for_its_copy():
+    """Found by hypothesis in CI: vLLM mode, prefix caching, 3 blocks of 4. Request 3's 2-token prompt is
+    the cached 'sys' prefix; its last block is restored, shared with request 2, and has room, so
+    can_allocate_tokens counts 0 new blocks — but append_slots must copy the shared block and the pool is
+    empty. The request waits for a free block instead of allocating from an exhausted pool."""
+    def req(i, prompt, new, step, prefix=None, prefix_tokens=0):
+        return Request(id=i, prompt=prompt, max_new_tokens=new, arrival_step=step, prefix_id=prefix,
+                       prefix_tokens=prefix_tokens)
+
+    reqs = [req(0, 1, 2, 0), req(1, 1, 2, 0), req(2, 1, 2, 0, "sys", 1), req(3, 2, 1, 1, "sys", 2),
+            req(4, 1, 1, 1), req(5, 1, 1, 1)]
+    cfg = dict(block_size=4, num_kv_blocks=3, max_num_batched_tokens=256, dynamic_split_fuse=False,
+               enable_prefix_caching=True, on_oom="preempt")
+    _, groups, _ = run(reqs, **cfg)
+    assert {g.status for g in groups.values()} == {FINISHED}

@@ -512,7 +512,7 @@ class PagedServing:
             g.processed = ctx_end[j]
             g.maxc = max(g.maxc, g.processed)
             g.generated += gen_add[j]
-            if has_first[j]:
+            if has_first[j] and gen_add[j]:  # a first token only if the run sampled one (not a prompt cut short)
                 g.first_token_s, g.first_token_step = float(times[firsts[j]]), step0 + firsts[j]
             if fin[j] < K:
                 g.status = FINISHED

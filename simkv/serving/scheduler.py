@@ -400,6 +400,12 @@ class ContinuousScheduler:
                     break
             if blocks > self.pool.num_free():
                 break
+            if blocks == 0 and self.pool.num_free() == 0 and any(
+                    t and t[-1] is not None and self.pool.ref[t[-1]] > 1 for t in g.tables):
+                # The prompt fits in its restored last block, but that block is shared, so append_slots
+                # must copy it, and can_allocate_tokens does not count that block: GenAI would allocate
+                # from an empty pool (its pipeline crashed on such workloads, docs/DESIGN.md §4b). Wait.
+                break
             g.scheduled = length
             self.append_slots(g)
             scheduled.append(g)
