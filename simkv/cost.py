@@ -348,6 +348,18 @@ _register(Device(
     },
 ))
 
+#: The Intel presets' efficiencies, overhead and copy rate: no public measurement of these runtimes on
+#: these devices was found, so they are assumptions, and say so.
+_INTEL_ASSUMED = {
+        "bandwidth_efficiency": "assumed, not measured: no public measurement of this runtime on this device was found; "
+                                "0.8, between the H100's measured GEMV (0.69) and stream (0.89) fractions",
+        "flops_efficiency": "assumed, not measured: 0.5 of the matrix-engine peak (the H100's measured prefill fraction is 0.56)",
+        "step_overhead_s": "assumed, not measured: 0.5 ms per inference, the order `simkv calibrate` measures for the "
+                           "OpenVINO CPU plugin here (a 1-layer model)",
+        "copy_bandwidth": "a copy reads and writes each byte: 0.8 x peak / 2",
+}
+
+
 _register(Device(
     name="arc-a770",
     description="Intel Arc A770 16 GB (GDDR6, 32 Xe-cores, 512 XMX engines)",
@@ -363,12 +375,7 @@ _register(Device(
     sources={
         "memory_bandwidth": "Intel ARK, Arc A770 Graphics 16GB: 560 GB/s, 2,100 MHz graphics clock",
         "peak_flops": "Intel Architecture Day 2021, Xe-HPG Xe-core ops/clock x 32 Xe-cores x 2.1 GHz",
-        "bandwidth_efficiency": "assumed, not measured: no public measurement of this runtime on this device was found; "
-                                "0.8, between the H100's measured GEMV (0.69) and stream (0.89) fractions",
-        "flops_efficiency": "assumed, not measured: 0.5 of the matrix-engine peak (the H100's measured prefill fraction is 0.56)",
-        "step_overhead_s": "assumed, not measured: 0.5 ms per inference, the order `simkv calibrate` measures for the "
-                           "OpenVINO CPU plugin here (a 1-layer model)",
-        "copy_bandwidth": "a copy reads and writes each byte: 0.8 x peak / 2",
+        **_INTEL_ASSUMED,
     },
 ))
 
@@ -387,12 +394,7 @@ _register(Device(
     sources={
         "memory_bandwidth": "Intel ARK, Xeon Platinum 8480+: 8 channels DDR5-4800 (8 B x 4.8 GT/s each)",
         "peak_flops": "Intel ARK base clock 2.0 GHz x 56 cores x AMX/AVX-512 ops per cycle (Intel optimization manual)",
-        "bandwidth_efficiency": "assumed, not measured: no public measurement of this runtime on this device was found; "
-                                "0.8, between the H100's measured GEMV (0.69) and stream (0.89) fractions",
-        "flops_efficiency": "assumed, not measured: 0.5 of the matrix-engine peak (the H100's measured prefill fraction is 0.56)",
-        "step_overhead_s": "assumed, not measured: 0.5 ms per inference, the order `simkv calibrate` measures for the "
-                           "OpenVINO CPU plugin here (a 1-layer model)",
-        "copy_bandwidth": "a copy reads and writes each byte: 0.8 x peak / 2",
+        **_INTEL_ASSUMED,
     },
 ))
 
@@ -412,12 +414,7 @@ _register(Device(
         "memory_bytes": "half of a 32 GB system (the iGPU shares system memory)",
         "memory_bandwidth": "Intel ARK, Core Ultra 7 155H: LPDDR5X-7467, 128-bit bus",
         "peak_flops": "Intel ARK max graphics clock 2.25 GHz x 8 Xe-cores x 128 FP32 lanes x 2",
-        "bandwidth_efficiency": "assumed, not measured: no public measurement of this runtime on this device was found; "
-                                "0.8, between the H100's measured GEMV (0.69) and stream (0.89) fractions",
-        "flops_efficiency": "assumed, not measured: 0.5 of the matrix-engine peak (the H100's measured prefill fraction is 0.56)",
-        "step_overhead_s": "assumed, not measured: 0.5 ms per inference, the order `simkv calibrate` measures for the "
-                           "OpenVINO CPU plugin here (a 1-layer model)",
-        "copy_bandwidth": "a copy reads and writes each byte: 0.8 x peak / 2",
+        **_INTEL_ASSUMED,
     },
 ))
 
