@@ -504,15 +504,17 @@ class PagedServing:
                 g.tables[0].extend(alloc_many(c))
         # requests after the run
         ctx_end = ctx[:, -1].tolist()
-        firsts = (start - 1).tolist()  # a prompt's first token comes with its last chunk
-        has_first = ((~dec) & (start <= K)).tolist()
+        # A prompt's first token is the first one the run samples for it (with its last chunk); derived
+        # from the samples themselves, so a prompt the run cuts short has none.
+        firsts = sampled.argmax(axis=1).tolist()
+        has_first = ((~dec) & sampled.any(axis=1)).tolist()
         gen_add = sampled.sum(axis=1).tolist()
         self.sampled += sum(gen_add)
         for j, g in enumerate(live):
             g.processed = ctx_end[j]
             g.maxc = max(g.maxc, g.processed)
             g.generated += gen_add[j]
-            if has_first[j] and gen_add[j]:  # a first token only if the run sampled one (not a prompt cut short)
+            if has_first[j]:
                 g.first_token_s, g.first_token_step = float(times[firsts[j]]), step0 + firsts[j]
             if fin[j] < K:
                 g.status = FINISHED
