@@ -18,7 +18,6 @@ listed in NONDETERMINISTIC). Figure ``simcost`` (HTML, PNG, SVG), log-log.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,8 @@ from plotly.subplots import make_subplots
 
 from simkv import build_scenario, simulate
 from simkv.lab.output import main_for, save_figure, write_csv
+
+from experiments.bench_engines import best_time
 
 NONDETERMINISTIC = ("wall_times.csv",)
 SHAPE = {"model": None, "heads": 32, "kv_heads": 8, "head_dim": 128}
@@ -50,15 +51,6 @@ def scenario(axis: str, value: int, quick: bool = False):
                           decode=values["decode"], beam=values["beam"], device_memory="4TiB")
 
 
-def best_of(fn, repeat: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
-
-
 def run(out: Path, quick: bool) -> None:
     """Simulator cost: wall time vs tokens, layers and beam width, fast vs reference."""
     grid = QUICK if quick else FULL
@@ -67,13 +59,13 @@ def run(out: Path, quick: bool) -> None:
     for axis, (values, ref_max) in grid.items():
         for value in values:
             sc = scenario(axis, value, quick)
-            fast_s, fast = best_of(lambda: simulate(sc), 3)
+            fast_s, fast = best_time(lambda: simulate(sc), 3)
             row = {"axis": axis, "value": value, "layers": sc.model.layers, "workload": str(sc.workload),
                    "steps": fast.metrics.steps, "ledger_rows": len(fast.ledger), "reference_run": value <= ref_max,
                    "engines_agree": None}
             ref_s = None
             if value <= ref_max:
-                ref_s, ref = best_of(lambda: simulate(sc, engine="reference"), 1)
+                ref_s, ref = best_time(lambda: simulate(sc, engine="reference"), 1)
                 row["engines_agree"] = fast.ledger == ref.ledger and bool(np.array_equal(fast.steps, ref.steps))
             cost.append(row)
             times.append({"axis": axis, "value": value, "fast_s": fast_s, "reference_s": ref_s})
