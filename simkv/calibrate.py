@@ -2,8 +2,8 @@
 
 Every number of the preset is measured here, the way the OpenVINO CPU plugin runs an LLM step:
 
-* **weight streaming** (``bandwidth_efficiency`` x ``memory_bandwidth``, the larger of the two streaming
-  rates): one CPU-plugin inference of a single-row MatMul against a constant matrix far larger than the
+* **weight streaming** (``memory_bandwidth``, efficiency 1: the achieved rate itself; the KV cache streams
+  at it too): one CPU-plugin inference of a single-row MatMul against a constant matrix far larger than the
   caches (a decode step's GEMV), minus the plugin's fixed overhead: bytes of the matrix / time;
 * **matmul throughput** (``peak_flops`` in the plugin's inference precision, efficiency 1): a
   compute-bound MatMul ``[512, K] x [K, N]`` on the CPU plugin;
@@ -13,8 +13,13 @@ Every number of the preset is measured here, the way the OpenVINO CPU plugin run
 * **per-inference overhead** (``step_overhead_s``, ``layer_overhead_s``): decode steps of tiny stateful
   decoders (:func:`simkv.validate.ovmodel.build_stateful_decoder`, hidden 64) of 1 and 9 layers, where
   weights, KV and FLOPs are negligible;
-* **KV streaming** (``kv_bandwidth_efficiency``): the same probe's ordinary decode steps at ~2k against
-  ~1k tokens of history: the extra KV bytes (simkv's precision layout) over the extra time.
+* **decode attention rate** (``decode_attention_flops``): the same probe's ordinary decode steps at ~2k
+  against ~1k tokens of history: the extra attention FLOPs (4 · heads · head_dim per attended position)
+  over the extra time. The plugin's one-token attention (``mha_single_token_kernel`` in
+  ``src/plugins/intel_cpu/src/nodes/kernels/scaled_attn/mha_single_token.cpp``) is a dot-product loop that
+  dequantises each cached row once per query head, so its time follows query heads x positions, not the
+  KV bytes: a rate of FLOPs, which carries over to grouped-query models (the KV-bytes rate would not).
+  The KV bytes themselves stream at the weights' rate.
 
 Each figure is the median of repeated timings after a warm-up. Models are compiled with the same
 hints as ``simkv validate`` (``PERFORMANCE_HINT=LATENCY``). Needs ``openvino``.
@@ -152,9 +157,11 @@ def _kv_probe(threads: int | None, repeats: int) -> dict:
         near = [i for i in range(realloc - NEIGHBOURS, realloc + NEIGHBOURS + 1) if i in set(low)]
         excess.append(times[realloc] - float(np.median(times[near])))
         slopes.append(float(np.median(times[high]) - np.median(times[low])))
-    per_token = scenario.precision.kv_bytes_per_token(scenario.model)
-    extra_kv = float(np.mean(steps["tokens"][high]) - np.mean(steps["tokens"][low])) * per_token
-    return {"copied_bytes": copied, "excess_s": float(np.median(excess)), "kv_extra_bytes": extra_kv,
+    extra_tokens = float(np.mean(steps["tokens"][high]) - np.mean(steps["tokens"][low]))
+    model = scenario.model
+    return {"copied_bytes": copied, "excess_s": float(np.median(excess)),
+            "attention_extra_flops": 4.0 * model.layers * model.heads * model.head_dim * extra_tokens,
+            "kv_extra_bytes": extra_tokens * scenario.precision.kv_bytes_per_token(model),
             "kv_extra_s": float(np.median(slopes))}
 
 
@@ -206,8 +213,7 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
         probe = _kv_probe(threads, repeats=2)
         bar.update()
     copy = probe["copied_bytes"] / probe["excess_s"] if probe["excess_s"] > 0 else memcpy
-    kv_rate = probe["kv_extra_bytes"] / probe["kv_extra_s"] if probe["kv_extra_s"] > 0 else None
-    bandwidth = max(weights_rate, kv_rate or 0.0)
+    attention = probe["attention_extra_flops"] / probe["kv_extra_s"] if probe["kv_extra_s"] > 0 else None
     cpu = _cpu_name()
     how = "median of repeats after warm-up, this host"
     return Device(
@@ -215,24 +221,26 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
         description=f"this host ({cpu}, {os.cpu_count()} CPUs, OpenVINO {ov.__version__} CPU plugin"
         + (f", {threads} threads" if threads else "") + f"), calibrated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         memory_bytes=_memory_bytes(),
-        memory_bandwidth=bandwidth,
+        memory_bandwidth=weights_rate,
         peak_flops={precision: flops},
-        bandwidth_efficiency=weights_rate / bandwidth,
-        kv_bandwidth_efficiency=None if kv_rate is None else kv_rate / bandwidth,
+        bandwidth_efficiency=1.0,
+        decode_attention_flops=attention,
         flops_efficiency=1.0,
         step_overhead_s=max(0.0, overhead - per_layer),
         layer_overhead_s=per_layer,
         copy_bandwidth=copy,
         compute_precision=precision,
         sources={
-            "memory_bandwidth": "the larger of the two achieved streaming rates below (weights, KV)",
-            "bandwidth_efficiency": f"measured: CPU plugin MatMul [1,{k}]x[{k},{n}] f32 constant, "
+            "memory_bandwidth": "the achieved weight-streaming rate below (the KV cache streams at it too)",
+            "bandwidth_efficiency": f"1: measured: CPU plugin MatMul [1,{k}]x[{k},{n}] f32 constant, "
                                     f"{k * n * 4 >> 20} MiB per inference minus the overhead: "
                                     f"{weights_rate / 1e9:.2f} GB/s; {how}",
-            "kv_bandwidth_efficiency": ("measured: decode steps of a 1-layer 32x128 decoder at ~2k vs ~1k tokens of "
-                                        f"history: {probe['kv_extra_bytes'] / 2**20:.1f} MiB more KV in "
-                                        f"{probe['kv_extra_s'] * 1e3:.3f} ms more, {kv_rate / 1e9:.2f} GB/s; " + how)
-                                       if kv_rate else "not resolved (no slower step at the longer history): as weights",
+            "decode_attention_flops": ("measured: decode steps of a 1-layer 32x128 decoder at ~2k vs ~1k tokens of "
+                                       f"history: {probe['attention_extra_flops'] / 1e6:.1f} MFLOP more attention "
+                                       f"({probe['kv_extra_bytes'] / 2**20:.1f} MiB more KV) in "
+                                       f"{probe['kv_extra_s'] * 1e3:.3f} ms more: {attention / 1e9:.2f} GFLOP/s; " + how)
+                                      if attention else "not resolved (no slower step at the longer history): "
+                                                        "as the matmuls",
             "peak_flops": f"measured (achieved): CPU plugin MatMul {MATMUL[0]}x{MATMUL[1]}x{MATMUL[2]} in {precision}; {how}",
             "flops_efficiency": "1: peak_flops is already the achieved matmul rate",
             "step_overhead_s": "measured: decode step of a 1-layer, hidden-64 stateful decoder on the CPU plugin, "

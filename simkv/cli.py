@@ -494,6 +494,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         f"  {'  memory term':<22}{ms(t['memory_s'])}: weights {format_bytes(out['weights_bytes'])}, KV read "
         f"{format_bytes(out['kv_read_bytes'])}, written {format_bytes(out['kv_write_bytes'])}",
         f"  {'  compute term':<22}{ms(t['compute_s'])}: {out['flops']:.4g} FLOPs",
+        f"  {'  rooflines':<22}matmuls {ms(t['matmul_s'])} + attention {ms(t['attention_s'])}",
         f"  {'  overhead':<22}{ms(t['overhead_s'])}",
     ]
     if "prefill_s" in out:
@@ -565,8 +566,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         print(f"host preset written to {path}")
         print(f"  {'weight streaming':<24}{device.memory_bandwidth * device.bandwidth_efficiency / 1e9:,.2f} GB/s")
-        print(f"  {'KV streaming':<24}{device.memory_bandwidth * device.kv_efficiency / 1e9:,.2f} GB/s (attention over the cache)")
         print(f"  {'matmul':<24}{device.peak() / 1e9:,.1f} GFLOP/s {device.compute_precision}")
+        if device.decode_attention_flops:
+            print(f"  {'decode attention':<24}{device.decode_attention_flops / 1e9:,.1f} GFLOP/s (one-token queries)")
         print(f"  {'copy bandwidth':<24}{device.copy_bandwidth / 1e9:,.2f} GB/s of KV copied by a plugin reallocation")
         print(f"  {'per-inference overhead':<24}{device.step_overhead_s * 1e3:,.3f} ms + "
               f"{device.layer_overhead_s * 1e3:,.3f} ms per layer")

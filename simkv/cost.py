@@ -1,25 +1,36 @@
 """The cost model: how long one engine step takes on a device.
 
 One step processes ``new_tokens`` tokens over all its sequences (decode: one per
-sequence; a prefill chunk: its length). It streams the weights once, reads the
-KV cache its tokens attend to, writes the KV of its new tokens, and does the
-matmul and attention FLOPs. A roofline bounds it, plus two separate terms::
+sequence; a prefill chunk: its length). It runs two kinds of kernels one after the
+other: the weight matmuls (stream the weights once, do the matmul FLOPs) and
+attention (read the KV cache its tokens attend to, write the KV of the new tokens,
+do the QKᵀ and PV FLOPs). Each kind is bounded by its own roofline, and the step
+is their sum plus two separate terms::
 
-    t = max(weights_bytes / (bandwidth · η_bw) + KV bytes / (bandwidth · η_kv),
-            FLOPs / (peak[precision] · η_flops))
+    t = max(weights_bytes / (bandwidth · η_bw), matmul FLOPs / (peak[precision] · η_flops))     # matmuls
+        + max(KV bytes / (bandwidth · η_kv), attention FLOPs / attention rate)                 # attention
         + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
         + step_overhead_s + layers · layer_overhead_s   # runtime/framework fixed cost per step
 
     KV bytes = kv_read_bytes + kv_write_bytes   (η_kv defaults to η_bw)
-    FLOPs = 2 · layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
-            + 4 · layers · heads · head_dim · attended_pairs
+    matmul FLOPs = 2 · layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
+    attention FLOPs = 4 · layers · heads · head_dim · attended_pairs
+    attention time = (pairs - decode_pairs) · 4·L·H·d / (peak · η_flops)
+                     + decode_pairs · 4·L·H·d / decode_attention_flops   (default: peak · η_flops too)
 
 ``layer_params`` are the parameters of the matrices of the transformer layers
 (``ModelSpec.weight_params`` without the embedding table and LM head); the LM
 head runs only for the tokens whose logits are needed (every token by default,
 the last token of each sequence in :func:`forward_cost`); ``attended_pairs`` is
 Σ over the step's tokens of the positions each attends to (QKᵀ and PV each cost
-2 · head_dim FLOPs per query head per pair).
+2 · head_dim FLOPs per *query* head per pair). ``decode_pairs`` are the pairs of
+one-token queries (a sequence decoding): a CPU runtime computes them with a
+dot-product loop per query head, not a matrix kernel — the OpenVINO CPU plugin's
+``mha_single_token_kernel`` (``src/plugins/intel_cpu/src/nodes/kernels/scaled_attn/
+mha_single_token.cpp``) dequantises each cached key and value row once per query
+head of its group — so their rate is a device property of its own
+(``Device.decode_attention_flops``, measured by ``simkv calibrate``), and grouped-query
+models pay per query head, not per KV byte.
 
 Every argument of :func:`step_cost` may be a numpy array: the serving engine
 evaluates ~10⁵ steps at once. The model leaves out activations' bytes, kernel
@@ -73,6 +84,9 @@ class Device:
     #: Fixed cost per transformer layer per step (a CPU runtime dispatching each layer's nodes), seconds:
     #: the step's overhead is ``step_overhead_s + layers x layer_overhead_s``.
     layer_overhead_s: float = 0.0
+    #: Achieved FLOP/s of attention for one-token queries (decode) where it is not a matrix kernel
+    #: (a CPU's per-query-head dot-product loop); None = ``peak · flops_efficiency`` like the rest.
+    decode_attention_flops: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "memory_bandwidth", "copy_bandwidth"):
@@ -85,6 +99,8 @@ class Device:
                 raise ConfigError(f"device {self.name}: {name} must be in (0, 1]")
         if not (self.step_overhead_s >= 0 and self.layer_overhead_s >= 0):
             raise ConfigError(f"device {self.name}: step_overhead_s and layer_overhead_s must be >= 0")
+        if self.decode_attention_flops is not None and not self.decode_attention_flops > 0:
+            raise ConfigError(f"device {self.name}: decode_attention_flops must be positive")
         if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
             raise ConfigError(f"device {self.name}: peak_flops needs positive values")
         if self.compute_precision not in self.peak_flops:
@@ -126,14 +142,20 @@ class StepCost:
     """One step's time and the terms behind it (floats, or arrays when the inputs were arrays)."""
 
     seconds: Any
-    #: "memory" or "compute": the larger roofline term.
+    #: "memory" or "compute": what bounds the longer of the two kernel groups (matmuls, attention).
     bound: Any
+    #: All bytes over the bandwidth, all FLOPs over their rates (what each bound alone would give).
     memory_s: Any
     compute_s: Any
     copy_s: Any
     overhead_s: Any
     bytes: Any
     flops: Any
+    #: The two rooflines: weight matmuls, attention (each the larger of its memory and compute time).
+    matmul_s: Any = 0.0
+    attention_s: Any = 0.0
+    #: The four affine terms behind the rooflines: (weights streaming, matmul FLOPs, KV bytes, attention FLOPs).
+    terms: Any = None
 
 
 def matmul_params(model: ModelSpec) -> int:
@@ -157,6 +179,7 @@ def step_cost(
     copy_bytes: Any = 0,
     precision: str | None = None,
     logit_tokens: Any = None,
+    decode_pairs: Any = 0,
 ) -> StepCost:
     """Time of one step (or of many, when arguments are arrays; they broadcast).
 
@@ -164,28 +187,39 @@ def step_cost(
     precision (a key of ``device.peak_flops``; default ``device.compute_precision``).
     ``logit_tokens``: tokens whose logits the LM head computes (default ``new_tokens``;
     engines compute only each sequence's last prompt token in a prefill).
+    ``decode_pairs``: the part of ``attended_pairs`` that belongs to one-token queries.
     """
     peak = device.peak(precision) * device.flops_efficiency
+    decode_rate = device.decode_attention_flops or peak
     weights_bw = device.memory_bandwidth * device.bandwidth_efficiency
     kv_bw = device.memory_bandwidth * device.kv_efficiency
     logit_tokens = new_tokens if logit_tokens is None else logit_tokens
-    args = (weights_bytes, new_tokens, attended_pairs, kv_read_bytes, kv_write_bytes, copy_bytes, logit_tokens)
+    args = (weights_bytes, new_tokens, attended_pairs, kv_read_bytes, kv_write_bytes, copy_bytes, logit_tokens,
+            decode_pairs)
     scalar = all(np.ndim(a) == 0 for a in args)
-    w, n, pairs, kr, kw, cb, logits = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in args))
+    w, n, pairs, kr, kw, cb, logits, dpairs = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in args))
     nbytes = w + kr + kw
     head = float(model.vocab * model.hidden) if model.weight_params else 0.0
-    flops = (2.0 * (matmul_params(model) - head) * n + 2.0 * head * logits
-             + 4.0 * model.layers * model.heads * model.head_dim * pairs)
-    memory_s = w / weights_bw + (kr + kw) / kv_bw
-    compute_s = flops / peak
+    per_pair = 4.0 * model.layers * model.heads * model.head_dim
+    matmul_flops = 2.0 * (matmul_params(model) - head) * n + 2.0 * head * logits
+    flops = matmul_flops + per_pair * pairs
+    weights_s, kv_s = w / weights_bw, (kr + kw) / kv_bw
+    matmul_compute_s = matmul_flops / peak
+    attention_compute_s = per_pair * (pairs - dpairs) / peak + per_pair * dpairs / decode_rate
+    matmul_s = np.maximum(weights_s, matmul_compute_s)
+    attention_s = np.maximum(kv_s, attention_compute_s)
+    memory_s, compute_s = weights_s + kv_s, matmul_compute_s + attention_compute_s
     copy_s = cb / device.copy_bandwidth
     overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)
-    seconds = np.maximum(memory_s, compute_s) + copy_s + overhead
-    bound = np.where(compute_s > memory_s, "compute", "memory")
+    seconds = matmul_s + attention_s + copy_s + overhead
+    longer_is_compute = np.where(matmul_s >= attention_s, matmul_compute_s > weights_s, attention_compute_s > kv_s)
+    bound = np.where(longer_is_compute, "compute", "memory")
+    terms = (weights_s, matmul_compute_s, kv_s, attention_compute_s)
     if scalar:
         return StepCost(float(seconds), str(bound), float(memory_s), float(compute_s), float(copy_s),
-                        float(overhead), float(nbytes), float(flops))
-    return StepCost(seconds, bound, memory_s, compute_s, copy_s, overhead, nbytes, flops)
+                        float(overhead), float(nbytes), float(flops), float(matmul_s), float(attention_s),
+                        tuple(float(t) for t in terms))
+    return StepCost(seconds, bound, memory_s, compute_s, copy_s, overhead, nbytes, flops, matmul_s, attention_s, terms)
 
 
 def attended_pairs(model: ModelSpec, context: Any, new: Any) -> Any:
@@ -226,17 +260,19 @@ def forward_cost(
     new = np.asarray(new, dtype=np.float64)
     window = model.sliding_window
     visible = context if window is None else np.minimum(context, float(window))
+    pairs = batch * np.asarray(attended_pairs(model, context, new))
     result = step_cost(
         model,
         device,
         weights_bytes=model_weights_bytes(model, weights_precision),
         new_tokens=batch * new,
-        attended_pairs=batch * np.asarray(attended_pairs(model, context, new)),
+        attended_pairs=pairs,
         kv_read_bytes=batch * visible * per_token,
         kv_write_bytes=batch * new * per_token,
         copy_bytes=copy_bytes,
         precision=precision,
         logit_tokens=batch,
+        decode_pairs=np.where(new == 1, pairs, 0.0),  # a one-token query per sequence
     )
     return result
 
@@ -439,6 +475,7 @@ def device_summary(device: Device) -> dict[str, Any]:
         "overhead": device.step_overhead_s,
         "layer_overhead": device.layer_overhead_s,
         "copy_bandwidth": device.copy_bandwidth,
+        "decode_attention_flops": device.decode_attention_flops,
         "sources": dict(device.sources),
     }
 
@@ -477,7 +514,8 @@ def estimate(
         "kv_read_bytes": kv_read,
         "kv_write_bytes": batch * per_token,
         "flops": decode.flops,
-        "terms": {"memory_s": decode.memory_s, "compute_s": decode.compute_s, "overhead_s": decode.overhead_s},
+        "terms": {"memory_s": decode.memory_s, "compute_s": decode.compute_s, "matmul_s": decode.matmul_s,
+                  "attention_s": decode.attention_s, "overhead_s": decode.overhead_s},
         "stateless": {
             "decode_step_s": stateless.seconds,
             "bound": stateless.bound,

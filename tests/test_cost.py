@@ -38,6 +38,28 @@ def test_step_cost_golden():
     assert isinstance(c.seconds, float)
 
 
+def test_two_rooflines_add_and_one_token_queries_have_their_own_rate():
+    # The matmuls and attention are separate kernels, each bounded by its own roofline, and the step is their sum.
+    # matmuls: weights 1000 B at 500 B/s = 2.0 s vs 2*21632*1 = 43264 FLOP at 2500 FLOP/s = 17.3056 s -> 17.3056
+    # attention: KV 4000+0 B at 500 B/s = 8.0 s vs 4*2*4*8 = 256 FLOP/pair * 10 pairs = 2560 FLOP:
+    #   all pairs from a one-token query at 320 FLOP/s = 8.0 s ... at 256 FLOP/s = 10.0 s -> 10.0 (compute)
+    # copy 0, overhead 0.1 -> 17.3056 + 10.0 + 0.1; the longer roofline (matmuls) is compute-bound
+    from dataclasses import replace
+
+    dev = replace(DEV, decode_attention_flops=256.0)
+    c = step_cost(TOY, dev, weights_bytes=1000, new_tokens=1, attended_pairs=10, decode_pairs=10,
+                  kv_read_bytes=4000, kv_write_bytes=0)
+    assert c.matmul_s == pytest.approx(17.3056) and c.attention_s == pytest.approx(10.0)
+    assert c.seconds == pytest.approx(27.4056) and c.bound == "compute"
+    # the same pairs from a multi-token query run at the matmul rate: 2560 / 2500 = 1.024 s < 8.0 s of KV bytes
+    c = step_cost(TOY, dev, weights_bytes=1000, new_tokens=1, attended_pairs=10, kv_read_bytes=4000, kv_write_bytes=0)
+    assert c.attention_s == pytest.approx(8.0) and c.seconds == pytest.approx(17.3056 + 8.0 + 0.1)
+    # forward_cost counts a decode step's pairs (new = 1) as one-token queries, a prefill's not
+    assert forward_cost(TOY, dev, get_precision("f16"), batch=1, context=9, new=1).attention_s > 9.0
+    # a prefill of 4 tokens: 1+2+3+4 = 10 pairs, 2560 FLOP at the matmul rate 2500 = 1.024 s (10 s at the decode rate)
+    assert forward_cost(TOY, dev, get_precision("f16"), batch=1, context=0, new=4).attention_s == pytest.approx(1.024)
+
+
 def test_step_cost_vectorised_matches_scalar():
     rng = np.random.default_rng(0)
     n = rng.integers(1, 50, 200)

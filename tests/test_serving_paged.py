@@ -11,6 +11,7 @@ of the last request holding processed tokens; a step that schedules nothing igno
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +28,8 @@ PREC = get_precision("f16")
 DEVICE = get_device("xeon-8480")
 
 
-def run(requests, fast=False, observe=None, block_bytes=1000, **cfg):
-    eng = PagedServing(requests, MODEL, PREC, PagedConfig(**cfg), device=DEVICE, weights_bytes=0,
+def run(requests, fast=False, observe=None, block_bytes=1000, device=DEVICE, **cfg):
+    eng = PagedServing(requests, MODEL, PREC, PagedConfig(**cfg), device=device, weights_bytes=0,
                        device_memory=10**12, block_bytes=block_bytes, observe=observe, stall_steps=200)
     groups, steps, _, _ = eng.run(fast=fast)
     return eng, {g.req.id: g for g in groups}, steps
@@ -219,14 +220,21 @@ def test_paged_invariants(case):
         [(g.status, g.generated, g.first_token_s, g.finish_s) for g in groups2.values()]
 
 
-def test_fast_equals_reference_on_a_trace_slice():
+@pytest.mark.parametrize("decode_attention", [None, 1e9])
+def test_fast_equals_reference_on_a_trace_slice(decode_attention):
+    # also with one-token queries at a rate of their own (a CPU's decode attention: simkv.cost)
+    from dataclasses import replace
+
     from simkv.serving import load_trace
 
+    device = DEVICE if decode_attention is None else replace(DEVICE, decode_attention_flops=decode_attention)
     reqs = load_trace(AZURE_CONV, limit=60)
-    a = run(reqs, fast=False, block_size=32, num_kv_blocks=400)
-    b = run(reqs, fast=True, block_size=32, num_kv_blocks=400)
+    a = run(reqs, fast=False, block_size=32, num_kv_blocks=400, device=device)
+    b = run(reqs, fast=True, block_size=32, num_kv_blocks=400, device=device)
     assert np.array_equal(a[2], b[2]) and a[0].ledger == b[0].ledger
     assert len(b[2]) > 1000
+    if decode_attention is not None:  # the slower decode attention shows in the times
+        assert b[2]["time_s"][-1] > run(reqs, fast=True, block_size=32, num_kv_blocks=400)[2]["time_s"][-1]
 
 
 def test_sliding_window_keeps_only_the_window():

@@ -177,7 +177,7 @@ class ContiguousServing:
                 admitted_order += 1
                 g.order = admitted_order
             # one local step per running request, in admission order
-            new = pairs = kvr = logits = copied = 0
+            new = pairs = kvr = logits = copied = decode_pairs = 0
             preempted = 0
             held_total = sum(g.held for g in running)
             spike = 0
@@ -220,6 +220,8 @@ class ContiguousServing:
                 ctx = (0 if l == 0 else g.run_P + l - 1)
                 new += tokens
                 pairs += attended_pairs(ctx, tokens, self.window)
+                if tokens == 1:  # a one-token query (simkv.cost: decode_pairs)
+                    decode_pairs += attended_pairs(ctx, tokens, self.window)
                 seen = ctx + tokens if self.window is None else min(ctx + tokens, self.window)
                 kvr += seen  # tokens read
                 copied += int(traj.copy[l])
@@ -243,7 +245,7 @@ class ContiguousServing:
                 self.timer.record_idle()
                 dt = 0.0
             else:
-                dt = self.timer.step(new, pairs, kvr, copied, logits)
+                dt = self.timer.step(new, pairs, kvr, copied, logits, decode_pairs)
             t += dt
             est.append(dt)
             used_tokens = 0

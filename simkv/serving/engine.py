@@ -298,15 +298,17 @@ class PagedServing:
             dt = 0.0
             self.timer.record_idle()
         else:
-            new = pairs = kv_read = logits = 0
+            new = pairs = kv_read = logits = decode_pairs = 0
             for g in scheduled:
                 n, s, p = len(g.tables), g.scheduled, g.processed
                 new += n * s
                 pairs += n * attended_pairs(p, s, self.window)
+                if s == 1:  # a one-token query (simkv.cost: decode_pairs)
+                    decode_pairs += n * attended_pairs(p, s, self.window)
                 kv_read += n * (p + s if self.window is None else min(p + s, self.window))  # tokens read
                 if p + s >= g.P and p + s > g.maxc:
                     logits += n
-            dt = self.timer.step(new, pairs, kv_read, copied, logits)
+            dt = self.timer.step(new, pairs, kv_read, copied, logits, decode_pairs)
         t += dt
         self.est.append(dt)
         used_tokens = blocks_used * self.bs - internal
@@ -463,7 +465,8 @@ class PagedServing:
         pairs = pairs_m.sum(axis=0)[:K]
         kvr = seen.sum(axis=0)[:K]
         logits = logits_m.sum(axis=0)[:K]
-        sec = self.timer.steps(new, pairs, kvr, logits)
+        dpairs = np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K] if self.timer.decode_rate_differs else 0
+        sec = self.timer.steps(new, pairs, kvr, logits, dpairs)
         times = np.empty(len(sec) + 1)
         times[0] = self.t
         times[1:] = sec
@@ -475,11 +478,12 @@ class PagedServing:
         if K < 2:
             return False
         self._commit_run(live, K, tok[:, :K], ctx[:, :K], held[:, :K], alive[:, :K], nb, fin, start,
-                         logits_m[:, :K], used[:K], sec[:K], times[:K], new[:K], pairs[:K], kvr[:K], logits[:K], dec)
+                         logits_m[:, :K], used[:K], sec[:K], times[:K], new[:K], pairs[:K], kvr[:K], logits[:K], dec,
+                         dpairs[:K] if self.timer.decode_rate_differs else 0)
         return True
 
     def _commit_run(self, live, K, tok, ctx, held, alive, nb, fin, start, sampled, used, sec, times, new, pairs,
-                    kvr, logits, dec) -> None:
+                    kvr, logits, dec, decode_pairs) -> None:
         pool, bs, step0 = self.pool, self.bs, self.step
         n = len(live)
         # block events in the reference order: per step, decoders (request order), then prompt chunks,
@@ -532,7 +536,7 @@ class PagedServing:
             "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * self.block_bytes,
             "internal_bytes": used * self.block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
         })
-        self.timer.record(new, pairs, kvr, logits)
+        self.timer.record(new, pairs, kvr, logits, decode_pairs)
         self.est.append(sec)
         self.t = float(times[-1])
         self.step = step0 + K
