@@ -74,7 +74,8 @@ def _segments(x0, x1, ys):
 
 def request_timeline(result, color: str = "#1f77b4"):
     """One row per request: waiting and prefill (arrival → first token) light, decoding (first token →
-    finish) in ``color``; preempted, ignored, rejected and unfinished requests marked."""
+    finish) in ``color``; preempted requests marked at their finish (at their arrival if they never
+    finished), ignored and rejected ones at their arrival, unfinished ones at the end of the run."""
     import plotly.graph_objects as go
 
     t = result.request_table
@@ -96,7 +97,8 @@ def request_timeline(result, color: str = "#1f77b4"):
                                name="first token → finish", hoverinfo="skip"))
     hover = [f"request {i}: {s}, prompt {p:,}, {g:,}/{n:,} tokens, {k} preemptions" for i, s, p, g, n, k in
              zip(t["id"], status, t["prompt"], t["generated"], t["max_new_tokens"], pre)]
-    marks = [("preempted", pre > 0, last, dict(symbol="x", color="black", size=7)),
+    done = np.where(np.isnan(finish), arrival, finish)  # where a request's preemptions are marked
+    marks = [("preempted", pre > 0, done, dict(symbol="x", color="black", size=7)),
              ("ignored / rejected", np.isin(status, ("IGNORED", "REJECTED")), arrival,
               dict(symbol="circle-open", color="#d62728", size=8)),
              ("unfinished", status == "UNFINISHED", last, dict(symbol="triangle-right", color="#9467bd", size=8))]
@@ -133,8 +135,8 @@ def waste_breakdown(result, color: str = "#1f77b4"):
               m["waste_transient_bytes"])
     fig = go.Figure()
     for (name, shape), v in zip(WASTE_PARTS, values):
-        if not v:
-            continue  # e.g. no free pool blocks with contiguous buffers, no headroom in a paged pool
+        if abs(v) <= 1e-6 * max(alloc, 1):  # e.g. no free pool blocks with contiguous buffers, no headroom
+            continue  # in a paged pool (there: the rounding of three time-weighted means, a byte or two)
         share = f"{100 * v / alloc:.1f} % of allocated" if alloc else ""
         fig.add_trace(go.Bar(x=["mean memory"], y=[v / GIB], name=name, marker=dict(color=color, pattern_shape=shape,
                              line=dict(color="white", width=1)), opacity=1.0 if not shape else 0.75,
