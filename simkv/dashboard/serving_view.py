@@ -76,7 +76,8 @@ class WorkLimit(SimkvError):
 
 # -- the form → a `simkv run` command line ------------------------------------------------------------
 
-def _number(values: dict, key: str, lo: float, hi: float, whole: bool = True):
+def _number(values: dict, key: str, lo: int, hi: float, whole: bool = True):
+    """A whole number in lo..hi, or (``whole=False``) a number above 0 and at most hi."""
     text = str(values.get(key) or "").strip().replace("_", "").replace(",", "")
     if not text:
         raise ValueError("enter a number")
@@ -86,8 +87,10 @@ def _number(values: dict, key: str, lo: float, hi: float, whole: bool = True):
         raise ValueError(f"{text!r} is not a number") from None
     if not np.isfinite(number) or (whole and number != int(number)):
         raise ValueError(f"{text!r} is not a whole number" if whole else f"{text!r} is not a finite number")
-    if not lo <= number <= hi:
-        raise ValueError(f"must be in {lo:,g}..{hi:,g} in the dashboard (use `simkv run` for more)")
+    if not (lo <= number if whole else number > 0):
+        raise ValueError(f"must be at least {lo:,}" if whole else "must be above 0")
+    if number > hi:
+        raise ValueError(f"at most {hi:,g} in the dashboard (use `simkv run` for more)")
     return int(number) if whole else number
 
 
@@ -156,7 +159,7 @@ def command(values: dict) -> list[str]:
     paged = v["sv_memory"] == "paged"
     check("sv_requests", _number, v, "sv_requests", 1, MAX_REQUESTS)
     if synthetic:
-        check("sv_rate", _number, v, "sv_rate", 1e-6, MAX_RATE, False)
+        check("sv_rate", _number, v, "sv_rate", 0, MAX_RATE, False)
         check("sv_prompt_dist", _lengths, v["sv_prompt_dist"])
         check("sv_output_dist", _lengths, v["sv_output_dist"])
         check("sv_seed", _number, v, "sv_seed", 0, MAX_SEED)
@@ -169,7 +172,7 @@ def command(values: dict) -> list[str]:
         if v["sv_pool"] == "blocks":
             check("sv_pool_size", _number, v, "sv_pool_size", 1, MAX_POOL_BLOCKS)
         elif v["sv_pool"] == "gib":
-            check("sv_pool_size", _number, v, "sv_pool_size", 1e-6, MAX_POOL_GIB, False)
+            check("sv_pool_size", _number, v, "sv_pool_size", 0, MAX_POOL_GIB, False)
     else:
         if v["sv_scheduler"] == "static":
             check("sv_static_batch", _number, v, "sv_static_batch", 1, MAX_STATIC_BATCH)
