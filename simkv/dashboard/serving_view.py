@@ -19,7 +19,7 @@ README "Dashboard"): at most :data:`MAX_REQUESTS` requests and
 :data:`MAX_CONTIGUOUS_ROWS` ledger rows (estimated per request before running,
 :func:`simkv.dashboard.compute.estimate_ledger_rows`); and at most
 :data:`MAX_ROUNDS` scheduler rounds (counted while running, through ``serve``'s
-progress callback; a paged round costs up to ~1 ms, a contiguous one, a step, ~0.15 ms):
+progress callback; a paged round cost 0.4-1.5 ms here, a contiguous one, a step, ~0.15 ms):
 a pool too small for the load preempts requests again and again, which only
 shows while it runs. Past a limit the page says which and gives the ``simkv run``
 line to run it in full. Nothing depends on the clock: same form, same page.
