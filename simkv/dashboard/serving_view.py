@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 from dash import ALL, Input, Output, dcc, html
 
-from simkv.errors import SimkvError
 from simkv.dashboard import state as st
+from simkv.errors import SimkvError
 
 #: The shipped trace, as the command line names it (run from the repository root) and where it is.
 TRACE = "data/traces/azure_llm_2023_conv.csv"
@@ -478,7 +478,8 @@ def serving_callback(values: dict, tab: str) -> dict:
     """The Serving tab's outputs (nothing is computed while another tab is open)."""
     from dash import no_update
 
-    from simkv.dashboard import compute, layout as lay
+    from simkv.dashboard import compute
+    from simkv.dashboard import layout as lay
 
     if tab != "serving":
         return {k: no_update for k in ("memory", "requests", "waste", "cards", "latency", "status", "status_class",
