@@ -298,3 +298,37 @@ def test_tune_tab_runs_and_a_click_opens_the_point(page):
     expect(page.locator(popt("openvino-gpu", "headroom_base"))).to_have_value(first)
     expect(page.locator("#tab .tab--selected")).to_have_text("Memory over steps")
     page.screenshot(path=str(SHOTS / "tune.png"))
+
+
+# --- the Serving view (simkv/dashboard/serving_view.py) ---------------------------------------------------
+
+
+def test_serving_tab_runs_and_follows_its_inputs(page):
+    open_app(page, "?sv_requests=40")
+    tab(page, "Serving")
+    fig = wait_figure(page, "sv-memory-graph", "memory over time: paged, 40 requests")
+    assert {"allocated", "used (tokens)"} <= set(fig["names"]) and "pool (dynamic" in " ".join(fig["names"])
+    assert wait_figure(page, "sv-requests-graph", "requests: arrival")["names"][:2] == [
+        "arrival → first token", "first token → finish"]
+    wait_figure(page, "sv-waste-graph", "waste:")
+    expect(page.locator("#sv-latency-table")).to_contain_text("e2e")
+    expect(page.locator("#card-sv_finished-value")).to_have_text("40 / 40")
+    expect(page.locator("#sv-status")).to_contain_text("first 40 requests of the Azure conversation trace")
+    # A fixed pool too small for the load: the pool is drawn, requests are preempted and ignored.
+    page.click("#sv_pool")
+    page.get_by_role("option", name="num_kv_blocks").click()
+    enter(page, "#sv_pool_size", "60")
+    fig = wait_figure(page, "sv-memory-graph", "memory over time: paged, 40 requests")
+    page.wait_for_function("""() => { const gd = document.querySelector('#sv-memory-graph .js-plotly-plot');
+        return gd && gd.data.some(t => t.name === 'pool (fixed, 60 blocks)'); }""")
+    expect(page.locator("#card-sv_finished-value")).to_have_text("35 / 40")  # 5 prompts longer than the pool
+    names = figure(page, "sv-requests-graph")["names"]
+    assert "preempted (3)" in names and "ignored / rejected (5)" in names
+    assert "sv_pool_size=60" in page.url
+    page.locator("#sv-requests-graph").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "serving.png"))
+    enter(page, "#sv_requests", "abc")
+    expect(page.locator("[id='" + json.dumps({"key": "sv_requests", "type": "sv-err"}, separators=(",", ":")) + "']")
+           ).to_have_text("'abc' is not a number")
+    wait_figure(page, "sv-memory-graph", "no result")
+    expect(page.locator("#sv-status")).to_contain_text("Invalid input: requests")

@@ -4,7 +4,8 @@
 * :mod:`simkv.dashboard.compute` — checks, cached runs and views as data (no Dash);
 * :mod:`simkv.dashboard.layout` — the page; :mod:`simkv.dashboard.callbacks` — wiring;
 * :mod:`simkv.dashboard.validation` — reading ``simkv validate`` reports;
-* :mod:`simkv.dashboard.tune_view` — the Tune view (``simkv tune`` on the sidebar's scenario).
+* :mod:`simkv.dashboard.tune_view` — the Tune view (``simkv tune`` on the sidebar's scenario);
+* :mod:`simkv.dashboard.serving_view` — the Serving view (``simkv run --trace/--synthetic`` on its own form).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ def create_app():
     """A new Dash app (its Flask server is ``app.server``)."""
     from dash import Dash
 
-    from simkv.dashboard import callbacks, layout, tune_view
+    from simkv.dashboard import callbacks, layout, serving_view, tune_view
 
     app = Dash(__name__, title="simkv what-if", update_title=None, assets_folder="__no_assets__")
     app.index_string = layout.INDEX
     app.layout = layout.serve_layout
     callbacks.register(app)
     tune_view.register(app)
+    serving_view.register(app)
     return app
 
 

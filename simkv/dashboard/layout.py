@@ -302,6 +302,12 @@ def tune_tab() -> html.Div:
     return tab()
 
 
+def serving_tab(d: dict) -> html.Div:
+    from simkv.dashboard.serving_view import serving_tab as tab  # the Serving view lives in its own module
+
+    return tab(d)
+
+
 def main_panel(d: dict) -> html.Div:
     return html.Div(className="main", children=[
         dcc.Loading(type="dot", delay_show=80, overlay_style=DIMMED, children=[
@@ -327,6 +333,7 @@ def main_panel(d: dict) -> html.Div:
             dcc.Tab(label="Events (ledger)", value="events", children=events_tab()),
             dcc.Tab(label="Validation", value="validation", children=validation_tab(d)),
             dcc.Tab(label="Tune", value="tune", children=tune_tab()),
+            dcc.Tab(label="Serving", value="serving", children=serving_tab(d)),
         ]),
     ])
 
@@ -453,6 +460,13 @@ details summary { cursor: pointer; font-size: 12px; color: #0969da; }
 .delta td.better { color: #1a7f37; } .delta td.worse { color: #d1242f; }
 .upload { border: 1px dashed #8c959f; border-radius: 6px; padding: 10px 14px; cursor: pointer; }
 .grow { flex: 1; min-width: 200px; }
+.sv-form { display: grid; grid-template-columns: repeat(6, minmax(0, 1fr)); column-gap: 10px; }
+.sv-cli summary { font-size: 11.5px; }
+.sv-cli code { font-size: 11px; word-break: break-all; }
+#sv-cards .card-value { font-size: 14px; }
+#sv-memory-graph { height: 420px; min-height: 0; }
+.sv-pair { display: grid; grid-template-columns: 3fr 2fr; gap: 8px; }
+#sv-requests-graph, #sv-waste-graph { height: 420px; min-height: 0; }
 """
 
 

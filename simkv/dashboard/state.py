@@ -47,12 +47,21 @@ CUSTOM = "custom"
 #: Precision value meaning "the policy's own default".
 DEFAULT = "default"
 SAME = "same"
-TABS = ("memory", "layers", "compare", "events", "validation", "tune")
+TABS = ("memory", "layers", "compare", "events", "validation", "tune", "serving")
 HEAT_VALUES = ("headroom", "capacity")
 QUANTITIES = ("allocated", "resident", "used", "peak")
 
 DIMS = ("layers", "heads", "kv_heads", "head_dim")
 WORKLOAD_FIELDS = ("prompt", "decode", "turns", "turn_tokens", "turn_decode", "beam")
+
+#: The Serving view's controls (simkv.dashboard.serving_view): key → default text.
+SERVING_DEFAULTS: dict[str, str] = {
+    "sv_workload": "trace", "sv_requests": "100", "sv_rate": "4", "sv_prompt_dist": "lognormal:1024:1.0",
+    "sv_output_dist": "lognormal:200:1.0", "sv_seed": "0", "sv_model": DEFAULT_MODEL, "sv_precision": DEFAULT,
+    "sv_memory": "paged", "sv_policy": DEFAULT_POLICY, "sv_policy_opts": "", "sv_scheduler": "continuous", "sv_static_batch": "8",
+    "sv_block_size": "32", "sv_pool": "dynamic", "sv_pool_size": "", "sv_max_num_seqs": "256",
+    "sv_max_num_batched_tokens": "256", "sv_device": "h100-sxm",
+}
 
 #: Every fixed control: key → default text. Order = URL order.
 DEFAULTS: dict[str, str] = {
@@ -73,6 +82,7 @@ DEFAULTS: dict[str, str] = {
     "heat": "headroom",
     "tab": "memory",
     "vpath": "",
+    **SERVING_DEFAULTS,
 }
 CONTROLS = tuple(DEFAULTS)
 COMPARE_KEYS = tuple(k for k in CONTROLS if k.startswith("cmp") and k != "cmp_quantity")

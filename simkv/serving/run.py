@@ -227,8 +227,12 @@ def _write_csv(path, columns, rows) -> Path:
     return path
 
 
-def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
-    """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec."""
+def serve(spec: ServingSpec, progress=False) -> ServingResult:
+    """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec.
+
+    ``progress``: True draws a bar on stderr (after a second); a callable is called with the number of
+    requests added so far after every scheduler round (an exception it raises stops the run: the
+    dashboard's work limit)."""
     from simkv.cost import get_device
 
     if spec.scheduler not in SCHEDULERS:
@@ -253,7 +257,9 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
     if spec.weights_bytes >= spec.device_memory:
         raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)")
     bar = None
-    if progress:
+    if callable(progress):
+        bar = _Callback(progress)
+    elif progress:
         bar = _progress_bar(len(spec.requests))
     try:
         if spec.scheduler == "continuous" and spec.memory == "paged":
@@ -289,6 +295,14 @@ def serve(spec: ServingSpec, progress: bool = False) -> ServingResult:
         if bar:
             bar.close()
     return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped, resident, block_bytes)
+
+
+class _Callback:
+    def __init__(self, fn) -> None:
+        self.update_to = fn
+
+    def close(self) -> None:
+        pass
 
 
 def _progress_bar(total: int):

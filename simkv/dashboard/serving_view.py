@@ -1,0 +1,528 @@
+"""The dashboard's Serving view: ``simkv run --trace/--synthetic`` on the page.
+
+The form's values become a ``simkv run`` command line (shown on the page), which
+is parsed by the CLI's own parser and run by the CLI's own calls
+(:func:`simkv.serving.cli.spec_from_args`, :func:`simkv.serving.run.serve`), so
+the view shows what ``simkv run … --json`` prints for the same line. Figures:
+:mod:`simkv.serving.figures` (memory over time with the pool and the KV budget,
+the per-request timeline, the waste breakdown), in the memory policy's colour
+(:mod:`simkv.lab.palette`: ``paged``, or the contiguous buffers' policy).
+
+Workloads: the first N requests of the shipped Azure conversation trace, or N
+synthetic requests (Poisson arrivals at a rate, lengths from ``fixed:N``,
+``uniform:LO:HI`` or ``lognormal:MEAN:SIGMA``, a seed). No server paths: the
+CLI's ``trace:PATH`` lengths are refused here.
+
+Limits, so a callback stays within ~2 s on a loaded 2-core machine (measured,
+README "Dashboard"): at most :data:`MAX_REQUESTS` requests and
+:data:`MAX_TOKENS` prompt + output tokens in all; contiguous memory at most
+:data:`MAX_CONTIGUOUS_ROWS` ledger rows (estimated per request before running,
+:func:`simkv.dashboard.compute.estimate_ledger_rows`); and at most
+:data:`MAX_ROUNDS` scheduler rounds (counted while running, through ``serve``'s
+progress callback; a paged round cost 0.4-1.5 ms here, a contiguous one, a step, ~0.15 ms):
+a pool too small for the load preempts requests again and again, which only
+shows while it runs. Past a limit the page says which and gives the ``simkv run``
+line to run it in full. Nothing depends on the clock: same form, same page.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+from dash import ALL, Input, Output, dcc, html
+
+from simkv.dashboard import state as st
+from simkv.errors import SimkvError
+
+#: The shipped trace, as the command line names it (run from the repository root) and where it is.
+TRACE = "data/traces/azure_llm_2023_conv.csv"
+TRACE_PATH = Path(__file__).resolve().parents[2] / TRACE
+MAX_REQUESTS = 1000
+MAX_TOKENS = 2_000_000
+MAX_RATE = 1000.0
+MAX_LENGTH = 32_768
+MAX_SIGMA = 2.0
+MAX_SEED = 2**32 - 1
+MAX_BLOCK_SIZE = 1024
+MAX_POOL_BLOCKS = 10_000_000
+MAX_POOL_GIB = 1024.0
+MAX_SEQS = 4096
+MAX_BATCHED_TOKENS = 1_000_000
+MAX_STATIC_BATCH = 1024
+MAX_CONTIGUOUS_ROWS = 1_000_000
+MAX_ROUNDS = {"paged": 4_000, "contiguous": 8_000}
+PERCENTILES = (50, 90, 99)
+#: Points per line of the memory figure (as the single-session timeline: SVG, drawn fast without a GPU).
+TIMELINE_POINTS = 2000
+KEYS = tuple(st.SERVING_DEFAULTS)
+
+LABELS = {
+    "sv_workload": "workload", "sv_requests": "requests", "sv_rate": "rate (requests/s)",
+    "sv_prompt_dist": "prompt lengths", "sv_output_dist": "output lengths", "sv_seed": "seed", "sv_model": "model",
+    "sv_precision": "KV precision", "sv_memory": "memory", "sv_policy": "buffer policy", "sv_policy_opts": "policy options", "sv_scheduler": "scheduler",
+    "sv_static_batch": "static batch", "sv_block_size": "block size (tokens)", "sv_pool": "pool",
+    "sv_pool_size": "pool size", "sv_max_num_seqs": "max_num_seqs", "sv_max_num_batched_tokens": "batched tokens",
+    "sv_device": "device",
+}
+
+
+class WorkLimit(SimkvError):
+    """The run went past :data:`MAX_ROUNDS` scheduler rounds."""
+
+
+# -- the form → a `simkv run` command line ------------------------------------------------------------
+
+def _number(values: dict, key: str, lo: int, hi: float, whole: bool = True):
+    """A whole number in lo..hi, or (``whole=False``) a number above 0 and at most hi."""
+    text = str(values.get(key) or "").strip().replace("_", "").replace(",", "")
+    if not text:
+        raise ValueError("enter a number")
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not np.isfinite(number) or (whole and number != int(number)):
+        raise ValueError(f"{text!r} is not a whole number" if whole else f"{text!r} is not a finite number")
+    if not (lo <= number if whole else number > 0):
+        raise ValueError(f"must be at least {lo:,}" if whole else "must be above 0")
+    if number > hi:
+        raise ValueError(f"at most {hi:,g} in the dashboard (use `simkv run` for more)")
+    return int(number) if whole else number
+
+
+def _lengths(text: str) -> str:
+    """A synthetic length distribution the dashboard accepts (the library parses it again)."""
+    kind, _, rest = str(text or "").strip().partition(":")
+    args = rest.split(":") if rest else []
+    try:
+        numbers = [float(a) for a in args]
+    except ValueError:
+        numbers = None
+    forms = {"fixed": 1, "uniform": 2, "lognormal": 2}
+    if kind not in forms or numbers is None or len(numbers) != forms[kind] or not all(map(np.isfinite, numbers)):
+        raise ValueError("use fixed:N, uniform:LO:HI or lognormal:MEAN:SIGMA")
+    lengths = numbers[:1] if kind == "lognormal" else numbers
+    if kind != "lognormal" and any(n != int(n) for n in lengths):
+        raise ValueError("lengths are whole numbers of tokens")
+    if not all(1 <= n <= MAX_LENGTH for n in lengths):
+        raise ValueError(f"lengths must be in 1..{MAX_LENGTH:,} in the dashboard")
+    if kind == "lognormal" and not 0 <= numbers[1] <= MAX_SIGMA:
+        raise ValueError(f"sigma must be in 0..{MAX_SIGMA:g} in the dashboard")
+    return f"{kind}:{rest}"
+
+
+def _policy_opts(policy: str, text: str) -> dict[str, str]:
+    """``key=value, …`` for the contiguous buffers' policy, checked as the compare tab checks its rows."""
+    from policies import parse_policy_opts
+
+    items = [item.strip() for item in str(text or "").replace(",", " ").split() if item.strip()]
+    try:
+        options = parse_policy_opts(items)
+    except SimkvError as err:
+        raise ValueError(str(err).replace("--policy-opt expects", "expected")) from None
+    fields = {f.name: f for f in st.policy_fields(policy)}
+    for key, value in options.items():
+        if key not in fields:
+            raise ValueError(f"{key!r} is not an option of {policy}; it has {', '.join(fields)}")
+        options[key] = st.check_option(fields[key], value)
+    return options
+
+
+def command(values: dict) -> list[str]:
+    """The ``simkv run`` arguments (after ``run``) of the form's values; :class:`st.Invalid` names the bad fields."""
+    from policies import REGISTRY
+    from simkv.cost import DEVICES
+    from simkv.models import PRESETS
+    from simkv.precision import PRECISIONS
+
+    v = {**st.SERVING_DEFAULTS, **{k: values.get(k) for k in KEYS if values.get(k) is not None}}
+    errors: dict[str, str] = {}
+    got: dict = {}
+
+    def check(key, fn, *args):
+        try:
+            got[key] = fn(*args)
+        except ValueError as err:
+            errors[key] = str(err)
+
+    choices = {"sv_workload": ("trace", "synthetic"), "sv_model": tuple(PRESETS), "sv_memory": ("paged", "contiguous"),
+               "sv_scheduler": ("continuous", "static", "sequential"), "sv_pool": ("dynamic", "blocks", "gib"),
+               "sv_device": tuple(DEVICES), "sv_precision": (st.DEFAULT, *PRECISIONS), "sv_policy": tuple(REGISTRY)}
+    for key, allowed in choices.items():
+        if v[key] not in allowed:
+            errors[key] = f"choose one of {', '.join(allowed)}"
+    synthetic = v["sv_workload"] == "synthetic"
+    paged = v["sv_memory"] == "paged"
+    check("sv_requests", _number, v, "sv_requests", 1, MAX_REQUESTS)
+    if synthetic:
+        check("sv_rate", _number, v, "sv_rate", 0, MAX_RATE, False)
+        check("sv_prompt_dist", _lengths, v["sv_prompt_dist"])
+        check("sv_output_dist", _lengths, v["sv_output_dist"])
+        check("sv_seed", _number, v, "sv_seed", 0, MAX_SEED)
+    check("sv_max_num_seqs", _number, v, "sv_max_num_seqs", 1, MAX_SEQS)
+    check("sv_max_num_batched_tokens", _number, v, "sv_max_num_batched_tokens", 1, MAX_BATCHED_TOKENS)
+    if paged:
+        check("sv_block_size", _number, v, "sv_block_size", 1, MAX_BLOCK_SIZE)
+        if v["sv_scheduler"] != "continuous" and "sv_scheduler" not in errors:
+            errors["sv_scheduler"] = "paged memory is GenAI's continuous batching: choose continuous, or contiguous memory"
+        if v["sv_pool"] == "blocks":
+            check("sv_pool_size", _number, v, "sv_pool_size", 1, MAX_POOL_BLOCKS)
+        elif v["sv_pool"] == "gib":
+            check("sv_pool_size", _number, v, "sv_pool_size", 0, MAX_POOL_GIB, False)
+    else:
+        if v["sv_scheduler"] == "static":
+            check("sv_static_batch", _number, v, "sv_static_batch", 1, MAX_STATIC_BATCH)
+        if v["sv_policy"] in REGISTRY:
+            check("sv_policy_opts", _policy_opts, v["sv_policy"], v["sv_policy_opts"])
+    if errors:
+        raise st.Invalid(errors)
+    n = str(got["sv_requests"])
+    if synthetic:
+        argv = ["--synthetic", "--requests", n, "--rate", f"{got['sv_rate']:g}", "--prompt-dist", got["sv_prompt_dist"],
+                "--output-dist", got["sv_output_dist"], "--seed", str(got["sv_seed"])]
+    else:
+        argv = ["--trace", TRACE, "--limit", n]
+    argv += ["--model", v["sv_model"]]
+    if v["sv_precision"] != st.DEFAULT:
+        argv += ["--precision", v["sv_precision"]]
+    argv += ["--memory", v["sv_memory"], "--scheduler", v["sv_scheduler"]]
+    if paged:
+        argv += ["--block-size", str(got["sv_block_size"])]
+        if v["sv_pool"] == "blocks":
+            argv += ["--num-kv-blocks", str(got["sv_pool_size"])]
+        elif v["sv_pool"] == "gib":
+            argv += ["--cache-size", f"{got['sv_pool_size']:g}"]
+    else:
+        argv += ["--policy", v["sv_policy"]]
+        for key, value in got["sv_policy_opts"].items():
+            argv += ["--policy-opt", f"{key}={value}"]
+        if v["sv_scheduler"] == "static":
+            argv += ["--static-batch", str(got["sv_static_batch"])]
+    argv += ["--max-num-seqs", str(got["sv_max_num_seqs"]), "--max-num-batched-tokens",
+             str(got["sv_max_num_batched_tokens"]), "--device", v["sv_device"]]
+    return argv
+
+
+def cli_line(argv: list[str]) -> str:
+    return "simkv run " + " ".join(shlex.quote(a) for a in argv) + " --json"
+
+
+_PARSER = None
+_PARSER_LOCK = threading.Lock()
+
+
+def spec_of(argv: list[str]):
+    """The :class:`~simkv.serving.ServingSpec` ``simkv run`` builds from these arguments (same parser, same call)."""
+    global _PARSER
+    from simkv.cli import build_parser
+    from simkv.serving.cli import spec_from_args
+
+    with _PARSER_LOCK:
+        if _PARSER is None:
+            _PARSER = build_parser()
+        args = _PARSER.parse_args(["run", *[str(TRACE_PATH) if a == TRACE else a for a in argv]])
+    return spec_from_args(args)
+
+
+def check_work(spec) -> None:
+    """Refuse, before running, what exceeds the token and (contiguous) ledger-row limits."""
+    from simkv.dashboard.compute import estimate_ledger_rows
+    from simkv.scenario import Scenario
+    from simkv.serving.engine import session_prompts
+    from simkv.workload import Decode, Prefill, Workload
+
+    prompts = session_prompts(spec.requests)
+    tokens = sum(prompts) + sum(r.max_new_tokens for r in spec.requests)
+    if tokens > MAX_TOKENS:
+        raise st.Invalid({"sv_requests": f"{tokens:,} prompt and output tokens in all: at most {MAX_TOKENS:,} in "
+                                         "the dashboard; fewer requests or shorter lengths"})
+    if spec.memory != "contiguous":
+        return
+    from policies import get_policy
+
+    policy = spec.policy if not isinstance(spec.policy, str) else get_policy(spec.policy, spec.policy_options)
+    from simkv.cost import get_device
+
+    memory = spec.device_memory if spec.device_memory is not None else get_device(spec.device).memory_bytes
+    budget = memory - spec.weights_bytes  # as serve() takes it
+    rows, seen = 0, {}
+    for p, r in zip(prompts, spec.requests):
+        key = (p, r.max_new_tokens)
+        if key not in seen:  # the engine runs each distinct request shape once, then copies its rows
+            ops = (Prefill(p),) + ((Decode(r.max_new_tokens - 1),) if r.max_new_tokens > 1 else ())
+            seen[key] = estimate_ledger_rows(Scenario(spec.model, spec.precision, policy, Workload(ops), budget),
+                                             limit=MAX_CONTIGUOUS_ROWS)
+        rows += seen[key]
+        if rows > MAX_CONTIGUOUS_ROWS:
+            raise st.Invalid({"sv_policy": f"over {MAX_CONTIGUOUS_ROWS:,} ledger rows (estimated) with these "
+                                           "buffers: the dashboard's limit; fewer requests, another policy or paged"})
+
+
+class _Rounds:
+    """``serve``'s progress callback: counts scheduler rounds and stops the run past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.n = limit, 0
+
+    def __call__(self, _added: int) -> None:
+        self.n += 1
+        if self.n > self.limit:
+            raise WorkLimit(f"stopped after {self.limit:,} scheduler rounds (the dashboard's limit)")
+
+
+class _Cache:
+    """The last few results by command line (switching tabs or back does not re-run)."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        return None
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+CACHE = _Cache()
+
+
+def run(argv: list[str]):
+    """The :class:`~simkv.serving.ServingResult` of a command line (cached), within the dashboard's limits."""
+    from simkv.serving.run import serve
+
+    key = tuple(argv)
+    result = CACHE.get(key)
+    if result is None:
+        spec = spec_of(argv)
+        check_work(spec)
+        result = serve(spec, progress=_Rounds(MAX_ROUNDS[spec.memory]))
+        CACHE.put(key, result)
+    return result
+
+
+# -- the view as data -----------------------------------------------------------------------------------
+
+def percentiles(values: np.ndarray, qs=PERCENTILES) -> list[float | None]:
+    """Percentiles of the defined values (NaN: the request has none), as ``ServingResult.metrics`` takes them."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return [float(np.percentile(v, q)) if len(v) else None for q in qs]
+
+
+def latency(result) -> dict[str, list[float | None]]:
+    t = result.request_table
+    return {"TTFT": percentiles(t["ttft_s"]), "TPOT": percentiles(t["tpot_s"]), "e2e": percentiles(t["e2e_s"])}
+
+
+def policy_name(spec) -> str:
+    return "paged" if spec.memory == "paged" else (spec.policy if isinstance(spec.policy, str) else spec.policy.name)
+
+
+def describe(spec, argv: list[str]) -> str:
+    n = len(spec.requests)
+    work = f"first {n:,} requests of the Azure conversation trace" if "--trace" in argv else f"{n:,} synthetic requests"
+    if spec.memory == "paged":
+        c = spec.paged
+        pool = (f"{c.num_kv_blocks:,} blocks" if c.num_kv_blocks else f"{c.cache_size_gib:g} GiB" if c.cache_size_gib
+                else "dynamic pool")
+        mem = f"paged, block {c.block_size}, {pool}"
+    else:
+        mem = f"contiguous, policy {policy_name(spec)}"
+    return f"{work}; {spec.model.name}, {spec.precision.name} KV; {mem}; {spec.scheduler} scheduler; {spec.device}"
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v * 1000:,.1f} ms" if v < 10 else f"{v:,.2f} s"
+
+
+def cards(result) -> list[dict]:
+    from simkv.units import format_bytes
+
+    m = result.metrics
+    return [
+        {"key": "sv_finished", "label": "finished", "value": f"{m['requests_finished']:,} / {m['requests_total']:,}",
+         "detail": f"{m['requests_ignored']:,} ignored, {m['requests_rejected']:,} rejected, "
+                   f"{m['requests_unfinished']:,} unfinished"},
+        {"key": "sv_preemptions", "label": "preemptions", "value": f"{m['preemptions']:,}", "detail": "by recompute"},
+        {"key": "sv_peak", "label": "peak allocated", "value": format_bytes(m["peak_allocated_bytes"]),
+         "detail": "in-step peak"},
+        {"key": "sv_mean", "label": "mean allocated", "value": format_bytes(m["mean_allocated_bytes"]),
+         "detail": "time-weighted"},
+        {"key": "sv_waste", "label": "waste", "value": f"{m['waste_pct']:.1f} %", "detail": "of mean allocated"},
+        {"key": "sv_throughput", "label": "throughput", "value": f"{m['throughput_tokens_per_s']:,.0f} tok/s",
+         "detail": "generated tokens"},
+        {"key": "sv_time", "label": "simulated", "value": f"{m['sim_time_s']:,.1f} s", "detail": f"{m['steps']:,} steps"},
+    ]
+
+
+def serving_view(values: dict) -> dict:
+    """The whole view for the form's values (plain data and plotly figures; no Dash).
+
+    ``{"ok", "status", "cli", "errors": {key: message}, "cards", "latency", "memory", "requests", "waste"}``.
+    """
+    from simkv.lab.palette import policy_color
+    from simkv.serving import figures
+
+    try:
+        argv = command(values)
+    except st.Invalid as err:
+        return {"ok": False, "errors": err.errors, "cli": "",
+                "status": "Invalid input: " + "; ".join(f"{LABELS[k]}: {m}" for k, m in err.errors.items())}
+    line = cli_line(argv)
+    try:
+        result = run(argv)
+    except st.Invalid as err:
+        return {"ok": False, "errors": err.errors, "cli": line,
+                "status": "Over the dashboard's limits: " + "; ".join(err.errors.values()) + f". Run it with: {line}"}
+    except WorkLimit as err:
+        why = ("requests keep waiting for memory or being preempted: fewer requests or a bigger pool"
+               if "--num-kv-blocks" in argv or "--cache-size" in argv else "fewer requests")
+        return {"ok": False, "errors": {}, "cli": line, "status": f"Not shown: {err}; {why}, or run it with: {line}"}
+    except SimkvError as err:
+        return {"ok": False, "errors": {}, "cli": line, "status": f"Cannot serve this: {err}"}
+    spec = result.spec
+    color = policy_color(policy_name(spec))
+    memory = figures.with_pool(figures.serving_timeline(result, max_points=TIMELINE_POINTS, webgl=False), result)
+    memory.update_layout(title=f"memory over time: {policy_name(spec)}, {len(spec.requests):,} requests",
+                         margin=dict(t=50, b=40, l=60, r=20))
+    for fig in (requests := figures.request_timeline(result, color), waste := figures.waste_breakdown(result, color)):
+        fig.update_layout(margin=dict(t=40, b=40, l=60, r=20))
+    status = describe(spec, argv) + (f". {result.stopped}" if result.stopped else "")
+    return {"ok": True, "errors": {}, "cli": line, "status": status, "cards": cards(result),
+            "latency": latency(result), "memory": memory, "requests": requests, "waste": waste}
+
+
+# -- Dash ------------------------------------------------------------------------------------------------
+
+def _field(key: str, control, hint: str | None = None) -> html.Div:
+    return html.Div(className="field", id=f"{key}-field", children=[
+        html.Label(LABELS[key], htmlFor=key),
+        control,
+        html.Div(hint, className="hint") if hint else None,
+        html.Div(id={"type": "sv-err", "key": key}, className="err", role="alert"),
+    ])
+
+
+def serving_tab(d: dict) -> html.Div:
+    from policies import REGISTRY
+    from simkv.cost import DEVICES
+    from simkv.dashboard.layout import _graph, dropdown, text_input
+    from simkv.models import PRESETS
+    from simkv.precision import PRECISIONS
+
+    def opts(values, labels=None):
+        return [{"label": (labels or {}).get(x, x), "value": x} for x in values]
+
+    def text(key, hint=None, **kw):
+        return _field(key, text_input(key, d[key], **kw), hint)
+
+    def choice(key, options, hint=None):
+        return _field(key, dropdown(key, options, d[key]), hint)
+
+    return html.Div(className="tab-body", children=[
+        html.Div(className="sv-form", children=[
+            choice("sv_workload", opts(("trace", "synthetic"), {"trace": "Azure trace"}),
+                   "Azure conversation trace (first N), or Poisson arrivals"),
+            text("sv_requests", f"≤ {MAX_REQUESTS:,}", inputMode="numeric"),
+            text("sv_rate", "synthetic"),
+            text("sv_prompt_dist", "fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA"),
+            text("sv_output_dist", "same forms"),
+            text("sv_seed", "synthetic", inputMode="numeric"),
+            choice("sv_model", [{"label": m, "value": m} for m in PRESETS]),
+            choice("sv_precision", [{"label": "default", "value": st.DEFAULT}, *opts(tuple(PRECISIONS))],
+                   "default: u8 paged, else the policy's"),
+            choice("sv_device", opts(tuple(DEVICES))),
+            choice("sv_memory", opts(("paged", "contiguous")), "GenAI block pool, or per-request buffers"),
+            choice("sv_policy", opts(tuple(REGISTRY)), "contiguous"),
+            text("sv_policy_opts", "key=value, … e.g. max_prompt_len=4096", placeholder="the policy's defaults"),
+            choice("sv_scheduler", opts(("continuous", "static", "sequential"))),
+            text("sv_static_batch", "static scheduler", inputMode="numeric"),
+            text("sv_block_size", "paged", inputMode="numeric"),
+            choice("sv_pool", opts(("dynamic", "blocks", "gib"), {"blocks": "num_kv_blocks", "gib": "cache size"}),
+                   "dynamic: grows with the load"),
+            text("sv_pool_size", "blocks, or GiB", inputMode="decimal"),
+            text("sv_max_num_seqs", "requests running at once", inputMode="numeric"),
+            text("sv_max_num_batched_tokens", "max_num_batched_tokens per step", inputMode="numeric"),
+        ]),
+        dcc.Loading(type="dot", delay_show=80, children=[
+            html.Div(id="sv-status", className="status"),
+            html.Details(className="sv-cli", children=[html.Summary("the same run from the command line"),
+                                                         html.Code(id="sv-cli")]),
+            html.Div(id="sv-cards", className="cards"),
+            html.Div(id="sv-latency", className="delta"),
+        ]),
+        _graph("sv-memory-graph", "simkv-serving-memory"),
+        html.Div(className="sv-pair", children=[_graph("sv-requests-graph", "simkv-serving-requests"),
+                                                _graph("sv-waste-graph", "simkv-serving-waste")]),
+    ])
+
+
+def latency_table(rows: dict[str, list[float | None]]) -> html.Table:
+    head = html.Tr([html.Th("latency")] + [html.Th(f"p{q}") for q in PERCENTILES])
+    body = [html.Tr([html.Td(name)] + [html.Td(_ms(v)) for v in values]) for name, values in rows.items()]
+    return html.Table(id="sv-latency-table", children=[html.Thead(head), html.Tbody(body)])
+
+
+def serving_callback(values: dict, tab: str) -> dict:
+    """The Serving tab's outputs (nothing is computed while another tab is open)."""
+    from dash import no_update
+
+    from simkv.dashboard import compute
+    from simkv.dashboard import layout as lay
+
+    if tab != "serving":
+        return {k: no_update for k in ("memory", "requests", "waste", "cards", "latency", "status", "status_class",
+                                        "cli")} | {"errors": [no_update] * len(KEYS)}
+    try:
+        view = serving_view(values)
+    except Exception as err:  # noqa: BLE001 - never a traceback in the browser
+        from simkv.dashboard.callbacks import _internal
+
+        view = {"ok": False, "errors": {}, "cli": "", "status": _internal(err)}
+    errors = [view["errors"].get(k, "") for k in KEYS]
+    if not view["ok"]:
+        blank = compute.placeholder_figure("No result: " + ("fix the input marked in red." if view["errors"]
+                                                            else "see the message above."))
+        return {"memory": blank, "requests": blank, "waste": blank, "cards": [], "latency": "",
+                "status": view["status"], "status_class": "status invalid", "cli": view["cli"], "errors": errors}
+    return {"memory": view["memory"], "requests": view["requests"], "waste": view["waste"],
+            "cards": lay.render_cards(view["cards"]), "latency": latency_table(view["latency"]),
+            "status": view["status"], "status_class": "status", "cli": view["cli"], "errors": errors}
+
+
+def register(app) -> None:
+    app.callback(
+        output={"memory": Output("sv-memory-graph", "figure"), "requests": Output("sv-requests-graph", "figure"),
+                "waste": Output("sv-waste-graph", "figure"), "cards": Output("sv-cards", "children"),
+                "latency": Output("sv-latency", "children"), "status": Output("sv-status", "children"),
+                "status_class": Output("sv-status", "className"), "cli": Output("sv-cli", "children"),
+                "errors": Output({"type": "sv-err", "key": ALL}, "children")},
+        inputs={"values": {k: Input(k, "value") for k in KEYS}, "tab": Input("tab", "value")},
+    )(serving_callback)
+
+    @app.callback([Output(f"{k}-field", "style") for k in ("sv_rate", "sv_prompt_dist", "sv_output_dist", "sv_seed",
+                                                           "sv_policy", "sv_policy_opts", "sv_static_batch", "sv_block_size",
+                                                           "sv_pool", "sv_pool_size")],
+                  Input("sv_workload", "value"), Input("sv_memory", "value"), Input("sv_scheduler", "value"),
+                  Input("sv_pool", "value"))
+    def shown(workload, memory, scheduler, pool):
+        hide = {"display": "none"}
+        synth = {} if workload == "synthetic" else hide
+        paged = memory == "paged"
+        return [synth, synth, synth, synth, hide if paged else {}, hide if paged else {},
+                {} if not paged and scheduler == "static" else hide,
+                {} if paged else hide, {} if paged else hide, {} if paged and pool != "dynamic" else hide]
+
+
+__all__ = ["serving_tab", "serving_view", "serving_callback", "register", "command", "run", "latency", "percentiles"]
