@@ -53,6 +53,14 @@ def test_tune_serving_golden_pool_size(tmp_path):
     assert [p["params"] for p in out["pareto"]] == [{"num_kv_blocks": 2}]
     assert out["evaluated"] == 4
     assert "--num-kv-blocks 2" in out["command"] and out["command"].startswith("simkv run --trace ")
+    # Optuna's sampler on the same grid: whatever it tries, what it recommends beats the defaults or is them
+    res = simkv("tune", "--serving", "--trace", str(trace), *TOY, "--device-memory", "1GiB",
+                "--param", "num_kv_blocks=1:4:1", "--objective", "peak:max", "--budget", "3", "--workers", "1",
+                "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["search"] == "optuna" and out["recommendation"]["feasible"]
+    assert out["recommendation"]["objectives"]["peak:max"] <= 61440.0
 
 
 def test_tune_serving_front_and_reproducing_command(tmp_path):
@@ -64,7 +72,7 @@ def test_tune_serving_front_and_reproducing_command(tmp_path):
     trace = write_trace(tmp_path / "t.csv", rows)
     res = simkv("tune", "--serving", "--trace", str(trace), *TOY, "--device-memory", "1GiB", "--device", "h100-sxm",
                 "--param", "block_size=16,32", "--param", "num_kv_blocks=0,8,24,64",
-                "--param", "max_num_batched_tokens=64,256", "--search", "grid", "--workers", "1", "--json")
+                "--param", "max_num_batched_tokens=64,256", "--search", "grid", "--workers", "2", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     names = out["objectives"]
