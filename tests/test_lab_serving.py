@@ -72,8 +72,10 @@ def test_tune_serving_front_and_reproducing_command(tmp_path):
     trace = write_trace(tmp_path / "t.csv", rows)
     res = simkv("tune", "--serving", "--trace", str(trace), *TOY, "--device-memory", "1GiB", "--device", "h100-sxm",
                 "--param", "block_size=16,32", "--param", "num_kv_blocks=0,8,24,64",
-                "--param", "max_num_batched_tokens=64,256", "--search", "grid", "--workers", "2", "--json")
+                "--param", "max_num_batched_tokens=64,256", "--search", "grid", "--workers", "2", "--json",
+                "--figure", str(tmp_path / "front.html"))
     assert res.returncode == 0, res.stderr
+    assert "p99 TPOT (ms)" in (tmp_path / "front.html").read_text()
     out = json.loads(res.stdout)
     names = out["objectives"]
     assert names == ["peak:max", "tpot_p99:max", "ttft_p99:max"]
