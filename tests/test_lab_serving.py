@@ -23,7 +23,7 @@ TOY = ["--model", "custom", "--layers", "2", "--heads", "2", "--kv-heads", "2", 
 
 def simkv(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "simkv.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          check=False, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def write_trace(path: Path, rows) -> Path:
