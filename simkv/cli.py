@@ -669,6 +669,18 @@ def _add_tune_parser(sub) -> None:
     s.add_argument("--search", choices=tune.SEARCHES, default="optuna", help="optuna (default), random or grid")
     s.add_argument("--budget", type=int, default=60, help="configurations to try (default 60; grid: the most allowed)")
     s.add_argument("--seed", type=int, default=0, help="trace sampling and search seed (default 0)")
+    v = p.add_argument_group("serving (--serving: tune GenAI's scheduler settings on a trace, simkv.lab.tune_serving)")
+    v.add_argument("--serving", action="store_true", help="search paged serving settings (block_size, cache_size GiB "
+                   "or num_kv_blocks, max_num_batched_tokens, max_num_seqs, dynamic_split_fuse, prefix_caching) for "
+                   "the requests of --trace served with their arrival times; baseline: GenAI's defaults; metrics: "
+                   "peak, pool, tpot_p99, ttft_p99, preemptions, copied, waste, time (default objectives "
+                   "peak:max tpot_p99:max ttft_p99:max); constraints: every request FINISHED, peak <= device memory - weights")
+    v.add_argument("--limit", type=int, help="serve the first N requests of the trace (default 1000)")
+    v.add_argument("--device", metavar="NAME|host|PATH", help="cost-model device that times the steps, and its "
+                   "memory unless --device-memory (default xeon-8480, as simkv run --trace)")
+    v.add_argument("--max-context", type=int, help="refuse prompts at or above this (default: the preset's context; 0: none)")
+    v.add_argument("--max-preemptions", type=int, help="stop a candidate's run after this many preemptions: "
+                   "infeasible (default: one per request; bounds the time a far too small pool takes)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result as JSON (keys baseline, recommendation, pareto, command)")
     o.add_argument("--figure", metavar="PATH.html|.png|.svg", help="write the Pareto front figure")
@@ -700,9 +712,26 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         sweep.check_out_path(args.out)
     if args.figure and not args.figure.endswith((".html", ".png", ".svg")):
         raise SimkvError(f"--figure must end in .html, .png or .svg, got {args.figure!r}")
+    serving_only = [f for f in ("limit", "device", "max_context", "max_preemptions") if getattr(args, f) is not None]
+    if serving_only and not args.serving:
+        raise SimkvError(f"--{serving_only[0].replace('_', '-')} is for --serving")
     base = _point_from_args(args)
     holdout = []
-    if args.trace:
+    target = None
+    if args.serving:
+        from simkv.lab import tune_serving
+
+        if not args.trace:
+            raise SimkvError("--serving needs --trace PATH (the requests to serve)")
+        target = tune_serving.build_target(
+            trace=args.trace, limit=args.limit, model=None if args.model == "custom" else args.model,
+            layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
+            precision=args.precision, device=args.device, device_memory=args.device_memory,
+            weights_memory=args.weights_memory, weights_precision=args.weights_precision,
+            max_context=args.max_context, max_preemptions=args.max_preemptions)
+        base = {"policy": "paged"}
+        workloads, source = [], f"the first {target.limit:,} requests of {args.trace}"
+    elif args.trace:
         (prompts, decodes), (held_p, held_d) = traces.split(args.trace, args.samples, args.holdout, args.seed)
 
         def pairs(ps, ds):
@@ -715,15 +744,20 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise SimkvError("--holdout needs --trace")
     else:
         workloads, source = [(args.prompt, args.decode)], "the scenario flags"
+    if target:
+        params = [tune.Param.parse(x, "paged", tune_serving.kinds()) for x in (args.param or tune_serving.TUNABLE)]
+        objectives = args.objective or tune_serving.DEFAULT_OBJECTIVES
+    else:
+        params = [tune.Param.parse(x, args.policy) for x in (args.param or tune.TUNABLE.get(args.policy, ()))]
+        objectives = args.objective or tune.DEFAULT_OBJECTIVES
     spec = tune.TuneSpec(
-        base=base, params=[tune.Param.parse(x, args.policy) for x in (args.param or tune.TUNABLE.get(args.policy, ()))],
-        workloads=workloads,
-        objectives=[tune.Objective.parse(x) for x in (args.objective or tune.DEFAULT_OBJECTIVES)],
+        base=base, params=params, workloads=workloads, objectives=[tune.Objective.parse(x) for x in objectives],
         constraints=[tune.Constraint.parse(x) for x in args.constraint or ()],
-        search=args.search, budget=args.budget, seed=args.seed, holdout=holdout)
+        search=args.search, budget=args.budget, seed=args.seed, holdout=holdout, serving=target)
     result = tune.run_tune(spec, workers=args.workers, scheduler=args.scheduler, out=args.out,
                            progress=sys.stderr.isatty() and not args.json)
-    command = tune.run_command(base, result.recommendation.params)
+    command = (target.command(result.recommendation.params) if target
+               else tune.run_command(base, result.recommendation.params))
     tune_command = shlex.join(["simkv", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else ""
     if args.figure:
         from simkv.lab.output import save_figure
@@ -733,9 +767,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         json.dump(result.to_json(command, tune_command, source), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(f"simkv tune: {args.policy} over {len(workloads)} workloads from {source}; search {args.search}, "
+        what = (f"GenAI scheduler settings serving {source}" if target
+                else f"{args.policy} over {len(workloads)} workloads from {source}")
+        print(f"simkv tune: {what}; search {args.search}, "
               f"{len(result.evaluated)} configurations; objectives {', '.join(o.name for o in spec.objectives)}; "
-              f"constraints: no OOM, peak:max <= {format_bytes(spec.free_bytes)} free"
+              f"constraints: {'every request FINISHED' if target else 'no OOM'}, "
+              f"peak:max <= {format_bytes(spec.free_bytes)} free"
               + "".join(f", {c.name}" for c in spec.constraints))
         print("\n".join(tune.summary_lines(result, command)))
         if args.figure:

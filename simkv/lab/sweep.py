@@ -88,13 +88,17 @@ def param_kind(key: str, policy: str) -> type:
                       f"nor a scenario field ({', '.join(SCENARIO_FIELDS)})")
 
 
-def parse_param(spec: str, policy: str) -> tuple[str, list]:
-    """``KEY=START:STOP:STEP`` (STOP included when on the grid) or ``KEY=V1,V2,…`` → (key, values)."""
+def parse_param(spec: str, policy: str, kinds: dict[str, type] | None = None) -> tuple[str, list]:
+    """``KEY=START:STOP:STEP`` (STOP included when on the grid) or ``KEY=V1,V2,…`` → (key, values).
+
+    ``kinds`` (key → type) replaces the policy's options and the scenario fields as the keys allowed."""
     key, sep, text = spec.partition("=")
     key = key.strip().replace("-", "_")
     if not sep or not key or not text.strip():
         raise ConfigError(f"--param expects KEY=START:STOP:STEP or KEY=V1,V2,..., got {spec!r}")
-    kind = param_kind(key, policy)
+    if kinds is not None and key not in kinds:
+        raise ConfigError(f"--param {key}: not one of {', '.join(kinds)}")
+    kind = kinds[key] if kinds is not None else param_kind(key, policy)
     if ":" in text:
         parts = text.split(":")
         if len(parts) != 3 or kind not in (int, float):

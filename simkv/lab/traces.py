@@ -88,5 +88,7 @@ def split(path: str | Path, samples: int, holdout: int, seed: int):
 
 #: The Azure LLM inference trace 2023, conversation service (data/traces/README.md), in a source checkout.
 AZURE_CONV = Path(__file__).resolve().parents[2] / "data" / "traces" / "azure_llm_2023_conv.csv"
+#: The same hour of the code-completion service (longer prompts, short answers).
+AZURE_CODE = AZURE_CONV.with_name("azure_llm_2023_code.csv")
 
-__all__ = ["AZURE_CONV", "read_trace", "sample", "split", "MAX_ROWS", "MAX_SAMPLES"]
+__all__ = ["AZURE_CODE", "AZURE_CONV", "read_trace", "sample", "split", "MAX_ROWS", "MAX_SAMPLES"]

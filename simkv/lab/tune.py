@@ -17,6 +17,9 @@ aggregated over them — ``mean`` or ``max`` (the worst case).
   objective. Recommendation: the feasible configuration that is no worse than
   the baseline (the policy's defaults) on every objective and best on the first;
   ``improved`` is false (and the recommendation is the baseline) if none is.
+* Serving (``TuneSpec.serving``, :mod:`simkv.lab.tune_serving`): the candidates are GenAI scheduler
+  settings and the workload is a trace served with its arrival times; same search, front and
+  recommendation, with the serving metrics (p99 TPOT, pool bytes, preemptions …).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from simkv.errors import ConfigError
 from simkv.lab import sweep
 from simkv.units import format_bytes, parse_bytes
 
-#: Objective metric names → sweep row columns.
+#: Objective metric names → sweep row columns (a session tune).
 METRICS = {
     "peak": "peak_allocated_bytes",
     "spike_p99": "spike_p99_bytes",
@@ -42,10 +45,26 @@ METRICS = {
     "copied": "bytes_copied",
     "waste": "mean_waste_bytes",
 }
+#: The same for a serving tune (rows of simkv.lab.tune_serving.serve_row).
+SERVING_METRICS = {
+    "peak": "peak_allocated_bytes",
+    "pool": "pool_bytes",
+    "tpot_p99": "tpot_p99_s",
+    "ttft_p99": "ttft_p99_s",
+    "preemptions": "preemptions",
+    "copied": "bytes_copied",
+    "waste": "mean_waste_bytes",
+    "time": "sim_time_s",
+}
+COLUMNS = {**METRICS, **SERVING_METRICS}
 LABELS = {
     "peak": "peak allocated", "spike_p99": "p99 in-step spike", "spike": "largest in-step spike",
     "reallocs": "reallocations per session", "copied": "bytes copied", "waste": "mean waste (allocated − used)",
+    "pool": "pool (largest allocation)", "tpot_p99": "p99 TPOT", "ttft_p99": "p99 TTFT",
+    "preemptions": "preemptions", "time": "simulated time to serve the trace",
 }
+SECONDS = ("tpot_p99", "ttft_p99", "time")
+COUNTS = ("reallocs", "preemptions")
 AGGREGATES = ("mean", "max")
 SEARCHES = ("optuna", "random", "grid")
 DEFAULT_OBJECTIVES = ("peak:max", "reallocs:mean")  # memory to budget for, time spent copying
@@ -69,8 +88,8 @@ class Objective:
     def parse(cls, text: str) -> "Objective":
         metric, _, agg = text.strip().partition(":")
         agg = agg or "mean"
-        if metric not in METRICS or agg not in AGGREGATES:
-            raise ConfigError(f"objective {text!r}: expected METRIC[:mean|max] with METRIC one of {', '.join(METRICS)}")
+        if metric not in COLUMNS or agg not in AGGREGATES:
+            raise ConfigError(f"objective {text!r}: expected METRIC[:mean|max] with METRIC one of {', '.join(COLUMNS)}")
         return cls(metric, agg)
 
     @property
@@ -79,17 +98,30 @@ class Objective:
 
     @property
     def is_bytes(self) -> bool:
-        return self.metric != "reallocs"
+        return self.metric not in COUNTS + SECONDS
+
+    @property
+    def is_seconds(self) -> bool:
+        return self.metric in SECONDS
+
+    @property
+    def scale(self) -> float:
+        """Figure units: MiB, ms or plain counts."""
+        return 1 / 2**20 if self.is_bytes else 1e3 if self.is_seconds else 1.0
 
     def label(self) -> str:
-        unit = " (MiB)" if self.is_bytes else ""
+        unit = " (MiB)" if self.is_bytes else " (ms)" if self.is_seconds else ""
         return f"{'mean' if self.agg == 'mean' else 'worst'} {LABELS[self.metric]}{unit}"
 
     def of(self, rows: list[dict]) -> float:
-        values = np.array([r[METRICS[self.metric]] for r in rows], dtype=np.float64)
+        values = np.array([r[COLUMNS[self.metric]] for r in rows], dtype=np.float64)
         return float(values.mean() if self.agg == "mean" else values.max())
 
     def show(self, value: float) -> str:
+        if not np.isfinite(value):
+            return "-"
+        if self.is_seconds:
+            return f"{value * 1e3:,.3f} ms"
         return format_bytes(int(round(value))) if self.is_bytes else f"{value:,.2f}"
 
 
@@ -104,15 +136,20 @@ class Constraint:
         if not m:
             raise ConfigError(f"constraint {text!r}: expected METRIC[:mean|max]<=VALUE, e.g. peak:max<=2GiB")
         obj = Objective.parse(m.group(1))
+        text = m.group(2)
         try:
-            limit = float(parse_bytes(m.group(2))) if obj.is_bytes else float(m.group(2))
+            if obj.is_seconds:  # seconds, or a number with ms / s
+                limit = float(text[:-2]) / 1e3 if text.endswith("ms") else float(text.removesuffix("s"))
+            else:
+                limit = float(parse_bytes(text)) if obj.is_bytes else float(text)
         except (ConfigError, ValueError):
             raise ConfigError(f"constraint {text!r}: {m.group(2)!r} is not a number") from None
         return cls(obj, limit)
 
     @property
     def name(self) -> str:
-        shown = self.objective.show(self.limit) if self.objective.is_bytes else f"{self.limit:g}"
+        shown = (self.objective.show(self.limit) if self.objective.is_bytes or self.objective.is_seconds
+                 else f"{self.limit:g}")
         return f"{self.objective.name}<={shown}"
 
 
@@ -123,8 +160,8 @@ class Param:
     ordered: bool  # a START:STOP:STEP range (Optuna searches an index) rather than a list
 
     @classmethod
-    def parse(cls, spec: str, policy: str) -> "Param":
-        key, values = sweep.parse_param(spec, policy)
+    def parse(cls, spec: str, policy: str, kinds: dict[str, type] | None = None) -> "Param":
+        key, values = sweep.parse_param(spec, policy, kinds)
         return cls(key, tuple(values), ":" in spec.partition("=")[2])
 
 
@@ -156,6 +193,8 @@ class TuneSpec:
     seed: int = 0
     #: Workloads the search never sees; the baseline and the recommendation are re-scored on them.
     holdout: list[tuple[int, int]] = field(default_factory=list)
+    #: Tune serving settings instead (a :class:`simkv.lab.tune_serving.ServingTarget`; ``workloads`` unused).
+    serving: object | None = None
 
     def __post_init__(self) -> None:
         if self.search not in SEARCHES:
@@ -168,6 +207,13 @@ class TuneSpec:
             raise ConfigError("give at least one --objective")
         if len({o.name for o in self.objectives}) != len(self.objectives):
             raise ConfigError("an objective is given twice")
+        allowed = SERVING_METRICS if self.serving else METRICS
+        for o in self.objectives + [c.objective for c in self.constraints]:
+            if o.metric not in allowed:
+                raise ConfigError(f"metric {o.metric!r} is not measured by a {'serving' if self.serving else 'session'} "
+                                  f"tune; choose one of {', '.join(allowed)}")
+        if self.serving and self.holdout:
+            raise ConfigError("--holdout is for session workloads; a serving tune runs one trace slice (--limit)")
         if self.search == "grid" and self.grid_size > self.budget:
             raise ConfigError(f"the grid has {self.grid_size:,} configurations, more than --budget {self.budget}: "
                               "raise --budget, narrow --param or use --search optuna")
@@ -179,8 +225,23 @@ class TuneSpec:
     @property
     def free_bytes(self) -> int:
         """Device memory left for the KV cache next to the weights (``--weights-memory``)."""
+        if self.serving:
+            return self.serving.free_bytes
         sc = sweep.scenario_of(self.base)
         return sc.device_memory - sc.weights_memory
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.serving.weights_bytes if self.serving else sweep.scenario_of(self.base).weights_memory
+
+    def defaults(self) -> dict:
+        """The baseline's value of every searched parameter."""
+        if self.serving:
+            values = self.serving.defaults()
+        else:
+            policy = sweep.scenario_of(self.base).policy
+            values = {p.key: getattr(policy, p.key, self.base.get(p.key)) for p in self.params}
+        return {p.key: values.get(p.key) for p in self.params}
 
 
 @dataclass
@@ -196,17 +257,20 @@ class TuneResult:
 
     def to_json(self, command: str, tune_command: str, workloads_source: str) -> dict:
         s = self.spec
-        prompts = [p for p, _ in s.workloads]
-        decodes = [d for _, d in s.workloads]
+        if s.serving:
+            workloads = s.serving.describe()
+        else:
+            workloads = {"source": workloads_source, "count": len(s.workloads),
+                         "prompt": _stats([p for p, _ in s.workloads]), "decode": _stats([d for _, d in s.workloads])}
         return {
             "policy": s.base["policy"],
             "search": s.search, "budget": s.budget, "seed": s.seed,
-            "workloads": {"source": workloads_source, "count": len(s.workloads),
-                          "prompt": _stats(prompts), "decode": _stats(decodes)},
+            "workloads": workloads,
             "params": {p.key: list(p.values) if not p.ordered else [p.values[0], p.values[-1]] for p in s.params},
             "objectives": [o.name for o in s.objectives],
-            "constraints": ["no OOM", f"peak:max<={s.free_bytes}"] + [c.name for c in s.constraints],
-            "weights_memory_bytes": sweep.scenario_of(s.base).weights_memory,
+            "constraints": ["every request FINISHED" if s.serving else "no OOM", f"peak:max<={s.free_bytes}"]
+            + [c.name for c in s.constraints],
+            "weights_memory_bytes": s.weights_bytes,
             "baseline": self.baseline.to_json(),
             "recommendation": self.recommendation.to_json(),
             "improved": self.improved,
@@ -296,10 +360,10 @@ def _optuna_search(spec: TuneSpec, evaluate: Evaluator, bar) -> list[Candidate]:
         warnings.simplefilter("ignore")  # "constraints_func is experimental"
         sampler = optuna.samplers.TPESampler(seed=spec.seed, constraints_func=lambda t: t.user_attrs["violation"])
     study = optuna.create_study(directions=["minimize"] * len(spec.objectives), sampler=sampler)
-    defaults = sweep.scenario_of(spec.base).policy
+    defaults = spec.defaults()
     start = {}
     for p in spec.params:  # try the defaults first when they are on the grid
-        value = getattr(defaults, p.key, spec.base.get(p.key))
+        value = defaults[p.key]
         if value in p.values:
             start[p.key] = p.values.index(value) if p.ordered else value
     if len(start) == len(spec.params):
@@ -341,8 +405,15 @@ def run_tune(spec: TuneSpec, *, workers: int | None = None, scheduler: str | Non
     from tqdm import tqdm
 
     names = [o.name for o in spec.objectives]
+    if spec.serving and out:
+        raise ConfigError("--out stores session sweep points; a serving tune has none")
     with sweep.executor(workers, scheduler) as pool:
-        evaluate = Evaluator(spec, pool, out)
+        if spec.serving:
+            from simkv.lab.tune_serving import ServingEvaluator
+
+            evaluate = ServingEvaluator(spec, pool)
+        else:
+            evaluate = Evaluator(spec, pool, out)
         baseline = evaluate({})
         with tqdm(total=spec.budget if spec.search == "optuna" else None, desc="tune", unit="config",
                   disable=not progress) as bar:
@@ -350,6 +421,8 @@ def run_tune(spec: TuneSpec, *, workers: int | None = None, scheduler: str | Non
                 found = _optuna_search(spec, evaluate, bar)
             else:
                 configs = _grid_configs(spec) if spec.search == "grid" else _random_configs(spec)
+                if hasattr(evaluate, "prefetch"):  # one run per configuration: run them side by side
+                    evaluate.prefetch(configs)
                 bar.reset(total=len(configs))
                 found = []
                 for params in configs:
@@ -404,8 +477,10 @@ def front_table(result: TuneResult) -> str:
     head = keys + [o.name for o in spec.objectives]
     rows = []
 
+    defaults = spec.defaults()
+
     def line(tag: str, c: Candidate) -> list[str]:
-        params = {**{k: getattr(sweep.scenario_of(spec.base).policy, k, "") for k in keys}, **c.params}
+        params = {**defaults, **c.params}
         return [str(params[k]) for k in keys] + [o.show(c.objectives[o.name]) for o in spec.objectives] + [tag]
 
     for c in result.pareto:
@@ -451,21 +526,21 @@ def figure(result: TuneResult):
 
     spec = result.spec
     obj = spec.objectives
-    scale = [1 / 2**20 if o.is_bytes else 1.0 for o in obj]
+    scale = [o.scale for o in obj]
 
     def xy(c: Candidate):
         if len(obj) >= 2:
             return c.objectives[obj[0].name] * scale[0], c.objectives[obj[1].name] * scale[1]
         key = spec.params[0].key
-        default = getattr(sweep.scenario_of(spec.base).policy, key, None)
-        return c.params.get(key, default), c.objectives[obj[0].name] * scale[0]
+        return c.params.get(key, spec.defaults()[key]), c.objectives[obj[0].name] * scale[0]
 
     def text(c: Candidate) -> str:
         return ", ".join(f"{k}={v}" for k, v in c.params.items()) or "defaults"
 
     fig = go.Figure()
     groups = (("other feasible", [c for c in result.evaluated if c.feasible and c not in result.pareto], OTHER_COLOR, "circle", 7),
-              ("infeasible", [c for c in result.evaluated if not c.feasible], OTHER_COLOR, "x", 7),
+              ("infeasible", [c for c in result.evaluated if not c.feasible
+                              and all(np.isfinite(v) for v in c.objectives.values())], OTHER_COLOR, "x", 7),
               ("Pareto front", result.pareto, policy_color(spec.base["policy"]), "circle", 10),
               ("defaults", [result.baseline], BASELINE_COLOR, "diamond", 13))
     if result.improved:
@@ -482,10 +557,13 @@ def figure(result: TuneResult):
     x_title = obj[0].label() if len(obj) >= 2 else spec.params[0].key
     y_title = obj[1].label() if len(obj) >= 2 else obj[0].label()
     fig.update_layout(template="plotly_white", width=900, height=560,
-                      title=f"simkv tune: {spec.base['policy']} over {len(spec.workloads)} workloads",
+                      title=(f"simkv tune --serving: GenAI scheduler settings over {len(spec.serving.template.requests):,} "
+                             f"requests of {spec.serving.trace}" if spec.serving else
+                             f"simkv tune: {spec.base['policy']} over {len(spec.workloads)} workloads"),
                       xaxis_title=x_title, yaxis_title=y_title, legend={"orientation": "h", "y": -0.18})
     return fig
 
 
 __all__ = ["Constraint", "Objective", "Param", "TuneSpec", "TuneResult", "Candidate", "run_tune", "pareto_front",
-           "figure", "front_table", "summary_lines", "run_command", "METRICS", "TUNABLE", "DEFAULT_OBJECTIVES"]
+           "figure", "front_table", "summary_lines", "run_command", "COLUMNS", "METRICS", "SERVING_METRICS",
+           "TUNABLE", "DEFAULT_OBJECTIVES"]

@@ -20,6 +20,11 @@ Schedulers over contiguous memory:
 * ``continuous`` — a waiting request joins (its whole prompt in one step) as soon as
   fewer than ``max_num_seqs`` run and its first allocation fits the device.
 
+Waste per step (allocated − used, conserved): ``reserved_bytes`` is the headroom the
+requests' own later tokens will fill (the vLLM paper's "reservation"), ``internal_bytes``
+the rest, allocated but never to hold one of the request's tokens (over-provisioning for a
+longer sequence, padding of a static batch, metadata: the paper's "internal fragmentation").
+
 When a running request's next step does not fit (``on_oom``): ``preempt`` frees the
 most recently admitted request that holds memory (it restarts from scratch later,
 recompute), ``wait`` lets the request skip the step, ``reject`` drops it. A request
@@ -248,7 +253,7 @@ class ContiguousServing:
                 dt = self.timer.step(new, pairs, kvr, copied, logits, decode_pairs)
             t += dt
             est.append(dt)
-            used_tokens = 0
+            used_tokens = reserved = 0
             finished = []
             for g, own in stepped:
                 if own:
@@ -260,8 +265,15 @@ class ContiguousServing:
                 if g.local >= g.traj.steps:
                     finished.append(g)
             for g in running:
-                used_tokens += min(g.P + g.generated, g.processed) if g.held else 0
+                if g.held:
+                    own = min(g.P + g.generated, g.processed)
+                    used_tokens += own
+                    # the part of the headroom this request's own later tokens will fill (the vLLM paper's
+                    # "reservation"); the rest of allocated − used is never filled ("internal fragmentation")
+                    final = min(g.P + g.G, g.run_P + g.run_G - 1)
+                    reserved += max(0, min(g.held, final * self.kv_token) - own * self.kv_token)
             allocated = sum(g.held for g in running)
+            internal = allocated - used_tokens * self.kv_token - reserved
             if self.trace_requests:
                 for g in list(running) + list(waiting):
                     progress_rows.append((step, g.req.id, g.generated, g.processed,
@@ -272,7 +284,7 @@ class ContiguousServing:
                 running.remove(g)
             running = [g for g in running if g.status == RUNNING]
             rows.append((step, t, n_live, len(stepped), 0, 0, allocated, used_tokens * self.kv_token, dt, new,
-                         allocated + spike, 0, 0, copied, preempted))
+                         allocated + spike, reserved, internal, copied, preempted))
             step += 1
             if bar is not None and not by_step:
                 bar(pending)

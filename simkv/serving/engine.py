@@ -102,7 +102,8 @@ class PagedServing:
     def __init__(self, requests: list[Request], model, precision, config: PagedConfig, *, device, weights_bytes: int,
                  device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
                  max_steps: int = 10_000_000,
-                 trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS) -> None:
+                 trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS,
+                 max_preemptions: int | None = None) -> None:
         self.requests = requests
         self.model, self.cfg = model, config
         self.bs = config.block_size
@@ -138,6 +139,8 @@ class PagedServing:
         self.window_blocks = self.window is not None and config.window_blocks
         self.max_steps = max_steps
         self.stall_steps = stall_steps
+        #: Stop once more preemptions than this happened (a bound for searches: such runs take the slow path).
+        self.max_preemptions = max_preemptions
         self.trace_requests = trace_requests
         self.progress = progress
         #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
@@ -221,6 +224,7 @@ class PagedServing:
         bar = self.progress
         self.stopped = None
         self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
+        self.preempted_total = 0
         longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
         stall_limit = max(self.stall_steps, 4 * longest)
         progress_mark, progress_step = -1, 0
@@ -228,9 +232,11 @@ class PagedServing:
             tokens_out = self.sampled + pending
             if tokens_out != progress_mark:
                 progress_mark, progress_step = tokens_out, self.step
-            if self.step >= self.max_steps or (live and self.step - progress_step > stall_limit):
+            too_many = self.max_preemptions is not None and self.preempted_total > self.max_preemptions
+            if self.step >= self.max_steps or too_many or (live and self.step - progress_step > stall_limit):
                 self.stopped = (f"stopped after {self.step:,} steps: {len(live)} requests never finish "
                                 + ("(the step limit)" if self.step >= self.max_steps else
+                                   f"(more than {self.max_preemptions:,} preemptions: the limit)" if too_many else
                                    f"(no token generated for {self.step - progress_step:,} steps: they keep "
                                    "preempting each other, as the real pipeline does)"))
                 for g in live:
@@ -281,6 +287,7 @@ class PagedServing:
         before_pre = sum(g.preemptions for g in live)
         total, scheduled = self.sched.schedule(live) if live else (0, [])
         preempted = sum(g.preemptions for g in live) - before_pre
+        self.preempted_total += preempted
         copied, peak = 0, self.pool_total * self.block_bytes
         if self.pool.total != self.pool_total:
             copied, peak = self._pool_rows(step, self.pool.total, inference=total > 0)

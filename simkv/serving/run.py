@@ -51,6 +51,8 @@ class ServingSpec:
     trace_requests: bool = False
     #: Stop after this many steps (the requests still running are UNFINISHED).
     max_steps: int = 10_000_000
+    #: Paged: stop once more than this many preemptions happened (the rest UNFINISHED; None: no limit).
+    max_preemptions: int | None = None
     #: "fast" plans quiet runs of steps at once; "reference" takes every step one by one (paged memory).
     engine: str = "fast"
 
@@ -269,6 +271,7 @@ def serve(spec: ServingSpec, progress=False) -> ServingResult:
                                weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
                                block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                                trace_requests=spec.trace_requests, max_steps=spec.max_steps,
+                               max_preemptions=spec.max_preemptions,
                                progress=bar.update_to if bar else None)
             if spec.engine not in ("fast", "reference"):
                 raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")

@@ -1,0 +1,214 @@
+"""``simkv tune --serving``: search GenAI's scheduler settings for a serving trace.
+
+The candidate is a paged serving configuration (OpenVINO GenAI ``SchedulerConfig``: ``block_size``,
+the pool — ``num_kv_blocks`` or ``cache_size`` GiB, both 0 = the dynamic pool —,
+``max_num_batched_tokens``, ``max_num_seqs``, ``dynamic_split_fuse``, ``prefix_caching``); the workload
+is the first ``limit`` requests of a trace, served by :func:`simkv.serving.serve` with their arrival
+times. Objectives are the run's metrics (peak or pool bytes, p99 TPOT/TTFT, preemptions, bytes copied,
+mean waste, simulated time). The baseline is GenAI's defaults (:class:`simkv.serving.PagedConfig`:
+block 32, dynamic pool, 256 batched tokens, 256 sequences, split-fuse on). Feasible means every request
+FINISHED (none IGNORED, REJECTED or left unfinished) and the peak fits next to the weights.
+
+Bounded: at most :data:`MAX_REQUESTS` requests, and a run stops (infeasible) after more preemptions
+than ``max_preemptions`` (default: one per request) — recomputing requests takes the engine's slow
+path, so a pool far too small would otherwise take minutes per candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+
+from simkv.errors import ConfigError
+
+#: Tunable keys (named as the ``simkv run`` flags) → (PagedConfig field, type).
+PARAMS: dict[str, tuple[str, type]] = {
+    "block_size": ("block_size", int), "num_kv_blocks": ("num_kv_blocks", int), "cache_size": ("cache_size_gib", float),
+    "max_num_batched_tokens": ("max_num_batched_tokens", int), "max_num_seqs": ("max_num_seqs", int),
+    "dynamic_split_fuse": ("dynamic_split_fuse", bool), "prefix_caching": ("enable_prefix_caching", bool),
+}
+#: What to search when no --param is given.
+TUNABLE = ("block_size=16,32,64", "cache_size=0,2,4,8,16", "max_num_batched_tokens=128,256,512,1024,2048")
+DEFAULT_OBJECTIVES = ("peak:max", "tpot_p99:max", "ttft_p99:max")
+#: Requests one candidate serves at most.
+MAX_REQUESTS = 100_000
+DEFAULT_LIMIT = 1000
+
+
+def kinds() -> dict[str, type]:
+    return {k: t for k, (_, t) in PARAMS.items()}
+
+
+def serve_row(spec) -> dict:
+    """Serve one configuration; its metrics as a tuner row (module-level: worker processes run it)."""
+    from simkv.serving import serve
+
+    try:
+        result = serve(spec)
+    except ConfigError as err:  # e.g. a pool larger than the device: infeasible, not an error of the search
+        return {"error": str(err)}
+    m = result.metrics
+    steps = result.steps
+    return {
+        "peak_allocated_bytes": m["peak_allocated_bytes"],
+        "pool_bytes": int(steps["allocated_bytes"].max()) if len(steps) else 0,
+        "bytes_copied": m["bytes_copied"], "mean_waste_bytes": m["waste_bytes"],
+        # no request with two tokens (or none finished): no TPOT; the constraints flag such runs
+        "tpot_p99_s": m["tpot_p99_s"] or 0.0, "ttft_p99_s": m["ttft_p99_s"] or 0.0,
+        "preemptions": m["preemptions"], "sim_time_s": m["sim_time_s"],
+        "requests_total": m["requests_total"], "requests_finished": m["requests_finished"],
+        "requests_ignored": m["requests_ignored"], "requests_rejected": m["requests_rejected"],
+        "requests_unfinished": m["requests_unfinished"], "stopped": result.stopped,
+    }
+
+
+@dataclass
+class ServingTarget:
+    """The fixed part of every candidate: requests, model, precision, device; and how to run one."""
+
+    template: object  # a ServingSpec (paged, continuous); its ``paged`` is the baseline
+    trace: str
+    limit: int
+    #: Flags of the reproducing ``simkv run`` line besides the searched ones (model, device, …).
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.template.device_memory - self.template.weights_bytes
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.template.weights_bytes
+
+    def defaults(self) -> dict:
+        return {key: getattr(self.template.paged, name) for key, (name, _) in PARAMS.items()}
+
+    def spec(self, params: dict):
+        unknown = sorted(set(params) - set(PARAMS))
+        if unknown:
+            raise ConfigError(f"--param {unknown[0]}: not a serving parameter ({', '.join(PARAMS)})")
+        cfg = dataclasses.replace(self.template.paged, **{PARAMS[k][0]: v for k, v in params.items()})
+        return dataclasses.replace(self.template, paged=cfg)
+
+    def command(self, params: dict) -> str:
+        """A ``simkv run --trace`` line serving the same requests with ``params``."""
+        cfg = self.spec(params).paged
+        base = self.template.paged
+        words = ["simkv", "run", "--trace", self.trace, "--limit", str(self.limit), *self.flags]
+        for key, (name, kind) in PARAMS.items():
+            value = getattr(cfg, name)
+            if value == getattr(base.__class__(), name):
+                continue
+            if key == "dynamic_split_fuse":
+                words.append("--no-dynamic-split-fuse")
+            elif key == "prefix_caching":
+                words.append("--prefix-caching")
+            else:
+                words += [f"--{key.replace('_', '-')}", f"{value:g}" if kind is float else str(value)]
+        return shlex.join(words)
+
+    def describe(self) -> dict:
+        t = self.template
+        return {"source": self.trace, "requests": len(t.requests), "model": t.model.name,
+                "precision": t.precision.name, "device": t.device, "device_memory_bytes": t.device_memory,
+                "max_preemptions": t.max_preemptions}
+
+
+def build_target(*, trace: str, limit: int | None, model: str | None, layers=None, heads=None, kv_heads=None,
+                 head_dim=None, precision: str | None, device: str | None, device_memory, weights_memory,
+                 weights_precision, max_context: int | None, max_preemptions: int | None) -> ServingTarget:
+    """A target from the flag values of ``simkv tune --serving`` (the same meaning as ``simkv run --trace``)."""
+    from simkv.cost import get_device
+    from simkv.models import custom_model, get_model
+    from simkv.precision import get_precision
+    from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
+    from simkv.serving import PagedConfig, ServingSpec, load_trace
+    from simkv.serving.run import CONTEXT, DEFAULT_DEVICE
+    from simkv.units import parse_bytes
+
+    limit = DEFAULT_LIMIT if limit is None else limit
+    if not 1 <= limit <= MAX_REQUESTS:
+        raise ConfigError(f"--limit must be in 1..{MAX_REQUESTS:,}, got {limit}")
+    if max_preemptions is not None and max_preemptions < 0:
+        raise ConfigError(f"--max-preemptions must be >= 0, got {max_preemptions}")
+    base = get_model(model) if model else None
+    spec_model = custom_model(base, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    prec = get_precision(precision or "u8")  # GenAI's CPU default for the paged cache
+    prec.data_bytes_per_token(spec_model)
+    requests = load_trace(trace, limit=limit)
+    device = device or DEFAULT_DEVICE
+    memory = None if device_memory in (None, DEFAULT_DEVICE_MEMORY) else parse_bytes(device_memory)
+    if memory is None:
+        memory = get_device(device).memory_bytes
+    weights = resolve_weights_memory(spec_model, weights_memory, weights_precision)
+    if weights >= memory:
+        raise ConfigError(f"the weights ({weights:,} B) fill the device memory ({memory:,} B)")
+    context = max_context if max_context is not None else CONTEXT.get(spec_model.name)
+    cap = len(requests) if max_preemptions is None else max_preemptions
+    template = ServingSpec(requests, spec_model, prec, "continuous", "paged", PagedConfig(), device=device,
+                           device_memory=memory, weights_bytes=weights, max_context=context, max_preemptions=cap)
+    flags = ["--model", model or "custom"]
+    for flag, value in (("--layers", layers), ("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim),
+                        ("--precision", precision), ("--device", device), ("--device-memory", device_memory
+                        if memory != get_device(device).memory_bytes else None), ("--weights-memory", weights_memory),
+                        ("--weights-precision", weights_precision), ("--max-context", max_context)):
+        if value is not None:
+            flags += [flag, str(value)]
+    target = ServingTarget(template, str(trace), len(requests), flags)
+    from simkv.serving.requests import check_workload
+
+    check_workload(requests, context)  # a prompt beyond the context: one line now, not one per candidate
+    return target
+
+
+class ServingEvaluator:
+    """Serves a configuration (cached by parameters) and scores it as :class:`simkv.lab.tune.Evaluator` does."""
+
+    def __init__(self, spec, pool):
+        self.spec, self.pool = spec, pool
+        self.target: ServingTarget = spec.serving
+        self.cache: dict = {}
+
+    @staticmethod
+    def _key(params: dict) -> tuple:
+        return tuple(sorted(params.items()))
+
+    def prefetch(self, configs: list[dict]) -> None:
+        """Serve every configuration not yet cached, on the executor's workers (grid and random search)."""
+        todo = list({self._key(c): c for c in configs if self._key(c) not in self.cache}.values())
+        for i, row in self.pool.map_unordered(serve_row, [self.target.spec(p) for p in todo]):
+            self.cache[self._key(todo[i])] = self.score(todo[i], row)
+
+    def __call__(self, params: dict):
+        key = self._key(params)
+        if key not in self.cache:
+            self.cache[key] = self.score(params, serve_row(self.target.spec(params)))
+        return self.cache[key]
+
+    def score(self, params: dict, row: dict):
+        from simkv.lab.tune import Candidate
+        from simkv.units import format_bytes
+
+        if "error" in row:
+            return Candidate(dict(params), {o.name: float("inf") for o in self.spec.objectives}, [row["error"]], [row])
+        objectives = {o.name: o.of([row]) for o in self.spec.objectives}
+        violations = []
+        failed = row["requests_ignored"] + row["requests_rejected"] + row["requests_unfinished"]
+        if failed:
+            parts = [f"{row[f'requests_{s}']:,} {s.upper()}" for s in ("ignored", "rejected", "unfinished")
+                     if row[f"requests_{s}"]]
+            violations.append(f"{failed:,} of {row['requests_total']:,} requests not served ({', '.join(parts)})"
+                              + (f"; {row['stopped']}" if row["stopped"] else ""))
+        if row["peak_allocated_bytes"] > self.target.free_bytes:
+            violations.append(f"peak {format_bytes(row['peak_allocated_bytes'])} > "
+                              f"{format_bytes(self.target.free_bytes)} free next to the weights")
+        for c in self.spec.constraints:
+            value = c.objective.of([row])
+            if value > c.limit:
+                violations.append(f"{c.objective.name} = {c.objective.show(value)} > {c.objective.show(c.limit)}")
+        return Candidate(dict(params), objectives, violations, [row])
+
+
+__all__ = ["DEFAULT_OBJECTIVES", "PARAMS", "TUNABLE", "ServingEvaluator", "ServingTarget", "build_target",
+           "serve_row"]
