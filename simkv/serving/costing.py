@@ -72,21 +72,22 @@ class StepTimer:
         nonneg += [coef[1] + coef[5] for _, coef in self.terms + [self.copy]]
         if min(nonneg) < 0 or self.min_seconds < 0:
             raise SimkvError("the cost model has a negative term")
+        # each term as (constant, [(coefficient, input index) for the non-zero coefficients])
+        self._nonzero = [(c0, [(c, i) for i, c in enumerate(coef) if c]) for c0, coef in self.terms + [self.copy]]
         self.chunks: list = []
         self.pending: list[tuple] = []
+
+    def _eval(self, x):
+        """The rooflines with the probed coefficients; scalars or arrays, the same operations in the same order."""
+        w, mm, kv, at, cp = (self._affine(t, x) for t in self._nonzero)
+        return np.maximum(w, mm) + np.maximum(kv, at) + cp + self._ovh
 
     @staticmethod
     def _affine(term, x):
         total, coef = term
-        for c, v in zip(coef, x):
-            if c:
-                total = total + c * v
+        for c, i in coef:
+            total = total + c * x[i]
         return total
-
-    def _eval(self, x):
-        """The rooflines with the probed coefficients; scalars or arrays, the same operations in the same order."""
-        w, mm, kv, at = (self._affine(t, x) for t in self.terms)
-        return np.maximum(w, mm) + np.maximum(kv, at) + self._affine(self.copy, x) + self._ovh
 
     def step(self, new_tokens, pairs, kv_read_tokens, copy_bytes, logit_tokens, decode_pairs=0) -> float:
         """Seconds of one step; the inputs are recorded for :meth:`official`."""
@@ -102,7 +103,7 @@ class StepTimer:
     def record(self, new_tokens, pairs, kv_read_tokens, logit_tokens, decode_pairs=0) -> None:
         self._flush()
         z = np.zeros(len(new_tokens))
-        self.chunks.append((new_tokens, pairs, kv_read_tokens, z, logit_tokens, np.broadcast_to(decode_pairs, z.shape)))
+        self.chunks.append((new_tokens, pairs, kv_read_tokens, z, logit_tokens, decode_pairs if np.ndim(decode_pairs) else z))
 
     def record_idle(self) -> None:
         self.pending.append((0, 0, 0, 0, 0, 0))

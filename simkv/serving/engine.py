@@ -309,9 +309,10 @@ class PagedServing:
             for g in scheduled:
                 n, s, p = len(g.tables), g.scheduled, g.processed
                 new += n * s
-                pairs += n * attended_pairs(p, s, self.window)
+                attended = n * attended_pairs(p, s, self.window)
+                pairs += attended
                 if s == 1:  # a one-token query (simkv.cost: decode_pairs)
-                    decode_pairs += n * attended_pairs(p, s, self.window)
+                    decode_pairs += attended
                 kv_read += n * (p + s if self.window is None else min(p + s, self.window))  # tokens read
                 if p + s >= g.P and p + s > g.maxc:
                     logits += n
