@@ -220,6 +220,53 @@ def test_paged_invariants(case):
         [(g.status, g.generated, g.first_token_s, g.finish_s) for g in groups2.values()]
 
 
+@st.composite
+def timed_workloads(draw):
+    """Arrivals in seconds (a step is ~0.5 ms here), so they join planned runs at steps found from the times."""
+    n = draw(st.integers(1, 14))
+    reqs, t = [], 0.0
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.0002, 0.0007, 0.0013, 0.004, 0.02]))
+        reqs.append(Request(i, draw(st.integers(1, 90)), draw(st.integers(1, 50)), arrival_s=t,
+                            samples=draw(st.sampled_from([1, 1, 1, 2]))))
+    cfg = dict(block_size=draw(st.sampled_from([4, 8, 32])), num_kv_blocks=draw(st.sampled_from([0, 6, 12, 40, 400])),
+               max_num_batched_tokens=draw(st.sampled_from([16, 64, 256])), on_oom=draw(st.sampled_from(["preempt", "wait"])))
+    return reqs, cfg
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(timed_workloads())
+def test_fast_equals_reference_with_timed_arrivals(case):
+    reqs, cfg = case
+    a, ga, sa = run(reqs, fast=False, **cfg)
+    b, gb, sb = run(reqs, fast=True, **cfg)
+    assert np.array_equal(sa, sb) and a.ledger == b.ledger
+    assert [(g.status, g.generated, g.added_step, g.first_token_s, g.finish_s) for g in ga.values()] == \
+        [(g.status, g.generated, g.added_step, g.first_token_s, g.finish_s) for g in gb.values()]
+
+
+def test_fast_equals_reference_when_arrivals_join_runs():
+    # Arrivals join planned runs (many per run), and a run must stop before an arrival that cannot join
+    # even where steps are longer than the bound that sized the run: llama-2-7b on an H100, where prefill
+    # chunks take twice the weights' streaming time (a bug here once added request 69 ten steps late).
+    from simkv.cost import get_device as device_named
+    from simkv.models import get_model
+    from simkv.scenario import resolve_weights_memory
+    from simkv.serving import load_trace
+
+    reqs, model, dev = load_trace(AZURE_CONV, limit=300), get_model("llama-2-7b"), device_named("h100-sxm")
+    out = []
+    for fast in (False, True):
+        eng = PagedServing(reqs, model, get_precision("u8"), PagedConfig(), device=dev,
+                           weights_bytes=resolve_weights_memory(model, None, None), device_memory=dev.memory_bytes)
+        groups, steps, _, _ = eng.run(fast=fast)
+        out.append((steps, [(g.added_step, g.first_token_step, g.finish_step) for g in groups], eng))
+    (a, ga, _), (b, gb, eng) = out
+    assert np.array_equal(a, b) and ga == gb
+    assert a[0].tolist() == b[0].tolist() and eng.pool.used() == 0
+    assert sum(1 for r in eng.rows if not isinstance(r, tuple)) < 150  # arrivals joined runs: fewer runs than arrivals
+
+
 @pytest.mark.parametrize("decode_attention", [None, 1e9])
 def test_fast_equals_reference_on_a_trace_slice(decode_attention):
     # also with one-token queries at a rate of their own (a CPU's decode attention: simkv.cost)

@@ -12,6 +12,8 @@ With arrivals in seconds, an idle engine jumps to the next arrival; with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from simkv.errors import ConfigError
@@ -25,6 +27,52 @@ from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, Con
 GIB = 1024**3
 #: Longest run of steps planned at once (bounds the arrays of a plan).
 KMAX = 512
+#: Arrivals that may join one planned run.
+JOINS_PER_RUN = 32
+
+
+@dataclass
+class _Run:
+    """A planned run of ``K`` steps: per-request rows (lists, one entry per request) and per-step sums."""
+
+    K: int
+    tok: list  # tokens scheduled (matrices of rows x steps, then one row per newcomer)
+    ctx: list  # tokens processed after each step
+    held: list  # blocks held
+    alive: list  # present and holding blocks
+    sampled: list  # a token sampled
+    nb: list  # blocks held at the start
+    fin: list  # step of the last token (>= K: not in this run)
+    start: list  # first decode step
+    dec: list  # generating at the start
+    nd: np.ndarray  # decoders per step
+    taken: np.ndarray  # prompt tokens per step
+    used: np.ndarray  # blocks in use per step
+    new: np.ndarray
+    pairs: np.ndarray
+    kvr: np.ndarray
+    logits: np.ndarray
+    decode_pairs: np.ndarray | None
+    sec: np.ndarray | None = None
+    times: np.ndarray | None = None
+
+    def cut(self, k: int) -> None:
+        """Keep the first ``k`` steps (or fewer): the per-step arrays now, the rows when committed."""
+        if k >= self.K:
+            return
+        self.K = k
+        for name in ("nd", "taken", "used", "new", "pairs", "kvr", "logits", "decode_pairs", "sec", "times"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value[:k])
+
+    def add_row(self, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
+        for rows, row in ((self.tok, tok), (self.ctx, ctx), (self.held, held), (self.alive, alive), (self.sampled, sampled)):
+            rows.append(row[None, :])
+        self.nb.append(0)
+        self.fin.append(fin)
+        self.start.append(start)
+        self.dec.append(False)
 #: A run stops when no token has been generated for this many steps (or 4x the longest request):
 #: requests that keep preempting each other (a sample group larger than the pool) never finish.
 STALL_STEPS = 10_000
@@ -246,16 +294,17 @@ class PagedServing:
                 while pending < len(reqs) and reqs[pending].arrival_step <= self.step:
                     live.append(self._add(reqs[pending], pending))
                     pending += 1
-                nxt = (reqs[pending].arrival_step, None) if pending < len(reqs) else (None, None)
             else:
                 if not live and reqs[pending].arrival_s > self.t:
                     self.t = reqs[pending].arrival_s
                 while pending < len(reqs) and reqs[pending].arrival_s <= self.t:
                     live.append(self._add(reqs[pending], pending))
                     pending += 1
-                nxt = (None, reqs[pending].arrival_s) if pending < len(reqs) else (None, None)
-            if not (fast and live and self._run_of_steps(live, *nxt)):
+            joined = self._run_of_steps(live, pending) if fast and live else None
+            if joined is None:
                 self._slow_step(live)
+            else:
+                pending += joined
             live = [g for g in live if g.status == RUNNING]
             if bar is not None and not by_step:
                 bar(pending)
@@ -360,25 +409,28 @@ class PagedServing:
 
     # -- a quiet run of steps at once --------------------------------------------------------------
 
-    def _run_of_steps(self, live: list[Group], next_step: int | None, next_s: float | None) -> bool:
+    def _run_of_steps(self, live: list[Group], pending: int) -> int | None:
         """Plan the steps in which nothing but arithmetic happens, all at once.
 
         In such a run every generating sequence decodes one token per step and the requests
         in their prompt phase share the rest of the token budget in request order (a prompt
         that completes starts decoding the next step; one that finishes leaves, its blocks
-        freed), and every block needed is free. The run ends before the step an arrival
-        joins, before a step that would need more blocks than are free or more decode
-        tokens than the budget (that step goes the reference way: growth, preemption).
-        Block ids are handed out and freed in the reference order. False when the present
-        state does not allow a run of at least two steps.
+        freed), and every block needed is free. The run ends before a step that would need
+        more blocks than are free or more decode tokens than the budget (that step goes the
+        reference way: growth, preemption). Block ids are handed out and freed in the
+        reference order.
+
+        Arrivals join the run at the step the reference adds them (:meth:`_join`). Returns how
+        many did (they are appended to ``live``), or None when the present state does not
+        allow a run of at least two steps.
         """
         cfg, sched, pool = self.cfg, self.sched, self.pool
         if cfg.enable_prefix_caching or self.trace_requests or self.observe is not None or not cfg.dynamic_split_fuse:
-            return False
+            return None
         if not sched.initialized or pool.total != self.pool_total:
-            return False  # the pool's tensors are (re)allocated in this step
+            return None  # the pool's tensors are (re)allocated in this step
         if self.window_blocks and any(g.P + g.G > self.window for g in live):
-            return False  # blocks leave the window: step by step
+            return None  # blocks leave the window: step by step
         n = len(live)
         proc = np.empty(n, dtype=np.int64)
         P = np.empty(n, dtype=np.int64)
@@ -388,23 +440,28 @@ class PagedServing:
         prompt_phase = False
         for j, g in enumerate(live):
             if len(g.tables) != 1:
-                return False
+                return None
             if g.maxc >= g.P:
                 if g.maxc != g.processed:
-                    return False
+                    return None
             else:
                 if g.n > 1:
-                    return False  # forks at the end of its prompt
+                    return None  # forks at the end of its prompt
                 prompt_phase = True
             proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
         if sched.dynamic and prompt_phase and min(sched._target_blocks(live), sched.max_blocks) > pool.total:
-            return False  # the reference step raises the dynamic pool first
+            return None  # the reference step raises the dynamic pool first
         budget, bs = cfg.max_num_batched_tokens, self.bs
-        K = KMAX if next_step is None else min(KMAX, next_step - self.step)
-        if next_s is not None and self.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
-            K = min(K, int((next_s - self.t) / self.timer.min_seconds) + 2)
+        reqs, by_step = self.requests, self.requests[0].arrival_step is not None
+        K = KMAX
+        ahead = pending + JOINS_PER_RUN  # the run ends before this arrival at the latest
+        if ahead < len(reqs):
+            if by_step:
+                K = min(K, reqs[ahead].arrival_step - self.step)
+            elif self.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
+                K = min(K, int((reqs[ahead].arrival_s - self.t) / self.timer.min_seconds) + 2)
         if K < 2:
-            return False
+            return None
         ks = np.arange(K, dtype=np.int64)
         dec = proc >= P  # generating at the start (all prompts of decoders are processed)
         # step of each request's last token (decoders: G - generated more steps); prompts: found below
@@ -420,7 +477,7 @@ class PagedServing:
             if (room < 0).any():
                 K = int(np.argmax(room < 0))
                 if K < 2:
-                    return False
+                    return None
                 break
             cum = np.cumsum(room)
             if cum[-1] <= 0:
@@ -442,7 +499,7 @@ class PagedServing:
         if over.any():
             K = min(K, int(over.argmax()))
         if K < 2:
-            return False
+            return None
         tok += active_dec
         tok, active_dec, ks = tok[:, :K], active_dec[:, :K], ks[:K]
         ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
@@ -454,46 +511,125 @@ class PagedServing:
         if bad.any():
             K = int(bad.argmax())
             if K < 2:
-                return False
-        # cost of each step, then the cut at the next arrival
+                return None
+        pairs_m, seen = self._pairs_and_reads(tok, ctx)
+        sampled = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
+        run = _Run(K=K, tok=[tok[:, :K]], ctx=[ctx[:, :K]], held=[held[:, :K]], alive=[alive[:, :K]], sampled=[sampled[:, :K]],
+                   nb=nb.tolist(), fin=fin.tolist(), start=start.tolist(), dec=dec.tolist(), nd=nd[:K], taken=taken[:K],
+                   used=used[:K], new=tok.sum(axis=0)[:K], pairs=pairs_m.sum(axis=0)[:K], kvr=seen.sum(axis=0)[:K],
+                   logits=sampled.sum(axis=0)[:K],
+                   decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
+                                 if self.timer.decode_rate_differs else None))
+        self._time(run)
+        joined = self._join(run, live, pending, by_step, ahead)
+        if run.K < 2:
+            return None
+        self.groups.extend(joined)
+        live.extend(joined)
+        self._commit_run(live, run)
+        return len(joined)
+
+    def _pairs_and_reads(self, tok: np.ndarray, ctx: np.ndarray):
+        """Attended pairs and KV tokens read of each entry of ``tok`` (tokens scheduled, window-capped)."""
         prev = ctx - tok
         win = self.window
         if win is None:
-            pairs_m = tok * prev + tok * (tok + 1) // 2
-            seen = np.where(tok > 0, ctx, 0)
-        else:
-            first = np.maximum(0, win - prev)
-            fit = np.minimum(first, tok)
-            over_w = tok - fit
-            st_ = prev + fit + 1 - win
-            pairs_m = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
-            seen = np.where(tok > 0, np.minimum(ctx, win), 0)
-        logits_m = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
-        new = tok.sum(axis=0)[:K]
-        pairs = pairs_m.sum(axis=0)[:K]
-        kvr = seen.sum(axis=0)[:K]
-        logits = logits_m.sum(axis=0)[:K]
-        dpairs = np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K] if self.timer.decode_rate_differs else 0
-        sec = self.timer.steps(new, pairs, kvr, logits, dpairs)
-        times = np.empty(len(sec) + 1)
-        times[0] = self.t
-        times[1:] = sec
-        times = np.cumsum(times, out=times)[1:]  # t + s0, then + s1, ...: the reference's additions
-        if next_s is not None:
-            late = times[:-1] >= next_s  # step k+1 starts at times[k]
-            if late.any():
-                K = int(late.argmax()) + 1
-        if K < 2:
-            return False
-        self._commit_run(live, K, tok[:, :K], ctx[:, :K], held[:, :K], alive[:, :K], nb, fin, start,
-                         logits_m[:, :K], used[:K], sec[:K], times[:K], new[:K], pairs[:K], kvr[:K], logits[:K], dec,
-                         dpairs[:K] if self.timer.decode_rate_differs else 0)
-        return True
+            return tok * prev + tok * (tok + 1) // 2, np.where(tok > 0, ctx, 0)
+        first = np.maximum(0, win - prev)
+        fit = np.minimum(first, tok)
+        over_w = tok - fit
+        st_ = prev + fit + 1 - win
+        pairs = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
+        return pairs, np.where(tok > 0, np.minimum(ctx, win), 0)
 
-    def _commit_run(self, live, K, tok, ctx, held, alive, nb, fin, start, sampled, used, sec, times, new, pairs,
-                    kvr, logits, dec, decode_pairs) -> None:
+    def _time(self, run: _Run) -> None:
+        """Each step's seconds and the time at its end (``t`` plus the seconds, added one by one as the
+        reference adds them)."""
+        run.sec = self.timer.steps(run.new, run.pairs, run.kvr, run.logits,
+                                   0 if run.decode_pairs is None else run.decode_pairs)
+        times = np.empty(len(run.sec) + 1)
+        times[0] = self.t
+        times[1:] = run.sec
+        run.times = np.cumsum(times, out=times)[1:]
+
+    def _join(self, run: _Run, live: list[Group], pending: int, by_step: bool, ahead: int) -> list[Group]:
+        """Let arrivals join ``run`` at the step the reference adds them, or end it there.
+
+        A newcomer is last in the queue: it takes only the budget the others leave and changes
+        nobody's tokens (prompts complete in request order, so it never decodes ahead of an
+        earlier prompt); its row is planned like any prompt's, from its step on. The run ends
+        at an arrival the reference treats otherwise: dynamic pool growth, forked samples, a
+        sliding window, no one else present (a jump in time), or a run that must end there."""
+        reqs, sched, pool = self.requests, self.sched, self.pool
+        budget, bs, total = self.cfg.max_num_batched_tokens, self.bs, pool.total
+        joined: list[Group] = []
+        for index in range(pending, len(reqs)):
+            req = reqs[index]
+            if by_step:
+                k = req.arrival_step - self.step
+            else:  # step k starts at times[k - 1]: the first step starting at or after the arrival
+                late = run.times[:-1] >= req.arrival_s
+                k = int(late.argmax()) + 1 if late.any() else run.K
+            if k >= run.K:
+                break  # arrives after the run
+            g = Group(req, index, self.prompts[index])
+            here = [h for h, f in zip(live + joined, run.fin) if f >= k]  # present at step k
+            if (index >= ahead or g.n > 1 or not here or (self.window_blocks and g.P + g.G > self.window)
+                    or (sched.dynamic and min(sched._target_blocks(here + [g]), sched.max_blocks) > total)):
+                run.cut(k)
+                break
+            K = run.K
+            ks = np.arange(K, dtype=np.int64)
+            room = budget - run.nd - run.taken
+            neg = room < 0
+            if neg.any():
+                K = int(neg.argmax())
+            room = np.where(ks >= k, np.maximum(room, 0), 0)  # nothing before it arrives
+            cum = np.cumsum(room)
+            got = np.diff(np.concatenate(([0], np.minimum(cum, g.P))))
+            if cum[-1] >= g.P:
+                kc = int(np.argmax(cum >= g.P))
+                start, fin = kc + 1, kc + g.G - 1  # first token at kc, G - 1 more
+            else:
+                start = fin = KMAX  # still in its prompt when the run ends
+            decoding = (ks >= start) & (ks <= fin)
+            nd = run.nd + decoding
+            over = nd > budget
+            if over.any():
+                K = min(K, int(over.argmax()))
+            tok = got + decoding
+            ctx = np.cumsum(tok)
+            alive = (ks >= k) & (ks <= fin)
+            held = (ctx + (bs - 1)) // bs * alive
+            used = run.used + held
+            bad = used > total
+            if bad.any():
+                K = min(K, int(bad.argmax()))
+            if K <= k:
+                run.cut(k)
+                break
+            pairs, seen = self._pairs_and_reads(tok, ctx)
+            sampled = (tok > 0) & (ctx >= g.P)
+            run.add_row(tok, ctx, held, alive, sampled, fin, start)
+            run.nd, run.taken, run.used = nd, run.taken + got, used
+            run.new, run.pairs, run.kvr, run.logits = run.new + tok, run.pairs + pairs, run.kvr + seen, run.logits + sampled
+            if run.decode_pairs is not None:
+                run.decode_pairs = run.decode_pairs + np.where(tok == 1, pairs, 0)
+            self._time(run)
+            run.cut(K)
+            g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
+            g.added_step = self.step + k
+            joined.append(g)
+        return joined
+
+    def _commit_run(self, live: list[Group], run: _Run) -> None:
+        K, nb, fin, start = run.K, np.array(run.nb, dtype=np.int64), np.array(run.fin), run.start
+        tok, ctx, held, alive, sampled = (np.vstack([part[:, :K] for part in rows])
+                                          for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled))
+        used, sec, times, dec = run.used[:K], run.sec[:K], run.times[:K], np.array(run.dec)
+        new, pairs, kvr, logits = run.new[:K], run.pairs[:K], run.kvr[:K], run.logits[:K]
+        decode_pairs = 0 if run.decode_pairs is None else run.decode_pairs[:K]
         pool, bs, step0 = self.pool, self.bs, self.step
-        n = len(live)
         # block events in the reference order: per step, decoders (request order), then prompt chunks,
         # then the frees of the requests that finished in that step
         inc = held.copy()
@@ -501,7 +637,7 @@ class PagedServing:
         inc[:, 0] -= nb
         kk, jj = np.nonzero((inc > 0).T)  # (a drop is a free after the last step, handled below)
         counts = inc[jj, kk].tolist()
-        st, fin_l = start.tolist(), fin.tolist()
+        st, fin_l = start, run.fin
         # sort key: step, kind (0 decode allocs, 1 prompt allocs, 2 frees), phase at that step
         # (0 decoding, 1 prompt chunk: a prompt finishing at its last chunk frees after the decoders), request
         events = [(k, 0 if k >= st[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
@@ -534,11 +670,10 @@ class PagedServing:
         # the step table
         ctx_total = np.where(alive, ctx, 0).sum(axis=0)
         ks = np.arange(K)
-        gone_before = (fin[:, None] < ks[None, :]).sum(axis=0)
         used_b = ctx_total * self.block_bytes // bs
         alloc_b = pool.total * self.block_bytes
         self.rows.append({
-            "step": step0 + ks, "time_s": times, "requests": n - gone_before,
+            "step": step0 + ks, "time_s": times, "requests": alive.sum(axis=0),
             "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
             "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
             "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * self.block_bytes,
