@@ -153,8 +153,7 @@ def render_summary(result) -> str:
         f"  {'bytes copied':<22}{format_bytes(m.bytes_copied)}",
         f"  {'largest spike':<22}{spike}",
     ]
-    layers = result.per_layer()
-    for entry in layers[:2]:
+    for entry in result.per_layer(layers=1):
         steps = entry["alloc_steps"]
         shown = ", ".join(map(str, steps[:12])) + (f", … ({len(steps)} in all)" if len(steps) > 12 else "")
         lines.append(f"  {'layer 0 ' + entry['tensor'].upper() + ' allocs at':<22}"

@@ -5,8 +5,8 @@ Single operations (prefill, chat turn, fork, select, reset) are processed as
 one step, all units at once with array operations. A run of decode steps is
 planned as a whole: every unit's chain of reallocations follows from its
 capacity (the unit overflows when the history passes it, and the policy sizes
-the next buffer), so the engine computes all chains together, one *wave* per
-reallocation, builds every ledger row of the run at once, orders them as the
+the next buffer), so the engine computes all chains together (:mod:`simkv.chains`),
+builds every ledger row of the run at once, orders them as the
 runtime would, and derives each step's memory from running sums. In-place
 appends cost no event; the SimPy clock jumps over the whole run.
 
@@ -24,9 +24,10 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from simkv.chains import chains
 from simkv.errors import SimkvError
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
-from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
+from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger, join, pick
 from simkv.memory import AllocationTooLarge, OutOfMemory
 from simkv.steps import STEP, StepRecorder
 from simkv.workload import Decode, Inference, inference_of
@@ -134,6 +135,7 @@ class FastEngine:
         self.t_id = np.full((lay.units, 2), -1, dtype=np.int64)
         self.chunk = FIRST_PLAN_STEPS  # decode steps planned at once (adapts: see _session)
         self.planned_rows = 0  # ledger rows of the last plan
+        self.limit_step = None  # where the last failed plan met a memory limit (see _decode_run)
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -151,6 +153,7 @@ class FastEngine:
                 yield env.timeout(1)
                 continue
             remaining, plan, near_limit = op.steps, self.keep is None, False  # a window's held length stops growing: step by step
+            limit_next = False  # the last plan ended on the step before a known limit
             while remaining and self.oom is None:
                 reclaim = self._reclaims_next()
                 n = min(remaining, self.chunk)
@@ -159,14 +162,19 @@ class FastEngine:
                     # Plans are sized to about PLAN_ROWS ledger rows, so memory stays bounded.
                     # Near a limit the size stays: each failure halves it, so the plans close
                     # in on the limit's step in a logarithmic number of tries.
-                    if self.planned_rows > PLAN_ROWS:
+                    if limit_next:
+                        self.chunk = 1
+                    elif self.planned_rows > PLAN_ROWS:
                         self.chunk = max(n // 2, 1)
                     elif self.planned_rows < PLAN_ROWS // 2 and not near_limit:
                         self.chunk = min(2 * n, MAX_PLAN_STEPS)
                 elif plan and not reclaim and n > 1:
-                    # A limit (device memory, headroom) falls inside the plan: bisect towards
-                    # it, so the run stops at the step where it is met, without planning the rest.
-                    self.chunk, near_limit = n // 2, True
+                    # A limit (device memory, headroom) falls inside the plan: plan up to the step
+                    # before it (those steps are as the failed plan computed them, no limit met),
+                    # or, where the plan cannot say, bisect towards it; either way the run stops
+                    # at the step where the limit is met, without planning the rest.
+                    hint = self.limit_step
+                    self.chunk, near_limit, limit_next = (max(hint - 1, 1) if hint else n // 2), True, bool(hint)
                     continue
                 else:
                     # One step at a time: a reclaim is due (then plan again), or the plan
@@ -230,7 +238,7 @@ class FastEngine:
         else:
             resident = np.stack([alloc["bytes"], zeros, -free["bytes"]], axis=1)
         flat = lambda a: a.reshape(n, 3 * k)[:, order]  # noqa: E731
-        return flat(block), flat(happens), flat(resident)
+        return pick(block.reshape(n, 3 * k), (slice(None), order)), flat(happens), flat(resident)
 
     def _view_rows(self, step: int, phase: int, rows_needed: int, tokens: int, new_id: int):
         """Rows growing the past-view block to ``rows_needed`` rows, if it must grow."""
@@ -477,32 +485,18 @@ class FastEngine:
     # -- a run of decode steps -------------------------------------------------
 
     def _decode_run(self, first_step: int, n: int) -> bool:
-        """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes."""
+        """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes,
+        with :attr:`limit_step` the step of the run (1..n) where a memory limit is met, if known."""
         lay, policy = self.layout, self.policy
+        self.limit_step = None
         if policy.stateless:
             return self._stateless_run(first_step, n)
         L0, B = self.stored, self.batch
         U, K = lay.unit_slots.shape
         decode = PHASE_CODE["decode"]
 
-        # 1. Each unit's chain of reallocations, one wave per link; k = 1..n is the step in the run.
-        budget = self.budget.copy()
-        chains = []  # (unit, k, old rows, new capacity) per wave
-        k_next = budget // B + 1 - L0
-        active = np.flatnonzero(k_next <= n)
-        while len(active):
-            k = k_next[active]
-            new = np.asarray(policy.capacity(L0 + k, lay.unit_prim[active]), dtype=np.int64)
-            if (new < L0 + k).any():
-                raise SimkvError(f"policy {policy.name} returned a capacity below the tokens needed")
-            chains.append((active, k, budget[active].copy(), new))
-            budget[active] = new * B
-            k_next[active] = new + 1 - L0
-            active = active[k_next[active] <= n]
-        if chains:
-            unit, k, old_rows, new_cap = (np.concatenate(c) for c in zip(*chains))
-        else:
-            unit = k = old_rows = new_cap = _NO_BYTES
+        # 1. Each unit's chain of reallocations; k = 1..n is the step in the run.
+        unit, k, old_rows, new_cap, budget = chains(policy, lay.unit_prim, self.budget, L0, B, n, PLAN_ROWS)
         if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
             return False
         tables = self._table_plan(first_step, n, L0, B)
@@ -550,7 +544,9 @@ class FastEngine:
             section[is_free] = _PENDING if late else _END
             kk[is_free] += late
         keys = key(kk, section, unit[:, None], np.arange(3 * K)[None, :])[happens]
-        rows, res = block[happens], resident[happens]
+        rows, res = pick(block, happens), resident[happens]
+        # Each copy of a plan's rows is dropped once used, so memory peaks at about two of them.
+        del block, happens, resident, kk, section
 
         writes = np.full(n, B * self.row_total, dtype=np.int64)
         if self.first_touch:
@@ -565,15 +561,16 @@ class FastEngine:
         n_tables = int((t_rows["op"] == ALLOC).sum())
         pending = self.pending.copy()
         pending["step"], pending["phase"] = first_step, decode
-        all_rows = np.concatenate([pending, view_rows, rows, t_rows, pseudo])
+        all_rows = join([pending, view_rows, rows, t_rows, pseudo])
         all_keys = np.concatenate([
             np.full(len(pending), key(1, _PENDING, 0, 0)), key(view_k, _VIEW, 0, (view_rows["op"] == FREE).astype(np.int64)),
             keys, key(t_k, _UNITS, t_unit, 3 * K + (t_rows["op"] == FREE)), key(steps_k, _WRITES, 0, 0),
         ])
         t_res = np.zeros(len(t_rows), dtype=np.int64) if self.first_touch else alloc_delta(t_rows)
         all_res = np.concatenate([-self.pending_resident, np.zeros(len(view_rows), dtype=np.int64), res, t_res, writes])
+        del rows, keys, res
         sort = np.argsort(all_keys, kind="stable")
-        all_rows, all_keys, all_res = all_rows[sort], all_keys[sort], all_res[sort]
+        all_rows, all_keys, all_res = pick(all_rows, sort), all_keys[sort], all_res[sort]
         row_k = all_keys // (_SECTIONS * U * W)
         all_rows["step"] = first_step + row_k - 1  # frees deferred to the next inference move on
         # Buffer ids follow the order of allocation: renumber the provisional ones.
@@ -585,13 +582,15 @@ class FastEngine:
         renumber = real & (all_rows["buffer"] >= self.next_id)
         all_rows["buffer"][renumber] = final[all_rows["buffer"][renumber] - self.next_id]
         inside = row_k <= n
-        carried, carried_res = all_rows[~inside], -all_res[~inside]
-        all_rows, row_k, all_res, real = all_rows[inside], row_k[inside], all_res[inside], real[inside]
+        carried, carried_res = pick(all_rows, ~inside), -all_res[~inside]
+        all_rows, row_k, all_res, real = pick(all_rows, inside), row_k[inside], all_res[inside], real[inside]
 
         # 4. Memory along the stream, then per step.
         delta = np.where(real, alloc_delta(all_rows), 0)
         running = self.allocated + np.cumsum(delta)
-        if (running + self.scenario.weights_memory > self.scenario.device_memory).any():
+        over = np.flatnonzero(running + self.scenario.weights_memory > self.scenario.device_memory)
+        if len(over):
+            self.limit_step = int(row_k[over[0]])
             return False
         if policy.headroom_limit and E:
             # The limit looks at what is allocated just before an event's first alloc
@@ -602,7 +601,10 @@ class FastEngine:
             event_bytes = np.add.reduceat(all_rows["bytes"][unit_allocs], np.arange(0, len(unit_allocs), K))
             if policy.headroom_buffer == "data":  # the data buffer alone: each event's first alloc row
                 event_bytes = all_rows["bytes"][unit_allocs[::K]]
-            if (before + event_bytes + self.scenario.weights_memory >= policy.headroom_limit * self.scenario.device_memory).any():
+            over = np.flatnonzero(before + event_bytes + self.scenario.weights_memory
+                                  >= policy.headroom_limit * self.scenario.device_memory)
+            if len(over):
+                self.limit_step = int(row_k[unit_allocs[::K][over[0]]])
                 return False
         resident_run = self.resident + np.cumsum(all_res) if self.first_touch else running
         starts = np.searchsorted(row_k, steps_k)
@@ -629,7 +631,7 @@ class FastEngine:
 
         # 5. Commit.
         self.planned_rows = int(real.sum())
-        self.ledger.append(all_rows[real])
+        self.ledger.append(pick(all_rows, real))
         self.steps.add_block(block_steps)
         self.pending, self.pending_resident = carried, carried_res if self.first_touch else carried["bytes"]
         self.allocated = int(end_alloc[-1])
