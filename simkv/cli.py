@@ -91,6 +91,7 @@ EXIT_OUT_OF_MEMORY = 3
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from simkv import limits
+    from simkv.jsonout import write_json
     from simkv.scenario import simulate
 
     if args.ledger:
@@ -117,8 +118,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         out["per_layer"] = result.per_layer()
         if latency:
             out["latency"] = latency
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_json(out, sys.stdout)  # json.dump's bytes, fast on a long run's per-layer lists
     else:
         print("\n".join([render_summary(result)] + (_latency_lines(latency) if latency else [])))
         for what, path in (("ledger", args.ledger), ("timeline", args.timeline)):

@@ -28,6 +28,7 @@ from simkv.chains import chains
 from simkv.errors import SimkvError
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
 from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger, join, pick
+from simkv.limits import MAX_LEDGER_ROWS
 from simkv.memory import AllocationTooLarge, OutOfMemory
 from simkv.steps import STEP, StepRecorder
 from simkv.workload import Decode, Inference, inference_of
@@ -103,7 +104,7 @@ class FastEngine:
         self.first_touch = policy.first_touch
         lay = self.layout = Layout.build(scenario.model, scenario.precision, policy)
         self.request = request
-        self.ledger = Ledger()
+        self.ledger = Ledger(limit=MAX_LEDGER_ROWS)
         self.steps = StepRecorder()
         self.oom: OutOfMemory | None = None
         orders = policy.orders(scenario.model) or {}
@@ -742,7 +743,9 @@ class FastEngine:
 
         allocs = rows(ALLOC, np.broadcast_to(alloc_slots, (U, K)).copy())
         frees = rows(FREE, None)
-        self.ledger.append(np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel())
+        rows = np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel()
+        self.planned_rows = len(rows)  # sizes the next plan (_session)
+        self.ledger.append(rows)
         block = np.zeros(n, dtype=STEP)
         block["step"], block["phase"] = first_step + k - 1, PHASE_CODE["decode"]
         block["tokens"], block["batch"] = needed, B

@@ -73,9 +73,12 @@ class TooManyEvents(SimkvError):
     """A run that would record more ledger rows than its limit (:data:`simkv.limits.MAX_LEDGER_ROWS`)."""
 
     def __init__(self, limit: int, step: int) -> None:
+        super().__init__(limit, step)  # the arguments, so it can be raised again from them (as SimPy does)
         self.limit, self.step = limit, step
-        super().__init__(f"this run records over {limit:,} ledger events (allocations, copies, frees) by step "
-                         f"{step:,}, over the limit (see README, simkv run: Limits): simulate fewer steps or layers")
+
+    def __str__(self) -> str:
+        return (f"this run would record more than {self.limit:,} ledger events (allocations, copies, frees), "
+                f"the limit, at step {self.step:,} (see README, simkv run: Limits): simulate fewer steps or layers")
 
 
 class Ledger:
