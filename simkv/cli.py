@@ -759,7 +759,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"Exit codes: 0 the run fit in device memory; {EXIT_OUT_OF_MEMORY} it ran out of memory (the OUT OF MEMORY "
         "line comes first, the figures describe the run up to the failing allocation); 2 bad input. Limits: "
         "layers <= 100,000, heads and head size <= 65,536, tokens per flag or operation <= 100,000,000, "
-        "turns <= 100,000, beam <= 4,096, device <= 1 PiB, <= 10,000,000 steps before memory runs out. "
+        "turns <= 100,000, beam <= 4,096, device <= 1 PiB, <= 10,000,000 steps before memory runs out, "
+        "<= 8,000,000 ledger rows (a run that would record more stops there, exit 2). "
         "--ledger must end in .csv or .parquet, --timeline in .html, in an existing directory."
     ))
     add_scenario_arguments(run)

@@ -427,9 +427,10 @@ class FastEngine:
         grow = np.flatnonzero(self.t_rows[:, 0] < batch * needed)
         caps = np.asarray(policy.capacity(np.full(len(grow), needed, dtype=np.int64), lay.unit_prim[grow]), dtype=np.int64)
         out, unit_of, delta = [], [], none.copy()
+        layer_of, tensor_of = lay.layer[lay.unit_slots[:, 0]], lay.unit_table_tensor  # once: a property builds an array
         for u, cap in zip(grow.tolist(), caps.tolist()):
             nbytes = cap * batch * BEAM_TABLE_BYTES
-            row = (step, phase, self.request, int(lay.layer[lay.unit_slots[u, 0]]), int(lay.unit_table_tensor[u]))
+            row = (step, phase, self.request, int(layer_of[u]), int(tensor_of[u]))
             out.append(row + (ALLOC, nbytes, cap, needed, self.next_id))
             dropped = (self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0])
             self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0] = cap * batch, batch, self.next_id

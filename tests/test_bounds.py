@@ -302,3 +302,26 @@ def test_json_writer_equals_json_dump(obj):
     with mock.patch.object(jsonout, "LONG", 2):
         jsonout.write_json(obj, out)
     assert out.getvalue() == expected.getvalue() + "\n"
+
+
+def test_beam_tables_read_the_layout_once_per_step():
+    """The GPU kernels' beam tables are built unit by unit; the per-unit tensor codes come from a
+    Layout property that builds an array of all units, so it is read once per step, not once per
+    unit (that made 100,000 layers take 90 s of CPU): the reads do not grow with layers."""
+    from simkv.layout import Layout
+
+    reads = []
+    real = Layout.unit_table_tensor
+
+    def counted(self):
+        reads.append(1)
+        return real.fget(self)
+
+    def count(layers):
+        reads.clear()
+        with mock.patch.object(Layout, "unit_table_tensor", property(counted)):
+            simulate(build_scenario(model=None, layers=layers, heads=1, kv_heads=1, head_dim=2, policy="openvino-gpu",
+                                    prompt=1, decode=1))
+        return len(reads)
+
+    assert count(3) == count(30) > 0
