@@ -37,9 +37,9 @@ def main() -> None:
         sc = build_scenario(policy=name, prompt=1024, decode=args.steps)
         lay = Layout.build(sc.model, sc.precision, sc.policy)
         budget = np.asarray(sc.policy.capacity(np.full(lay.units, 1024), lay.unit_prim), dtype=np.int64)  # after the prompt
-        plain_s, plain = best_time(lambda: chains(sc.policy, lay.unit_prim, budget, 1024, 1, args.steps), args.repeat)
-        fast_s, fast = best_time(lambda: chains(sc.policy, lay.unit_prim, budget, 1024, 1, args.steps, PLAN_ROWS),
-                                 args.repeat)
+        plan = (sc.policy, lay.unit_prim, budget, 1024, 1, args.steps)
+        plain_s, plain = best_time(lambda plan=plan: chains(*plan), args.repeat)
+        fast_s, fast = best_time(lambda plan=plan: chains(*plan, PLAN_ROWS), args.repeat)
 
         def links(out):
             order = np.lexsort((out[1], out[0]))

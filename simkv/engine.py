@@ -27,7 +27,17 @@ import simpy
 from simkv.chains import chains
 from simkv.errors import SimkvError
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
-from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger, join, pick
+from simkv.ledger import (
+    ALLOC,
+    COPY,
+    FREE,
+    PHASE_CODE,
+    ROW,
+    TENSOR_CODE,
+    Ledger,
+    join,
+    pick,
+)
 from simkv.limits import MAX_LEDGER_ROWS
 from simkv.memory import AllocationTooLarge, OutOfMemory
 from simkv.steps import STEP, StepRecorder
@@ -161,8 +171,8 @@ class FastEngine:
                 if plan and not reclaim and self._decode_run(int(env.now), n):
                     done = n
                     # Plans are sized to about PLAN_ROWS ledger rows, so memory stays bounded.
-                    # Near a limit the size stays: each failure halves it, so the plans close
-                    # in on the limit's step in a logarithmic number of tries.
+                    # Near a limit the size stays (a failure that cannot say where the limit is
+                    # halves it); just before a known limit, the next plan is its one step.
                     if limit_next:
                         self.chunk = 1
                     elif self.planned_rows > PLAN_ROWS:

@@ -191,9 +191,9 @@ def test_a_run_over_the_ledger_limit_stops_with_one_line():
     assert MAX_LEDGER_ROWS == 8_000_000 and next(s for s in range(10**6) if 64 + 192 * s > 8_000_000) == 41_667
     proc = run("run", "--policy", "exact", "--decode", "200000", "--device-memory", "80GiB")
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [
+    assert proc.stderr.splitlines() == [(
         "simkv run: error: this run would record more than 8,000,000 ledger events (allocations, copies, frees), "
-        "the limit, at step 41,667 (see README, simkv run: Limits): simulate fewer steps or layers"]
+        "the limit, at step 41,667 (see README, simkv run: Limits): simulate fewer steps or layers")]
 
 
 @settings(max_examples=25, deadline=None)
