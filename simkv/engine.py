@@ -107,6 +107,16 @@ def _col(a):
     return np.asarray(a)[:, None] if np.ndim(a) else a
 
 
+class _ExactSizes:
+    """The sizes the headroom limit gives (``Policy.headroom_limit``): exactly the tokens needed."""
+
+    name = "headroom limit"
+
+    @staticmethod
+    def capacity(needed, prim):
+        return needed
+
+
 class FastEngine:
     def __init__(self, scenario, request: int = 0) -> None:
         self.scenario = scenario
@@ -147,6 +157,7 @@ class FastEngine:
         self.chunk = FIRST_PLAN_STEPS  # decode steps planned at once (adapts: see _session)
         self.planned_rows = 0  # ledger rows of the last plan
         self.limit_step = None  # where the last failed plan met a memory limit (see _decode_run)
+        self.limit_kind = None  # which: "device", "headroom", or "under headroom" (exact sizes that do not apply)
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -165,10 +176,11 @@ class FastEngine:
                 continue
             remaining, plan, near_limit = op.steps, self.keep is None, False  # a window's held length stops growing: step by step
             limit_next = False  # the last plan ended on the step before a known limit
+            exact_sizes = False  # past the headroom limit: plans size every reallocation exactly
             while remaining and self.oom is None:
                 reclaim = self._reclaims_next()
                 n = min(remaining, self.chunk)
-                if plan and not reclaim and self._decode_run(int(env.now), n):
+                if plan and not reclaim and self._decode_run(int(env.now), n, exact_sizes):
                     done = n
                     # Plans are sized to about PLAN_ROWS ledger rows, so memory stays bounded.
                     # Near a limit the size stays (a failure that cannot say where the limit is
@@ -190,7 +202,13 @@ class FastEngine:
                 else:
                     # One step at a time: a reclaim is due (then plan again), or the plan
                     # met a memory limit, where the limit rules must apply step by step.
-                    plan = plan and reclaim
+                    if plan and not reclaim and self.limit_kind == "headroom" and not exact_sizes:
+                        # Past the headroom limit every reallocation gets exactly the tokens it
+                        # needs, step after step: plan on with those sizes (each plan checks that
+                        # the limit's rule gives each of them that size, else step by step).
+                        exact_sizes, near_limit, limit_next, self.chunk = True, False, False, FIRST_PLAN_STEPS
+                    else:
+                        plan = plan and reclaim
                     self._step(int(env.now), Inference("decode", 1, self.width, self.width))
                     done = 1
                 remaining -= done
@@ -496,11 +514,13 @@ class FastEngine:
 
     # -- a run of decode steps -------------------------------------------------
 
-    def _decode_run(self, first_step: int, n: int) -> bool:
+    def _decode_run(self, first_step: int, n: int, exact_sizes: bool = False) -> bool:
         """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes,
-        with :attr:`limit_step` the step of the run (1..n) where a memory limit is met, if known."""
+        with :attr:`limit_step` the step of the run (1..n) where a memory limit is met, if known,
+        and :attr:`limit_kind` which. ``exact_sizes``: past the headroom limit, every
+        reallocation sized exactly (the plan holds only where the step-by-step rule gives that size)."""
         lay, policy = self.layout, self.policy
-        self.limit_step = None
+        self.limit_step = self.limit_kind = None
         if policy.stateless:
             return self._stateless_run(first_step, n)
         L0, B = self.stored, self.batch
@@ -508,7 +528,8 @@ class FastEngine:
         decode = PHASE_CODE["decode"]
 
         # 1. Each unit's chain of reallocations; k = 1..n is the step in the run.
-        unit, k, old_rows, new_cap, budget = chains(policy, lay.unit_prim, self.budget, L0, B, n, PLAN_ROWS)
+        sizes = _ExactSizes if exact_sizes else policy
+        unit, k, old_rows, new_cap, budget = chains(sizes, lay.unit_prim, self.budget, L0, B, n, PLAN_ROWS)
         if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
             return False
         tables = self._table_plan(first_step, n, L0, B)
@@ -602,7 +623,7 @@ class FastEngine:
         running = self.allocated + np.cumsum(delta)
         over = np.flatnonzero(running + self.scenario.weights_memory > self.scenario.device_memory)
         if len(over):
-            self.limit_step = int(row_k[over[0]])
+            self.limit_step, self.limit_kind = int(row_k[over[0]]), "device"
             return False
         if policy.headroom_limit and E:
             # The limit looks at what is allocated just before an event's first alloc
@@ -613,10 +634,16 @@ class FastEngine:
             event_bytes = np.add.reduceat(all_rows["bytes"][unit_allocs], np.arange(0, len(unit_allocs), K))
             if policy.headroom_buffer == "data":  # the data buffer alone: each event's first alloc row
                 event_bytes = all_rows["bytes"][unit_allocs[::K]]
-            over = np.flatnonzero(before + event_bytes + self.scenario.weights_memory
-                                  >= policy.headroom_limit * self.scenario.device_memory)
-            if len(over):
-                self.limit_step = int(row_k[unit_allocs[::K][over[0]]])
+            meets = before + event_bytes + self.scenario.weights_memory >= policy.headroom_limit * self.scenario.device_memory
+            # Policy sizes hold while no event meets the limit. Exact sizes hold for an event that
+            # meets it at its exact size (then also at the policy's, which is no smaller), or
+            # whose policy size is the exact one anyway (events are in the order of unit and k).
+            if exact_sizes:
+                meets |= np.asarray(policy.capacity(L0 + k, lay.unit_prim[unit]), dtype=np.int64) == L0 + k
+            wrong = np.flatnonzero(~meets if exact_sizes else meets)
+            if len(wrong):
+                self.limit_step = int(row_k[unit_allocs[::K][wrong[0]]])
+                self.limit_kind = "under headroom" if exact_sizes else "headroom"
                 return False
         resident_run = self.resident + np.cumsum(all_res) if self.first_touch else running
         starts = np.searchsorted(row_k, steps_k)

@@ -92,9 +92,9 @@ def test_huge_decode_plans_only_up_to_the_out_of_memory_step():
     planned = []
     real = engine.FastEngine._decode_run
 
-    def counting(self, first, n):
+    def counting(self, first, n, *sizes):
         planned.append(n)
-        return real(self, first, n)
+        return real(self, first, n, *sizes)
 
     sc = build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=64, precision="f16",
                         policy="openvino-cpu", prompt=1024, decode=10**8, device_memory="16MiB")
@@ -325,3 +325,41 @@ def test_beam_tables_read_the_layout_once_per_step():
         return len(reads)
 
     assert count(3) == count(30) > 0
+
+
+@pytest.mark.parametrize("policy, options, exact_sized", [
+    ("fixed", {"tokens": 0}, True), ("exact", {"headroom_limit": 0.5}, True),
+    ("openvino-gpu", {"headroom_base": 0, "stagger": 1}, True),  # P = 0 + id % 1 = 0
+    ("fixed", {"tokens": 3}, False), ("openvino-gpu", {}, False),
+])
+def test_past_the_headroom_limit_plans_go_on_with_exact_sizes(policy, options, exact_sized):
+    """Past the headroom limit a reallocation gets exactly the tokens it needs; the fast engine
+    plans on with those sizes where the limit's rule gives them (every reallocation over the
+    limit, or sized exactly by the policy anyway), instead of stepping through the rest of the
+    run one step at a time: few single steps, and the same ledger as the reference."""
+    steps, plans = [], []
+    real_step, real_plan = engine.FastEngine._step, engine.FastEngine._decode_run
+
+    def counting(self, step, inf):
+        steps.append(step)
+        return real_step(self, step, inf)
+
+    def planning(self, first, n, exact_sizes=False):
+        done = real_plan(self, first, n, exact_sizes)
+        plans.append((n, exact_sizes, done))
+        return done
+
+    sc = build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=16, precision="f16", policy=policy,
+                        policy_options=options, prompt=16, decode=10**6, device_memory="256KiB")
+    with mock.patch.object(engine.FastEngine, "_step", counting), \
+            mock.patch.object(engine.FastEngine, "_decode_run", planning):
+        fast = simulate(sc)
+    assert fast.oom is not None
+    ref = simulate(build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=16, precision="f16",
+                                  policy=policy, policy_options=options, prompt=16, decode=fast.oom.step + 5,
+                                  device_memory="256KiB"), engine="reference")
+    assert_same_run(fast, ref)
+    planned_exact = sum(n for n, exact_sizes, done in plans if exact_sizes and done)
+    if exact_sized:  # the policy's sizes are exact: the zone is planned
+        assert len(steps) < 10 and planned_exact > 100, (len(steps), planned_exact)
+    # else buffers under the limit keep their headroom, and the zone goes (mostly) step by step
