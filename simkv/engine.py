@@ -55,7 +55,7 @@ _SECTIONS = 5
 # MAX_PLAN_STEPS. Chunks keep a huge --decode bounded in memory and let a run that meets
 # a memory limit stop there instead of planning everything first.
 FIRST_PLAN_STEPS = 4096
-MAX_PLAN_STEPS = 1 << 20
+MAX_PLAN_STEPS = 1 << 18
 PLAN_ROWS = 1 << 20
 
 

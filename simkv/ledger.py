@@ -64,6 +64,20 @@ def pick(rows: np.ndarray, index) -> np.ndarray:
     return rows.view(_RAW)[index].view(ROW)
 
 
+def drain(chunks: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """``np.concatenate(chunks)``, emptying ``chunks`` as it goes: each chunk is released once
+    copied, so memory peaks at the result plus one chunk, not twice the result."""
+    raw = np.dtype((np.void, dtype.itemsize))
+    out = np.empty(sum(map(len, chunks)), dtype=raw)
+    chunks.reverse()
+    at = 0
+    while chunks:
+        chunk = chunks.pop().view(raw)
+        out[at : at + len(chunk)] = chunk
+        at += len(chunk)
+    return out.view(dtype)
+
+
 def join(parts) -> np.ndarray:
     """``np.concatenate(parts)`` for ledger rows, moved as raw records (see :func:`pick`)."""
     return np.concatenate([p.view(_RAW) for p in parts]).view(ROW)
@@ -107,16 +121,7 @@ class Ledger:
     def rows(self) -> np.ndarray:
         """All rows as one structured array (``ledger.rows["bytes"]`` …)."""
         if self._rows is None:
-            # Chunk by chunk into one array, each released once copied: memory peaks at the
-            # ledger plus one chunk, not twice the ledger as np.concatenate would.
-            out = np.empty(self._count, dtype=_RAW)
-            self._chunks.reverse()
-            at = 0
-            while self._chunks:
-                chunk = self._chunks.pop().view(_RAW)
-                out[at : at + len(chunk)] = chunk
-                at += len(chunk)
-            self._rows = out.view(ROW)
+            self._rows = drain(self._chunks, ROW)
             self._chunks = [self._rows]
         return self._rows
 
