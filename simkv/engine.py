@@ -206,7 +206,9 @@ class FastEngine:
                         # Past the headroom limit every reallocation gets exactly the tokens it
                         # needs, step after step: plan on with those sizes (each plan checks that
                         # the limit's rule gives each of them that size, else step by step).
-                        exact_sizes, near_limit, limit_next, self.chunk = True, False, False, FIRST_PLAN_STEPS
+                        # Small at first: where that fails at once (staggered headroom), it costs
+                        # little; where it holds, plans double from there.
+                        exact_sizes, near_limit, limit_next, self.chunk = True, False, False, 16
                     else:
                         plan = plan and reclaim
                     self._step(int(env.now), Inference("decode", 1, self.width, self.width))
