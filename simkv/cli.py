@@ -91,6 +91,7 @@ EXIT_OUT_OF_MEMORY = 3
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from simkv import limits
+    from simkv.jsonout import write_json
     from simkv.scenario import simulate
 
     if args.ledger:
@@ -117,8 +118,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         out["per_layer"] = result.per_layer()
         if latency:
             out["latency"] = latency
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_json(out, sys.stdout)  # json.dump's bytes, fast on a long run's per-layer lists
     else:
         print("\n".join([render_summary(result)] + (_latency_lines(latency) if latency else [])))
         for what, path in (("ledger", args.ledger), ("timeline", args.timeline)):
@@ -153,8 +153,7 @@ def render_summary(result) -> str:
         f"  {'bytes copied':<22}{format_bytes(m.bytes_copied)}",
         f"  {'largest spike':<22}{spike}",
     ]
-    layers = result.per_layer()
-    for entry in layers[:2]:
+    for entry in result.per_layer(layers=1):
         steps = entry["alloc_steps"]
         shown = ", ".join(map(str, steps[:12])) + (f", … ({len(steps)} in all)" if len(steps) > 12 else "")
         lines.append(f"  {'layer 0 ' + entry['tensor'].upper() + ' allocs at':<22}"
@@ -799,7 +798,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"Exit codes: 0 the run fit in device memory; {EXIT_OUT_OF_MEMORY} it ran out of memory (the OUT OF MEMORY "
         "line comes first, the figures describe the run up to the failing allocation); 2 bad input. Limits: "
         "layers <= 100,000, heads and head size <= 65,536, tokens per flag or operation <= 100,000,000, "
-        "turns <= 100,000, beam <= 4,096, device <= 1 PiB, <= 10,000,000 steps before memory runs out. "
+        "turns <= 100,000, beam <= 4,096, device <= 1 PiB, <= 10,000,000 steps before memory runs out, "
+        "<= 8,000,000 ledger rows (a run that would record more stops there, exit 2). "
         "--ledger must end in .csv or .parquet, --timeline in .html, in an existing directory."
     ))
     add_scenario_arguments(run)

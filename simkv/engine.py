@@ -5,8 +5,8 @@ Single operations (prefill, chat turn, fork, select, reset) are processed as
 one step, all units at once with array operations. A run of decode steps is
 planned as a whole: every unit's chain of reallocations follows from its
 capacity (the unit overflows when the history passes it, and the policy sizes
-the next buffer), so the engine computes all chains together, one *wave* per
-reallocation, builds every ledger row of the run at once, orders them as the
+the next buffer), so the engine computes all chains together (:mod:`simkv.chains`),
+builds every ledger row of the run at once, orders them as the
 runtime would, and derives each step's memory from running sums. In-place
 appends cost no event; the SimPy clock jumps over the whole run.
 
@@ -24,9 +24,21 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from simkv.chains import chains
 from simkv.errors import SimkvError
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
-from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
+from simkv.ledger import (
+    ALLOC,
+    COPY,
+    FREE,
+    PHASE_CODE,
+    ROW,
+    TENSOR_CODE,
+    Ledger,
+    join,
+    pick,
+)
+from simkv.limits import MAX_LEDGER_ROWS
 from simkv.memory import AllocationTooLarge, OutOfMemory
 from simkv.steps import STEP, StepRecorder
 from simkv.workload import Decode, Inference, inference_of
@@ -43,7 +55,7 @@ _SECTIONS = 5
 # MAX_PLAN_STEPS. Chunks keep a huge --decode bounded in memory and let a run that meets
 # a memory limit stop there instead of planning everything first.
 FIRST_PLAN_STEPS = 4096
-MAX_PLAN_STEPS = 1 << 20
+MAX_PLAN_STEPS = 1 << 18
 PLAN_ROWS = 1 << 20
 
 
@@ -95,6 +107,16 @@ def _col(a):
     return np.asarray(a)[:, None] if np.ndim(a) else a
 
 
+class _ExactSizes:
+    """The sizes the headroom limit gives (``Policy.headroom_limit``): exactly the tokens needed."""
+
+    name = "headroom limit"
+
+    @staticmethod
+    def capacity(needed, prim):
+        return needed
+
+
 class FastEngine:
     def __init__(self, scenario, request: int = 0) -> None:
         self.scenario = scenario
@@ -102,7 +124,7 @@ class FastEngine:
         self.first_touch = policy.first_touch
         lay = self.layout = Layout.build(scenario.model, scenario.precision, policy)
         self.request = request
-        self.ledger = Ledger()
+        self.ledger = Ledger(limit=MAX_LEDGER_ROWS)
         self.steps = StepRecorder()
         self.oom: OutOfMemory | None = None
         orders = policy.orders(scenario.model) or {}
@@ -134,6 +156,8 @@ class FastEngine:
         self.t_id = np.full((lay.units, 2), -1, dtype=np.int64)
         self.chunk = FIRST_PLAN_STEPS  # decode steps planned at once (adapts: see _session)
         self.planned_rows = 0  # ledger rows of the last plan
+        self.limit_step = None  # where the last failed plan met a memory limit (see _decode_run)
+        self.limit_kind = None  # which: "device", "headroom", or "under headroom" (exact sizes that do not apply)
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -151,27 +175,42 @@ class FastEngine:
                 yield env.timeout(1)
                 continue
             remaining, plan, near_limit = op.steps, self.keep is None, False  # a window's held length stops growing: step by step
+            limit_next = False  # the last plan ended on the step before a known limit
+            exact_sizes = False  # past the headroom limit: plans size every reallocation exactly
             while remaining and self.oom is None:
                 reclaim = self._reclaims_next()
                 n = min(remaining, self.chunk)
-                if plan and not reclaim and self._decode_run(int(env.now), n):
+                if plan and not reclaim and self._decode_run(int(env.now), n, exact_sizes):
                     done = n
                     # Plans are sized to about PLAN_ROWS ledger rows, so memory stays bounded.
-                    # Near a limit the size stays: each failure halves it, so the plans close
-                    # in on the limit's step in a logarithmic number of tries.
-                    if self.planned_rows > PLAN_ROWS:
+                    # Near a limit the size stays (a failure that cannot say where the limit is
+                    # halves it); just before a known limit, the next plan is its one step.
+                    if limit_next:
+                        self.chunk = 1
+                    elif self.planned_rows > PLAN_ROWS:
                         self.chunk = max(n // 2, 1)
                     elif self.planned_rows < PLAN_ROWS // 2 and not near_limit:
                         self.chunk = min(2 * n, MAX_PLAN_STEPS)
                 elif plan and not reclaim and n > 1:
-                    # A limit (device memory, headroom) falls inside the plan: bisect towards
-                    # it, so the run stops at the step where it is met, without planning the rest.
-                    self.chunk, near_limit = n // 2, True
+                    # A limit (device memory, headroom) falls inside the plan: plan up to the step
+                    # before it (those steps are as the failed plan computed them, no limit met),
+                    # or, where the plan cannot say, bisect towards it; either way the run stops
+                    # at the step where the limit is met, without planning the rest.
+                    hint = self.limit_step
+                    self.chunk, near_limit, limit_next = (max(hint - 1, 1) if hint else n // 2), True, bool(hint)
                     continue
                 else:
                     # One step at a time: a reclaim is due (then plan again), or the plan
                     # met a memory limit, where the limit rules must apply step by step.
-                    plan = plan and reclaim
+                    if plan and not reclaim and self.limit_kind == "headroom" and not exact_sizes:
+                        # Past the headroom limit every reallocation gets exactly the tokens it
+                        # needs, step after step: plan on with those sizes (each plan checks that
+                        # the limit's rule gives each of them that size, else step by step).
+                        # Small at first: where that fails at once (staggered headroom), it costs
+                        # little; where it holds, plans double from there.
+                        exact_sizes, near_limit, limit_next, self.chunk = True, False, False, 16
+                    else:
+                        plan = plan and reclaim
                     self._step(int(env.now), Inference("decode", 1, self.width, self.width))
                     done = 1
                 remaining -= done
@@ -230,7 +269,7 @@ class FastEngine:
         else:
             resident = np.stack([alloc["bytes"], zeros, -free["bytes"]], axis=1)
         flat = lambda a: a.reshape(n, 3 * k)[:, order]  # noqa: E731
-        return flat(block), flat(happens), flat(resident)
+        return pick(block.reshape(n, 3 * k), (slice(None), order)), flat(happens), flat(resident)
 
     def _view_rows(self, step: int, phase: int, rows_needed: int, tokens: int, new_id: int):
         """Rows growing the past-view block to ``rows_needed`` rows, if it must grow."""
@@ -418,9 +457,10 @@ class FastEngine:
         grow = np.flatnonzero(self.t_rows[:, 0] < batch * needed)
         caps = np.asarray(policy.capacity(np.full(len(grow), needed, dtype=np.int64), lay.unit_prim[grow]), dtype=np.int64)
         out, unit_of, delta = [], [], none.copy()
+        layer_of, tensor_of = lay.layer[lay.unit_slots[:, 0]], lay.unit_table_tensor  # once: a property builds an array
         for u, cap in zip(grow.tolist(), caps.tolist()):
             nbytes = cap * batch * BEAM_TABLE_BYTES
-            row = (step, phase, self.request, int(lay.layer[lay.unit_slots[u, 0]]), int(lay.unit_table_tensor[u]))
+            row = (step, phase, self.request, int(layer_of[u]), int(tensor_of[u]))
             out.append(row + (ALLOC, nbytes, cap, needed, self.next_id))
             dropped = (self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0])
             self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0] = cap * batch, batch, self.next_id
@@ -476,33 +516,22 @@ class FastEngine:
 
     # -- a run of decode steps -------------------------------------------------
 
-    def _decode_run(self, first_step: int, n: int) -> bool:
-        """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes."""
+    def _decode_run(self, first_step: int, n: int, exact_sizes: bool = False) -> bool:
+        """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes,
+        with :attr:`limit_step` the step of the run (1..n) where a memory limit is met, if known,
+        and :attr:`limit_kind` which. ``exact_sizes``: past the headroom limit, every
+        reallocation sized exactly (the plan holds only where the step-by-step rule gives that size)."""
         lay, policy = self.layout, self.policy
+        self.limit_step = self.limit_kind = None
         if policy.stateless:
             return self._stateless_run(first_step, n)
         L0, B = self.stored, self.batch
         U, K = lay.unit_slots.shape
         decode = PHASE_CODE["decode"]
 
-        # 1. Each unit's chain of reallocations, one wave per link; k = 1..n is the step in the run.
-        budget = self.budget.copy()
-        chains = []  # (unit, k, old rows, new capacity) per wave
-        k_next = budget // B + 1 - L0
-        active = np.flatnonzero(k_next <= n)
-        while len(active):
-            k = k_next[active]
-            new = np.asarray(policy.capacity(L0 + k, lay.unit_prim[active]), dtype=np.int64)
-            if (new < L0 + k).any():
-                raise SimkvError(f"policy {policy.name} returned a capacity below the tokens needed")
-            chains.append((active, k, budget[active].copy(), new))
-            budget[active] = new * B
-            k_next[active] = new + 1 - L0
-            active = active[k_next[active] <= n]
-        if chains:
-            unit, k, old_rows, new_cap = (np.concatenate(c) for c in zip(*chains))
-        else:
-            unit = k = old_rows = new_cap = _NO_BYTES
+        # 1. Each unit's chain of reallocations; k = 1..n is the step in the run.
+        sizes = _ExactSizes if exact_sizes else policy
+        unit, k, old_rows, new_cap, budget = chains(sizes, lay.unit_prim, self.budget, L0, B, n, PLAN_ROWS)
         if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
             return False
         tables = self._table_plan(first_step, n, L0, B)
@@ -550,7 +579,9 @@ class FastEngine:
             section[is_free] = _PENDING if late else _END
             kk[is_free] += late
         keys = key(kk, section, unit[:, None], np.arange(3 * K)[None, :])[happens]
-        rows, res = block[happens], resident[happens]
+        rows, res = pick(block, happens), resident[happens]
+        # Each copy of a plan's rows is dropped once used, so memory peaks at about two of them.
+        del block, happens, resident, kk, section
 
         writes = np.full(n, B * self.row_total, dtype=np.int64)
         if self.first_touch:
@@ -565,15 +596,16 @@ class FastEngine:
         n_tables = int((t_rows["op"] == ALLOC).sum())
         pending = self.pending.copy()
         pending["step"], pending["phase"] = first_step, decode
-        all_rows = np.concatenate([pending, view_rows, rows, t_rows, pseudo])
+        all_rows = join([pending, view_rows, rows, t_rows, pseudo])
         all_keys = np.concatenate([
             np.full(len(pending), key(1, _PENDING, 0, 0)), key(view_k, _VIEW, 0, (view_rows["op"] == FREE).astype(np.int64)),
             keys, key(t_k, _UNITS, t_unit, 3 * K + (t_rows["op"] == FREE)), key(steps_k, _WRITES, 0, 0),
         ])
         t_res = np.zeros(len(t_rows), dtype=np.int64) if self.first_touch else alloc_delta(t_rows)
         all_res = np.concatenate([-self.pending_resident, np.zeros(len(view_rows), dtype=np.int64), res, t_res, writes])
+        del rows, keys, res
         sort = np.argsort(all_keys, kind="stable")
-        all_rows, all_keys, all_res = all_rows[sort], all_keys[sort], all_res[sort]
+        all_rows, all_keys, all_res = pick(all_rows, sort), all_keys[sort], all_res[sort]
         row_k = all_keys // (_SECTIONS * U * W)
         all_rows["step"] = first_step + row_k - 1  # frees deferred to the next inference move on
         # Buffer ids follow the order of allocation: renumber the provisional ones.
@@ -585,13 +617,15 @@ class FastEngine:
         renumber = real & (all_rows["buffer"] >= self.next_id)
         all_rows["buffer"][renumber] = final[all_rows["buffer"][renumber] - self.next_id]
         inside = row_k <= n
-        carried, carried_res = all_rows[~inside], -all_res[~inside]
-        all_rows, row_k, all_res, real = all_rows[inside], row_k[inside], all_res[inside], real[inside]
+        carried, carried_res = pick(all_rows, ~inside), -all_res[~inside]
+        all_rows, row_k, all_res, real = pick(all_rows, inside), row_k[inside], all_res[inside], real[inside]
 
         # 4. Memory along the stream, then per step.
         delta = np.where(real, alloc_delta(all_rows), 0)
         running = self.allocated + np.cumsum(delta)
-        if (running + self.scenario.weights_memory > self.scenario.device_memory).any():
+        over = np.flatnonzero(running + self.scenario.weights_memory > self.scenario.device_memory)
+        if len(over):
+            self.limit_step, self.limit_kind = int(row_k[over[0]]), "device"
             return False
         if policy.headroom_limit and E:
             # The limit looks at what is allocated just before an event's first alloc
@@ -602,7 +636,16 @@ class FastEngine:
             event_bytes = np.add.reduceat(all_rows["bytes"][unit_allocs], np.arange(0, len(unit_allocs), K))
             if policy.headroom_buffer == "data":  # the data buffer alone: each event's first alloc row
                 event_bytes = all_rows["bytes"][unit_allocs[::K]]
-            if (before + event_bytes + self.scenario.weights_memory >= policy.headroom_limit * self.scenario.device_memory).any():
+            meets = before + event_bytes + self.scenario.weights_memory >= policy.headroom_limit * self.scenario.device_memory
+            # Policy sizes hold while no event meets the limit. Exact sizes hold for an event that
+            # meets it at its exact size (then also at the policy's, which is no smaller), or
+            # whose policy size is the exact one anyway (events are in the order of unit and k).
+            if exact_sizes:
+                meets |= np.asarray(policy.capacity(L0 + k, lay.unit_prim[unit]), dtype=np.int64) == L0 + k
+            wrong = np.flatnonzero(~meets if exact_sizes else meets)
+            if len(wrong):
+                self.limit_step = int(row_k[unit_allocs[::K][wrong[0]]])
+                self.limit_kind = "under headroom" if exact_sizes else "headroom"
                 return False
         resident_run = self.resident + np.cumsum(all_res) if self.first_touch else running
         starts = np.searchsorted(row_k, steps_k)
@@ -629,7 +672,7 @@ class FastEngine:
 
         # 5. Commit.
         self.planned_rows = int(real.sum())
-        self.ledger.append(all_rows[real])
+        self.ledger.append(pick(all_rows, real))
         self.steps.add_block(block_steps)
         self.pending, self.pending_resident = carried, carried_res if self.first_touch else carried["bytes"]
         self.allocated = int(end_alloc[-1])
@@ -740,7 +783,9 @@ class FastEngine:
 
         allocs = rows(ALLOC, np.broadcast_to(alloc_slots, (U, K)).copy())
         frees = rows(FREE, None)
-        self.ledger.append(np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel())
+        rows = np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel()
+        self.planned_rows = len(rows)  # sizes the next plan (_session)
+        self.ledger.append(rows)
         block = np.zeros(n, dtype=STEP)
         block["step"], block["phase"] = first_step + k - 1, PHASE_CODE["decode"]
         block["tokens"], block["batch"] = needed, B

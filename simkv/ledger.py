@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simkv.errors import ConfigError
+from simkv.errors import ConfigError, SimkvError
 
 PHASES = ("prefill", "turn", "decode", "fork", "reorder", "select", "reset")
 TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam", "past_view")
@@ -51,30 +51,82 @@ ROW = np.dtype(
 )
 COLUMNS = ROW.names
 _LABELS = {"phase": PHASES, "tensor": TENSORS, "op": OPS}
+# A row as one opaque record: numpy moves these 5-10x faster than a structured row,
+# which it copies field by field (measured in pick's docstring).
+_RAW = np.dtype((np.void, ROW.itemsize))
+
+
+def pick(rows: np.ndarray, index) -> np.ndarray:
+    """``rows[index]`` (a mask or indices) for ledger rows, moved as raw records.
+
+    1,000,000 rows gathered by a permutation: 0.30 s as structured rows, 0.03-0.06 s as
+    raw records (numpy 2, this machine, loaded; equal results)."""
+    return rows.view(_RAW)[index].view(ROW)
+
+
+def drain(chunks: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """``np.concatenate(chunks)``, emptying ``chunks`` as it goes: each chunk is released once
+    copied, so memory peaks at the result plus one chunk, not twice the result."""
+    raw = np.dtype((np.void, dtype.itemsize))
+    out = np.empty(sum(map(len, chunks)), dtype=raw)
+    chunks.reverse()
+    at = 0
+    while chunks:
+        chunk = chunks.pop().view(raw)
+        out[at : at + len(chunk)] = chunk
+        at += len(chunk)
+    return out.view(dtype)
+
+
+def join(parts) -> np.ndarray:
+    """``np.concatenate(parts)`` for ledger rows, moved as raw records (see :func:`pick`)."""
+    return np.concatenate([p.view(_RAW) for p in parts]).view(ROW)
+
+
+class TooManyEvents(SimkvError):
+    """A run that would record more ledger rows than its limit (:data:`simkv.limits.MAX_LEDGER_ROWS`)."""
+
+    def __init__(self, limit: int, step: int) -> None:
+        super().__init__(limit, step)  # the arguments, so it can be raised again from them (as SimPy does)
+        self.limit, self.step = limit, step
+
+    def __str__(self) -> str:
+        return (f"this run would record more than {self.limit:,} ledger events (allocations, copies, frees), "
+                f"the limit, at step {self.step:,} (see README, simkv run: Limits): simulate fewer steps or layers")
 
 
 class Ledger:
-    """Append-only event log. Engines append blocks of rows; readers use :attr:`rows`."""
+    """Append-only event log. Engines append blocks of rows; readers use :attr:`rows`.
 
-    def __init__(self) -> None:
+    ``limit``: most rows it may hold; an append that would pass it raises
+    :class:`TooManyEvents` (before keeping anything), so a run stops there, not gigabytes later.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
         self._chunks: list[np.ndarray] = []
         self._rows: np.ndarray | None = np.empty(0, dtype=ROW)
+        self._count = 0
 
     def append(self, rows: np.ndarray) -> None:
-        if len(rows):
-            self._chunks.append(rows)
-            self._rows = None
+        if not len(rows):
+            return
+        if self.limit is not None and self._count + len(rows) > self.limit:
+            raise TooManyEvents(self.limit, int(rows["step"][self.limit - self._count]))
+        self._chunks.append(rows)
+        self._count += len(rows)
+        self._rows = None
 
     @property
     def rows(self) -> np.ndarray:
         """All rows as one structured array (``ledger.rows["bytes"]`` …)."""
         if self._rows is None:
-            self._rows = np.concatenate(self._chunks) if self._chunks else np.empty(0, dtype=ROW)
+            self._rows = drain(self._chunks, ROW)
             self._chunks = [self._rows]
         return self._rows
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._count
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Ledger) and np.array_equal(self.rows, other.rows)

@@ -22,6 +22,10 @@ MAX_TURNS = 100_000
 MAX_BEAM = 4_096
 MAX_STEPS = 10_000_000  # simulated steps before memory certainly runs out
 MAX_DEVICE_BYTES = 1 << 50  # 1 PiB
+#: Ledger rows (allocations, copies, frees) a single-session run may record: 51 bytes each,
+#: so about 0.4 GB of ledger, and a run that reaches it peaks near 0.6 GB RSS (README, Limits).
+#: A run that would pass it stops there with one line, exit 2 (simkv.ledger.TooManyEvents).
+MAX_LEDGER_ROWS = 8_000_000
 
 #: (flag, attribute, bound) of the numeric flags shared by run and validate.
 FLAG_BOUNDS = (

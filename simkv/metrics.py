@@ -73,43 +73,70 @@ def compute(ledger: Ledger, steps: np.ndarray, oom_step: int | None = None) -> M
     )
 
 
+def _group_order(key: np.ndarray) -> np.ndarray:
+    """Indices that sort ``key`` (int64), equal keys kept in ledger order.
+
+    numpy's stable sort of 16-bit keys is a radix sort, 6x faster than its sort of int64
+    (4.3 M keys of 64 values: 0.06 s against 0.35 s on this machine), so keys spanning
+    fewer than 65,536 values (one session's K and V of up to 9,362 layers) are sorted as
+    offsets from their least."""
+    low = key.min(initial=0)
+    if len(key) and int(key.max()) - int(low) < 1 << 16:
+        key = (key - low).astype(np.uint16)
+    return np.argsort(key, kind="stable")
+
+
 def _replacing_allocations(rows: np.ndarray) -> int:
-    """Allocations of K/V data made while that (request, layer, tensor) still had a live buffer."""
-    data = rows[np.isin(rows["tensor"], [TENSOR_CODE["k"], TENSOR_CODE["v"]]) & (rows["op"] != COPY)]
+    """Allocations of K/V data made while that (request, layer, tensor) still had a live buffer.
+
+    The K/V allocs and frees grouped by (request, layer, tensor) in ledger order; a running
+    count of live buffers per group. Arrays are dropped as soon as used: a ledger of
+    millions of rows needs about 40 bytes per row on top of itself."""
+    tensor, op = rows["tensor"], rows["op"]
+    data = np.flatnonzero(((tensor == TENSOR_CODE["k"]) | (tensor == TENSOR_CODE["v"])) & (op != COPY))
     if not len(data):
         return 0
-    key = (data["request"].astype(np.int64) * (1 << 32) + data["layer"]) * len(TENSORS) + data["tensor"]
-    order = np.argsort(key, kind="stable")
-    key, delta = key[order], np.where(data["op"][order] == ALLOC, 1, -1)
-    live_after = np.cumsum(delta)
+    key = (rows["request"][data].astype(np.int64) * (1 << 32) + rows["layer"][data]) * len(TENSORS) + tensor[data]
+    order = _group_order(key)
+    key, data = key[order], data[order]
+    del order
     group_start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    offset = np.repeat(live_after[group_start] - delta[group_start], np.diff(np.r_[group_start, len(key)]))
-    live_before = live_after - delta - offset
+    del key
+    delta = np.where(op[data] == ALLOC, 1, -1).astype(np.int32)
+    del data
+    live_before = np.cumsum(delta, dtype=np.int64)
+    live_before -= delta
+    # Subtract what the groups before left live: each group counts from zero.
+    live_before -= np.repeat(live_before[group_start], np.diff(np.r_[group_start, len(delta)]))
     return int(((delta == 1) & (live_before > 0)).sum())
 
 
 def per_layer(ledger: Ledger, layers: int) -> list[dict]:
-    """Per layer and data tensor: the steps where it reallocated and its final capacity.
+    """Per layer and data tensor: the steps where it reallocated and its final capacity,
+    for layers ``0 .. layers - 1`` (``simkv run`` shows layer 0: ask for 1).
 
     One sort of the K/V allocations by (layer, tensor), then one slice each: linear in
     layers (a filter per layer made 100,000 layers take minutes)."""
     rows = ledger.rows
-    allocs = rows[(rows["op"] == ALLOC) & np.isin(rows["tensor"], [TENSOR_CODE["k"], TENSOR_CODE["v"]])]
-    key = allocs["layer"].astype(np.int64) * 2 + (allocs["tensor"] == TENSOR_CODE["v"])
-    order = np.argsort(key, kind="stable")
-    allocs = allocs[order]
+    tensor = rows["tensor"]
+    picked = np.flatnonzero((rows["op"] == ALLOC) & ((tensor == TENSOR_CODE["k"]) | (tensor == TENSOR_CODE["v"]))
+                            & (rows["layer"] < layers))
+    key = rows["layer"][picked].astype(np.int64) * 2 + (tensor[picked] == TENSOR_CODE["v"])
+    order = _group_order(key)
+    steps, capacities = rows["step"][picked[order]], rows["capacity_tokens"][picked[order]]
     bounds = np.searchsorted(key[order], np.arange(2 * layers + 1))
     out = []
     for layer in range(layers):
         for j, name in enumerate(("k", "v")):
-            sel = allocs[bounds[2 * layer + j] : bounds[2 * layer + j + 1]]
+            sel = slice(bounds[2 * layer + j], bounds[2 * layer + j + 1])
+            caps = capacities[sel]
             out.append(
                 {
                     "layer": layer,
                     "tensor": name,
-                    "alloc_steps": sel["step"].tolist(),
-                    "capacities": sel["capacity_tokens"].tolist(),
-                    "final_capacity_tokens": int(sel["capacity_tokens"][-1]) if len(sel) else 0,
+                    "alloc_steps": steps[sel].tolist(),
+                    "capacities": caps.tolist(),
+                    "final_capacity_tokens": int(caps[-1]) if len(caps) else 0,
                 }
             )
     return out

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from simkv.errors import SimkvError
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
 from simkv.ledger import ALLOC, COPY, PHASE_CODE, TENSOR_CODE, Ledger
+from simkv.limits import MAX_LEDGER_ROWS
 from simkv.memory import Allocator, Buffer, OutOfMemory
 from simkv.steps import StepRecorder
 
@@ -30,7 +31,7 @@ class ReferenceEngine:
         self.progress = progress
         self.memory = Allocator(scenario.device_memory, first_touch=scenario.policy.first_touch,
                                 weights=scenario.weights_memory, max_alloc=scenario.policy.max_alloc_bytes)
-        self.ledger = Ledger()
+        self.ledger = Ledger(limit=MAX_LEDGER_ROWS)
         self.steps = StepRecorder()
         self.oom: OutOfMemory | None = None
         self.current: list[Buffer | None] = [None] * len(self.layout.layer)

@@ -83,8 +83,9 @@ class Result:
     def metrics(self) -> Metrics:
         return compute(self.ledger, self.steps, self.oom.step if self.oom else None)
 
-    def per_layer(self) -> list[dict]:
-        return per_layer(self.ledger, self.scenario.model.layers)
+    def per_layer(self, layers: int | None = None) -> list[dict]:
+        """:func:`simkv.metrics.per_layer` for the first ``layers`` layers (default: all)."""
+        return per_layer(self.ledger, self.scenario.model.layers if layers is None else layers)
 
     def summary(self) -> dict:
         """Metrics plus the scenario, JSON-ready."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simkv.ledger import drain
+
 STEP = np.dtype(
     [
         ("step", np.int64),
@@ -58,5 +60,7 @@ class StepRecorder:
             self._singles = []
 
     def table(self) -> np.ndarray:
+        """All rows as one array (the chunks joined into it one by one, each released once copied)."""
         self._flush()
-        return np.concatenate(self._chunks) if self._chunks else np.empty(0, dtype=STEP)
+        self._chunks = [drain(self._chunks, STEP)]
+        return self._chunks[0]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from hypothesis import given, settings
@@ -91,9 +92,9 @@ def test_huge_decode_plans_only_up_to_the_out_of_memory_step():
     planned = []
     real = engine.FastEngine._decode_run
 
-    def counting(self, first, n):
+    def counting(self, first, n, *sizes):
         planned.append(n)
-        return real(self, first, n)
+        return real(self, first, n, *sizes)
 
     sc = build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=64, precision="f16",
                         policy="openvino-cpu", prompt=1024, decode=10**8, device_memory="16MiB")
@@ -152,3 +153,213 @@ def test_output_files_are_written_in_an_existing_directory(tmp_path):
     proc = run("run", "--decode", "5", "--ledger", str(tmp_path / "l.csv"), "--timeline", str(tmp_path / "t.html"))
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "l.csv").read_text().startswith("step,") and (tmp_path / "t.html").stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------- policies that reallocate every step
+
+
+def test_exact_decode_200000_ends_out_of_memory_at_its_step():
+    """The issue's command. Llama-3-8B, f16: K or V of one layer is 8 KV heads x 128 x 2 B =
+    2,048 B per token, all 64 K/V buffers 131,072 B. Device 16 GiB = 17,179,869,184 B less the
+    int8 weights, 8,029,995,008 B: 9,149,874,176 B for the KV cache. ``exact`` frees at the end
+    of the step, so decode step s (1,023 + s tokens stored) allocates the 64 new buffers of
+    1,024 + s tokens, layer 0 K, 0 V, 1 K, ..., on top of all the old ones: after the j-th,
+    (1,023 + s) x 131,072 + j x (1,024 + s) x 2,048. All 64 fit while (2,047 + 2s) x 131,072
+    <= 9,149,874,176, i.e. s <= 33,880; at s = 33,881 the old ones take 4,574,937,088 B, each new
+    one 71,485,440 B (68.17 MiB), and 64 of them need 4,575,068,160 B, over the 4,574,937,088 B
+    left: the 64th (layer 31 V) fails, with 4,574,937,088 + 63 x 71,485,440 = 9,078,519,808 B
+    (8.46 GiB) of KV allocated."""
+    kv_room = 17_179_869_184 - 8_029_995_008
+    s = next(s for s in range(1, 10**6) if (2047 + 2 * s) * 131_072 > kv_room)
+    assert s == 33_881
+    proc = run("run", "--policy", "exact", "--decode", "200000")
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == ("simkv: OUT OF MEMORY: out of memory at step 33881, layer 31: 68.17 MiB requested with "
+                        "8.46 GiB KV + 7.48 GiB weights of 16.00 GiB allocated")
+    assert "  steps                 33,882 (33,881 completed, step 33,881 failed)" in lines
+    assert "  reallocations         2,168,383 (K/V data buffers replaced)" in lines  # 64 x 33,880 + 63
+
+
+def test_a_run_over_the_ledger_limit_stops_with_one_line():
+    """The same on an 80 GiB device fits all 200,000 steps, but would record 38 million rows.
+    Its ledger: 64 allocations at the prompt, then per step 64 x (alloc, copy, free) = 192 rows,
+    so 64 + 192 s rows after step s; row 8,000,001 (past the limit) is written at the first s
+    with 64 + 192 s > 8,000,000: s = 41,667. The run stops there: one line, exit 2."""
+    from simkv.limits import MAX_LEDGER_ROWS
+
+    assert MAX_LEDGER_ROWS == 8_000_000 and next(s for s in range(10**6) if 64 + 192 * s > 8_000_000) == 41_667
+    proc = run("run", "--policy", "exact", "--decode", "200000", "--device-memory", "80GiB")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [(
+        "simkv run: error: this run would record more than 8,000,000 ledger events (allocations, copies, frees), "
+        "the limit, at step 41,667 (see README, simkv run: Limits): simulate fewer steps or layers")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(scenarios(), st.floats(0.05, 0.95))
+def test_the_ledger_limit_stops_both_engines_at_the_same_step(scenario, share):
+    """With a limit under a run's ledger, both engines stop at the step that writes the row past it."""
+    from simkv.ledger import TooManyEvents
+
+    full = simulate(scenario).ledger.rows
+    limit = int(share * len(full))
+    if limit == 0:
+        return
+    steps = []
+    for name in ("fast", "reference"):
+        with mock.patch.object(engine, "MAX_LEDGER_ROWS", limit), \
+                mock.patch("simkv.reference.MAX_LEDGER_ROWS", limit), pytest.raises(TooManyEvents) as err:
+            simulate(scenario, engine=name)
+        steps.append(err.value.step)
+    assert steps == [int(full["step"][limit])] * 2
+
+
+def test_stateless_plans_are_sized_by_their_rows():
+    """A stateless plan writes 4 rows per step here (1 layer: alloc K, V; free K, V); plans are
+    resized to about PLAN_ROWS rows, so none after the first (the prompt appends its allocs and
+    frees, 2 rows each) writes more than twice that."""
+    sizes = []
+    real = engine.Ledger.append
+
+    def counting(self, rows):
+        sizes.append(len(rows))
+        return real(self, rows)
+
+    sc = build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=8, precision="f16",
+                        policy="stateless", prompt=1, decode=200_000)
+    with mock.patch.object(engine, "PLAN_ROWS", 1 << 12), mock.patch.object(engine.Ledger, "append", counting):
+        simulate(sc)
+    assert sum(sizes) == 4 + 4 * 200_000 and max(sizes[3:]) <= 2 << 12
+
+
+# --------------------------------------------------------------------------- the chains' shortcut
+
+
+class _Stepped:
+    """A policy whose headroom changes every ``period`` tokens (the shortcut must notice)."""
+
+    name = "stepped"
+
+    def __init__(self, pad, period):
+        self.pad, self.period = pad, period
+
+    def capacity(self, needed, prim):
+        needed = np.asarray(needed, dtype=np.int64)
+        return needed + self.pad + (needed // self.period) % 2 + prim % 3
+
+
+def _policies():
+    from policies import get_policy
+
+    fixed = st.integers(0, 40).map(lambda n: get_policy("fixed", {"tokens": n}))
+    gpu = st.builds(lambda base, stagger: get_policy("openvino-gpu", {"headroom_base": base, "stagger": stagger}),
+                    st.integers(0, 20), st.integers(1, 9))
+    growth = st.sampled_from([get_policy("geometric"), get_policy("openvino-cpu"), get_policy("geometric", {"ratio": 1.1})])
+    plain = st.sampled_from([get_policy("exact"), get_policy("hf-dynamic"), get_policy("static", {"max_prompt_len": 64})])
+    return st.one_of(fixed, gpu, growth, plain, st.builds(_Stepped, st.integers(0, 5), st.integers(1, 50)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_policies(), st.lists(st.integers(0, 300), min_size=1, max_size=8), st.integers(0, 200), st.integers(1, 3),
+       st.integers(1, 400), st.sampled_from([0, 5, 50, 10**6]))
+def test_chain_shortcut_equals_the_waves(policy, caps, L0, B, n, shortcut):
+    """simkv.chains: with the constant-headroom shortcut (any size it may take) the links and
+    final budgets are those of the plain wave loop, for policies with and without a constant
+    headroom, and the same error for a capacity below the tokens needed (a static cache)."""
+    from simkv.chains import chains
+    from simkv.errors import SimkvError
+
+    prim = np.arange(len(caps), dtype=np.int64)
+    budget = np.array(caps, dtype=np.int64) * B
+
+    def outcome(links):
+        try:
+            unit, k, old_rows, new_cap, after = chains(policy, prim, budget, L0, B, n, links)
+        except SimkvError as err:
+            return str(err)
+        order = np.lexsort((k, unit))
+        return [a[order].tolist() for a in (unit, k, old_rows, new_cap)] + [after.tolist()]
+
+    assert outcome(shortcut) == outcome(0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.recursive(st.one_of(st.integers(-10**20, 10**20), st.booleans(), st.none(), st.text(max_size=5),
+                              st.floats(allow_nan=False, allow_infinity=False)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=6), st.lists(st.integers(), max_size=9),
+                                            st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+                    max_leaves=40))
+def test_json_writer_equals_json_dump(obj):
+    """simkv.jsonout writes json.dump's bytes (lists of integers from 2 entries on set aside here)."""
+    import io
+
+    from simkv import jsonout
+
+    expected = io.StringIO()
+    json.dump(obj, expected, indent=2)
+    out = io.StringIO()
+    with mock.patch.object(jsonout, "LONG", 2):
+        jsonout.write_json(obj, out)
+    assert out.getvalue() == expected.getvalue() + "\n"
+
+
+def test_beam_tables_read_the_layout_once_per_step():
+    """The GPU kernels' beam tables are built unit by unit; the per-unit tensor codes come from a
+    Layout property that builds an array of all units, so it is read once per step, not once per
+    unit (that made 100,000 layers take 90 s of CPU): the reads do not grow with layers."""
+    from simkv.layout import Layout
+
+    reads = []
+    real = Layout.unit_table_tensor
+
+    def counted(self):
+        reads.append(1)
+        return real.fget(self)
+
+    def count(layers):
+        reads.clear()
+        with mock.patch.object(Layout, "unit_table_tensor", property(counted)):
+            simulate(build_scenario(model=None, layers=layers, heads=1, kv_heads=1, head_dim=2, policy="openvino-gpu",
+                                    prompt=1, decode=1))
+        return len(reads)
+
+    assert count(3) == count(30) > 0
+
+
+@pytest.mark.parametrize("policy, options, exact_sized", [
+    ("fixed", {"tokens": 0}, True), ("exact", {"headroom_limit": 0.5}, True),
+    ("openvino-gpu", {"headroom_base": 0, "stagger": 1}, True),  # P = 0 + id % 1 = 0
+    ("fixed", {"tokens": 3}, False), ("openvino-gpu", {}, False),
+])
+def test_past_the_headroom_limit_plans_go_on_with_exact_sizes(policy, options, exact_sized):
+    """Past the headroom limit a reallocation gets exactly the tokens it needs; the fast engine
+    plans on with those sizes where the limit's rule gives them (every reallocation over the
+    limit, or sized exactly by the policy anyway), instead of stepping through the rest of the
+    run one step at a time: few single steps, and the same ledger as the reference."""
+    steps, plans = [], []
+    real_step, real_plan = engine.FastEngine._step, engine.FastEngine._decode_run
+
+    def counting(self, step, inf):
+        steps.append(step)
+        return real_step(self, step, inf)
+
+    def planning(self, first, n, exact_sizes=False):
+        done = real_plan(self, first, n, exact_sizes)
+        plans.append((n, exact_sizes, done))
+        return done
+
+    sc = build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=16, precision="f16", policy=policy,
+                        policy_options=options, prompt=16, decode=10**6, device_memory="256KiB")
+    with mock.patch.object(engine.FastEngine, "_step", counting), \
+            mock.patch.object(engine.FastEngine, "_decode_run", planning):
+        fast = simulate(sc)
+    assert fast.oom is not None
+    ref = simulate(build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=16, precision="f16",
+                                  policy=policy, policy_options=options, prompt=16, decode=fast.oom.step + 5,
+                                  device_memory="256KiB"), engine="reference")
+    assert_same_run(fast, ref)
+    planned_exact = sum(n for n, exact_sizes, done in plans if exact_sizes and done)
+    if exact_sized:  # the policy's sizes are exact: the zone is planned
+        assert len(steps) < 10 and planned_exact > 100, (len(steps), planned_exact)
+    # else buffers under the limit keep their headroom, and the zone goes (mostly) step by step
