@@ -1,7 +1,8 @@
-"""Check the cost model against real OpenVINO CPU step times: 3 shapes x 3 contexts.
+"""Check the cost model against real OpenVINO CPU step times: 4 shapes x 3 contexts.
 
 1. ``simkv calibrate`` measures this host (or ``--preset`` reuses a preset file);
-2. for each shape (hidden 2,048; 8, 12, 16 layers) the toy stateful decoder of ``simkv validate`` runs
+2. for each shape (hidden 2,048, 16 query heads; 8 layers MHA, 12 layers 4 KV heads, 16 layers 8 KV heads,
+   8 layers 8 KV heads) the toy stateful decoder of ``simkv validate`` runs
    one chat session on the real CPU plugin: a prompt of 512 tokens (the plugin's capacity: 1,024), then
    for each context ~1k, ~2k, ~4k a chat turn that fills the history to 24 tokens below the capacity and
    48 decode steps, the 25th of which reallocates every layer's KV (capacity -> 2 L). One prefill of
@@ -11,7 +12,7 @@
    Decode error: ordinary decode steps (no KV event, not the first after the prompt); realloc excess:
    the reallocating step minus the median of its ordinary neighbours, measured vs predicted.
 
-    PYTHONPATH=. python experiments/latency_table.py                  # ~6 min on 2 idle cores
+    PYTHONPATH=. python experiments/latency_table.py                  # ~12 min on 2 idle cores
     PYTHONPATH=. python experiments/latency_table.py --quick          # one small shape, ~1 min
     PYTHONPATH=. python experiments/latency_table.py --preset host.json --repeats 3
 
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: (id, layers, heads, kv_heads, head_dim): hidden 2,048 = heads x head_dim
-SHAPES = [("8L-MHA", 8, 16, 16, 128), ("12L-GQA4", 12, 16, 4, 128), ("16L-GQA8", 16, 16, 8, 128)]
+SHAPES = [("8L-MHA", 8, 16, 16, 128), ("12L-GQA4", 12, 16, 4, 128), ("16L-GQA8", 16, 16, 8, 128), ("8L-GQA8", 8, 16, 8, 128)]
 CONTEXTS = 3  # decode runs at ~1k, ~2k, ~4k tokens of history
 FIRST_PROMPT = 512
 DECODE = 48

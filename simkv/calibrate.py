@@ -7,7 +7,7 @@ Every number of the preset is measured here, the way the OpenVINO CPU plugin run
   caches (a decode step's GEMV), minus the plugin's fixed overhead: bytes of the matrix / time;
 * **matmul throughput** (``peak_flops`` in the plugin's inference precision, efficiency 1): a
   compute-bound MatMul ``[512, K] x [K, N]`` on the CPU plugin;
-* **copy bandwidth** (``copy_bandwidth``): the plugin's own KV reallocation, timed on a one-layer decoder
+* **copy bandwidth** (``copy_bandwidth``): the plugin's own KV reallocation, timed on a 4-layer decoder
   with a wide cache: the bytes simkv's ledger copies at that step over the step's excess time (a plain
   copy into freshly allocated pages is reported beside it);
 * **per-inference overhead** (``step_overhead_s``, ``layer_overhead_s``): decode steps of tiny stateful
@@ -97,13 +97,20 @@ def _overhead(threads: int | None, repeats: int, layers: int = 1) -> float:
     return _median_time(step, repeats, warmup=5)
 
 
-#: The KV probe: a 1-layer decoder with a wide cache (32 heads x 128) runs prompt P (capacity 2P), a chat
-#: turn to 2P - 24 tokens, 40 decode steps (the 25th grows the cache to 2 (2P + 1)), a turn to ~4P and
-#: 16 more decode steps. The reallocating step's excess gives the copy rate; the ordinary steps at ~4P
-#: against those at ~2P give the rate attention streams the KV at.
-KV_PROBE_SHAPE = {"layers": 1, "heads": 32, "kv_heads": 32, "head_dim": 128, "hidden": 256, "vocab": 64}
+#: The KV probe: a 4-layer grouped-query decoder (32 query heads over 8 KV heads x 128: the layout of
+#: Llama-3, Qwen2, Mistral) runs prompt P (capacity 2P), a chat turn to 2P - 24 tokens, 40 decode steps (the
+#: 25th grows the cache to 2 (2P + 1)), a turn to ~4P and 16 more decode steps. The reallocating step's
+#: excess gives the copy rate; the ordinary steps at ~4P against those at ~2P give the decode-attention rate
+#: (FLOPs per second of one-token attention).
+KV_PROBE_SHAPE = {"layers": 4, "heads": 32, "kv_heads": 8, "head_dim": 128, "hidden": 256, "vocab": 64}
 KV_PROBE_PROMPT = 512
+#: Clean runs of each probe (the figures are medians over them): its extra times are a few ms.
+KV_PROBE_REPEATS = 3
 NEIGHBOURS = 8
+
+
+def _probe_name(shape: dict) -> str:
+    return f"{shape['layers']}-layer {shape['heads']}/{shape['kv_heads']}-head x {shape['head_dim']}"
 
 
 def _kv_probe_ops(p: int) -> str:
@@ -112,13 +119,12 @@ def _kv_probe_ops(p: int) -> str:
     return f"prefill:{p},prefill:{p - 24},decode:40,prefill:{2 * p - 38},decode:16"
 
 
-def _kv_probe(threads: int | None, repeats: int) -> dict:
-    """The CPU plugin's own reallocation and KV streaming, on a 1-layer decoder with a wide cache."""
+def _kv_probe(shape: dict, threads: int | None, repeats: int) -> dict:
+    """The CPU plugin's own reallocation and decode attention on a toy decoder of ``shape``."""
     from simkv.ledger import COPY, PHASE_CODE
     from simkv.scenario import build_scenario, simulate
     from simkv.validate.ovmodel import ToyDecoderSpec, build_stateful_decoder, compile_checked
 
-    shape = KV_PROBE_SHAPE
     model = build_stateful_decoder(ToyDecoderSpec(**shape))
     compiled, inspection = compile_checked(model, None, None)
     if threads:  # recompile with the thread count (compile_checked takes no extra config)
@@ -210,7 +216,7 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
         bar.update()
         memcpy = _copy_bandwidth(repeats=7)
         bar.update()
-        probe = _kv_probe(threads, repeats=2)
+        probe = _kv_probe(KV_PROBE_SHAPE, threads, repeats=KV_PROBE_REPEATS)
         bar.update()
     copy = probe["copied_bytes"] / probe["excess_s"] if probe["excess_s"] > 0 else memcpy
     attention = probe["attention_extra_flops"] / probe["kv_extra_s"] if probe["kv_extra_s"] > 0 else None
@@ -235,7 +241,7 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
             "bandwidth_efficiency": f"1: measured: CPU plugin MatMul [1,{k}]x[{k},{n}] f32 constant, "
                                     f"{k * n * 4 >> 20} MiB per inference minus the overhead: "
                                     f"{weights_rate / 1e9:.2f} GB/s; {how}",
-            "decode_attention_flops": ("measured: decode steps of a 1-layer 32x128 decoder at ~2k vs ~1k tokens of "
+            "decode_attention_flops": (f"measured: decode steps of a {_probe_name(KV_PROBE_SHAPE)} decoder at ~2k vs ~1k tokens of "
                                        f"history: {probe['attention_extra_flops'] / 1e6:.1f} MFLOP more attention "
                                        f"({probe['kv_extra_bytes'] / 2**20:.1f} MiB more KV) in "
                                        f"{probe['kv_extra_s'] * 1e3:.3f} ms more: {attention / 1e9:.2f} GFLOP/s; " + how)
@@ -246,10 +252,10 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
             "step_overhead_s": "measured: decode step of a 1-layer, hidden-64 stateful decoder on the CPU plugin, "
                                "minus one layer's share; " + how,
             "layer_overhead_s": "measured: (9-layer - 1-layer tiny decoder step) / 8; " + how,
-            "copy_bandwidth": f"measured: the CPU plugin's own KV reallocation in a 1-layer 32x128 decoder "
+            "copy_bandwidth": f"measured: the CPU plugin's own KV reallocation in a {_probe_name(KV_PROBE_SHAPE)} decoder "
                               f"({_kv_probe_ops(KV_PROBE_PROMPT)}): {probe['copied_bytes'] / 2**20:.1f} MiB copied "
                               f"(simkv's ledger) / {probe['excess_s'] * 1e3:.2f} ms excess of that step over its "
-                              f"neighbours' median, median of 2 runs (a plain numpy copy into fresh pages: "
+                              f"neighbours' median, median of {KV_PROBE_REPEATS} runs (a plain numpy copy into fresh pages: "
                               f"{memcpy / 1e9:.2f} GB/s); {how}",
         },
     )
