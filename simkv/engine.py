@@ -763,6 +763,12 @@ class FastEngine:
             return False
         if self.allocated + self.scenario.weights_memory + int(needed[-1]) * B * self.row_total > self.scenario.device_memory:
             return False
+        if policy.max_alloc_bytes:
+            # a buffer larger than the device's largest allocation ends the run (the per-step path says so)
+            too_large = needed * B * int(lay.row_bytes.max()) > policy.max_alloc_bytes
+            if too_large.any():
+                self.limit_step, self.limit_kind = int(too_large.argmax()) + 1, "device"
+                return False
         order = self.orders["grow"]
         alloc_slots = order[order // K == ALLOC] % K  # a unit's slots in allocation order
         rank = np.argsort(alloc_slots)  # buffer id offset of each slot within its unit

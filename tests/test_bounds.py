@@ -363,3 +363,18 @@ def test_past_the_headroom_limit_plans_go_on_with_exact_sizes(policy, options, e
     if exact_sized:  # the policy's sizes are exact: the zone is planned
         assert len(steps) < 10 and planned_exact > 100, (len(steps), planned_exact)
     # else buffers under the limit keep their headroom, and the zone goes (mostly) step by step
+
+
+def test_stateless_plan_stops_where_a_buffer_exceeds_the_largest_allocation():
+    # Found by hypothesis: a stateless plan did not check max_alloc_bytes. f32, head 16: a K buffer is
+    # 64 B a token, so at 157 tokens (step 156: prompt 1 + 156 decode steps) it is 10,048 B > 10,000 B.
+    from dataclasses import replace
+
+    from simkv.scenario import build_scenario, simulate
+
+    s = build_scenario(model=None, layers=1, heads=1, kv_heads=1, head_dim=16, precision="f32", policy="stateless",
+                       ops="prefill:1,decode:156", device_memory=16 * 2**30, weights_memory=0)
+    s = replace(s, policy=replace(s.policy, max_alloc_bytes=10_000))
+    fast, ref = simulate(s), simulate(s, engine="reference")
+    assert str(fast.oom) == str(ref.oom) and "at step 156" in str(fast.oom)
+    assert fast.ledger == ref.ledger
