@@ -109,7 +109,8 @@ KV_PROBE_REPEATS = 3
 NEIGHBOURS = 8
 
 
-def _probe_name(shape: dict) -> str:
+def _probe_name() -> str:
+    shape = KV_PROBE_SHAPE
     return f"{shape['layers']}-layer {shape['heads']}/{shape['kv_heads']}-head x {shape['head_dim']}"
 
 
@@ -119,12 +120,13 @@ def _kv_probe_ops(p: int) -> str:
     return f"prefill:{p},prefill:{p - 24},decode:40,prefill:{2 * p - 38},decode:16"
 
 
-def _kv_probe(shape: dict, threads: int | None, repeats: int) -> dict:
-    """The CPU plugin's own reallocation and decode attention on a toy decoder of ``shape``."""
+def _kv_probe(threads: int | None, repeats: int) -> dict:
+    """The CPU plugin's own reallocation and decode attention, on the KV probe decoder."""
     from simkv.ledger import COPY, PHASE_CODE
     from simkv.scenario import build_scenario, simulate
     from simkv.validate.ovmodel import ToyDecoderSpec, build_stateful_decoder, compile_checked
 
+    shape = KV_PROBE_SHAPE
     model = build_stateful_decoder(ToyDecoderSpec(**shape))
     compiled, inspection = compile_checked(model, None, None)
     if threads:  # recompile with the thread count (compile_checked takes no extra config)
@@ -216,7 +218,7 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
         bar.update()
         memcpy = _copy_bandwidth(repeats=7)
         bar.update()
-        probe = _kv_probe(KV_PROBE_SHAPE, threads, repeats=KV_PROBE_REPEATS)
+        probe = _kv_probe(threads, repeats=KV_PROBE_REPEATS)
         bar.update()
     copy = probe["copied_bytes"] / probe["excess_s"] if probe["excess_s"] > 0 else memcpy
     attention = probe["attention_extra_flops"] / probe["kv_extra_s"] if probe["kv_extra_s"] > 0 else None
@@ -241,7 +243,7 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
             "bandwidth_efficiency": f"1: measured: CPU plugin MatMul [1,{k}]x[{k},{n}] f32 constant, "
                                     f"{k * n * 4 >> 20} MiB per inference minus the overhead: "
                                     f"{weights_rate / 1e9:.2f} GB/s; {how}",
-            "decode_attention_flops": (f"measured: decode steps of a {_probe_name(KV_PROBE_SHAPE)} decoder at ~2k vs ~1k tokens of "
+            "decode_attention_flops": (f"measured: decode steps of a {_probe_name()} decoder at ~2k vs ~1k tokens of "
                                        f"history: {probe['attention_extra_flops'] / 1e6:.1f} MFLOP more attention "
                                        f"({probe['kv_extra_bytes'] / 2**20:.1f} MiB more KV) in "
                                        f"{probe['kv_extra_s'] * 1e3:.3f} ms more: {attention / 1e9:.2f} GFLOP/s; " + how)
@@ -252,7 +254,7 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
             "step_overhead_s": "measured: decode step of a 1-layer, hidden-64 stateful decoder on the CPU plugin, "
                                "minus one layer's share; " + how,
             "layer_overhead_s": "measured: (9-layer - 1-layer tiny decoder step) / 8; " + how,
-            "copy_bandwidth": f"measured: the CPU plugin's own KV reallocation in a {_probe_name(KV_PROBE_SHAPE)} decoder "
+            "copy_bandwidth": f"measured: the CPU plugin's own KV reallocation in a {_probe_name()} decoder "
                               f"({_kv_probe_ops(KV_PROBE_PROMPT)}): {probe['copied_bytes'] / 2**20:.1f} MiB copied "
                               f"(simkv's ledger) / {probe['excess_s'] * 1e3:.2f} ms excess of that step over its "
                               f"neighbours' median, median of {KV_PROBE_REPEATS} runs (a plain numpy copy into fresh pages: "

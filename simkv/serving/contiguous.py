@@ -224,9 +224,10 @@ class ContiguousServing:
                 tokens = g.run_P if l == 0 else 1
                 ctx = (0 if l == 0 else g.run_P + l - 1)
                 new += tokens
-                pairs += attended_pairs(ctx, tokens, self.window)
+                attended = attended_pairs(ctx, tokens, self.window)
+                pairs += attended
                 if tokens == 1:  # a one-token query (simkv.cost: decode_pairs)
-                    decode_pairs += attended_pairs(ctx, tokens, self.window)
+                    decode_pairs += attended
                 seen = ctx + tokens if self.window is None else min(ctx + tokens, self.window)
                 kvr += seen  # tokens read
                 copied += int(traj.copy[l])

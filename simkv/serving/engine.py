@@ -31,6 +31,17 @@ KMAX = 512
 JOINS_PER_RUN = 32
 
 
+def _prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """A prompt's tokens per step, taking the budget left in each step (``room``) until ``left`` are
+    scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
+    cum = np.cumsum(room)
+    got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
+    if cum[-1] < left:
+        return got, None
+    kc = int(np.argmax(cum >= left))
+    return got, (kc + 1, kc + G - 1)  # first token at kc, G - 1 more
+
+
 @dataclass
 class _Run:
     """A planned run of ``K`` steps: per-request rows (lists, one entry per request) and per-step sums."""
@@ -479,21 +490,14 @@ class PagedServing:
                 if K < 2:
                     return None
                 break
-            cum = np.cumsum(room)
-            if cum[-1] <= 0:
-                break  # no budget left for this request or any after it in this run
-            left = P[q] - proc[q]
-            got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
+            got, decodes = _prompt_share(room, P[q] - proc[q], G[q])
             tok[q] = got
             taken += got
-            if cum[-1] >= left:
-                kc = int(np.argmax(cum >= left))
-                start[q] = kc + 1
-                fin[q] = kc + G[q] - 1  # first token at kc, G - 1 more
-                active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
-                nd = nd + active_dec[q]
-            else:
-                break  # it takes all the budget left: nobody after it gets tokens
+            if decodes is None:
+                break  # it takes all the budget left (or there is none): nobody after it gets tokens
+            start[q], fin[q] = decodes
+            active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
+            nd = nd + active_dec[q]
         K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
         over = nd > budget
         if over.any():
@@ -584,14 +588,8 @@ class PagedServing:
             neg = room < 0
             if neg.any():
                 K = int(neg.argmax())
-            room = np.where(ks >= k, np.maximum(room, 0), 0)  # nothing before it arrives
-            cum = np.cumsum(room)
-            got = np.diff(np.concatenate(([0], np.minimum(cum, g.P))))
-            if cum[-1] >= g.P:
-                kc = int(np.argmax(cum >= g.P))
-                start, fin = kc + 1, kc + g.G - 1  # first token at kc, G - 1 more
-            else:
-                start = fin = KMAX  # still in its prompt when the run ends
+            got, decodes = _prompt_share(np.where(ks >= k, np.maximum(room, 0), 0), g.P, g.G)  # nothing before it arrives
+            start, fin = decodes or (KMAX, KMAX)  # else still in its prompt when the run ends
             decoding = (ks >= start) & (ks <= fin)
             nd = run.nd + decoding
             over = nd > budget
