@@ -9,6 +9,7 @@ is their sum plus two separate terms::
 
     t = max(weights_bytes / (bandwidth · η_bw), matmul FLOPs / (peak[precision] · η_flops))     # matmuls
         + max(KV bytes / (bandwidth · η_kv), attention FLOPs / attention rate)                 # attention
+          (or their sum, where the device's attention does not overlap its reads: see below)
         + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
         + step_overhead_s + layers · layer_overhead_s   # runtime/framework fixed cost per step
 
@@ -30,7 +31,11 @@ dot-product loop per query head, not a matrix kernel — the OpenVINO CPU plugin
 mha_single_token.cpp``) dequantises each cached key and value row once per query
 head of its group — so their rate is a device property of its own
 (``Device.decode_attention_flops``, measured by ``simkv calibrate``), and grouped-query
-models pay per query head, not per KV byte.
+models pay per query head, not per KV byte. That loop also does not hide its KV reads behind
+its arithmetic: it walks the rows one at a time, so on such a device (``attention_overlap``
+False) the attention time is the *sum* of the two terms, not the larger. ``simkv calibrate``
+measures both rates on two probes that differ only in KV heads, and this host's figures fit
+the sum (README "Latency").
 
 Every argument of :func:`step_cost` may be a numpy array: the serving engine
 evaluates ~10⁵ steps at once. The model leaves out activations' bytes, kernel
@@ -87,6 +92,9 @@ class Device:
     #: Achieved FLOP/s of attention for one-token queries (decode) where it is not a matrix kernel
     #: (a CPU's per-query-head dot-product loop); None = ``peak · flops_efficiency`` like the rest.
     decode_attention_flops: float | None = None
+    #: Whether attention's KV reads overlap its arithmetic (a roofline: the larger term counts). False
+    #: where a per-row loop reads and computes in turn (the CPU plugin's one-token attention): they add up.
+    attention_overlap: bool = True
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "memory_bandwidth", "copy_bandwidth"):
@@ -99,6 +107,8 @@ class Device:
                 raise ConfigError(f"device {self.name}: {name} must be in (0, 1]")
         if not (self.step_overhead_s >= 0 and self.layer_overhead_s >= 0):
             raise ConfigError(f"device {self.name}: step_overhead_s and layer_overhead_s must be >= 0")
+        if not isinstance(self.attention_overlap, bool):
+            raise ConfigError(f"device {self.name}: attention_overlap must be true or false")
         if self.decode_attention_flops is not None and not self.decode_attention_flops > 0:
             raise ConfigError(f"device {self.name}: decode_attention_flops must be positive")
         if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
@@ -151,7 +161,8 @@ class StepCost:
     overhead_s: Any
     bytes: Any
     flops: Any
-    #: The two rooflines: weight matmuls, attention (each the larger of its memory and compute time).
+    #: The two kernel groups: weight matmuls, attention (each the larger of its memory and compute time;
+    #: attention their sum where the device does not overlap them).
     matmul_s: Any = 0.0
     attention_s: Any = 0.0
     #: The four affine terms behind the rooflines: (weights streaming, matmul FLOPs, KV bytes, attention FLOPs).
@@ -207,7 +218,7 @@ def step_cost(
     matmul_compute_s = matmul_flops / peak
     attention_compute_s = per_pair * (pairs - dpairs) / peak + per_pair * dpairs / decode_rate
     matmul_s = np.maximum(weights_s, matmul_compute_s)
-    attention_s = np.maximum(kv_s, attention_compute_s)
+    attention_s = (np.maximum if device.attention_overlap else np.add)(kv_s, attention_compute_s)
     memory_s, compute_s = weights_s + kv_s, matmul_compute_s + attention_compute_s
     copy_s = cb / device.copy_bandwidth
     overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)
@@ -476,6 +487,7 @@ def device_summary(device: Device) -> dict[str, Any]:
         "layer_overhead": device.layer_overhead_s,
         "copy_bandwidth": device.copy_bandwidth,
         "decode_attention_flops": device.decode_attention_flops,
+        "attention_overlap": device.attention_overlap,
         "sources": dict(device.sources),
     }
 

@@ -60,6 +60,22 @@ def test_two_rooflines_add_and_one_token_queries_have_their_own_rate():
     assert forward_cost(TOY, dev, get_precision("f16"), batch=1, context=0, new=4).attention_s == pytest.approx(1.024)
 
 
+
+def test_attention_without_overlap_adds_its_reads_and_its_arithmetic():
+    # The same decode step as above on a device whose attention loop reads and computes in turn:
+    # attention = KV 8.0 s + 2560 FLOP at 256 FLOP/s 10.0 s = 18.0 s (the roofline took the larger, 10.0 s)
+    from dataclasses import replace
+
+    dev = replace(DEV, decode_attention_flops=256.0, attention_overlap=False)
+    c = step_cost(TOY, dev, weights_bytes=1000, new_tokens=1, attended_pairs=10, decode_pairs=10,
+                  kv_read_bytes=4000, kv_write_bytes=0)
+    assert c.attention_s == pytest.approx(18.0) and c.seconds == pytest.approx(17.3056 + 18.0 + 0.1)
+    assert c.terms[2] == pytest.approx(8.0) and c.terms[3] == pytest.approx(10.0)
+    # the matmuls still take the larger of their two terms
+    assert c.matmul_s == pytest.approx(17.3056) and c.bound == "compute"
+    with pytest.raises(ConfigError, match="attention_overlap"):
+        replace(DEV, attention_overlap="false")
+
 def test_step_cost_vectorised_matches_scalar():
     rng = np.random.default_rng(0)
     n = rng.integers(1, 50, 200)

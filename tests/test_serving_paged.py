@@ -267,14 +267,16 @@ def test_fast_equals_reference_when_arrivals_join_runs():
     assert sum(1 for r in eng.rows if not isinstance(r, tuple)) < 150  # arrivals joined runs: fewer runs than arrivals
 
 
-@pytest.mark.parametrize("decode_attention", [None, 1e9])
-def test_fast_equals_reference_on_a_trace_slice(decode_attention):
-    # also with one-token queries at a rate of their own (a CPU's decode attention: simkv.cost)
+@pytest.mark.parametrize("decode_attention, overlap", [(None, True), (1e9, True), (1e9, False)])
+def test_fast_equals_reference_on_a_trace_slice(decode_attention, overlap):
+    # also with one-token queries at a rate of their own (a CPU's decode attention: simkv.cost), and with
+    # attention's reads and arithmetic added rather than overlapped (the CPU plugin's loop)
     from dataclasses import replace
 
     from simkv.serving import load_trace
 
-    device = DEVICE if decode_attention is None else replace(DEVICE, decode_attention_flops=decode_attention)
+    device = DEVICE if decode_attention is None else replace(DEVICE, decode_attention_flops=decode_attention,
+                                                             attention_overlap=overlap)
     reqs = load_trace(AZURE_CONV, limit=60)
     a = run(reqs, fast=False, block_size=32, num_kv_blocks=400, device=device)
     b = run(reqs, fast=True, block_size=32, num_kv_blocks=400, device=device)
