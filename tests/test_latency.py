@@ -142,16 +142,39 @@ def test_calibrate_writes_a_loadable_host_preset(tmp_path, monkeypatch):
     from simkv import calibrate as cal
 
     # small sizes: this checks the plumbing, not the numbers
-    monkeypatch.setattr(cal, "STREAM_BYTES", 8 << 20)
     monkeypatch.setattr(cal, "COPY_BYTES", 8 << 20)
     monkeypatch.setattr(cal, "MATMUL", (64, 256, 256))
-    monkeypatch.setattr(cal, "KV_PROBE_PROMPT", 64)
+    monkeypatch.setattr(cal, "ROUNDS", 2)
+    monkeypatch.setattr(cal, "WEIGHTS_PROBE", {"layers": 2, "heads": 4, "kv_heads": 4, "head_dim": 64, "vocab": 64})
+    monkeypatch.setattr(cal, "ATTENTION_PROBE", {"layers": 2, "heads": 8, "head_dim": 32, "hidden": 64, "vocab": 64})
+    monkeypatch.setattr(cal, "ATTENTION_KV_HEADS", (2, 8))
+    monkeypatch.setattr(cal, "ATTENTION_HISTORY", (16, 64))
+    monkeypatch.setattr(cal, "COPY_PROBE_PROMPT", 64)
+    # in this process (the small sizes would not reach the child process that measure() starts otherwise)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     path = tmp_path / "host.json"
     device = cal.calibrate(path, progress=False)
     monkeypatch.setenv("SIMKV_HOST_PRESET", str(path))
     assert get_device("host") == device
     assert device.memory_bandwidth > 0 and device.peak() > 0 and device.copy_bandwidth > 0
     assert device.compute_precision in device.peak_flops and all(device.sources.values())
+    # the CPU plugin's one-token attention: a rate of its own, its KV reads added (not overlapped)
+    assert device.decode_attention_flops > 0 and not device.attention_overlap
+    assert 0 < device.kv_efficiency <= 1 and "2 rounds" in device.sources["bandwidth_efficiency"]
+
+
+
+def test_calibrate_command_measures_in_a_child_process_with_validates_allocator_setting(tmp_path, monkeypatch):
+    # The full calibration (~30 s): the child process gets simkv validate's MALLOC_MMAP_THRESHOLD_, and the
+    # preset it writes is the one printed.
+    pytest.importorskip("openvino")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    path = tmp_path / "host.json"
+    out = json.loads(simkv("calibrate", "--out", str(path), "--json").stdout)
+    device = Device.from_dict(json.loads(path.read_text()))
+    assert out["path"] == str(path) and out["name"] == "host"
+    assert "MALLOC_MMAP_THRESHOLD_=65536" in device.sources["copy_bandwidth"]
+    assert device.decode_attention_flops > 0 and not device.attention_overlap and device.layer_overhead_s >= 0
 
 
 def test_step_table_has_the_time_columns():
