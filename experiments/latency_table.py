@@ -1,18 +1,21 @@
 """Check the cost model against real OpenVINO CPU step times: 4 shapes x 3 contexts.
 
-1. ``simkv calibrate`` measures this host (or ``--preset`` reuses a preset file);
+1. ``simkv calibrate`` measures this host before each shape (or ``--preset`` reuses one preset file): this
+   VM's memory bandwidth drifts by up to 1.4x over tens of minutes, so a calibration is only good for the
+   minutes after it;
 2. for each shape (hidden 2,048, 16 query heads; 8 layers MHA, 12 layers 4 KV heads, 16 layers 8 KV heads,
    8 layers 8 KV heads) the toy stateful decoder of ``simkv validate`` runs
    one chat session on the real CPU plugin: a prompt of 512 tokens (the plugin's capacity: 1,024), then
    for each context ~1k, ~2k, ~4k a chat turn that fills the history to 24 tokens below the capacity and
    48 decode steps, the 25th of which reallocates every layer's KV (capacity -> 2 L). One prefill of
    ~4k tokens in all serves the three contexts;
-3. each configuration is run ``--repeats`` times in a clean subprocess (untracked, the plugin pins
+3. each configuration is run ``--repeats`` times (3: the per-step median then ignores one disturbed run)
+   in a clean subprocess (untracked, the plugin pins
    its threads); per step the median over runs is compared with ``simkv.cost`` on the host preset.
    Decode error: ordinary decode steps (no KV event, not the first after the prompt); realloc excess:
    the reallocating step minus the median of its ordinary neighbours, measured vs predicted.
 
-    PYTHONPATH=. python experiments/latency_table.py                  # ~12 min on 2 idle cores
+    PYTHONPATH=. python experiments/latency_table.py                  # ~17 min on 2 idle cores
     PYTHONPATH=. python experiments/latency_table.py --quick          # one small shape, ~1 min
     PYTHONPATH=. python experiments/latency_table.py --preset host.json --repeats 3
 
@@ -51,10 +54,17 @@ def session(first_prompt: int, contexts: int, decode: int = DECODE) -> str:
     return ",".join(ops)
 
 
+def _figures(host) -> str:
+    return (f"weights {host.memory_bandwidth / 1e9:.2f} GB/s, KV reads {host.memory_bandwidth * host.kv_efficiency / 1e9:.2f} "
+            f"GB/s, decode attention {host.decode_attention_flops / 1e9:.1f} GFLOP/s, copy "
+            f"{host.copy_bandwidth / 1e9:.2f} GB/s, overhead {host.step_overhead_s * 1e3:.3f} ms + "
+            f"{host.layer_overhead_s * 1e3:.3f} ms/layer")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", help="host preset file to use (default: run simkv calibrate first)")
-    p.add_argument("--repeats", type=int, default=2, help="clean runs per configuration (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="clean runs per configuration (default 3)")
     p.add_argument("--quick", action="store_true", help="one small shape, two short contexts")
     p.add_argument("--only", action="append", metavar="SHAPE", help="run only this shape (repeatable): "
                    + ", ".join(sh[0] for sh in SHAPES))
@@ -69,15 +79,17 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    preset = args.preset or str(out_dir / "host.json")
-    if not args.preset:
-        calibrate(preset, progress=sys.stderr.isatty())
-    host = load_device(preset)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = os.getloadavg()
-    rows = []
+    rows, hosts = [], {}
     ops = session(QUICK_PROMPT, QUICK_CONTEXTS) if args.quick else session(FIRST_PROMPT, CONTEXTS)
     shapes = QUICK_SHAPES if args.quick else [sh for sh in SHAPES if not args.only or sh[0] in args.only]
     for name, layers, heads, kv_heads, head_dim in shapes:
+        preset = args.preset or str(out_dir / f"host-{name}.json")
+        if not args.preset:
+            calibrate(preset, progress=sys.stderr.isatty())
+        host = hosts[name] = load_device(preset)
+        print(f"{name}: host preset {_figures(host)}", file=sys.stderr, flush=True)
         cfg = ValidateConfig(workload=ops, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                              hidden=heads * head_dim, progress=False, device=preset)
         t = time.perf_counter()
@@ -93,13 +105,13 @@ def main(argv=None) -> int:
         (out_dir / "latency_table.partial.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     wall = time.perf_counter() - t0
     load_after = os.getloadavg()
-    summary = {"host": host.to_dict(), "rows": rows, "wall_s": wall, "loadavg_before": load, "loadavg_after": load_after,
+    summary = {"command": "PYTHONPATH=. python experiments/latency_table.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "started_utc": started, "hosts": {name: h.to_dict() for name, h in hosts.items()}, "rows": rows, "wall_s": wall, "loadavg_before": load, "loadavg_after": load_after,
                "repeats": args.repeats}
     (out_dir / "latency_table.json").write_text(json.dumps(summary, indent=1) + "\n")
 
-    print(f"host preset: weight streaming {host.memory_bandwidth / 1e9:.2f} GB/s, matmul {host.peak() / 1e9:.1f} "
-          f"GFLOP/s {host.compute_precision}, copy {host.copy_bandwidth / 1e9:.2f} GB/s, overhead "
-          f"{host.step_overhead_s * 1e3:.3f} ms")
+    for name, h in hosts.items():
+        print(f"host preset ({name}): {_figures(h)}")
     print(f"\nworkload: {ops}")
     print("\n| shape | history tokens | KV | measured decode ms | predicted ms | decode error median | p90 | steps | "
           "realloc excess measured / predicted ms | realloc error |")
