@@ -493,7 +493,8 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         f"  {'  memory term':<22}{ms(t['memory_s'])}: weights {format_bytes(out['weights_bytes'])}, KV read "
         f"{format_bytes(out['kv_read_bytes'])}, written {format_bytes(out['kv_write_bytes'])}",
         f"  {'  compute term':<22}{ms(t['compute_s'])}: {out['flops']:.4g} FLOPs",
-        f"  {'  rooflines':<22}matmuls {ms(t['matmul_s'])} + attention {ms(t['attention_s'])}",
+        f"  {'  rooflines':<22}matmuls {ms(t['matmul_s'])} + attention {ms(t['attention_s'])}"
+        + ("" if device.attention_overlap else " (attention: its reads and arithmetic added)"),
         f"  {'  overhead':<22}{ms(t['overhead_s'])}",
     ]
     if "prefill_s" in out:

@@ -112,6 +112,31 @@ def test_cost_json_contract_and_stateless_comparison():
     assert "prefill_s" not in json.loads(simkv("cost", "--json").stdout)
 
 
+
+def test_cost_with_a_preset_file_whose_attention_does_not_overlap(tmp_path):
+    # A device file as simkv calibrate writes it: the text says the attention terms add, the JSON carries the flag,
+    # and the decode step is dearer by the KV reads, which the overlapped roofline hid behind the arithmetic.
+    from dataclasses import replace
+
+    base = replace(get_device("xeon-8480"), name="cpu-file", decode_attention_flops=2e10)
+    times = {}
+    for overlap in (True, False):
+        path = tmp_path / f"dev-{overlap}.json"
+        path.write_text(json.dumps(replace(base, attention_overlap=overlap).to_dict()))
+        args = ("cost", "--model", "llama-2-7b", "--device", str(path), "--context", "2048")
+        data = json.loads(simkv(*args, "--json").stdout)
+        assert data["device"]["attention_overlap"] is overlap
+        assert ("reads and arithmetic added" in simkv(*args).stdout) is not overlap
+        times[overlap] = data["decode_step_s"], data["terms"]
+    (overlapped, terms), (added, _) = times[True], times[False]
+    kv_s = data["kv_read_bytes"] / (base.memory_bandwidth * base.kv_efficiency)
+    assert kv_s < terms["attention_s"] and added - overlapped == pytest.approx(kv_s, rel=1e-3)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**base.to_dict(), "attention_overlap": "no"}))
+    proc = simkv("cost", "--device", str(bad), check=False)
+    assert proc.returncode == 2 and "attention_overlap must be true or false" in proc.stderr
+
+
 def test_cost_and_devices_errors_are_one_line():
     for args in (["--batch", "0"], ["--device", "nope"], ["--context", "-5"], ["--weights-precision", "fp3"]):
         proc = simkv("cost", *args, check=False)
