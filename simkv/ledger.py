@@ -84,7 +84,8 @@ def join(parts) -> np.ndarray:
 
 
 class TooManyEvents(SimkvError):
-    """A run that would record more ledger rows than its limit (:data:`simkv.limits.MAX_LEDGER_ROWS`)."""
+    """A run that would record more ledger rows than its limit (:data:`simkv.limits.MAX_LEDGER_ROWS`, and
+    :data:`~simkv.limits.MAX_SERVING_LEDGER_ROWS` for serving)."""
 
     def __init__(self, limit: int, step: int) -> None:
         super().__init__(limit, step)  # the arguments, so it can be raised again from them (as SimPy does)
@@ -92,7 +93,8 @@ class TooManyEvents(SimkvError):
 
     def __str__(self) -> str:
         return (f"this run would record more than {self.limit:,} ledger events (allocations, copies, frees), "
-                f"the limit, at step {self.step:,} (see README, simkv run: Limits): simulate fewer steps or layers")
+                f"the limit, at step {self.step:,} (see README, simkv run: Limits): simulate fewer steps, layers or "
+                "requests")
 
 
 class Ledger:

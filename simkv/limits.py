@@ -26,6 +26,10 @@ MAX_DEVICE_BYTES = 1 << 50  # 1 PiB
 #: so about 0.4 GB of ledger, and a run that reaches it peaks near 0.6 GB RSS (README, Limits).
 #: A run that would pass it stops there with one line, exit 2 (simkv.ledger.TooManyEvents).
 MAX_LEDGER_ROWS = 8_000_000
+#: The same for a serving run (``simkv run --trace``): contiguous memory records every layer's buffers of
+#: every request; the whole shipped Azure conversation trace needs 13.6 M rows (``openvino-cpu``), and
+#: 16 M rows are about 0.8 GB of ledger. A trace that would pass it stops there with one line, exit 2.
+MAX_SERVING_LEDGER_ROWS = 16_000_000
 
 #: (flag, attribute, bound) of the numeric flags shared by run and validate.
 FLAG_BOUNDS = (

@@ -170,6 +170,21 @@ def test_contiguous_request_uses_the_single_session_mechanics():
     assert len(spikes) and spikes.min() > np.median(quiet)
 
 
+def test_a_serving_run_over_the_ledger_limit_stops_with_one_line(monkeypatch, capsys):
+    # Serving's ledger has a limit too (simkv.limits.MAX_SERVING_LEDGER_ROWS; here lowered to 100): contiguous
+    # memory records each layer's buffers of each request, so a long trace would otherwise grow it without bound.
+    import simkv.serving.contiguous as contiguous
+    from simkv.cli import main
+    from simkv.ledger import TooManyEvents
+
+    monkeypatch.setattr(contiguous, "MAX_SERVING_LEDGER_ROWS", 100)
+    with pytest.raises(TooManyEvents, match="more than 100 ledger events"):
+        serve(spec([Request(0, 300, 400, arrival_step=0)], memory="contiguous", scheduler="continuous", policy="exact"))
+    code = main(["run", "--trace", str(AZURE_CONV), "--limit", "20", "--memory", "contiguous", "--policy", "exact",
+                 "--model", "llama-2-7b", "--device", "h100-sxm"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "more than 100 ledger events" in err[0] and "requests" in err[0]
+
 def test_contiguous_sequential_runs_one_at_a_time():
     reqs = [Request(i, 50, 10, arrival_step=0) for i in range(3)]
     r = serve(spec(reqs, memory="contiguous", scheduler="sequential", policy="openvino-cpu"))

@@ -39,6 +39,7 @@ import numpy as np
 
 from simkv.errors import PolicyError
 from simkv.ledger import ALLOC, COPY, FREE, ROW, Ledger
+from simkv.limits import MAX_SERVING_LEDGER_ROWS
 from simkv.serving.costing import StepTimer, attended_pairs
 from simkv.serving.engine import PROGRESS, STEP_TABLE, session_prompts
 from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, RUNNING, Group
@@ -102,7 +103,7 @@ class ContiguousServing:
         self.progress = progress
         self.max_steps = max_steps
         self._cache: dict[tuple[int, int], Trajectory | Exception] = {}
-        self.ledger = Ledger()
+        self.ledger = Ledger(limit=MAX_SERVING_LEDGER_ROWS)
         self.next_buffer = 0
 
     def _trajectory(self, prompt: int, new: int) -> Trajectory | None:

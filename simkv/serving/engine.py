@@ -18,6 +18,7 @@ import numpy as np
 
 from simkv.errors import ConfigError
 from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
+from simkv.limits import MAX_SERVING_LEDGER_ROWS
 from simkv.serving.costing import StepTimer, attended_pairs
 from simkv.serving.paged import BlockPool
 from simkv.serving.requests import Request
@@ -205,7 +206,7 @@ class PagedServing:
         #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
         #: requests are freed (tests; the planned runs skip it: use ``run(fast=False)``).
         self.observe = observe
-        self.ledger = Ledger()
+        self.ledger = Ledger(limit=MAX_SERVING_LEDGER_ROWS)
         self.pool_total = 0  # blocks the pool tensors hold (ledger)
         self.pool_ids: dict = {}
         self.next_buffer = 0
