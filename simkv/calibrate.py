@@ -59,8 +59,9 @@ ATTENTION_KV_HEADS = (8, 32)
 #: The attention probes' two sessions: a prompt of the first length, and one that much longer again.
 ATTENTION_HISTORY = (128, 1024)
 #: The reallocation probe (on the 8-KV-head attention probe): prompt P (capacity 2P), a turn to 2P - 24,
-#: 40 decode steps, the 25th of which grows every layer's cache to 2 (2P + 1).
+#: COPY_PROBE_DECODE decode steps, the 25th of which grows every layer's cache to 2 (2P + 1).
 COPY_PROBE_PROMPT = 256
+COPY_PROBE_DECODE = 40
 COPY_PROBE_REPEATS = 3
 NEIGHBOURS = 8
 
@@ -218,21 +219,20 @@ def _copy_probe(probe: _Probe) -> dict:
     """The CPU plugin's own reallocation: a decode step that grows every layer's cache, in excess of its neighbours."""
     from simkv.ledger import COPY
 
-    p = COPY_PROBE_PROMPT
-    ops = f"prefill:{p},prefill:{p - 24},decode:40"
+    p, decode = COPY_PROBE_PROMPT, COPY_PROBE_DECODE
+    tokens = [p, p - 24] + [1] * decode  # per inference: the prompt, the turn, the decode steps
+    ops = f"prefill:{p},prefill:{p - 24},decode:{decode}"
     result = probe.scenario(ops)
     rows = result.ledger.rows
     copies = rows[rows["op"] == COPY]
     realloc = int(copies["step"].max())  # the decode step that grows the cache
     copied = float(copies["bytes"][copies["step"] == realloc].sum())
-    first_decode = 2
+    first_decode = 2  # the first decode step after a prompt (cold kernels) is no neighbour
     near = [i for i in range(realloc - NEIGHBOURS, realloc + NEIGHBOURS + 1) if i != realloc and i > first_decode]
     excess = []
     for _ in range(COPY_PROBE_REPEATS):
         probe = probe.fork()  # fresh buffers: a request keeps its grown ones across reset_state
-        times = [probe.infer(int(n)) for kind, n in (op.split(":") for op in ops.split(",")) if kind == "prefill"]
-        times += [probe.infer(1) for _ in range(40)]
-        times = np.array(times)
+        times = np.array([probe.infer(n) for n in tokens])
         excess.append(times[realloc] - float(np.median(times[near])))
     return {"copied_bytes": copied, "excess_s": float(np.median(excess)), "ops": ops}
 

@@ -116,6 +116,10 @@ class Device:
         if self.compute_precision not in self.peak_flops:
             raise ConfigError(f"device {self.name}: no peak for compute precision {self.compute_precision!r}")
 
+    def attention_time(self, kv_s: Any, compute_s: Any) -> Any:
+        """Attention's time from its two terms: the larger (a roofline) or, without overlap, their sum."""
+        return (np.maximum if self.attention_overlap else np.add)(kv_s, compute_s)
+
     @property
     def kv_efficiency(self) -> float:
         return self.bandwidth_efficiency if self.kv_bandwidth_efficiency is None else self.kv_bandwidth_efficiency
@@ -218,7 +222,7 @@ def step_cost(
     matmul_compute_s = matmul_flops / peak
     attention_compute_s = per_pair * (pairs - dpairs) / peak + per_pair * dpairs / decode_rate
     matmul_s = np.maximum(weights_s, matmul_compute_s)
-    attention_s = (np.maximum if device.attention_overlap else np.add)(kv_s, attention_compute_s)
+    attention_s = device.attention_time(kv_s, attention_compute_s)
     memory_s, compute_s = weights_s + kv_s, matmul_compute_s + attention_compute_s
     copy_s = cb / device.copy_bandwidth
     overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)

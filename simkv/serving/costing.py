@@ -64,8 +64,7 @@ class StepTimer:
         self.copy = affine(c.copy_s)
         #: A lower bound of any step's time (every coefficient is non-negative).
         (w0, _), (mm0, _), (kv0, _), (at0, _) = self.terms
-        self._attention = np.maximum if device.attention_overlap else np.add  # as step_cost joins the two terms
-        self.min_seconds = max(w0, mm0) + float(self._attention(kv0, at0)) + self.copy[0] + self._ovh
+        self.min_seconds = max(w0, mm0) + float(device.attention_time(kv0, at0)) + self.copy[0] + self._ovh
         #: Whether one-token queries cost differently from others (else the loop need not count them).
         self.decode_rate_differs = any(coef[5] for _, coef in self.terms)
         # decode pairs are a part of the pairs: their coefficient may be negative, not with the pairs' added
@@ -81,7 +80,7 @@ class StepTimer:
     def _eval(self, x):
         """The rooflines with the probed coefficients; scalars or arrays, the same operations in the same order."""
         w, mm, kv, at, cp = (self._affine(t, x) for t in self._nonzero)
-        return np.maximum(w, mm) + self._attention(kv, at) + cp + self._ovh
+        return np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
 
     @staticmethod
     def _affine(term, x):
