@@ -26,6 +26,12 @@ from simkv.layout import Layout
 POLICIES = ("exact", "hf-dynamic", "fixed", "openvino-gpu", "openvino-cpu", "geometric")
 
 
+def links(out):
+    """A chains() result as comparable lists, its links in (unit, step) order."""
+    order = np.lexsort((out[1], out[0]))
+    return [a[order].tolist() for a in out[:4]] + [out[4].tolist()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5000)
@@ -40,10 +46,6 @@ def main() -> None:
         plan = (sc.policy, lay.unit_prim, budget, 1024, 1, args.steps)
         plain_s, plain = best_time(lambda plan=plan: chains(*plan), args.repeat)
         fast_s, fast = best_time(lambda plan=plan: chains(*plan, PLAN_ROWS), args.repeat)
-
-        def links(out):
-            order = np.lexsort((out[1], out[0]))
-            return [a[order].tolist() for a in out[:4]] + [out[4].tolist()]
 
         same = links(plain) == links(fast)
         print(f"{name:<14}{len(fast[0]):>10,}{plain_s * 1e3:>10.1f}{fast_s * 1e3:>13.1f}{plain_s / fast_s:>7.1f}x  {same}")

@@ -123,7 +123,7 @@ def bench_serving(repeat: int) -> None:
     for name, over in SERVING_CASES.items():
         cpu, wall = [], []
         for _ in range(repeat):
-            sv.CACHE.items.clear()
+            sv.CACHE.clear()
             c, w = time.process_time(), time.perf_counter()
             out = sv.serving_callback({**st.SERVING_DEFAULTS, **over}, "serving")
             to_json(out)

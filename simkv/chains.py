@@ -49,7 +49,7 @@ def chains(policy, prim, budget, L0, B, n, shortcut_links=0):
         new = np.asarray(policy.capacity(L0 + k, prim[active]), dtype=np.int64)
         if (new < L0 + k).any():
             raise SimkvError(f"policy {policy.name} returned a capacity below the tokens needed")
-        links.append((active, k, budget[active].copy(), new))
+        links.append((active, k, budget[active], new))  # fancy indexing: already a copy
         budget[active] = new * B
         k_next[active] = new + 1 - L0
         again = k_next[active] <= n

@@ -123,8 +123,9 @@ def per_layer(ledger: Ledger, layers: int) -> list[dict]:
                             & (rows["layer"] < layers))
     key = rows["layer"][picked].astype(np.int64) * 2 + (tensor[picked] == TENSOR_CODE["v"])
     order = _group_order(key)
-    steps, capacities = rows["step"][picked[order]], rows["capacity_tokens"][picked[order]]
-    bounds = np.searchsorted(key[order], np.arange(2 * layers + 1))
+    picked, key = picked[order], key[order]
+    steps, capacities = rows["step"][picked], rows["capacity_tokens"][picked]
+    bounds = np.searchsorted(key, np.arange(2 * layers + 1))
     out = []
     for layer in range(layers):
         for j, name in enumerate(("k", "v")):

@@ -27,15 +27,16 @@ line to run it in full. Nothing depends on the clock: same form, same page.
 
 from __future__ import annotations
 
+import math
 import shlex
 import threading
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 from dash import ALL, Input, Output, dcc, html
 
 from simkv.dashboard import state as st
+from simkv.dashboard.compute import ResultCache
 from simkv.errors import SimkvError
 
 #: The shipped trace, as the command line names it (run from the repository root) and where it is.
@@ -208,7 +209,7 @@ def command(values: dict) -> list[str]:
 
 
 def cli_line(argv: list[str]) -> str:
-    return "simkv run " + " ".join(shlex.quote(a) for a in argv) + " --json"
+    return "simkv run " + shlex.join(argv) + " --json"
 
 
 _PARSER = None
@@ -274,27 +275,9 @@ class _Rounds:
             raise WorkLimit(f"stopped after {self.limit:,} scheduler rounds (the dashboard's limit)")
 
 
-class _Cache:
-    """The last few results by command line (switching tabs or back does not re-run)."""
-
-    def __init__(self, size: int = 4) -> None:
-        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
-
-    def get(self, key):
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        return None
-
-    def put(self, key, value) -> None:
-        with self.lock:
-            self.items[key] = value
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-
-CACHE = _Cache()
+#: The last few results by command line (switching tabs or back does not re-run): the single-session
+#: view's cache, bounded by count only (each run is bounded by the limits above).
+CACHE = ResultCache(max_items=4, max_rows=math.inf)
 
 
 def run(argv: list[str]):
@@ -315,9 +298,10 @@ def run(argv: list[str]):
 
 def percentiles(values: np.ndarray, qs=PERCENTILES) -> list[float | None]:
     """Percentiles of the defined values (NaN: the request has none), as ``ServingResult.metrics`` takes them."""
+    from simkv.serving.run import percentile
+
     v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    return [float(np.percentile(v, q)) if len(v) else None for q in qs]
+    return [percentile(v, q) for q in qs]
 
 
 def latency(result) -> dict[str, list[float | None]]:

@@ -57,6 +57,12 @@ class ServingSpec:
     engine: str = "fast"
 
 
+
+def percentile(values: np.ndarray, q: float) -> float | None:
+    """The ``q``-th percentile of the defined values (NaN: a request that has none); None if none is."""
+    v = values[~np.isnan(values)]
+    return float(np.percentile(v, q)) if len(v) else None
+
 @dataclass(eq=False)
 class ServingResult:
     spec: ServingSpec
@@ -119,10 +125,6 @@ class ServingResult:
         def tmean(col):
             return int(round(float((s[col] * w).sum() / wsum))) if len(s) else 0
 
-        def pct(values, q):
-            v = values[~np.isnan(values)]
-            return float(np.percentile(v, q)) if len(v) else None
-
         ttft, tpot = t["ttft_s"].astype(float), t["tpot_s"].astype(float)
         in_use = s["allocated_bytes"] - s["reserved_bytes"]
         tokens = int(t["generated"].sum() * 1)
@@ -172,8 +174,8 @@ class ServingResult:
             "mean_in_use_bytes": int(round(float((in_use * w).sum() / wsum))) if len(s) else 0,
             "waste_internal_pct_of_in_use": 100.0 * float((s["internal_bytes"] * w).sum()) / float((in_use * w).sum())
             if len(s) and (in_use * w).sum() else 0.0,
-            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
-            "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
             "throughput_tokens_per_s": tokens / float(s["time_s"][-1]) if len(s) and s["time_s"][-1] > 0 else 0.0,
             "sim_time_s": float(s["time_s"][-1]) if len(s) else 0.0,
         }
