@@ -308,7 +308,7 @@ class Evaluator:
         return self.spec.workloads
 
     def __call__(self, params: dict) -> Candidate:
-        key = tuple(sorted(params.items()))
+        key = params_key(params)
         if key not in self.cache:
             rows = sweep.run_sweep(self.points(params), self.out, pool=self.pool, progress=False).rows
             self.cache[key] = self.score(params, rows)
@@ -323,11 +323,22 @@ class Evaluator:
         worst = max(r["peak_allocated_bytes"] for r in rows)
         if worst > self.free:
             violations.append(f"worst peak {format_bytes(worst)} > {format_bytes(self.free)} free next to the weights")
-        for c in self.spec.constraints:
-            value = c.objective.of(rows)
-            if value > c.limit:
-                violations.append(f"{c.objective.name} = {c.objective.show(value)} > {c.objective.show(c.limit)}")
-        return Candidate(dict(params), objectives, violations, rows)
+        return Candidate(dict(params), objectives, violations + constraint_violations(self.spec, rows), rows)
+
+
+def params_key(params: dict) -> tuple:
+    """A configuration as a cache key."""
+    return tuple(sorted(params.items()))
+
+
+def constraint_violations(spec, rows: list[dict]) -> list[str]:
+    """The user's constraints (``--constraint``) that ``rows`` break, one message each."""
+    out = []
+    for c in spec.constraints:
+        value = c.objective.of(rows)
+        if value > c.limit:
+            out.append(f"{c.objective.name} = {c.objective.show(value)} > {c.objective.show(c.limit)}")
+    return out
 
 
 # --- search --------------------------------------------------------------------------------------

@@ -119,12 +119,11 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
                  head_dim=None, precision: str | None, device: str | None, device_memory, weights_memory,
                  weights_precision, max_context: int | None, max_preemptions: int | None) -> ServingTarget:
     """A target from the flag values of ``simkv tune --serving`` (the same meaning as ``simkv run --trace``)."""
-    from simkv.cost import get_device
     from simkv.models import custom_model, get_model
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving import PagedConfig, ServingSpec, load_trace
-    from simkv.serving.run import CONTEXT, DEFAULT_DEVICE
+    from simkv.serving.run import CONTEXT, DEFAULT_DEVICE, check_spec
     from simkv.units import parse_bytes
 
     limit = DEFAULT_LIMIT if limit is None else limit
@@ -139,27 +138,22 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
     requests = load_trace(trace, limit=limit)
     device = device or DEFAULT_DEVICE
     memory = None if device_memory in (None, DEFAULT_DEVICE_MEMORY) else parse_bytes(device_memory)
-    if memory is None:
-        memory = get_device(device).memory_bytes
     weights = resolve_weights_memory(spec_model, weights_memory, weights_precision)
-    if weights >= memory:
-        raise ConfigError(f"the weights ({weights:,} B) fill the device memory ({memory:,} B)")
     context = max_context if max_context is not None else CONTEXT.get(spec_model.name)
     cap = len(requests) if max_preemptions is None else max_preemptions
     template = ServingSpec(requests, spec_model, prec, "continuous", "paged", PagedConfig(), device=device,
                            device_memory=memory, weights_bytes=weights, max_context=context, max_preemptions=cap)
+    # serve()'s own checks, once now rather than once per candidate (a prompt beyond the context, weights
+    # that fill the device); it also fills in the preset's device memory
+    preset = check_spec(template)
     flags = ["--model", model or "custom"]
     for flag, value in (("--layers", layers), ("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim),
                         ("--precision", precision), ("--device", device), ("--device-memory", device_memory
-                        if memory != get_device(device).memory_bytes else None), ("--weights-memory", weights_memory),
+                        if template.device_memory != preset.memory_bytes else None), ("--weights-memory", weights_memory),
                         ("--weights-precision", weights_precision), ("--max-context", max_context)):
         if value is not None:
             flags += [flag, str(value)]
-    target = ServingTarget(template, str(trace), len(requests), flags)
-    from simkv.serving.requests import check_workload
-
-    check_workload(requests, context)  # a prompt beyond the context: one line now, not one per candidate
-    return target
+    return ServingTarget(template, str(trace), len(requests), flags)
 
 
 class ServingEvaluator:
@@ -172,7 +166,9 @@ class ServingEvaluator:
 
     @staticmethod
     def _key(params: dict) -> tuple:
-        return tuple(sorted(params.items()))
+        from simkv.lab.tune import params_key  # lazily: workers import this module for serve_row alone
+
+        return params_key(params)
 
     def prefetch(self, configs: list[dict]) -> None:
         """Serve every configuration not yet cached, on the executor's workers (grid and random search)."""
@@ -187,7 +183,7 @@ class ServingEvaluator:
         return self.cache[key]
 
     def score(self, params: dict, row: dict):
-        from simkv.lab.tune import Candidate
+        from simkv.lab.tune import Candidate, constraint_violations
         from simkv.units import format_bytes
 
         if "error" in row:
@@ -203,11 +199,7 @@ class ServingEvaluator:
         if row["peak_allocated_bytes"] > self.target.free_bytes:
             violations.append(f"peak {format_bytes(row['peak_allocated_bytes'])} > "
                               f"{format_bytes(self.target.free_bytes)} free next to the weights")
-        for c in self.spec.constraints:
-            value = c.objective.of([row])
-            if value > c.limit:
-                violations.append(f"{c.objective.name} = {c.objective.show(value)} > {c.objective.show(c.limit)}")
-        return Candidate(dict(params), objectives, violations, [row])
+        return Candidate(dict(params), objectives, violations + constraint_violations(self.spec, [row]), [row])
 
 
 __all__ = ["DEFAULT_OBJECTIVES", "PARAMS", "TUNABLE", "ServingEvaluator", "ServingTarget", "build_target",

@@ -231,12 +231,9 @@ def _write_csv(path, columns, rows) -> Path:
     return path
 
 
-def serve(spec: ServingSpec, progress=False) -> ServingResult:
-    """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec.
-
-    ``progress``: True draws a bar on stderr (after a second); a callable is called with the number of
-    requests added so far after every scheduler round (an exception it raises stops the run: the
-    dashboard's work limit)."""
+def check_spec(spec: ServingSpec):
+    """Check a serving spec before anything runs (:class:`~simkv.errors.ConfigError`, one line) and fill in
+    its device memory from the device preset when it has none; returns the device."""
     from simkv.cost import get_device
 
     if spec.scheduler not in SCHEDULERS:
@@ -260,6 +257,17 @@ def serve(spec: ServingSpec, progress=False) -> ServingResult:
         spec.device_memory = device.memory_bytes
     if spec.weights_bytes >= spec.device_memory:
         raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)")
+    return device
+
+
+def serve(spec: ServingSpec, progress=False) -> ServingResult:
+    """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec.
+
+    ``progress``: True draws a bar on stderr (after a second); a callable is called with the number of
+    requests added so far after every scheduler round (an exception it raises stops the run: the
+    dashboard's work limit)."""
+    device = check_spec(spec)
+    cfg = spec.paged
     bar = None
     if callable(progress):
         bar = _Callback(progress)
