@@ -157,7 +157,7 @@ class FastEngine:
         self.chunk = FIRST_PLAN_STEPS  # decode steps planned at once (adapts: see _session)
         self.planned_rows = 0  # ledger rows of the last plan
         self.limit_step = None  # where the last failed plan met a memory limit (see _decode_run)
-        self.limit_kind = None  # which: "device", "headroom", or "under headroom" (exact sizes that do not apply)
+        self.met_headroom = False  # whether that limit was the policy's headroom limit, met at the policy's sizes
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -202,7 +202,7 @@ class FastEngine:
                 else:
                     # One step at a time: a reclaim is due (then plan again), or the plan
                     # met a memory limit, where the limit rules must apply step by step.
-                    if plan and not reclaim and self.limit_kind == "headroom" and not exact_sizes:
+                    if plan and not reclaim and self.met_headroom:
                         # Past the headroom limit every reallocation gets exactly the tokens it
                         # needs, step after step: plan on with those sizes (each plan checks that
                         # the limit's rule gives each of them that size, else step by step).
@@ -519,10 +519,11 @@ class FastEngine:
     def _decode_run(self, first_step: int, n: int, exact_sizes: bool = False) -> bool:
         """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes,
         with :attr:`limit_step` the step of the run (1..n) where a memory limit is met, if known,
-        and :attr:`limit_kind` which. ``exact_sizes``: past the headroom limit, every
-        reallocation sized exactly (the plan holds only where the step-by-step rule gives that size)."""
+        and :attr:`met_headroom` whether it is the headroom limit at the policy's sizes.
+        ``exact_sizes``: past the headroom limit, every reallocation sized exactly (the plan holds
+        only where the step-by-step rule gives that size)."""
         lay, policy = self.layout, self.policy
-        self.limit_step = self.limit_kind = None
+        self.limit_step, self.met_headroom = None, False
         if policy.stateless:
             return self._stateless_run(first_step, n)
         L0, B = self.stored, self.batch
@@ -625,7 +626,7 @@ class FastEngine:
         running = self.allocated + np.cumsum(delta)
         over = np.flatnonzero(running + self.scenario.weights_memory > self.scenario.device_memory)
         if len(over):
-            self.limit_step, self.limit_kind = int(row_k[over[0]]), "device"
+            self.limit_step = int(row_k[over[0]])
             return False
         if policy.headroom_limit and E:
             # The limit looks at what is allocated just before an event's first alloc
@@ -645,7 +646,7 @@ class FastEngine:
             wrong = np.flatnonzero(~meets if exact_sizes else meets)
             if len(wrong):
                 self.limit_step = int(row_k[unit_allocs[::K][wrong[0]]])
-                self.limit_kind = "under headroom" if exact_sizes else "headroom"
+                self.met_headroom = not exact_sizes
                 return False
         resident_run = self.resident + np.cumsum(all_res) if self.first_touch else running
         starts = np.searchsorted(row_k, steps_k)
@@ -767,7 +768,7 @@ class FastEngine:
             # a buffer larger than the device's largest allocation ends the run (the per-step path says so)
             too_large = needed * B * int(lay.row_bytes.max()) > policy.max_alloc_bytes
             if too_large.any():
-                self.limit_step, self.limit_kind = int(too_large.argmax()) + 1, "device"
+                self.limit_step = int(too_large.argmax()) + 1
                 return False
         order = self.orders["grow"]
         alloc_slots = order[order // K == ALLOC] % K  # a unit's slots in allocation order
