@@ -232,9 +232,8 @@ def spec_of(argv: list[str]):
 def check_work(spec) -> None:
     """Refuse, before running, what exceeds the token and (contiguous) ledger-row limits."""
     from simkv.dashboard.compute import estimate_ledger_rows
-    from simkv.scenario import Scenario
+    from simkv.serving.contiguous import request_scenario
     from simkv.serving.engine import session_prompts
-    from simkv.workload import Decode, Prefill, Workload
 
     prompts = session_prompts(spec.requests)
     tokens = sum(prompts) + sum(r.max_new_tokens for r in spec.requests)
@@ -254,9 +253,8 @@ def check_work(spec) -> None:
     for p, r in zip(prompts, spec.requests):
         key = (p, r.max_new_tokens)
         if key not in seen:  # the engine runs each distinct request shape once, then copies its rows
-            ops = (Prefill(p),) + ((Decode(r.max_new_tokens - 1),) if r.max_new_tokens > 1 else ())
-            seen[key] = estimate_ledger_rows(Scenario(spec.model, spec.precision, policy, Workload(ops), budget),
-                                             limit=MAX_CONTIGUOUS_ROWS)
+            scenario = request_scenario(spec.model, spec.precision, policy, p, r.max_new_tokens, budget)
+            seen[key] = estimate_ledger_rows(scenario, limit=MAX_CONTIGUOUS_ROWS)
         rows += seen[key]
         if rows > MAX_CONTIGUOUS_ROWS:
             raise st.Invalid({"sv_policy": f"over {MAX_CONTIGUOUS_ROWS:,} ledger rows (estimated) with these "

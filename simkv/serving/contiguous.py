@@ -56,6 +56,16 @@ class Seat(Group):
         self.run_P, self.run_G, self.buffer_base = prompt_tokens, req.max_new_tokens, 0
 
 
+def request_scenario(model, precision, policy, prompt: int, new: int, budget: int):
+    """One request as a single session: its prompt, then ``new - 1`` decode steps (the prompt's step
+    samples the first token), on ``budget`` bytes of KV memory."""
+    from simkv.scenario import Scenario
+    from simkv.workload import Decode, Prefill, Workload
+
+    ops = (Prefill(prompt),) + ((Decode(new - 1),) if new > 1 else ())
+    return Scenario(model, precision, policy, Workload(ops), budget)
+
+
 class Trajectory:
     """One request's memory per local step (0 = its prompt), from a FastEngine run."""
 
@@ -63,12 +73,8 @@ class Trajectory:
 
     def __init__(self, model, precision, policy, prompt: int, new: int, budget: int) -> None:
         from simkv.engine import FastEngine
-        from simkv.scenario import Scenario
-        from simkv.workload import Decode, Prefill, Workload
 
-        ops = (Prefill(prompt),) + ((Decode(new - 1),) if new > 1 else ())
-        sc = Scenario(model, precision, policy, Workload(ops), budget)
-        eng = FastEngine(sc)
+        eng = FastEngine(request_scenario(model, precision, policy, prompt, new, budget))
         eng.run()
         if eng.oom is not None:
             raise PolicyError(f"does not fit the device alone ({eng.oom})")
