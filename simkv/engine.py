@@ -457,10 +457,9 @@ class FastEngine:
         grow = np.flatnonzero(self.t_rows[:, 0] < batch * needed)
         caps = np.asarray(policy.capacity(np.full(len(grow), needed, dtype=np.int64), lay.unit_prim[grow]), dtype=np.int64)
         out, unit_of, delta = [], [], none.copy()
-        layer_of, tensor_of = lay.layer[lay.unit_slots[:, 0]], lay.unit_table_tensor  # once: a property builds an array
         for u, cap in zip(grow.tolist(), caps.tolist()):
             nbytes = cap * batch * BEAM_TABLE_BYTES
-            row = (step, phase, self.request, int(layer_of[u]), int(tensor_of[u]))
+            row = (step, phase, self.request, int(lay.unit_layer[u]), int(lay.unit_table_tensor[u]))
             out.append(row + (ALLOC, nbytes, cap, needed, self.next_id))
             dropped = (self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0])
             self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0] = cap * batch, batch, self.next_id
@@ -740,7 +739,7 @@ class FastEngine:
             rows, batch, ids = rows[:, ::-1].copy(), batch[:, ::-1].copy(), ids[:, ::-1].copy()
         out = np.zeros((len(k), 2), dtype=ROW)
         out["step"], out["phase"], out["request"] = (first_step + k - 1)[:, None], PHASE_CODE["decode"], self.request
-        out["layer"] = lay.layer[lay.unit_slots[unit, 0]][:, None]
+        out["layer"] = lay.unit_layer[unit][:, None]
         out["tensor"] = lay.unit_table_tensor[unit][:, None]
         alloc, free = out[:, 0], out[:, 1]
         alloc["op"], alloc["bytes"], alloc["capacity_tokens"], alloc["used_tokens"], alloc["buffer"] = (

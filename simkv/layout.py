@@ -13,6 +13,7 @@ in that slot holds ``capacity × batch × row_bytes`` bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,13 +43,21 @@ class Layout:
     def units(self) -> int:
         return len(self.unit_slots)
 
-    @property
+    # Per-unit arrays are computed once (engines read them one unit at a time: a property that built the
+    # array on each read made 100,000 layers quadratic). A layout is frozen; cached_property writes the
+    # instance's __dict__ directly.
+    @cached_property
+    def unit_layer(self) -> np.ndarray:
+        """Per unit, its layer."""
+        return self.layer[self.unit_slots[:, 0]]
+
+    @cached_property
     def unit_table_tensor(self) -> np.ndarray:
         """Per unit, the tensor code of the beam tables a GPU kernel keeps beside it (k_beam / v_beam)."""
         is_k = self.tensor[self.unit_slots[:, 0]] == TENSOR_CODE["k"]
         return np.where(is_k, TENSOR_CODE["k_beam"], TENSOR_CODE["v_beam"]).astype(np.int8)
 
-    @property
+    @cached_property
     def unit_row_bytes(self) -> np.ndarray:
         """Bytes per token per batch row of each unit (all its buffers)."""
         return self.row_bytes[self.unit_slots].sum(axis=1)

@@ -155,7 +155,7 @@ class ReferenceEngine:
         if new is not None and new.rows >= batch * needed:
             return
         cap = int(policy.capacity(np.array([needed]), lay.unit_prim[unit : unit + 1])[0])
-        spec = dict(layer=int(lay.layer[lay.unit_slots[unit][0]]), tensor=int(lay.unit_table_tensor[unit]),
+        spec = dict(layer=int(lay.unit_layer[unit]), tensor=int(lay.unit_table_tensor[unit]),
                     capacity=cap, batch=batch, row_bytes=BEAM_TABLE_BYTES, holds=needed)
         pair[0] = self.memory.alloc(*where, **spec)
         if prev is None:

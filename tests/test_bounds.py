@@ -305,9 +305,11 @@ def test_json_writer_equals_json_dump(obj):
 
 
 def test_beam_tables_read_the_layout_once_per_step():
-    """The GPU kernels' beam tables are built unit by unit; the per-unit tensor codes come from a
-    Layout property that builds an array of all units, so it is read once per step, not once per
-    unit (that made 100,000 layers take 90 s of CPU): the reads do not grow with layers."""
+    """The GPU kernels' beam tables are built unit by unit; the per-unit tensor codes are an array of
+    all units, built once per layout (a property that built it on every read, once per unit, made
+    100,000 layers take 90 s of CPU): the builds do not grow with layers."""
+    from functools import cached_property
+
     from simkv.layout import Layout
 
     reads = []
@@ -315,11 +317,13 @@ def test_beam_tables_read_the_layout_once_per_step():
 
     def counted(self):
         reads.append(1)
-        return real.fget(self)
+        return real.func(self)
 
     def count(layers):
         reads.clear()
-        with mock.patch.object(Layout, "unit_table_tensor", property(counted)):
+        prop = cached_property(counted)
+        prop.__set_name__(Layout, "unit_table_tensor")
+        with mock.patch.object(Layout, "unit_table_tensor", prop):
             simulate(build_scenario(model=None, layers=layers, heads=1, kv_heads=1, head_dim=2, policy="openvino-gpu",
                                     prompt=1, decode=1))
         return len(reads)
