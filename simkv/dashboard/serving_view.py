@@ -464,8 +464,7 @@ def serving_callback(values: dict, tab: str) -> dict:
     from simkv.dashboard import layout as lay
 
     if tab != "serving":
-        return {k: no_update for k in ("memory", "requests", "waste", "cards", "latency", "status", "status_class",
-                                        "cli")} | {"errors": [no_update] * len(KEYS)}
+        return {k: no_update for k in OUTPUTS} | {"errors": [no_update] * len(KEYS)}
     try:
         view = serving_view(values)
     except Exception as err:  # noqa: BLE001 - never a traceback in the browser
@@ -483,13 +482,16 @@ def serving_callback(values: dict, tab: str) -> dict:
             "status": view["status"], "status_class": "status", "cli": view["cli"], "errors": errors}
 
 
+#: The callback's outputs (besides the per-field errors): key -> (component id, property).
+OUTPUTS = {"memory": ("sv-memory-graph", "figure"), "requests": ("sv-requests-graph", "figure"),
+           "waste": ("sv-waste-graph", "figure"), "cards": ("sv-cards", "children"), "latency": ("sv-latency", "children"),
+           "status": ("sv-status", "children"), "status_class": ("sv-status", "className"), "cli": ("sv-cli", "children")}
+
+
 def register(app) -> None:
     app.callback(
-        output={"memory": Output("sv-memory-graph", "figure"), "requests": Output("sv-requests-graph", "figure"),
-                "waste": Output("sv-waste-graph", "figure"), "cards": Output("sv-cards", "children"),
-                "latency": Output("sv-latency", "children"), "status": Output("sv-status", "children"),
-                "status_class": Output("sv-status", "className"), "cli": Output("sv-cli", "children"),
-                "errors": Output({"type": "sv-err", "key": ALL}, "children")},
+        output={k: Output(*where) for k, where in OUTPUTS.items()}
+        | {"errors": Output({"type": "sv-err", "key": ALL}, "children")},
         inputs={"values": {k: Input(k, "value") for k in KEYS}, "tab": Input("tab", "value")},
     )(serving_callback)
 
