@@ -2,7 +2,7 @@
 
 Each row is a small hand-made workload (requests with ``arrival_step``) and a ``SchedulerConfig``, run
 on the real ``ContinuousBatchingPipeline`` (CPU, the toy model of ``simkv validate --paged``) and through
-``simkv.serving.simulate_paged``, compared step by step (``simkv.validate.genai``). Prints a markdown
+``simkv.serving.simulate_paged``, compared step by step (``simkv.validate.genai.runner``). Prints a markdown
 table: steps matched / total, pool allocations matched / total (memray), what the row exercised
 (preemptions, IGNORED requests, prefix-cache hits, pool growths, seen in the simulation), wall time.
 
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simkv.serving.requests import Request, write_trace  # noqa: E402
-from simkv.validate.genai import SchedulerOptions, random_case, validate  # noqa: E402
-from simkv.validate.genai_model import GenaiModelSpec  # noqa: E402
+from simkv.validate.genai.runner import SchedulerOptions, random_case, validate  # noqa: E402
+from simkv.validate.genai.model import GenaiModelSpec  # noqa: E402
 
 
 def R(i, step, prompt, new, prefix=None, ptok=0, samples=1, beam=1):

@@ -19,14 +19,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simkv.serving.requests import Request
-from simkv.validate.genai import (
+from simkv.validate.genai.runner import (
     SchedulerOptions,
     beam_bounds,
     compare_steps,
     prompt_token_ids,
     random_case,
 )
-from simkv.validate.genai_model import PROMPT_ID_END, PROMPT_ID_START
+from simkv.validate.genai.model import PROMPT_ID_END, PROMPT_ID_START
 
 ROOT = Path(__file__).resolve().parents[1]
 

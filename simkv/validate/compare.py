@@ -1,9 +1,9 @@
 """Compare a real OpenVINO CPU run with the simulator's prediction, event by event.
 
 Pure logic (numpy only, no OpenVINO), so it is unit-tested without a runtime.
-:mod:`simkv.validate.runner` feeds it three things:
+:mod:`simkv.validate.openvino.runner` feeds it three things:
 
-* the KV events the real plugin made (memray run; :mod:`.observe`): every allocation
+* the KV events the real plugin made (memray run; :mod:`.openvino.observe`): every allocation
   and free of K/V data, scale/zero-point buffers, beam tables and the model-wide f32
   ``past_view`` block, in stream order, with the operation index ``seq``;
 * the per-operation process measurements of a *clean* run (no tracker, started with
@@ -663,7 +663,7 @@ def summary_lines(data: dict) -> list[str]:
         extra = f"; slowest realloc step {worst['step']}: {worst['latency_ms']:.2f} ms ({worst['x_median']:.1f}x)" if worst and worst["x_median"] else ""
         lines.append(f"  {'latency':<22}median decode {la['median_decode_ms']:.2f} ms; {len(la['realloc_steps'])} "
                      f"realloc steps{extra}")
-        if la.get("decode_error_median_pct") is not None:  # the cost model's prediction (simkv/validate/latency.py)
+        if la.get("decode_error_median_pct") is not None:  # the cost model's prediction (simkv/validate/openvino/latency.py)
             lines.append(f"  {'predicted step time':<22}on {la['device']}: decode error median {la['decode_error_median_pct']:.1f} %, "
                          f"p90 {la['decode_error_p90_pct']:.1f} % over {la['steps_compared']} steps; realloc excess "
                          f"error median {'n/a' if la['realloc_excess_error_median_pct'] is None else format(la['realloc_excess_error_median_pct'], '.1f') + ' %'}")

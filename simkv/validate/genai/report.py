@@ -16,7 +16,7 @@ def steps_figure(data: dict):
     """Blocks in use and pool size per step, real (solid) vs simulated (dashed), for a single workload."""
     import plotly.graph_objects as go
 
-    from .report import COLORS, _layout
+    from ..report import COLORS, _layout
 
     steps = (data["workloads"][0].get("steps") or []) if data["workloads"] else []
     fig = go.Figure()
@@ -41,8 +41,8 @@ def write_report(data: dict, path: str | Path) -> Path:
 
     from plotly.offline import get_plotlyjs
 
-    from .genai import summary_lines, verdict
-    from .report import _table
+    from ..report import _table
+    from .runner import summary_lines, verdict
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

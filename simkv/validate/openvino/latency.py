@@ -90,7 +90,7 @@ def predict_and_compare(result, measured_s, phases, event_steps, realloc_steps, 
 
 def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
     """Benchmark-style check of one configuration: ``repeats`` clean runs of the real CPU plugin
-    (:func:`simkv.validate.runner._clean_run`: untracked subprocess, the plugin's default thread
+    (:func:`simkv.validate.openvino.runner._clean_run`: untracked subprocess, the plugin's default thread
     pinning), the per-step median over runs, against the cost model's prediction on ``cfg.device``.
     The KV events are the simulator's (``simkv validate`` checks them against memray separately).
     ``segments``: also compare each run of decode steps on its own (``"segments"``: one entry per
@@ -101,7 +101,7 @@ def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
     from simkv.models import WEIGHT_BYTES
     from simkv.scenario import build_scenario, simulate
 
-    from .compare import predicted_events
+    from ..compare import predicted_events
     from .runner import _clean_run
 
     runs = [_clean_run(cfg) for _ in range(repeats)]
@@ -137,6 +137,6 @@ def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
 
 
 def _plugin_precision() -> str:
-    from simkv.calibrate import inference_precision
+    from .calibrate import inference_precision
 
     return inference_precision()

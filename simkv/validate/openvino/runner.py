@@ -133,7 +133,7 @@ def _build_and_compile(cfg: ValidateConfig):
 
 
 def _clean_child(config_path: str, out_path: str) -> int:
-    """Subprocess entry (``python -m simkv.validate.runner CONFIG OUT``): the untracked run."""
+    """Subprocess entry (``python -m simkv.validate.openvino.runner CONFIG OUT``): the untracked run."""
     from .observe import observe
 
     cfg = ValidateConfig(**json.loads(Path(config_path).read_text()))
@@ -153,9 +153,9 @@ def _clean_run(cfg: ValidateConfig) -> dict:
         cpath, opath = Path(tmp) / "config.json", Path(tmp) / "clean.json"
         cpath.write_text(json.dumps(asdict(cfg)))
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(cfg.mmap_threshold), "PYTHONFAULTHANDLER": "1"}
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run([sys.executable, "-m", "simkv.validate.runner", str(cpath), str(opath)], env=env,
+        proc = subprocess.run([sys.executable, "-m", "simkv.validate.openvino.runner", str(cpath), str(opath)], env=env,
                               stdout=subprocess.DEVNULL, stderr=None if cfg.progress else subprocess.PIPE, text=True)
         if proc.returncode != 0:
             if proc.returncode < 0:
@@ -212,7 +212,7 @@ def run_validation(cfg: ValidateConfig) -> dict:
     from simkv.precision import PRECISIONS
     from simkv.scenario import build_scenario, simulate
 
-    from .compare import compare
+    from ..compare import compare
     from .observe import observe, query_heads_from_model
 
     t0 = time.perf_counter()
@@ -305,12 +305,12 @@ def run_validation(cfg: ValidateConfig) -> dict:
 
 
 def _predicted_latency(cfg: ValidateConfig, result, samples, observed, vocab, inference_precision) -> dict:
-    """The cost model's step times vs the clean run's (simkv/validate/latency.py); fields are None
+    """The cost model's step times vs the clean run's (simkv/validate/openvino/latency.py); fields are None
     with a ``latency_note`` when no prediction can be made (an IR's weights, no host preset)."""
     from simkv.ledger import PHASES
     from simkv.models import WEIGHT_BYTES
 
-    from .compare import predicted_events
+    from ..compare import predicted_events
     from .latency import predict_and_compare
 
     empty = {"decode_error_median_pct": None, "decode_error_p90_pct": None, "realloc_excess_error_median_pct": None,

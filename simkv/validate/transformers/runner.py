@@ -255,7 +255,7 @@ def _observe(cfg: HFValidateConfig) -> tuple[list[dict], int, dict]:
     """The memray run: KV events, steps, and trace facts."""
     import torch
 
-    from .memtrace import Recorder, read_segments
+    from ..memtrace import Recorder, read_segments
 
     torch.set_num_threads(1)  # one thread: small runs, and the allocation order never depends on a pool
     model = build_model(cfg)
@@ -275,10 +275,10 @@ def _observe(cfg: HFValidateConfig) -> tuple[list[dict], int, dict]:
 
 
 def _clean_child(config_path: str, out_path: str) -> int:
-    """Subprocess entry (``python -m simkv.validate.transformers CONFIG OUT``): the untracked run."""
+    """Subprocess entry (``python -m simkv.validate.transformers.runner CONFIG OUT``): the untracked run."""
     import torch
 
-    from .memtrace import Recorder, proc_status, reset_hwm
+    from ..memtrace import Recorder, proc_status, reset_hwm
 
     cfg = HFValidateConfig(**json.loads(Path(config_path).read_text()))
     torch.set_num_threads(1)
@@ -304,9 +304,9 @@ def _clean_run(cfg: HFValidateConfig) -> dict:
         cpath, opath = Path(tmp) / "config.json", Path(tmp) / "clean.json"
         cpath.write_text(json.dumps(asdict(cfg)))
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(cfg.mmap_threshold)}
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run([sys.executable, "-m", "simkv.validate.transformers", str(cpath), str(opath)],
+        proc = subprocess.run([sys.executable, "-m", "simkv.validate.transformers.runner", str(cpath), str(opath)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -336,7 +336,7 @@ def run_validation(cfg: HFValidateConfig) -> dict:
     check_dependencies()
     from simkv.scenario import build_scenario, simulate
 
-    from .compare import compare
+    from ..compare import compare
 
     t0 = time.perf_counter()
     workload = parse_ops(cfg.workload)

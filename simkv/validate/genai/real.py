@@ -93,7 +93,7 @@ class RealRun:
 def _generation_config(r, seed: int):
     import openvino_genai as og
 
-    from .genai_model import EOS_TOKEN_ID
+    from .model import EOS_TOKEN_ID
 
     g = og.GenerationConfig()
     g.max_new_tokens = r.max_new_tokens
@@ -145,7 +145,7 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
     warnings: list[str] = []
     recorder = None
     if trace:
-        from .memtrace import Recorder
+        from ..memtrace import Recorder
 
         recorder = Recorder()
         recorder.__enter__()
@@ -234,7 +234,7 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
     """
     import memray
 
-    from .memtrace import MARKER_BASE
+    from ..memtrace import MARKER_BASE
 
     names = {int(a): a.name for a in memray.AllocatorType}
     site_is_pool: dict[int, bool] = {}
@@ -330,10 +330,10 @@ class RealWorker:
         import os
         import subprocess
 
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"]
                                                    if os.environ.get("PYTHONPATH") else "")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "simkv.validate.genai_real"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "simkv.validate.genai.real"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
 
     def run(self, requests: Sequence, token_ids, opts, model_path, *, trace: bool, seed: int) -> RealRun:
@@ -381,7 +381,7 @@ def _signal_name(code: int) -> str:
 
 
 def _child() -> int:
-    """``python -m simkv.validate.genai_real``: run the workloads read from stdin, one JSON line each."""
+    """``python -m simkv.validate.genai.real``: run the workloads read from stdin, one JSON line each."""
     import json
     from dataclasses import asdict
     from types import SimpleNamespace

@@ -49,7 +49,7 @@ import numpy as np
 
 from simkv.errors import ConfigError, SimkvError
 
-from .genai_real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
+from .real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
 
 __all__ = [
     "MISSING_DEPS", "SchedulerOptions", "check_dependencies", "prompt_token_ids", "compare_steps", "random_case",
@@ -139,7 +139,7 @@ def prompt_token_ids(requests: Sequence, seed: int = 0) -> list[tuple[int, ...]]
     cached block can match a new prompt only inside a declared prefix (or a whole prompt that *is* that
     prefix). Explicit ``token_ids`` in the workload are used as given.
     """
-    from .genai_model import PROMPT_ID_END, PROMPT_ID_START
+    from .model import PROMPT_ID_END, PROMPT_ID_START
 
     half = (PROMPT_ID_END - PROMPT_ID_START) // 2
     lo, hi = PROMPT_ID_START, PROMPT_ID_START + half
@@ -289,7 +289,7 @@ def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
     from simkv.precision import get_precision
     from simkv.serving import simulate_paged
 
-    from .compare import predicted_events
+    from ..compare import predicted_events
 
     reqs = [replace(r, token_ids=tuple(ids)) for r, ids in zip(requests, token_ids)]
     try:
@@ -385,7 +385,7 @@ def _beam_exemptions(requests, sim_steps: list[dict]) -> tuple[set[int], dict[in
 def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path: str | Path, spec, *, seed: int = 0,
              trace: bool = True, keep_steps: bool = False, progress: bool = False, worker=None) -> CaseResult:
     """Real run (in ``worker``'s child process when given), simulation and comparison of one workload."""
-    from .compare import align_events
+    from ..compare import align_events
 
     ids = prompt_token_ids(requests, seed)
     if worker is not None:
@@ -432,7 +432,7 @@ def case_ok(c: CaseResult) -> bool:
 def paged_versions() -> dict:
     from importlib.metadata import version
 
-    from .runner import versions
+    from ..openvino.runner import versions
 
     v = versions(None)
     v.pop("MALLOC_MMAP_THRESHOLD_", None)
@@ -465,7 +465,7 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
              seed: int = 0, trace: bool = True, progress: bool = False, keep_steps: bool | None = None) -> dict:
     """Every workload real vs simulated; the ``simkv validate --paged --json`` dict."""
     check_dependencies()
-    from .genai_model import GenaiModelSpec, model_dir
+    from .model import GenaiModelSpec, model_dir
 
     t0 = time.perf_counter()
     spec = spec or GenaiModelSpec()
@@ -585,7 +585,7 @@ def cases_from_args(args) -> list[tuple[list, SchedulerOptions]]:
 
 
 def spec_from_args(args):
-    from .genai_model import GenaiModelSpec
+    from .model import GenaiModelSpec
 
     def given(value, default):
         return default if value is None else value
@@ -613,7 +613,7 @@ def cli_main(args) -> int:
     except RuntimeError as err:  # the real pipeline refused the workload or configuration
         print(f"simkv validate: error: the real pipeline failed: {_one_line(err)}", file=sys.stderr)
         return 2
-    from .genai_report import write_report
-    from .report import emit
+    from ..report import emit
+    from .report import write_report
 
     return emit(args, data, summary_lines=summary_lines, report=write_report, ok=ok)

@@ -1,0 +1,17 @@
+"""``simkv validate`` on the OpenVINO CPU plugin (stateful models), and ``simkv calibrate``.
+
+* :mod:`.ovmodel` -- build an optimum-style stateful decoder (or load an IR), compile it on CPU with
+  precision hints, and check in the runtime model that every layer's KV cache is a fused stateful SDPA
+  (read the effective KV precision there).
+* :mod:`.observe` -- run a scenario (prefill, decode, chat turn, reset, beam fork / reorder / select)
+  and return every allocation and free with its step, kind (K/V data, scale, beam table) and layer,
+  plus RSS/VmSize/VmHWM/latency per step.
+* :mod:`.kvclassify` -- the call-site classifier behind ``observe``.
+* :mod:`.runner` -- ``simkv validate``: the memray run, a clean run in a subprocess with
+  ``MALLOC_MMAP_THRESHOLD_``, the ``openvino-cpu`` prediction, the comparison.
+* :mod:`.latency` -- the cost model's step times vs the clean run's.
+* :mod:`.calibrate` -- ``simkv calibrate``: measure this host on the toy decoders, write the ``host``
+  device preset.
+
+What the plugin does is written up in docs/DESIGN.md §3.
+"""
