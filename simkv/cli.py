@@ -298,7 +298,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                         beam=args.beam, ops=args.ops, weights_memory=0)  # a host run: KV only
     m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
     try:
-        from simkv.validate.openvino.runner import ValidateConfig, check_dependencies, run_validation
+        from simkv.validate.openvino.cleanrun import ValidateConfig
+        from simkv.validate.openvino.runner import check_dependencies, run_validation
 
         check_dependencies()
     except ImportError:

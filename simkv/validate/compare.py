@@ -64,6 +64,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .child import DEFAULT_MMAP_THRESHOLD
+
 __all__ = [
     "EventKey",
     "STATUSES",
@@ -357,7 +359,7 @@ def compare(
     result,
     *,
     min_tokens: int = 500,
-    mmap_threshold: int = 65536,
+    mmap_threshold: int = DEFAULT_MMAP_THRESHOLD,
 ) -> dict:
     """Everything ``simkv validate`` reports, as one JSON-ready dict (see the module
     docstring). ``observed_events``: dicts with ``step`` (= seq), ``layer``, ``tensor``,
@@ -586,7 +588,7 @@ def recompare(data: dict) -> dict:
                     "hwm_bytes": s["measured_hwm_bytes"], "latency_s": s["latency_ms"] / 1e3} for s in data["steps"]]
     fresh = compare(observed, samples, result, min_tokens=sc.get("slope_min_tokens", 500),
                     mmap_threshold=int(data.get("mmap_threshold") or data["versions"].get("MALLOC_MMAP_THRESHOLD_")
-                                       or 65536))
+                                       or DEFAULT_MMAP_THRESHOLD))
     return {**data, **fresh}
 
 

@@ -160,7 +160,8 @@ def _mask_prompt_ids(model, vocab: int) -> None:
 def _build(spec: GenaiModelSpec, out: Path) -> None:
     import openvino as ov
 
-    from ..openvino.ovmodel import ToyDecoderSpec, build_stateful_decoder
+    from ..openvino.ovmodel import build_stateful_decoder
+    from ..openvino.toy import ToyDecoderSpec
 
     model = build_stateful_decoder(ToyDecoderSpec(layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
                                                   head_dim=spec.head_dim, vocab=spec.vocab, seed=spec.seed))

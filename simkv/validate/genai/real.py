@@ -327,14 +327,12 @@ class RealWorker:
         self.proc = None
 
     def _start(self) -> None:
-        import os
         import subprocess
 
-        root = str(Path(__file__).resolve().parents[3])
-        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"]
-                                                   if os.environ.get("PYTHONPATH") else "")}
+        from ..child import child_env
+
         self.proc = subprocess.Popen([sys.executable, "-m", "simkv.validate.genai.real"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
 
     def run(self, requests: Sequence, token_ids, opts, model_path, *, trace: bool, seed: int) -> RealRun:
         import json

@@ -41,6 +41,8 @@ from pathlib import Path
 from simkv.errors import ConfigError
 from simkv.workload import Decode, Fork, Prefill, Reorder, Reset, Select, parse_ops
 
+from ..child import DEFAULT_MMAP_THRESHOLD, child_env
+
 __all__ = ["MISSING_DEPS", "HFValidateConfig", "check_dependencies", "build_model", "run_validation", "command"]
 
 MISSING_DEPS = "transformers validation needs torch, transformers and memray: pip install 'simkv[transformers]'"
@@ -78,7 +80,7 @@ class HFValidateConfig:
     policy: str = "hf-dynamic"
     max_cache_len: int | None = None  # hf-static; None: the longest history of the workload
     sliding_window: int | None = None
-    mmap_threshold: int = 65536
+    mmap_threshold: int = DEFAULT_MMAP_THRESHOLD
     slope_min_tokens: int = 500
     clean_run: bool = True
     progress: bool = False
@@ -303,9 +305,7 @@ def _clean_run(cfg: HFValidateConfig) -> dict:
     with tempfile.TemporaryDirectory(prefix="simkv_validate_hf_") as tmp:
         cpath, opath = Path(tmp) / "config.json", Path(tmp) / "clean.json"
         cpath.write_text(json.dumps(asdict(cfg)))
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(cfg.mmap_threshold)}
-        root = str(Path(__file__).resolve().parents[3])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env = child_env(MALLOC_MMAP_THRESHOLD_=str(cfg.mmap_threshold))
         proc = subprocess.run([sys.executable, "-m", "simkv.validate.transformers.runner", str(cpath), str(opath)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
