@@ -2,7 +2,7 @@
 
 Lightest path, no download, no torch, no transformers:
 
-* ``openvino_model.xml`` is the random-weight stateful decoder of :mod:`.ovmodel` (the form
+* ``openvino_model.xml`` is the random-weight stateful decoder of :mod:`..openvino.ovmodel` (the form
   optimum-intel exports: ``input_ids, attention_mask, position_ids, beam_idx``, ReadValue ->
   Gather(beam_idx) -> Concat -> SDPA per layer). GenAI turns it into its paged form itself
   (``paged_attention_transformation``: the per-layer state becomes ``key_cache.N`` /

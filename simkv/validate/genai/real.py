@@ -3,7 +3,7 @@
 * :func:`kv_layout` compiles the paged form of the model as GenAI does (``paged_attention_transformation``,
   CPU) and reads what a block holds from the ``key_cache.N`` / ``value_cache.N`` inputs: element type,
   per-tensor bytes (u8: keys ``[H_kv, 32 + 8, S]``, values ``[H_kv, 32, S + 8]``).
-* :func:`run_real` drives the pipeline (the step convention is in :mod:`.genai`'s docstring) and records
+* :func:`run_real` drives the pipeline (the step convention is in :mod:`.runner`'s docstring) and records
   per step ``requests``, ``scheduled_requests``, ``blocks_used``, ``blocks_total`` and, per live request,
   its status and tokens generated so far.
 * :func:`read_pool_events` reads a memray capture of the run: the pool tensors (recognised by

@@ -1,12 +1,12 @@
 """``simkv validate --paged``: OpenVINO GenAI's ``ContinuousBatchingPipeline`` on CPU vs simkv's paged model, step by step.
 
 This module holds the workload side (token ids, random cases), the comparison and the command;
-:mod:`.genai_model` builds the model directory, :mod:`.genai_real` drives the real pipeline and reads
-its allocations, :mod:`.genai_report` draws the report.
+:mod:`.model` builds the model directory, :mod:`.real` drives the real pipeline and reads
+its allocations, :mod:`.report` shows the result (verdict, summary, HTML report).
 
 What runs
 ---------
-1. **Model directory** (:mod:`.genai_model`): the toy stateful decoder plus a local word-level tokenizer,
+1. **Model directory** (:mod:`.model`): the toy stateful decoder plus a local word-level tokenizer,
    cached. Its logits are biased so the model never *generates* an id of the prompt range (see
    :func:`prompt_token_ids`: this keeps prefix-cache hits exactly those the workload declares).
 2. **Real run** (:func:`run_real`): a ``ContinuousBatchingPipeline`` on CPU from a ``SchedulerConfig``
@@ -53,7 +53,7 @@ from .real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
 
 __all__ = [
     "MISSING_DEPS", "SchedulerOptions", "check_dependencies", "prompt_token_ids", "compare_steps", "random_case",
-    "beam_bounds", "simulate", "run_case", "validate", "summary_lines", "cli_main", "STEP_FIELDS",
+    "beam_bounds", "simulate", "run_case", "validate", "cli_main", "STEP_FIELDS",
 ]
 
 MISSING_DEPS = "paged validation needs openvino-genai: pip install 'simkv[openvino]'"
@@ -130,7 +130,7 @@ def check_workload(requests: Sequence) -> None:
 def prompt_token_ids(requests: Sequence, seed: int = 0) -> list[tuple[int, ...]]:
     """Token ids of every prompt, such that the only prompt content two requests share is a declared prefix.
 
-    The model never generates an id below :data:`~.genai_model.PROMPT_ID_END` (its logits are masked
+    The model never generates an id below :data:`~.model.PROMPT_ID_END` (its logits are masked
     there), so a prompt can never continue a cached sequence into its generated tokens. Prefix ids come
     from the lower half of the prompt range, everything else from the upper half: requests with the same
     ``prefix_id`` share the first ``prefix_tokens`` ids of one sequence drawn for that id; after its prefix
@@ -517,47 +517,6 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
     return data
 
 
-def ok(data: dict) -> bool:
-    a = data["allocations"]
-    return not data["workload_errors"] and data["steps_mismatched"] == 0 and a["events_missing"] == 0 and a["events_unexpected"] == 0
-
-
-def verdict(data: dict) -> str:
-    a = data["allocations"]
-    if ok(data):
-        return "PASS: every step matched" + (" and every pool allocation" if a["compared"] else "")
-    why = [f"{len(data['workload_errors'])} workload(s) failed"] if data["workload_errors"] else []
-    if data["steps_mismatched"]:
-        why.append(f"{data['steps_mismatched']:,} step(s) differ")
-    if a["events_missing"] or a["events_unexpected"]:
-        why.append("pool allocations differ")
-    return "FAIL: " + ", ".join(why)
-
-
-def summary_lines(data: dict) -> list[str]:
-    a = data["allocations"]
-    lines = [
-        "simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
-        f"  {'result':<24}{verdict(data)}",
-        f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched",
-        f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}"
-        + (f" ({data['bounded_steps']:,} with beam search: blocks within bounds)" if data["bounded_steps"] else ""),
-        f"  {'KV precision':<24}{data['kv_precision']} ({data['block_bytes']:,} B per block, all layers, K+V)",
-    ]
-    if a["compared"]:
-        lines.append(f"  {'pool allocations':<24}{a['events_matched']:,} / {a['events_total']:,} matched "
-                     f"({a['events_missing']} missing, {a['events_unexpected']} unexpected)")
-    else:
-        lines.append(f"  {'pool allocations':<24}{a['real_events']:,} observed (not compared)")
-    for e in data["workload_errors"][:5]:
-        lines.append(f"  {'workload failed':<24}workload {e['workload']}: {e['error']}")
-    for m in data["first_mismatches"][:5]:
-        fields = ", ".join(f"{k} real {v['real']} sim {v['simulated']}" for k, v in list(m["fields"].items())[:4])
-        lines.append(f"  {'mismatch':<24}workload {m['workload']} step {m['step']}: {fields}")
-    lines.append(f"  {'time':<24}{data['elapsed_s']:.1f} s")
-    return lines
-
-
 MAX_RANDOM = 10_000
 
 
@@ -614,6 +573,6 @@ def cli_main(args) -> int:
         print(f"simkv validate: error: the real pipeline failed: {_one_line(err)}", file=sys.stderr)
         return 2
     from ..report import emit
-    from .report import write_report
+    from .report import ok, summary_lines, write_report
 
     return emit(args, data, summary_lines=summary_lines, report=write_report, ok=ok)
