@@ -190,7 +190,6 @@ def _cmd_models(args: argparse.Namespace) -> int:
 # OpenVINO and memray are imported only when the command runs (simkv.validate.openvino.runner).
 
 VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
-VALIDATE_TOY = {"layers": 4, "heads": 8, "head_dim": 64}  # a custom model's dimensions when not given
 
 
 def _add_validate_parser(sub) -> None:
@@ -271,6 +270,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return cli_main(args)
     from simkv.limits import check_flags
     from simkv.scenario import build_scenario
+    from simkv.validate import VALIDATE_TOY
 
     check_flags(args)
     if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv.validate.transformers.runner)

@@ -20,5 +20,10 @@ Shared:
 * :mod:`simkv.validate.memtrace` -- memray recording with in-stream step markers.
 
 What each runtime does (formulas, event order, memory signals) is written up in docs/DESIGN.md;
-``compare`` and ``report`` import neither a runtime nor memray.
+``compare`` and ``report`` import neither a runtime nor memray. Nothing here imports the CLI or the
+dashboard: the defaults the command shares with a runtime live here (:data:`VALIDATE_TOY`).
 """
+
+#: A custom model's dimensions when ``simkv validate`` is not given them (the CLI's OpenVINO run and
+#: ``--runtime transformers``; ``--paged`` shapes its own toy model).
+VALIDATE_TOY = {"layers": 4, "heads": 8, "head_dim": 64}

@@ -394,10 +394,11 @@ def run_validation(cfg: HFValidateConfig) -> dict:
 def command(args) -> int:
     """``simkv validate --runtime transformers`` (parsed arguments of the validate parser)."""
     from policies import parse_policy_opts
-    from simkv.cli import VALIDATE_TOY
-    from simkv.validate.report import emit
     from simkv.errors import SimkvError
     from simkv.scenario import build_scenario
+
+    from .. import VALIDATE_TOY
+    from ..report import emit
 
     if args.ir or args.inference_precision:
         raise SimkvError("--ir and --inference-precision are OpenVINO options; the transformers runtime builds "
