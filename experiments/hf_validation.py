@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simkv.validate.transformers.runner import HFValidateConfig, check_dependencies, run_validation  # noqa: E402
+from simkv.validate.transformers.model import HFValidateConfig  # noqa: E402
+from simkv.validate.transformers.runner import check_dependencies, run_validation  # noqa: E402
 
 TURNS = "prefill:40,decode:60,prefill:20,decode:20,reset,prefill:12,decode:12"
 BEAM = "prefill:24,decode:8,fork:4,decode:12,reorder,decode:4,select:1,decode:8"

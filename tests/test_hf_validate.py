@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from simkv.validate.memtrace import RawRecord
-from simkv.validate.transformers.runner import HFValidateConfig, kv_events
+from simkv.validate.transformers.events import kv_events
+from simkv.validate.transformers.model import HFValidateConfig
 
 HAVE_HF = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "memray"))
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason="needs pip install -e '.[transformers]'")
