@@ -113,12 +113,8 @@ def _scheduler_config(opts):
     import openvino_genai as og
 
     sc = og.SchedulerConfig()
-    sc.num_kv_blocks = opts.num_kv_blocks
-    sc.cache_size = opts.cache_size
-    sc.max_num_batched_tokens = opts.max_num_batched_tokens
-    sc.max_num_seqs = opts.max_num_seqs
-    sc.dynamic_split_fuse = opts.dynamic_split_fuse
-    sc.enable_prefix_caching = opts.enable_prefix_caching
+    for name, value in opts.genai().items():
+        setattr(sc, name, value)
     return sc
 
 
@@ -341,7 +337,7 @@ class RealWorker:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         task = {"requests": [asdict(r) | {"token_ids": None} for r in requests],
-                "token_ids": [list(t) for t in token_ids], "opts": asdict(opts), "model": str(model_path),
+                "token_ids": [list(t) for t in token_ids], "opts": opts.genai(), "model": str(model_path),
                 "trace": trace, "seed": seed}
         self.proc.stdin.write(json.dumps(task) + "\n")
         self.proc.stdin.flush()
@@ -382,15 +378,15 @@ def _child() -> int:
     """``python -m simkv.validate.genai.real``: run the workloads read from stdin, one JSON line each."""
     import json
     from dataclasses import asdict
-    from types import SimpleNamespace
 
     from simkv.serving.requests import Request
+    from simkv.serving.scheduler import SchedulerConfig
 
     for line in sys.stdin:
         task = json.loads(line)
         requests = [Request(**r) for r in task["requests"]]
         try:
-            run = run_real(requests, task["token_ids"], SimpleNamespace(**task["opts"]), task["model"],
+            run = run_real(requests, task["token_ids"], SchedulerConfig(**task["opts"]), task["model"],
                            trace=task["trace"], seed=task["seed"])
             out = {"run": asdict(run)}
         except RuntimeError as err:
