@@ -17,7 +17,9 @@ Shared:
   slope, in-step peak, VmSize and latency comparison; pure numpy, no runtime.
 * :mod:`simkv.validate.report` -- plotly figures and the HTML report of an event validator's JSON
   result, and ``emit`` (every validator's ``--out`` / ``--report`` / ``--json`` / summary output).
-* :mod:`simkv.validate.memtrace` -- memray recording with in-stream step markers.
+* :mod:`simkv.validate.memtrace` -- memray recording with in-stream step markers, and the process's
+  RSS / VmSize / VmHWM.
+* :mod:`simkv.validate.child` -- the child processes' environment, and the clean runs' allocator setting.
 
 What each runtime does (formulas, event order, memory signals) is written up in docs/DESIGN.md;
 ``compare`` and ``report`` import neither a runtime nor memray. Nothing here imports the CLI or the
