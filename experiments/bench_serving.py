@@ -21,7 +21,7 @@ from simkv.precision import get_precision
 from simkv.scenario import resolve_weights_memory
 from simkv.serving import load_trace
 from simkv.serving.engine import PagedServing
-from simkv.serving.scheduler import PagedConfig
+from simkv.serving.scheduler import SchedulerConfig
 
 TRACE = "data/traces/azure_llm_2023_conv.csv"
 
@@ -29,7 +29,7 @@ TRACE = "data/traces/azure_llm_2023_conv.csv"
 def run(requests, device, fast=True):
     model = get_model("llama-2-7b")
     dev = get_device(device)
-    eng = PagedServing(requests, model, get_precision("u8"), PagedConfig(), device=dev,
+    eng = PagedServing(requests, model, get_precision("u8"), SchedulerConfig(), device=dev,
                        weights_bytes=resolve_weights_memory(model, None, None), device_memory=dev.memory_bytes)
     wall, cpu = time.perf_counter(), time.process_time()
     groups, steps, _, _ = eng.run(fast=fast)

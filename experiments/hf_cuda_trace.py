@@ -1,7 +1,7 @@
 """hf-dynamic / hf-static against transformers on a CUDA GPU: torch's allocator trace vs simkv's ledger.
 
 Needs a CUDA GPU, torch and transformers (never run in CI). The same toy models and
-driver as ``simkv validate --runtime transformers`` (:mod:`simkv.validate.transformers`),
+driver as ``simkv validate --runtime transformers`` (:mod:`simkv.validate.transformers.model`),
 moved to ``cuda``; the observer is torch's own allocator history
 (``torch.cuda.memory._record_memory_history(stacks="python")``): every tensor ``alloc`` and
 ``free_requested`` with its Python frames. KV tensors are classified by the same rule as on
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from simkv.scenario import build_scenario, simulate  # noqa: E402
 from simkv.validate.compare import align_events, predicted_events  # noqa: E402
-from simkv.validate.transformers import HFValidateConfig, build_model, drive, make_cache  # noqa: E402
+from simkv.validate.transformers.model import HFValidateConfig, build_model, drive, make_cache  # noqa: E402
 
 MARKER = 1 << 30  # marker allocations: 1 GiB + 1 KiB × (TOP - 2 seq - end), never KV-sized here
 TOP = 200_000  # decreasing sizes: each marker fits the cached block of the one before

@@ -2,7 +2,7 @@
 
 Every cache kind (DynamicCache, StaticCache, a sliding window shorter than the session,
 beam fork / reorder / select through ``reorder_cache``) on an MHA and a GQA shape, in f16,
-bf16 and f32: ``simkv.validate.transformers.run_validation`` without the clean RSS run (the
+bf16 and f32: ``simkv.validate.transformers.runner.run_validation`` without the clean RSS run (the
 events, the allocated KV peak and the in-step increase come from the memray stream).
 
     python experiments/hf_validation.py            # 36 runs, ~2 min on this 2-core machine
@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simkv.validate.transformers import HFValidateConfig, check_dependencies, run_validation  # noqa: E402
+from simkv.validate.transformers.model import HFValidateConfig  # noqa: E402
+from simkv.validate.transformers.runner import check_dependencies, run_validation  # noqa: E402
 
 TURNS = "prefill:40,decode:60,prefill:20,decode:20,reset,prefill:12,decode:12"
 BEAM = "prefill:24,decode:8,fork:4,decode:12,reorder,decode:4,select:1,decode:8"

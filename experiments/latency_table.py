@@ -71,10 +71,10 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default=str(ROOT / "experiments" / "out" / "latency"))
     args = p.parse_args(argv)
 
-    from simkv.calibrate import calibrate
     from simkv.cost import load_device
-    from simkv.validate.latency import measure_and_compare
-    from simkv.validate.runner import ValidateConfig
+    from simkv.validate.openvino.calibrate import calibrate
+    from simkv.validate.openvino.cleanrun import ValidateConfig
+    from simkv.validate.openvino.latency import measure_and_compare
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

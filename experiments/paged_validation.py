@@ -2,7 +2,7 @@
 
 Each row is a small hand-made workload (requests with ``arrival_step``) and a ``SchedulerConfig``, run
 on the real ``ContinuousBatchingPipeline`` (CPU, the toy model of ``simkv validate --paged``) and through
-``simkv.serving.simulate_paged``, compared step by step (``simkv.validate.genai``). Prints a markdown
+``simkv.serving.simulate_paged``, compared step by step (``simkv.validate.genai.runner``). Prints a markdown
 table: steps matched / total, pool allocations matched / total (memray), what the row exercised
 (preemptions, IGNORED requests, prefix-cache hits, pool growths, seen in the simulation), wall time.
 
@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simkv.serving.requests import Request, write_trace  # noqa: E402
-from simkv.validate.genai import SchedulerOptions, random_case, validate  # noqa: E402
-from simkv.validate.genai_model import GenaiModelSpec  # noqa: E402
+from simkv.serving import SchedulerConfig  # noqa: E402
+from simkv.validate.genai.runner import random_case, validate  # noqa: E402
+from simkv.validate.genai.model import GenaiModelSpec  # noqa: E402
 
 
 def R(i, step, prompt, new, prefix=None, ptok=0, samples=1, beam=1):
@@ -39,47 +40,47 @@ def R(i, step, prompt, new, prefix=None, ptok=0, samples=1, beam=1):
 ROWS = [
     ("fixed-chunked", "fixed pool (40 blocks), split-fuse, prompts chunked by max_num_batched_tokens 32",
      [R(0, 0, 100, 30), R(1, 0, 70, 25), R(2, 1, 45, 40), R(3, 3, 33, 12)],
-     SchedulerOptions(num_kv_blocks=40, max_num_batched_tokens=32)),
+     SchedulerConfig(num_kv_blocks=40, max_num_batched_tokens=32)),
     ("dynamic-growth", "dynamic pool (both 0): initial size, raised on arrivals, +8 blocks on growth",
      [R(0, 0, 40, 200), R(1, 0, 90, 150), R(2, 30, 120, 60), R(3, 60, 10, 100)],
-     SchedulerOptions(max_num_batched_tokens=64)),
+     SchedulerConfig(max_num_batched_tokens=64)),
     ("cache-size", "cache_size 1 GiB (floor(2^30 / block bytes) blocks)",
      [R(0, 0, 60, 20), R(1, 2, 300, 10), R(2, 4, 5, 30)],
-     SchedulerOptions(cache_size=1, max_num_batched_tokens=128)),
+     SchedulerConfig(cache_size=1, max_num_batched_tokens=128)),
     ("vllm-mode", "split-fuse off (vLLM mode), max_num_seqs 2: whole prompts, generate only in prompt-free steps",
      [R(0, 0, 50, 20), R(1, 0, 80, 10), R(2, 0, 30, 15), R(3, 5, 120, 8), R(4, 6, 20, 20)],
-     SchedulerOptions(num_kv_blocks=30, max_num_batched_tokens=160, max_num_seqs=2, dynamic_split_fuse=False)),
+     SchedulerConfig(num_kv_blocks=30, max_num_batched_tokens=160, max_num_seqs=2, dynamic_split_fuse=False)),
     ("preempt-fixed", "preemption by recompute (tight fixed pool, 8 blocks), split-fuse",
      [R(0, 0, 60, 80), R(1, 0, 60, 80), R(2, 1, 50, 60)],
-     SchedulerOptions(num_kv_blocks=8, max_num_batched_tokens=64)),
+     SchedulerConfig(num_kv_blocks=8, max_num_batched_tokens=64)),
     ("preempt-vllm", "preemption by recompute, vLLM mode (tight pool, 7 blocks)",
      [R(0, 0, 50, 70), R(1, 0, 40, 70), R(2, 2, 30, 50)],
-     SchedulerOptions(num_kv_blocks=7, max_num_batched_tokens=200, max_num_seqs=4, dynamic_split_fuse=False)),
+     SchedulerConfig(num_kv_blocks=7, max_num_batched_tokens=200, max_num_seqs=4, dynamic_split_fuse=False)),
     ("ignored", "IGNORED: a prompt larger than the whole pool (4 blocks); later requests still run",
      [R(0, 0, 200, 10), R(1, 3, 20, 10), R(2, 4, 40, 30)],
-     SchedulerOptions(num_kv_blocks=4, max_num_batched_tokens=64)),
+     SchedulerConfig(num_kv_blocks=4, max_num_batched_tokens=64)),
     ("prefix-match", "prefix caching: shared 80-token prefix (full blocks + partial), a prompt that is the whole prefix",
      [R(0, 0, 100, 20, "sys", 80), R(1, 25, 130, 10, "sys", 80), R(2, 40, 80, 10, "sys", 80),
       R(3, 41, 90, 5, "sys", 70)],
-     SchedulerOptions(num_kv_blocks=40, max_num_batched_tokens=64, enable_prefix_caching=True)),
+     SchedulerConfig(num_kv_blocks=40, max_num_batched_tokens=64, enable_prefix_caching=True)),
     ("prefix-evict", "prefix caching with eviction: a filler overwrites the oldest cached block, restore stops there",
      [R(0, 0, 96, 10, "a", 96), R(1, 15, 40, 5, "a", 32), R(2, 25, 150, 20), R(3, 50, 100, 5, "a", 96)],
-     SchedulerOptions(num_kv_blocks=10, max_num_batched_tokens=64, enable_prefix_caching=True)),
+     SchedulerConfig(num_kv_blocks=10, max_num_batched_tokens=64, enable_prefix_caching=True)),
     ("multinomial", "multinomial sampling, num_return_sequences 3 and 2 (blocks shared copy-on-write)",
      [R(0, 0, 50, 40, samples=3), R(1, 2, 70, 30), R(2, 5, 33, 25, samples=2)],
-     SchedulerOptions(num_kv_blocks=40, max_num_batched_tokens=64)),
+     SchedulerConfig(num_kv_blocks=40, max_num_batched_tokens=64)),
     ("beam", "beam search, 3 beams (blocks within bounds; tokens compared at the finish)",
      [R(0, 0, 45, 40, beam=3), R(1, 1, 60, 20)],
-     SchedulerOptions(num_kv_blocks=40, max_num_batched_tokens=64)),
+     SchedulerConfig(num_kv_blocks=40, max_num_batched_tokens=64)),
     ("gqa-hd64", "another model: 3 layers, GQA 4/1 heads x 64 (u8 K and V blocks differ: 2,560 vs 2,304 B), "
      "dynamic pool, prefix caching",
      [R(0, 0, 70, 90, "p", 40), R(1, 4, 50, 60, "p", 40), R(2, 9, 200, 30)],
-     SchedulerOptions(max_num_batched_tokens=48, enable_prefix_caching=True),
+     SchedulerConfig(max_num_batched_tokens=48, enable_prefix_caching=True),
      GenaiModelSpec(layers=3, heads=4, kv_heads=1, head_dim=64)),
 ]
 
 
-def flags(o: SchedulerOptions, model=None) -> str:
+def flags(o: SchedulerConfig, model=None) -> str:
     out = []
     if model:
         out.append(f"--layers {model[0].layers} --heads {model[0].heads} --kv-heads {model[0].kv_heads} "

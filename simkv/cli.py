@@ -187,10 +187,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 # --- simkv validate (issue #3): real OpenVINO CPU run vs the openvino-cpu policy -------------
 # Self-contained block: the parser, the command, and one registration line in build_parser().
-# OpenVINO and memray are imported only when the command runs (simkv.validate.runner).
+# OpenVINO and memray are imported only when the command runs (simkv.validate.openvino.runner).
 
 VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
-VALIDATE_TOY = {"layers": 4, "heads": 8, "head_dim": 64}  # a custom model's dimensions when not given
 
 
 def _add_validate_parser(sub) -> None:
@@ -265,16 +264,17 @@ def _add_paged_validate_arguments(p) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai.py)
-        from simkv.validate.genai import cli_main
+    if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai/runner.py)
+        from simkv.validate.genai.runner import cli_main
 
         return cli_main(args)
     from simkv.limits import check_flags
     from simkv.scenario import build_scenario
+    from simkv.validate import VALIDATE_TOY
 
     check_flags(args)
-    if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv.validate.transformers)
-        from simkv.validate.transformers import command
+    if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv.validate.transformers.runner)
+        from simkv.validate.transformers.runner import command
 
         return command(args)
     if args.sliding_window or args.policy or args.policy_opt:
@@ -298,14 +298,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                         beam=args.beam, ops=args.ops, weights_memory=0)  # a host run: KV only
     m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
     try:
-        from simkv.validate.runner import ValidateConfig, check_dependencies, run_validation
+        from simkv.validate.openvino.cleanrun import ValidateConfig
+        from simkv.validate.openvino.runner import check_dependencies, run_validation
 
         check_dependencies()
     except ImportError:
         print("simkv validate: error: OpenVINO validation needs openvino and memray: "
               "pip install 'simkv[openvino]'", file=sys.stderr)
         return 2
-    from simkv.validate.ovmodel import NotFusedError
+    from simkv.validate.openvino.ovmodel import NotFusedError
 
     cfg = ValidateConfig(
         workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
@@ -412,7 +413,8 @@ def _run_serving(args: argparse.Namespace) -> int:
 
 # --- simkv cost / devices / calibrate (issue #13): the cost model ---------------------------------
 # Self-contained block: parsers, commands, and one registration line each in build_parser().
-# The substance is in simkv/cost.py (model, presets), simkv/latency.py (a session's steps), simkv/calibrate.py.
+# The substance is in simkv/cost.py (model, presets), simkv/latency.py (a session's steps) and
+# simkv/validate/openvino/calibrate.py.
 
 
 def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -555,7 +557,7 @@ def _add_calibrate_parser(sub) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from simkv.calibrate import calibrate
+    from simkv.validate.openvino.calibrate import calibrate
     from simkv.cost import device_summary, host_preset_path
 
     if args.threads is not None and args.threads < 1:

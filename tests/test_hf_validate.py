@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from simkv.validate.kvclassify import RawRecord
-from simkv.validate.transformers import HFValidateConfig, kv_events
+from simkv.validate.memtrace import RawRecord
+from simkv.validate.transformers.events import kv_events
+from simkv.validate.transformers.model import HFValidateConfig
 
 HAVE_HF = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "memray"))
 needs_hf = pytest.mark.skipif(not HAVE_HF, reason="needs pip install -e '.[transformers]'")
@@ -75,7 +76,7 @@ def test_cli_rejects_bad_input_in_one_line():
 def hf():
     if not HAVE_HF:
         pytest.skip("needs pip install -e '.[transformers]'")
-    from simkv.validate import transformers as hfv
+    from simkv.validate.transformers import runner as hfv
 
     return hfv
 

@@ -17,7 +17,8 @@ import pytest
 
 from simkv import build_scenario, simulate
 from simkv.ledger import OPS, PHASES, TENSORS
-from simkv.validate.kvclassify import KVDims, OpContext, RawRecord, classify
+from simkv.validate.memtrace import RawRecord
+from simkv.validate.openvino.kvclassify import KVDims, OpContext, classify
 
 OPS_STR = "prefill:5,decode:40,fork:2,decode:12,reorder,select:1,decode:3,reset,prefill:30,decode:3,prefill:7"
 SITES = {name: 100 + i for i, name in enumerate(TENSORS)}  # one call site per buffer kind

@@ -131,10 +131,10 @@ def test_max_preemptions_stops_a_run():
     # run stops there and the rest are UNFINISHED.
     model = custom_model(None, layers=2, heads=2, kv_heads=2, head_dim=32)
     reqs = [Request(id=i, prompt=100, max_new_tokens=40, arrival_step=0) for i in range(8)]
-    from simkv.serving import PagedConfig
+    from simkv.serving import SchedulerConfig
 
     def run(limit):
-        return serve(ServingSpec(reqs, model, get_precision("u8"), paged=PagedConfig(num_kv_blocks=6),
+        return serve(ServingSpec(reqs, model, get_precision("u8"), paged=SchedulerConfig(num_kv_blocks=6),
                                  max_context=0, max_preemptions=limit))
 
     free = run(None)

@@ -12,7 +12,8 @@ from conftest import run
 from simkv.cost import Device, get_device
 from simkv.latency import session_times
 from simkv.models import ModelSpec
-from simkv.validate.latency import compare_latency, toy_model_spec
+from simkv.validate.openvino.latency import compare_latency
+from simkv.validate.openvino.toy import toy_model_spec
 
 TOY = ModelSpec("toy", layers=2, heads=4, kv_heads=2, head_dim=8, hidden=32, intermediate=64, vocab=100)
 DEV = Device(name="toy-dev", description="", memory_bytes=10**9, memory_bandwidth=1000.0,
@@ -164,7 +165,7 @@ def test_run_with_a_device_reports_ttft_and_tpot(tmp_path):
 
 def test_calibrate_writes_a_loadable_host_preset(tmp_path, monkeypatch):
     pytest.importorskip("openvino")
-    from simkv import calibrate as cal
+    from simkv.validate.openvino import calibrate as cal
 
     # small sizes: this checks the plumbing, not the numbers
     monkeypatch.setattr(cal, "COPY_BYTES", 8 << 20)

@@ -14,7 +14,7 @@ from simkv.errors import ConfigError
 from simkv.lab.traces import AZURE_CONV
 from simkv.models import custom_model, get_model
 from simkv.precision import get_precision
-from simkv.serving import PagedConfig, Request, ServingSpec, load_trace, serve, synthetic, write_trace
+from simkv.serving import Request, SchedulerConfig, ServingSpec, load_trace, serve, synthetic, write_trace
 from simkv.serving.engine import STEP_COLUMNS
 from simkv.serving.run import REQUEST_COLUMNS
 
@@ -210,14 +210,14 @@ def test_contiguous_oom_preempt_wait_reject_never_crash():
     reqs = [Request(i, 100, 50, arrival_step=0) for i in range(5)]
     for oom in ("preempt", "wait", "reject"):
         r = serve(spec(reqs, memory="contiguous", scheduler="continuous", policy="static",
-                       device_memory=2 * per_request + 1000, paged=PagedConfig(on_oom=oom)))
+                       device_memory=2 * per_request + 1000, paged=SchedulerConfig(on_oom=oom)))
         assert r.steps["allocated_bytes"].max() <= 2 * per_request
         assert r.metrics["requests_finished"] == 5  # admission waits for room; nobody is dropped
 
 
 def test_paged_pool_larger_than_device_is_a_config_error():
     with pytest.raises(ConfigError, match="does not fit"):
-        serve(spec([Request(0, 10, 5, arrival_step=0)], paged=PagedConfig(num_kv_blocks=10**9)))
+        serve(spec([Request(0, 10, 5, arrival_step=0)], paged=SchedulerConfig(num_kv_blocks=10**9)))
 
 
 def test_sliding_window_model_runs():
@@ -269,7 +269,7 @@ def test_contiguous_wait_deadlock_ends_with_ignored():
     assert 2 * first <= budget < first + int(t.peak.max())  # both prompts fit; neither can grow beside the other
     reqs = [Request(0, 64, 100, arrival_step=0), Request(1, 64, 100, arrival_step=0)]
     r = serve(spec(reqs, memory="contiguous", scheduler="continuous", policy="openvino-cpu",
-                   device_memory=budget, paged=PagedConfig(on_oom="wait")))
+                   device_memory=budget, paged=SchedulerConfig(on_oom="wait")))
     assert [g.status for g in r.groups] == ["IGNORED", "IGNORED"]
     rows = r.ledger.rows
     assert rows["bytes"][rows["op"] == 0].sum() == rows["bytes"][rows["op"] == 2].sum()

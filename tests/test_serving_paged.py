@@ -21,7 +21,7 @@ from simkv.models import custom_model
 from simkv.precision import get_precision
 from simkv.serving import Request
 from simkv.serving.engine import PagedServing
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, PagedConfig
+from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
 
 MODEL = custom_model(layers=2, heads=2, head_dim=8)
 PREC = get_precision("f16")
@@ -29,7 +29,7 @@ DEVICE = get_device("xeon-8480")
 
 
 def run(requests, fast=False, observe=None, block_bytes=1000, device=DEVICE, **cfg):
-    eng = PagedServing(requests, MODEL, PREC, PagedConfig(**cfg), device=device, weights_bytes=0,
+    eng = PagedServing(requests, MODEL, PREC, SchedulerConfig(**cfg), device=device, weights_bytes=0,
                        device_memory=10**12, block_bytes=block_bytes, observe=observe, stall_steps=200)
     groups, steps, _, _ = eng.run(fast=fast)
     return eng, {g.req.id: g for g in groups}, steps
@@ -257,7 +257,7 @@ def test_fast_equals_reference_when_arrivals_join_runs():
     reqs, model, dev = load_trace(AZURE_CONV, limit=300), get_model("llama-2-7b"), device_named("h100-sxm")
     out = []
     for fast in (False, True):
-        eng = PagedServing(reqs, model, get_precision("u8"), PagedConfig(), device=dev,
+        eng = PagedServing(reqs, model, get_precision("u8"), SchedulerConfig(), device=dev,
                            weights_bytes=resolve_weights_memory(model, None, None), device_memory=dev.memory_bytes)
         groups, steps, _, _ = eng.run(fast=fast)
         out.append((steps, [(g.added_step, g.first_token_step, g.finish_step) for g in groups], eng))
@@ -293,7 +293,7 @@ def test_sliding_window_keeps_only_the_window():
     from dataclasses import replace
 
     model = replace(MODEL, sliding_window=64)
-    eng = PagedServing([Request(0, 40, 60, arrival_step=0)], model, PREC, PagedConfig(block_size=16, num_kv_blocks=20),
+    eng = PagedServing([Request(0, 40, 60, arrival_step=0)], model, PREC, SchedulerConfig(block_size=16, num_kv_blocks=20),
                        device=DEVICE, weights_bytes=0, device_memory=10**12, block_bytes=1000)
     _, steps, _, _ = eng.run(fast=False)
     assert steps["blocks_used"].tolist() == [3] * 9 + [4] * 16 + [5] * 35

@@ -18,15 +18,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simkv.serving import SchedulerConfig
 from simkv.serving.requests import Request
-from simkv.validate.genai import (
-    SchedulerOptions,
+from simkv.validate.genai.runner import (
     beam_bounds,
+    check_scheduler,
     compare_steps,
     prompt_token_ids,
     random_case,
 )
-from simkv.validate.genai_model import PROMPT_ID_END, PROMPT_ID_START
+from simkv.validate.genai.model import PROMPT_ID_END, PROMPT_ID_START
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,14 +151,24 @@ def test_random_cases_are_deterministic_and_runnable():
             assert opts.max_num_batched_tokens >= opts.max_num_seqs
 
 
-def test_scheduler_options_reject_nonsense():
+def test_scheduler_config_checks_reject_nonsense():
     from simkv.errors import ConfigError
 
     with pytest.raises(ConfigError):
-        SchedulerOptions(num_kv_blocks=-1)
+        check_scheduler(SchedulerConfig(num_kv_blocks=-1))
     with pytest.raises(ConfigError):
-        SchedulerOptions(max_num_batched_tokens=0)
-    assert SchedulerOptions().dynamic and not SchedulerOptions(num_kv_blocks=3).dynamic
+        check_scheduler(SchedulerConfig(max_num_batched_tokens=0))
+    with pytest.raises(ConfigError, match="whole number"):  # GenAI's cache_size is an integer
+        check_scheduler(SchedulerConfig(cache_size=1.5))
+    with pytest.raises(ConfigError, match="block_size"):  # the CPU plugin's blocks are 32 tokens
+        check_scheduler(SchedulerConfig(block_size=16))
+    check_scheduler(SchedulerConfig(cache_size=2.0))
+    assert SchedulerConfig().dynamic and not SchedulerConfig(num_kv_blocks=3).dynamic
+    # what GenAI is given: its own field names, cache_size an int; the JSON of simkv run keeps cache_size_gib
+    assert SchedulerConfig(cache_size=2.0).genai() == {
+        "num_kv_blocks": 0, "cache_size": 2, "max_num_batched_tokens": 256, "max_num_seqs": 256,
+        "dynamic_split_fuse": True, "enable_prefix_caching": False}
+    assert list(SchedulerConfig().summary())[:3] == ["block_size", "num_kv_blocks", "cache_size_gib"]
 
 
 # --------------------------------------------------------------------------- CLI errors

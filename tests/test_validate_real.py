@@ -67,7 +67,7 @@ def test_validate_cli_matches_every_event(tmp_path):
     assert fork in realloc and phases.index("select") in realloc
     assert phases.index("reorder") not in realloc and 0 not in realloc
 
-    latency = data["latency"]  # the cost model's prediction vs the clean run (simkv/validate/latency.py)
+    latency = data["latency"]  # the cost model's prediction vs the clean run (simkv/validate/openvino/latency.py)
     assert latency["device"] == "xeon-8480" and latency["steps_compared"] > 100
     assert latency["decode_error_median_pct"] >= 0 and latency["decode_error_p90_pct"] >= latency["decode_error_median_pct"]
     assert "realloc_excess_error_median_pct" in latency
@@ -81,7 +81,8 @@ def test_validate_refuses_an_unfused_model(tmp_path):
     """An IR whose GQA broadcast defeats StatefulSDPAFusion: one line, exit 2."""
     import openvino as ov
 
-    from simkv.validate.ovmodel import ToyDecoderSpec, build_stateful_decoder
+    from simkv.validate.openvino.ovmodel import build_stateful_decoder
+    from simkv.validate.openvino.toy import ToyDecoderSpec
 
     path = tmp_path / "openvino_model.xml"
     ov.save_model(build_stateful_decoder(ToyDecoderSpec(layers=1, heads=4, kv_heads=2, head_dim=32,
@@ -116,7 +117,8 @@ def test_buffers_of_coinciding_sizes_are_all_matched(precision, head_dim):
     u8 head 16 likewise; u4 head 16: data and scale of one capacity have equal bytes.
     Before the classifier read a layer's buffers at one shared capacity, every K/V event
     of these runs was reported missing (69 of 177 matched). Memray run only (~1 s)."""
-    from simkv.validate.runner import ValidateConfig, run_validation
+    from simkv.validate.openvino.cleanrun import ValidateConfig
+    from simkv.validate.openvino.runner import run_validation
 
     data = run_validation(ValidateConfig(
         workload="prefill:5,decode:30,fork:2,decode:3,select:0,decode:2", layers=2, heads=4, kv_heads=2,
@@ -130,8 +132,10 @@ def test_ir_reports_query_and_kv_heads_read_from_the_model(tmp_path):
     """--ir: scenario.heads is the query heads (the SDPA query's dimension 1), not the KV heads."""
     import openvino as ov
 
-    from simkv.validate.ovmodel import ToyDecoderSpec, build_stateful_decoder
-    from simkv.validate.runner import ValidateConfig, run_validation
+    from simkv.validate.openvino.cleanrun import ValidateConfig
+    from simkv.validate.openvino.ovmodel import build_stateful_decoder
+    from simkv.validate.openvino.runner import run_validation
+    from simkv.validate.openvino.toy import ToyDecoderSpec
 
     path = tmp_path / "openvino_model.xml"
     ov.save_model(build_stateful_decoder(ToyDecoderSpec(layers=2, heads=6, kv_heads=2, head_dim=32)), str(path))

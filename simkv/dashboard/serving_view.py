@@ -316,7 +316,7 @@ def describe(spec, argv: list[str]) -> str:
     work = f"first {n:,} requests of the Azure conversation trace" if "--trace" in argv else f"{n:,} synthetic requests"
     if spec.memory == "paged":
         c = spec.paged
-        pool = (f"{c.num_kv_blocks:,} blocks" if c.num_kv_blocks else f"{c.cache_size_gib:g} GiB" if c.cache_size_gib
+        pool = (f"{c.num_kv_blocks:,} blocks" if c.num_kv_blocks else f"{c.cache_size:g} GiB" if c.cache_size
                 else "dynamic pool")
         mem = f"paged, block {c.block_size}, {pool}"
     else:

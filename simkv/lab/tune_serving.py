@@ -5,7 +5,7 @@ the pool — ``num_kv_blocks`` or ``cache_size`` GiB, both 0 = the dynamic pool 
 ``max_num_batched_tokens``, ``max_num_seqs``, ``dynamic_split_fuse``, ``prefix_caching``); the workload
 is the first ``limit`` requests of a trace, served by :func:`simkv.serving.serve` with their arrival
 times. Objectives are the run's metrics (peak or pool bytes, p99 TPOT/TTFT, preemptions, bytes copied,
-mean waste, simulated time). The baseline is GenAI's defaults (:class:`simkv.serving.PagedConfig`:
+mean waste, simulated time). The baseline is GenAI's defaults (:class:`simkv.serving.SchedulerConfig`:
 block 32, dynamic pool, 256 batched tokens, 256 sequences, split-fuse on). Feasible means every request
 FINISHED (none IGNORED, REJECTED or left unfinished) and the peak fits next to the weights.
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 from simkv.errors import ConfigError
 
-#: Tunable keys (named as the ``simkv run`` flags) → (PagedConfig field, type).
+#: Tunable keys (named as the ``simkv run`` flags) → (SchedulerConfig field, type).
 PARAMS: dict[str, tuple[str, type]] = {
-    "block_size": ("block_size", int), "num_kv_blocks": ("num_kv_blocks", int), "cache_size": ("cache_size_gib", float),
+    "block_size": ("block_size", int), "num_kv_blocks": ("num_kv_blocks", int), "cache_size": ("cache_size", float),
     "max_num_batched_tokens": ("max_num_batched_tokens", int), "max_num_seqs": ("max_num_seqs", int),
     "dynamic_split_fuse": ("dynamic_split_fuse", bool), "prefix_caching": ("enable_prefix_caching", bool),
 }
@@ -122,7 +122,7 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
     from simkv.models import custom_model, get_model
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
-    from simkv.serving import PagedConfig, ServingSpec, load_trace
+    from simkv.serving import SchedulerConfig, ServingSpec, load_trace
     from simkv.serving.run import CONTEXT, DEFAULT_DEVICE, check_spec
     from simkv.units import parse_bytes
 
@@ -141,7 +141,7 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
     weights = resolve_weights_memory(spec_model, weights_memory, weights_precision)
     context = max_context if max_context is not None else CONTEXT.get(spec_model.name)
     cap = len(requests) if max_preemptions is None else max_preemptions
-    template = ServingSpec(requests, spec_model, prec, "continuous", "paged", PagedConfig(), device=device,
+    template = ServingSpec(requests, spec_model, prec, "continuous", "paged", SchedulerConfig(), device=device,
                            device_memory=memory, weights_bytes=weights, max_context=context, max_preemptions=cap)
     # serve()'s own checks, once now rather than once per candidate (a prompt beyond the context, weights
     # that fill the device); it also fills in the preset's device memory

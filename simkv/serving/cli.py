@@ -27,7 +27,7 @@ def spec_from_args(args):
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
     from simkv.serving.run import CONTEXT, DEFAULT_DEVICE, ServingSpec
-    from simkv.serving.scheduler import PagedConfig
+    from simkv.serving.scheduler import SchedulerConfig
 
     if args.trace and args.synthetic:
         raise ConfigError("give --trace or --synthetic, not both")
@@ -47,10 +47,10 @@ def spec_from_args(args):
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
     precision = get_precision(args.precision or ("u8" if args.memory == "paged" else policy.default_precision))
     precision.data_bytes_per_token(model)
-    cfg = PagedConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size_gib=args.cache_size,
-                      max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                      dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
-                      on_oom=args.on_oom)
+    cfg = SchedulerConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
+                          max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                          dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
+                          on_oom=args.on_oom)
     device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(model, args.weights_memory, args.weights_precision)
     if args.static_batch <= 0:
@@ -96,7 +96,7 @@ def render(result) -> str:
         return "n/a" if v is None else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
 
     mem = (f"paged, block {sp.paged.block_size}" + (f", {sp.paged.num_kv_blocks} blocks" if sp.paged.num_kv_blocks else
-           f", {sp.paged.cache_size_gib} GiB" if sp.paged.cache_size_gib else ", dynamic pool")
+           f", {sp.paged.cache_size} GiB" if sp.paged.cache_size else ", dynamic pool")
            + (", prefix caching" if sp.paged.enable_prefix_caching else "")) if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"
     alloc = m["mean_allocated_bytes"] or 1

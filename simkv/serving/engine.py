@@ -22,8 +22,8 @@ from simkv.limits import MAX_SERVING_LEDGER_ROWS
 from simkv.serving.costing import StepTimer, attended_pairs
 from simkv.serving.paged import BlockPool
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group, PagedConfig,
-                                     fork_samples, prepare_tokens)
+from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group,
+                                     SchedulerConfig, fork_samples, prepare_tokens)
 
 GIB = 1024**3
 #: Longest run of steps planned at once (bounds the arrays of a plan).
@@ -159,8 +159,8 @@ def genai_block_bytes(model, precision, block_size: int) -> tuple[int, int]:
 class PagedServing:
     """Continuous batching over a paged pool, step by step (GenAI's rules; see :mod:`.scheduler`)."""
 
-    def __init__(self, requests: list[Request], model, precision, config: PagedConfig, *, device, weights_bytes: int,
-                 device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
+    def __init__(self, requests: list[Request], model, precision, config: SchedulerConfig, *, device,
+                 weights_bytes: int, device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
                  max_steps: int = 10_000_000,
                  trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS,
                  max_preemptions: int | None = None) -> None:
@@ -182,10 +182,10 @@ class PagedServing:
         self.max_blocks = budget // self.block_bytes
         if config.num_kv_blocks:
             fixed = config.num_kv_blocks
-        elif config.cache_size_gib:
-            fixed = int(config.cache_size_gib * GIB // self.block_bytes)
+        elif config.cache_size:
+            fixed = int(config.cache_size * GIB // self.block_bytes)
             if fixed <= 0:
-                raise ConfigError(f"cache size {config.cache_size_gib} GiB holds no {self.block_bytes:,}-byte block")
+                raise ConfigError(f"cache size {config.cache_size} GiB holds no {self.block_bytes:,}-byte block")
         else:
             fixed = 0
         if fixed > self.max_blocks:
@@ -195,7 +195,7 @@ class PagedServing:
         self.sched = ContinuousScheduler(config, self.pool, dynamic=fixed == 0, max_blocks=self.max_blocks)
         self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
         self.window = model.sliding_window
-        #: Sliding-window models keep only the blocks of their window (PagedConfig.window_blocks).
+        #: Sliding-window models keep only the blocks of their window (SchedulerConfig.window_blocks).
         self.window_blocks = self.window is not None and config.window_blocks
         self.max_steps = max_steps
         self.stall_steps = stall_steps
@@ -218,7 +218,7 @@ class PagedServing:
 
         Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
         notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
-        (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
+        (``SchedulerConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
         sizes, allocated and freed in the same step — at the first allocation too — so the
         in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first. The scratch
         buffers come with the step's inference: a step that allocates the pool without running one (idle

@@ -47,7 +47,7 @@ def with_pool(fig, result):
         total = s["blocks_total"]
         change = np.flatnonzero(np.diff(total)) + 1  # the pool only changes size at a few steps
         idx = np.concatenate([[0], change, [len(s) - 1]])
-        fixed = sp.paged.num_kv_blocks or sp.paged.cache_size_gib
+        fixed = not sp.paged.dynamic
         fig.add_trace(go.Scatter(x=s["time_s"][idx], y=total[idx] * result.block_bytes / GIB, mode="lines",
                                    line=dict(shape="hv", color="black", width=1),
                                    name=f"pool ({'fixed' if fixed else 'dynamic'}, {int(total[-1]):,} blocks)"), 1, 1)

@@ -13,7 +13,7 @@ import numpy as np
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
 from simkv.serving.requests import Request, check_workload
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, PagedConfig
+from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
 
 SCHEDULERS = ("sequential", "static", "continuous")
 MEMORIES = ("contiguous", "paged")
@@ -38,7 +38,7 @@ class ServingSpec:
     precision: object  # Precision
     scheduler: str = "continuous"
     memory: str = "paged"
-    paged: PagedConfig = field(default_factory=PagedConfig)
+    paged: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: str = DEFAULT_DEVICE
     device_memory: int | None = None  # default: the device preset's memory
     weights_bytes: int = 0
@@ -188,7 +188,7 @@ class ServingResult:
             "head_dim": sp.model.head_dim, "precision": sp.precision.name, "scheduler": sp.scheduler,
             "memory": sp.memory, "device": self.device_name, "device_memory_bytes": sp.device_memory,
             "weights_memory_bytes": sp.weights_bytes, "kv_bytes_per_token": sp.precision.kv_bytes_per_token(sp.model),
-            "paged": dict(vars(sp.paged)) if sp.memory == "paged" else None,
+            "paged": sp.paged.summary() if sp.memory == "paged" else None,
             "policy": (sp.policy if isinstance(sp.policy, str) else sp.policy.name) if sp.memory == "contiguous" else None,
         }
         out["oom"] = None
@@ -246,9 +246,9 @@ def check_spec(spec: ServingSpec):
     for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be positive")
-    if cfg.num_kv_blocks < 0 or cfg.cache_size_gib < 0:
+    if cfg.num_kv_blocks < 0 or cfg.cache_size < 0:
         raise ConfigError("num_kv_blocks and cache_size must be >= 0")
-    if cfg.num_kv_blocks and cfg.cache_size_gib:
+    if cfg.num_kv_blocks and cfg.cache_size:
         raise ConfigError("give num_kv_blocks or cache_size, not both")
     context = spec.max_context if spec.max_context is not None else CONTEXT.get(spec.model.name)
     check_workload(spec.requests, context)
@@ -345,19 +345,15 @@ def _progress_bar(total: int):
     return Bar()
 
 
-def simulate_paged(requests: list[Request], *, model, precision, block_size: int = 32, num_kv_blocks: int = 0,
-                   cache_size: float = 0.0, max_num_batched_tokens: int = 256, max_num_seqs: int = 256,
-                   dynamic_split_fuse: bool = True, enable_prefix_caching: bool = False, block_bytes: int | None = None,
-                   tensor_block_bytes: tuple[int, int] | None = None,
+def simulate_paged(requests: list[Request], config: SchedulerConfig | None = None, *, model, precision,
+                   block_bytes: int | None = None, tensor_block_bytes: tuple[int, int] | None = None,
                    device: str = DEFAULT_DEVICE, device_memory: int | None = None, weights_bytes: int = 0,
                    max_context: int | None = 0, max_steps: int = 10_000_000) -> ServingResult:
-    """GenAI continuous batching on a paged pool, with per-step per-request progress
-    (``result.progress``) — the call ``simkv validate --paged`` compares with the real pipeline."""
-    cfg = PagedConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, cache_size_gib=cache_size,
-                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                      dynamic_split_fuse=dynamic_split_fuse, enable_prefix_caching=enable_prefix_caching)
-    spec = ServingSpec(list(requests), model, precision, "continuous", "paged", cfg, device=device,
-                       device_memory=device_memory, weights_bytes=weights_bytes, block_bytes=block_bytes,
-                       tensor_block_bytes=tensor_block_bytes,
-                       max_context=max_context, trace_requests=True, max_steps=max_steps)
+    """GenAI continuous batching on a paged pool (``config``: GenAI's defaults when None), with per-step
+    per-request progress (``result.progress``) — the call ``simkv validate --paged`` compares with the real
+    pipeline."""
+    spec = ServingSpec(list(requests), model, precision, "continuous", "paged", config or SchedulerConfig(),
+                       device=device, device_memory=device_memory, weights_bytes=weights_bytes, block_bytes=block_bytes,
+                       tensor_block_bytes=tensor_block_bytes, max_context=max_context, trace_requests=True,
+                       max_steps=max_steps)
     return serve(spec)

@@ -1,24 +1,31 @@
-"""OpenVINO validation of simkv: observe what the real CPU plugin allocates for its KV cache.
+"""Validation of simkv against real runtimes: run a workload for real, observe what it allocates, compare.
 
-Modules (imported explicitly, so ``import simkv`` never pulls in OpenVINO or memray):
+One subpackage per runtime, over the pieces they share (every module is imported explicitly, so
+``import simkv`` never pulls in OpenVINO, torch or memray):
 
-* :mod:`simkv.validate.ovmodel` -- build an optimum-style stateful decoder (or load an
-  IR), compile it on CPU with precision hints, and check in the runtime model that every
-  layer's KV cache is a fused stateful SDPA (read the effective KV precision there).
-* :mod:`simkv.validate.observe` -- run a scenario (prefill, decode, chat turn, reset,
-  beam fork / reorder / select) and return every allocation and free with its step,
-  kind (K/V data, scale, beam table) and layer, plus RSS/VmSize/VmHWM/latency per step.
-* :mod:`simkv.validate.kvclassify` -- the call-site classifier behind ``observe``.
-* :mod:`simkv.validate.memtrace` -- memray recording with in-stream step markers.
-* :mod:`simkv.validate.runner` -- ``simkv validate``: the memray run, a clean run in a
-  subprocess with ``MALLOC_MMAP_THRESHOLD_``, the ``openvino-cpu`` prediction, the comparison.
+* :mod:`simkv.validate.openvino` -- ``simkv validate``: the OpenVINO CPU plugin's stateful KV cache
+  vs the ``openvino-cpu`` policy, event by event, and the cost model's step times (``simkv calibrate``
+  measures this host on the same toy decoder).
+* :mod:`simkv.validate.genai` -- ``simkv validate --paged``: OpenVINO GenAI's continuous-batching
+  pipeline vs simkv's paged serving model, step by step.
+* :mod:`simkv.validate.transformers` -- ``simkv validate --runtime transformers``: Hugging Face caches on
+  torch CPU vs ``hf-dynamic`` / ``hf-static``, event by event.
+
+Shared:
+
 * :mod:`simkv.validate.compare` -- event alignment (matched / missing / unexpected), resident
-  slope, in-step peak, VmSize and latency comparison; pure numpy, no OpenVINO.
-* :mod:`simkv.validate.report` -- plotly figures and the HTML report from the JSON result.
-* :mod:`simkv.validate.genai` -- ``simkv validate --paged``: OpenVINO GenAI continuous batching vs the
-  paged serving model, step by step (:mod:`.genai_model` model directory, :mod:`.genai_real` the real
-  pipeline and its pool allocations, :mod:`.genai_report` the report).
+  slope, in-step peak, VmSize and latency comparison; pure numpy, no runtime.
+* :mod:`simkv.validate.report` -- plotly figures and the HTML report of an event validator's JSON
+  result, and ``emit`` (every validator's ``--out`` / ``--report`` / ``--json`` / summary output).
+* :mod:`simkv.validate.memtrace` -- memray recording with in-stream step markers, and the process's
+  RSS / VmSize / VmHWM.
+* :mod:`simkv.validate.child` -- the child processes' environment, and the clean runs' allocator setting.
 
-What the plugin does (formulas, event order, memory signals) is written up in
-docs/DESIGN.md §3; ``compare`` and ``report`` import neither OpenVINO nor memray.
+What each runtime does (formulas, event order, memory signals) is written up in docs/DESIGN.md;
+``compare`` and ``report`` import neither a runtime nor memray. Nothing here imports the CLI or the
+dashboard: the defaults the command shares with a runtime live here (:data:`VALIDATE_TOY`).
 """
+
+#: A custom model's dimensions when ``simkv validate`` is not given them (the CLI's OpenVINO run and
+#: ``--runtime transformers``; ``--paged`` shapes its own toy model).
+VALIDATE_TOY = {"layers": 4, "heads": 8, "head_dim": 64}

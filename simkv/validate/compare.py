@@ -1,9 +1,9 @@
 """Compare a real OpenVINO CPU run with the simulator's prediction, event by event.
 
 Pure logic (numpy only, no OpenVINO), so it is unit-tested without a runtime.
-:mod:`simkv.validate.runner` feeds it three things:
+:mod:`simkv.validate.openvino.runner` feeds it three things:
 
-* the KV events the real plugin made (memray run; :mod:`.observe`): every allocation
+* the KV events the real plugin made (memray run; :mod:`.openvino.observe`): every allocation
   and free of K/V data, scale/zero-point buffers, beam tables and the model-wide f32
   ``past_view`` block, in stream order, with the operation index ``seq``;
 * the per-operation process measurements of a *clean* run (no tracker, started with
@@ -63,6 +63,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from .child import DEFAULT_MMAP_THRESHOLD
 
 __all__ = [
     "EventKey",
@@ -357,7 +359,7 @@ def compare(
     result,
     *,
     min_tokens: int = 500,
-    mmap_threshold: int = 65536,
+    mmap_threshold: int = DEFAULT_MMAP_THRESHOLD,
 ) -> dict:
     """Everything ``simkv validate`` reports, as one JSON-ready dict (see the module
     docstring). ``observed_events``: dicts with ``step`` (= seq), ``layer``, ``tensor``,
@@ -586,7 +588,7 @@ def recompare(data: dict) -> dict:
                     "hwm_bytes": s["measured_hwm_bytes"], "latency_s": s["latency_ms"] / 1e3} for s in data["steps"]]
     fresh = compare(observed, samples, result, min_tokens=sc.get("slope_min_tokens", 500),
                     mmap_threshold=int(data.get("mmap_threshold") or data["versions"].get("MALLOC_MMAP_THRESHOLD_")
-                                       or 65536))
+                                       or DEFAULT_MMAP_THRESHOLD))
     return {**data, **fresh}
 
 
@@ -663,7 +665,7 @@ def summary_lines(data: dict) -> list[str]:
         extra = f"; slowest realloc step {worst['step']}: {worst['latency_ms']:.2f} ms ({worst['x_median']:.1f}x)" if worst and worst["x_median"] else ""
         lines.append(f"  {'latency':<22}median decode {la['median_decode_ms']:.2f} ms; {len(la['realloc_steps'])} "
                      f"realloc steps{extra}")
-        if la.get("decode_error_median_pct") is not None:  # the cost model's prediction (simkv/validate/latency.py)
+        if la.get("decode_error_median_pct") is not None:  # the cost model's prediction (simkv/validate/openvino/latency.py)
             lines.append(f"  {'predicted step time':<22}on {la['device']}: decode error median {la['decode_error_median_pct']:.1f} %, "
                          f"p90 {la['decode_error_p90_pct']:.1f} % over {la['steps_compared']} steps; realloc excess "
                          f"error median {'n/a' if la['realloc_excess_error_median_pct'] is None else format(la['realloc_excess_error_median_pct'], '.1f') + ' %'}")

@@ -30,9 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .kvclassify import RawRecord
-
-__all__ = ["MARKER_BASE", "Recorder", "TraceSummary", "read_segments"]
+__all__ = ["MARKER_BASE", "RawRecord", "Recorder", "TraceSummary", "read_segments"]
 
 #: Size of the begin marker of operation 0 (~187 MiB of untouched address space).
 MARKER_BASE = 0x0BAD_0000
@@ -94,6 +92,19 @@ class Recorder:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One allocator call inside an operation, in stream order."""
+
+    seq: int
+    op: str  # "alloc" | "free"
+    size: int
+    address: int
+    site: int  # memray native_stack_id of the allocation (frees: of their allocation), or ``site_of``'s name
+    allocator: str  # memray AllocatorType name of the allocation
+    thread: int
 
 
 @dataclass

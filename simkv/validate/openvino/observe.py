@@ -35,10 +35,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import openvino as ov
 
-from .kvclassify import KV_KINDS, Classification, KVDims, OpContext, RawRecord, classify
-from .memtrace import Recorder, TraceSummary, read_segments
-from .memtrace import proc_status as _proc_status
-from .memtrace import reset_hwm as _reset_hwm
+from ..memtrace import RawRecord, Recorder, TraceSummary, read_segments
+from ..memtrace import proc_status as _proc_status
+from ..memtrace import reset_hwm as _reset_hwm
+from .kvclassify import KV_KINDS, Classification, KVDims, OpContext, classify
 from .ovmodel import RuntimeInspection, inspect_runtime, require_fused
 
 __all__ = [
@@ -281,7 +281,7 @@ def kv_dims_from_model(model: ov.Model, kv_cache_precision: str) -> KVDims:
 def query_heads_from_model(model: ov.Model) -> int:
     """Query heads of the model: dimension 1 of the query ([B, H, L, S]) of its first
     ``ScaledDotProductAttention`` op, as optimum-intel exports it (and as
-    :func:`~simkv.validate.ovmodel.build_stateful_decoder` builds it)."""
+    :func:`~simkv.validate.openvino.ovmodel.build_stateful_decoder` builds it)."""
     for op in model.get_ordered_ops():
         if op.get_type_name() == "ScaledDotProductAttention":
             shape = op.input(0).get_partial_shape()
@@ -383,9 +383,9 @@ def observe(
     ``other_min_bytes``: non-KV events smaller than this are not returned (0 returns
     every allocator call; a long run then holds millions of events).  Every
     ``posix_memalign`` call is still read, because the classifier needs them all.
-    ``inspection``: the result of :func:`~simkv.validate.ovmodel.compile_checked`
+    ``inspection``: the result of :func:`~simkv.validate.openvino.ovmodel.compile_checked`
     (keeps the requested hints in the facts); re-read from ``compiled`` when omitted.
-    Raises :class:`~simkv.validate.ovmodel.NotFusedError` if the model is not fused.
+    Raises :class:`~simkv.validate.openvino.ovmodel.NotFusedError` if the model is not fused.
     """
     if tracker not in ("memray", "none"):
         raise ValueError("tracker must be 'memray' or 'none'")

@@ -1,12 +1,12 @@
 """``simkv validate --paged``: OpenVINO GenAI's ``ContinuousBatchingPipeline`` on CPU vs simkv's paged model, step by step.
 
 This module holds the workload side (token ids, random cases), the comparison and the command;
-:mod:`.genai_model` builds the model directory, :mod:`.genai_real` drives the real pipeline and reads
-its allocations, :mod:`.genai_report` draws the report.
+:mod:`.model` builds the model directory, :mod:`.real` drives the real pipeline and reads
+its allocations, :mod:`.report` shows the result (verdict, summary, HTML report).
 
 What runs
 ---------
-1. **Model directory** (:mod:`.genai_model`): the toy stateful decoder plus a local word-level tokenizer,
+1. **Model directory** (:mod:`.model`): the toy stateful decoder plus a local word-level tokenizer,
    cached. Its logits are biased so the model never *generates* an id of the prompt range (see
    :func:`prompt_token_ids`: this keeps prefix-cache hits exactly those the workload declares).
 2. **Real run** (:func:`run_real`): a ``ContinuousBatchingPipeline`` on CPU from a ``SchedulerConfig``
@@ -48,12 +48,13 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from simkv.errors import ConfigError, SimkvError
+from simkv.serving.scheduler import SchedulerConfig
 
-from .genai_real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
+from .real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
 
 __all__ = [
-    "MISSING_DEPS", "SchedulerOptions", "check_dependencies", "prompt_token_ids", "compare_steps", "random_case",
-    "beam_bounds", "simulate", "run_case", "validate", "summary_lines", "cli_main", "STEP_FIELDS",
+    "MISSING_DEPS", "check_scheduler", "check_dependencies", "prompt_token_ids", "compare_steps", "random_case",
+    "beam_bounds", "simulate", "run_case", "validate", "cli_main", "STEP_FIELDS",
 ]
 
 MISSING_DEPS = "paged validation needs openvino-genai: pip install 'simkv[openvino]'"
@@ -77,35 +78,24 @@ def check_dependencies() -> None:
         raise ImportError(MISSING_DEPS) from exc
 
 
-@dataclass(frozen=True)
-class SchedulerOptions:
-    """GenAI ``SchedulerConfig`` values (``cache_size`` is whole GiB, as GenAI takes it)."""
+#: simkv's extensions of GenAI's scheduler config at what GenAI does on CPU: the real run knows no other.
+GENAI_CPU = {"block_size": BLOCK_SIZE, "on_oom": "preempt", "transient_buffers": True}
 
-    num_kv_blocks: int = 0
-    cache_size: int = 0
-    max_num_batched_tokens: int = 256
-    max_num_seqs: int = 256
-    dynamic_split_fuse: bool = True
-    enable_prefix_caching: bool = False
 
-    def __post_init__(self) -> None:
-        for name in ("num_kv_blocks", "cache_size"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0")
-        for name in ("max_num_batched_tokens", "max_num_seqs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1")
-
-    @property
-    def dynamic(self) -> bool:
-        return self.num_kv_blocks == 0 and self.cache_size == 0
-
-    def describe(self) -> str:
-        pool = (f"{self.num_kv_blocks} blocks" if self.num_kv_blocks else
-                f"cache_size {self.cache_size} GiB" if self.cache_size else "dynamic pool")
-        return (f"{pool}, max_num_batched_tokens {self.max_num_batched_tokens}, max_num_seqs {self.max_num_seqs}, "
-                f"split-fuse {'on' if self.dynamic_split_fuse else 'off'}, "
-                f"prefix caching {'on' if self.enable_prefix_caching else 'off'}")
+def check_scheduler(cfg: SchedulerConfig) -> None:
+    """A scheduler config the real pipeline can run, or a one-line :class:`ConfigError`: GenAI's fields in
+    range, ``cache_size`` whole GiB (GenAI's is an integer), simkv's extensions at :data:`GENAI_CPU`."""
+    for name in ("num_kv_blocks", "cache_size"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be >= 0")
+    for name in ("max_num_batched_tokens", "max_num_seqs"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1")
+    if cfg.cache_size != int(cfg.cache_size):
+        raise ConfigError(f"cache_size must be a whole number of GiB for GenAI, not {cfg.cache_size}")
+    for name, value in GENAI_CPU.items():
+        if getattr(cfg, name) != value:
+            raise ConfigError(f"{name} must be {value!r}: the real pipeline on CPU runs no other")
 
 
 # --------------------------------------------------------------------------- workload and token ids
@@ -130,7 +120,7 @@ def check_workload(requests: Sequence) -> None:
 def prompt_token_ids(requests: Sequence, seed: int = 0) -> list[tuple[int, ...]]:
     """Token ids of every prompt, such that the only prompt content two requests share is a declared prefix.
 
-    The model never generates an id below :data:`~.genai_model.PROMPT_ID_END` (its logits are masked
+    The model never generates an id below :data:`~.model.PROMPT_ID_END` (its logits are masked
     there), so a prompt can never continue a cached sequence into its generated tokens. Prefix ids come
     from the lower half of the prompt range, everything else from the upper half: requests with the same
     ``prefix_id`` share the first ``prefix_tokens`` ids of one sequence drawn for that id; after its prefix
@@ -139,7 +129,7 @@ def prompt_token_ids(requests: Sequence, seed: int = 0) -> list[tuple[int, ...]]
     cached block can match a new prompt only inside a declared prefix (or a whole prompt that *is* that
     prefix). Explicit ``token_ids`` in the workload are used as given.
     """
-    from .genai_model import PROMPT_ID_END, PROMPT_ID_START
+    from .model import PROMPT_ID_END, PROMPT_ID_START
 
     half = (PROMPT_ID_END - PROMPT_ID_START) // 2
     lo, hi = PROMPT_ID_START, PROMPT_ID_START + half
@@ -237,7 +227,7 @@ def group_blocks(prompt: int, new: int, sequences: int) -> int:
     return shared + sequences * (-(-(prompt + new) // BLOCK_SIZE) - shared)
 
 
-def random_case(rng: np.random.Generator) -> tuple[list, SchedulerOptions]:
+def random_case(rng: np.random.Generator) -> tuple[list, SchedulerConfig]:
     """One small random workload and scheduler config, exercising what the validator compares exactly.
 
     Fixed pools (tight ones preempt and ignore), dynamic pools, split-fuse on and off (off: every
@@ -271,15 +261,15 @@ def random_case(rng: np.random.Generator) -> tuple[list, SchedulerOptions]:
     if blocks:  # a sample group larger than the whole pool makes GenAI recompute it forever (DESIGN §4b)
         reqs = [r if r.samples == 1 or group_blocks(r.prompt, r.max_new_tokens, r.samples) <= blocks
                 else replace(r, samples=1) for r in reqs]
-    opts = SchedulerOptions(num_kv_blocks=blocks, max_num_batched_tokens=batched, max_num_seqs=seqs,
-                            dynamic_split_fuse=split_fuse, enable_prefix_caching=caching)
+    opts = SchedulerConfig(num_kv_blocks=blocks, max_num_batched_tokens=batched, max_num_seqs=seqs,
+                           dynamic_split_fuse=split_fuse, enable_prefix_caching=caching)
     return reqs, opts
 
 
 # --------------------------------------------------------------------------- the simulated side
 
 
-def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: SchedulerOptions, layout: KVLayout,
+def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: SchedulerConfig, layout: KVLayout,
              spec) -> tuple[list[dict], list[dict], dict]:
     """The same workload (same token ids) through simkv's paged continuous scheduler
     (:func:`simkv.serving.simulate_paged` with the real bytes per block): step records shaped like
@@ -289,19 +279,16 @@ def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
     from simkv.precision import get_precision
     from simkv.serving import simulate_paged
 
-    from .compare import predicted_events
+    from ..compare import predicted_events
 
     reqs = [replace(r, token_ids=tuple(ids)) for r, ids in zip(requests, token_ids)]
     try:
         precision = get_precision(layout.kv_precision)
     except ConfigError:
         precision = get_precision("u8")  # only names the type: block_bytes below carries the real size
-    res = simulate_paged(reqs, model=custom_model(layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
-                                                  head_dim=spec.head_dim),
-                         precision=precision, block_size=BLOCK_SIZE, num_kv_blocks=opts.num_kv_blocks,
-                         cache_size=float(opts.cache_size), max_num_batched_tokens=opts.max_num_batched_tokens,
-                         max_num_seqs=opts.max_num_seqs, dynamic_split_fuse=opts.dynamic_split_fuse,
-                         enable_prefix_caching=opts.enable_prefix_caching, block_bytes=layout.block_bytes,
+    res = simulate_paged(reqs, opts, model=custom_model(layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
+                                                        head_dim=spec.head_dim),
+                         precision=precision, block_bytes=layout.block_bytes,
                          tensor_block_bytes=layout.tensor_block_bytes[:2], device_memory=1 << 50)
     by_step: dict[int, list] = {}
     for row in res.progress:
@@ -382,10 +369,10 @@ def _beam_exemptions(requests, sim_steps: list[dict]) -> tuple[set[int], dict[in
     return exempt, bounds
 
 
-def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path: str | Path, spec, *, seed: int = 0,
+def run_case(index: int, requests: Sequence, opts: SchedulerConfig, model_path: str | Path, spec, *, seed: int = 0,
              trace: bool = True, keep_steps: bool = False, progress: bool = False, worker=None) -> CaseResult:
     """Real run (in ``worker``'s child process when given), simulation and comparison of one workload."""
-    from .compare import align_events
+    from ..compare import align_events
 
     ids = prompt_token_ids(requests, seed)
     if worker is not None:
@@ -413,7 +400,7 @@ def run_case(index: int, requests: Sequence, opts: SchedulerOptions, model_path:
         steps = [{"step": k, "real": real.steps[k] if k < len(real.steps) else None,
                   "simulated": sim_steps[k] if k < len(sim_steps) else None}
                  for k in range(max(len(real.steps), len(sim_steps)))]
-    return CaseResult(index=index, scheduler=asdict(opts), requests=[_request_dict(r) for r in requests],
+    return CaseResult(index=index, scheduler=opts.genai(), requests=[_request_dict(r) for r in requests],
                       comparison=comparison, allocations=allocations, exercised=facts, real_s=real.elapsed_s,
                       sim_s=sim_s, steps=steps)
 
@@ -432,7 +419,7 @@ def case_ok(c: CaseResult) -> bool:
 def paged_versions() -> dict:
     from importlib.metadata import version
 
-    from .runner import versions
+    from ..openvino.runner import versions
 
     v = versions(None)
     v.pop("MALLOC_MMAP_THRESHOLD_", None)
@@ -453,7 +440,7 @@ def _validate_one(results: list, i: int, requests, opts, path, spec, seed: int, 
     except (RuntimeError, SimkvError) as err:  # real pipeline or simulator failed: the workload fails
         if single:
             raise
-        results.append(CaseResult(i, asdict(opts), [_request_dict(r) for r in requests],
+        results.append(CaseResult(i, opts.genai(), [_request_dict(r) for r in requests],
                                   {"steps_total": 0, "steps_matched": 0, "steps_mismatched": 0,
                                    "first_mismatches": [], "bounded_steps": 0, "warnings": []},
                                   {"compared": False, "real_events": 0, "plugin_transients": 0}, {}, 0.0, 0.0,
@@ -461,11 +448,13 @@ def _validate_one(results: list, i: int, requests, opts, path, spec, seed: int, 
                                   + _one_line(err)))
 
 
-def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, model_root: str | Path | None = None,
+def validate(cases: Sequence[tuple[Sequence, SchedulerConfig]], *, spec=None, model_root: str | Path | None = None,
              seed: int = 0, trace: bool = True, progress: bool = False, keep_steps: bool | None = None) -> dict:
     """Every workload real vs simulated; the ``simkv validate --paged --json`` dict."""
+    for _, opts in cases:  # before anything runs (the command has checked its own, in flag order)
+        check_scheduler(opts)
     check_dependencies()
-    from .genai_model import GenaiModelSpec, model_dir
+    from .model import GenaiModelSpec, model_dir
 
     t0 = time.perf_counter()
     spec = spec or GenaiModelSpec()
@@ -517,51 +506,10 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerOptions]], *, spec=None, m
     return data
 
 
-def ok(data: dict) -> bool:
-    a = data["allocations"]
-    return not data["workload_errors"] and data["steps_mismatched"] == 0 and a["events_missing"] == 0 and a["events_unexpected"] == 0
-
-
-def verdict(data: dict) -> str:
-    a = data["allocations"]
-    if ok(data):
-        return "PASS: every step matched" + (" and every pool allocation" if a["compared"] else "")
-    why = [f"{len(data['workload_errors'])} workload(s) failed"] if data["workload_errors"] else []
-    if data["steps_mismatched"]:
-        why.append(f"{data['steps_mismatched']:,} step(s) differ")
-    if a["events_missing"] or a["events_unexpected"]:
-        why.append("pool allocations differ")
-    return "FAIL: " + ", ".join(why)
-
-
-def summary_lines(data: dict) -> list[str]:
-    a = data["allocations"]
-    lines = [
-        "simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
-        f"  {'result':<24}{verdict(data)}",
-        f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched",
-        f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}"
-        + (f" ({data['bounded_steps']:,} with beam search: blocks within bounds)" if data["bounded_steps"] else ""),
-        f"  {'KV precision':<24}{data['kv_precision']} ({data['block_bytes']:,} B per block, all layers, K+V)",
-    ]
-    if a["compared"]:
-        lines.append(f"  {'pool allocations':<24}{a['events_matched']:,} / {a['events_total']:,} matched "
-                     f"({a['events_missing']} missing, {a['events_unexpected']} unexpected)")
-    else:
-        lines.append(f"  {'pool allocations':<24}{a['real_events']:,} observed (not compared)")
-    for e in data["workload_errors"][:5]:
-        lines.append(f"  {'workload failed':<24}workload {e['workload']}: {e['error']}")
-    for m in data["first_mismatches"][:5]:
-        fields = ", ".join(f"{k} real {v['real']} sim {v['simulated']}" for k, v in list(m["fields"].items())[:4])
-        lines.append(f"  {'mismatch':<24}workload {m['workload']} step {m['step']}: {fields}")
-    lines.append(f"  {'time':<24}{data['elapsed_s']:.1f} s")
-    return lines
-
-
 MAX_RANDOM = 10_000
 
 
-def cases_from_args(args) -> list[tuple[list, SchedulerOptions]]:
+def cases_from_args(args) -> list[tuple[list, SchedulerConfig]]:
     """The workloads ``--trace`` or ``--random`` asks for (errors are one-line ConfigErrors)."""
     if (args.trace is None) == (args.random is None):
         raise ConfigError("--paged needs exactly one of --trace W.csv and --random N")
@@ -575,17 +523,17 @@ def cases_from_args(args) -> list[tuple[list, SchedulerOptions]]:
         return [random_case(rng) for _ in range(args.random)]
     from simkv.serving.requests import load_trace
 
-    opts = SchedulerOptions(num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
-                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                            dynamic_split_fuse=not args.no_dynamic_split_fuse,
-                            enable_prefix_caching=args.prefix_caching)
+    opts = SchedulerConfig(num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
+                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching)
+    check_scheduler(opts)
     requests = load_trace(args.trace)
     check_workload(requests)
     return [(requests, opts)]
 
 
 def spec_from_args(args):
-    from .genai_model import GenaiModelSpec
+    from .model import GenaiModelSpec
 
     def given(value, default):
         return default if value is None else value
@@ -613,7 +561,7 @@ def cli_main(args) -> int:
     except RuntimeError as err:  # the real pipeline refused the workload or configuration
         print(f"simkv validate: error: the real pipeline failed: {_one_line(err)}", file=sys.stderr)
         return 2
-    from .genai_report import write_report
-    from .report import emit
+    from ..report import emit
+    from .report import ok, summary_lines, write_report
 
     return emit(args, data, summary_lines=summary_lines, report=write_report, ok=ok)

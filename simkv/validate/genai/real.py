@@ -3,7 +3,7 @@
 * :func:`kv_layout` compiles the paged form of the model as GenAI does (``paged_attention_transformation``,
   CPU) and reads what a block holds from the ``key_cache.N`` / ``value_cache.N`` inputs: element type,
   per-tensor bytes (u8: keys ``[H_kv, 32 + 8, S]``, values ``[H_kv, 32, S + 8]``).
-* :func:`run_real` drives the pipeline (the step convention is in :mod:`.genai`'s docstring) and records
+* :func:`run_real` drives the pipeline (the step convention is in :mod:`.runner`'s docstring) and records
   per step ``requests``, ``scheduled_requests``, ``blocks_used``, ``blocks_total`` and, per live request,
   its status and tokens generated so far.
 * :func:`read_pool_events` reads a memray capture of the run: the pool tensors (recognised by
@@ -93,7 +93,7 @@ class RealRun:
 def _generation_config(r, seed: int):
     import openvino_genai as og
 
-    from .genai_model import EOS_TOKEN_ID
+    from .model import EOS_TOKEN_ID
 
     g = og.GenerationConfig()
     g.max_new_tokens = r.max_new_tokens
@@ -113,12 +113,8 @@ def _scheduler_config(opts):
     import openvino_genai as og
 
     sc = og.SchedulerConfig()
-    sc.num_kv_blocks = opts.num_kv_blocks
-    sc.cache_size = opts.cache_size
-    sc.max_num_batched_tokens = opts.max_num_batched_tokens
-    sc.max_num_seqs = opts.max_num_seqs
-    sc.dynamic_split_fuse = opts.dynamic_split_fuse
-    sc.enable_prefix_caching = opts.enable_prefix_caching
+    for name, value in opts.genai().items():
+        setattr(sc, name, value)
     return sc
 
 
@@ -145,7 +141,7 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
     warnings: list[str] = []
     recorder = None
     if trace:
-        from .memtrace import Recorder
+        from ..memtrace import Recorder
 
         recorder = Recorder()
         recorder.__enter__()
@@ -234,7 +230,7 @@ def read_pool_events(path: str | Path, n_steps: int, layout: KVLayout) -> tuple[
     """
     import memray
 
-    from .memtrace import MARKER_BASE
+    from ..memtrace import MARKER_BASE
 
     names = {int(a): a.name for a in memray.AllocatorType}
     site_is_pool: dict[int, bool] = {}
@@ -327,14 +323,12 @@ class RealWorker:
         self.proc = None
 
     def _start(self) -> None:
-        import os
         import subprocess
 
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"]
-                                                   if os.environ.get("PYTHONPATH") else "")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "simkv.validate.genai_real"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        from ..child import child_env
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "simkv.validate.genai.real"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
 
     def run(self, requests: Sequence, token_ids, opts, model_path, *, trace: bool, seed: int) -> RealRun:
         import json
@@ -343,7 +337,7 @@ class RealWorker:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         task = {"requests": [asdict(r) | {"token_ids": None} for r in requests],
-                "token_ids": [list(t) for t in token_ids], "opts": asdict(opts), "model": str(model_path),
+                "token_ids": [list(t) for t in token_ids], "opts": opts.genai(), "model": str(model_path),
                 "trace": trace, "seed": seed}
         self.proc.stdin.write(json.dumps(task) + "\n")
         self.proc.stdin.flush()
@@ -381,18 +375,18 @@ def _signal_name(code: int) -> str:
 
 
 def _child() -> int:
-    """``python -m simkv.validate.genai_real``: run the workloads read from stdin, one JSON line each."""
+    """``python -m simkv.validate.genai.real``: run the workloads read from stdin, one JSON line each."""
     import json
     from dataclasses import asdict
-    from types import SimpleNamespace
 
     from simkv.serving.requests import Request
+    from simkv.serving.scheduler import SchedulerConfig
 
     for line in sys.stdin:
         task = json.loads(line)
         requests = [Request(**r) for r in task["requests"]]
         try:
-            run = run_real(requests, task["token_ids"], SimpleNamespace(**task["opts"]), task["model"],
+            run = run_real(requests, task["token_ids"], SchedulerConfig(**task["opts"]), task["model"],
                            trace=task["trace"], seed=task["seed"])
             out = {"run": asdict(run)}
         except RuntimeError as err:

@@ -1,7 +1,7 @@
 """``simkv calibrate``: measure this host and write the ``host`` device preset.
 
 Every number is measured here, on the OpenVINO CPU plugin running the toy stateful decoders of
-``simkv validate`` (:func:`simkv.validate.ovmodel.build_stateful_decoder`), the way it runs an LLM step:
+``simkv validate`` (:func:`.ovmodel.build_stateful_decoder`), the way it runs an LLM step:
 
 * **per-inference overhead** (``step_overhead_s``, ``layer_overhead_s``): decode steps of tiny decoders
   (hidden 64) of 1 and 9 layers, where weights, KV and FLOPs are negligible;
@@ -43,6 +43,9 @@ from tqdm import tqdm
 
 from simkv.cost import Device
 
+from ..child import DEFAULT_MMAP_THRESHOLD, child_env
+from .toy import ToyDecoderSpec, toy_model_spec
+
 COPY_BYTES = 256 << 20
 MATMUL = (512, 2048, 2048)
 #: Interleaved rounds of the overhead, attention and weight-streaming probes (medians over rounds).
@@ -78,7 +81,7 @@ def _median_time(fn, repeats: int, warmup: int = 2) -> float:
 
 
 def _compile(model, threads: int | None):
-    from simkv.validate.ovmodel import compile_cpu
+    from .ovmodel import compile_cpu
 
     extra = {"INFERENCE_NUM_THREADS": threads} if threads else None
     return compile_cpu(model, extra_config=extra)
@@ -98,7 +101,7 @@ class _Probe:
     """A toy stateful decoder on the CPU plugin, driven one inference at a time (timed)."""
 
     def __init__(self, threads: int | None, **shape) -> None:
-        from simkv.validate.ovmodel import ToyDecoderSpec, build_stateful_decoder, compile_checked
+        from .ovmodel import build_stateful_decoder, compile_checked
 
         self.spec = ToyDecoderSpec(**shape)
         model = build_stateful_decoder(self.spec)
@@ -191,7 +194,6 @@ def _sizes(probes: dict, precision: str) -> dict:
     """Bytes the probes move, as simkv counts them: the weights probe's weights (in the plugin's inference
     precision, the toy decoder's shape as ``simkv validate`` prices it) and one KV head's K and V per position."""
     from simkv.models import weights_bytes
-    from simkv.validate.latency import toy_model_spec
 
     w, a = probes["weights"], probes[f"attention{ATTENTION_KV_HEADS[0]}"][0]
     model = toy_model_spec(w.scenario("prefill:1").scenario.model, w.spec.hidden_size, w.spec.vocab)
@@ -247,14 +249,6 @@ def _copy_bandwidth(repeats: int) -> float:
     return COPY_BYTES / _median_time(realloc, repeats)
 
 
-def inference_precision(threads: int | None = None) -> str:
-    """The precision the CPU plugin computes in by default on this host (bf16 with AMX/AVX-512-BF16, else f32)."""
-    import openvino as ov
-
-    value = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
-    return value.to_string() if hasattr(value, "to_string") else str(value)
-
-
 def _spread(values, scale: float, unit: str, digits: int = 2) -> str:
     values = np.asarray(values) * scale
     return f"median {np.median(values):.{digits}f} {unit} of {len(values)} rounds (range {values.min():.{digits}f}-{values.max():.{digits}f})"
@@ -268,8 +262,6 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
     touches them: ~1.6 GB/s here, where the same copy into reused heap memory ran at 2-6 GB/s. The
     measurements run under the same setting; glibc reads it at start-up, so they run in a child process
     unless this one already has it."""
-    from simkv.validate.runner import DEFAULT_MMAP_THRESHOLD
-
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") == str(DEFAULT_MMAP_THRESHOLD):
         return _measure(threads, progress)
     import subprocess
@@ -280,10 +272,9 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
 
     with tempfile.TemporaryDirectory(prefix="simkv_calibrate_") as tmp:
         out = Path(tmp) / "host.json"
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(DEFAULT_MMAP_THRESHOLD)}
-        root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "simkv.calibrate", str(out), str(threads or 0), "1" if progress else "0"]
+        env = child_env(MALLOC_MMAP_THRESHOLD_=str(DEFAULT_MMAP_THRESHOLD))
+        cmd = [sys.executable, "-m", "simkv.validate.openvino.calibrate", str(out), str(threads or 0),
+               "1" if progress else "0"]
         # the child's progress bar goes to this terminal; its error, one line, is the last line of its stderr
         proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=None if progress else subprocess.PIPE,
                               text=True)
@@ -296,7 +287,9 @@ def measure(threads: int | None = None, progress: bool = True) -> Device:
 def _measure(threads: int | None, progress: bool) -> Device:
     import openvino as ov
 
-    precision = inference_precision(threads)
+    from .ovmodel import inference_precision
+
+    precision = inference_precision()
     with tqdm(total=ROUNDS + 4, desc="calibrate", unit="step", disable=None if progress else True, leave=False) as bar:
         probes = {"tiny1": _tiny(threads, 1), "tiny9": _tiny(threads, 9), "weights": _Probe(threads, **WEIGHTS_PROBE)}
         probes.update({f"attention{kv}": _attention_sessions(_Probe(threads, kv_heads=kv, **ATTENTION_PROBE))

@@ -62,11 +62,12 @@ from fractions import Fraction
 from itertools import permutations
 from typing import Iterable, Sequence
 
+from ..memtrace import RawRecord
+
 __all__ = [
     "KV_KINDS",
     "KVDims",
     "OpContext",
-    "RawRecord",
     "SiteLabel",
     "Classification",
     "element_bits",
@@ -118,19 +119,6 @@ class OpContext:
     @property
     def past_batch(self) -> int:
         return self.state_batch or self.batch
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    """One allocator call inside an operation, in stream order."""
-
-    seq: int
-    op: str  # "alloc" | "free"
-    size: int
-    address: int
-    site: int  # memray native_stack_id of the allocation (frees: of their allocation)
-    allocator: str  # memray AllocatorType name of the allocation
-    thread: int
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Lightest path, no download, no torch, no transformers:
 
-* ``openvino_model.xml`` is the random-weight stateful decoder of :mod:`.ovmodel` (the form
+* ``openvino_model.xml`` is the random-weight stateful decoder of :mod:`..openvino.ovmodel` (the form
   optimum-intel exports: ``input_ids, attention_mask, position_ids, beam_idx``, ReadValue ->
   Gather(beam_idx) -> Concat -> SDPA per layer). GenAI turns it into its paged form itself
   (``paged_attention_transformation``: the per-layer state becomes ``key_cache.N`` /
@@ -160,7 +160,8 @@ def _mask_prompt_ids(model, vocab: int) -> None:
 def _build(spec: GenaiModelSpec, out: Path) -> None:
     import openvino as ov
 
-    from .ovmodel import ToyDecoderSpec, build_stateful_decoder
+    from ..openvino.ovmodel import build_stateful_decoder
+    from ..openvino.toy import ToyDecoderSpec
 
     model = build_stateful_decoder(ToyDecoderSpec(layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
                                                   head_dim=spec.head_dim, vocab=spec.vocab, seed=spec.seed))

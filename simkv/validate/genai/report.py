@@ -1,7 +1,8 @@
-"""Figure and self-contained HTML report of a ``simkv validate --paged`` result (plotly only, no OpenVINO).
+"""A ``simkv validate --paged`` result as the command shows it: verdict and summary lines, figure and
+self-contained HTML report (plotly only, no OpenVINO).
 
 Takes the JSON dict ``simkv validate --paged --json`` prints; reuses the table and layout helpers of
-:mod:`.report` (the stateful validator's report).
+:mod:`simkv.validate.report` (the event validators' report).
 """
 
 from __future__ import annotations
@@ -9,14 +10,55 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["steps_figure", "write_report"]
+__all__ = ["ok", "verdict", "summary_lines", "steps_figure", "write_report"]
+
+
+def ok(data: dict) -> bool:
+    a = data["allocations"]
+    return not data["workload_errors"] and data["steps_mismatched"] == 0 and a["events_missing"] == 0 and a["events_unexpected"] == 0
+
+
+def verdict(data: dict) -> str:
+    a = data["allocations"]
+    if ok(data):
+        return "PASS: every step matched" + (" and every pool allocation" if a["compared"] else "")
+    why = [f"{len(data['workload_errors'])} workload(s) failed"] if data["workload_errors"] else []
+    if data["steps_mismatched"]:
+        why.append(f"{data['steps_mismatched']:,} step(s) differ")
+    if a["events_missing"] or a["events_unexpected"]:
+        why.append("pool allocations differ")
+    return "FAIL: " + ", ".join(why)
+
+
+def summary_lines(data: dict) -> list[str]:
+    a = data["allocations"]
+    lines = [
+        "simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
+        f"  {'result':<24}{verdict(data)}",
+        f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched",
+        f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}"
+        + (f" ({data['bounded_steps']:,} with beam search: blocks within bounds)" if data["bounded_steps"] else ""),
+        f"  {'KV precision':<24}{data['kv_precision']} ({data['block_bytes']:,} B per block, all layers, K+V)",
+    ]
+    if a["compared"]:
+        lines.append(f"  {'pool allocations':<24}{a['events_matched']:,} / {a['events_total']:,} matched "
+                     f"({a['events_missing']} missing, {a['events_unexpected']} unexpected)")
+    else:
+        lines.append(f"  {'pool allocations':<24}{a['real_events']:,} observed (not compared)")
+    for e in data["workload_errors"][:5]:
+        lines.append(f"  {'workload failed':<24}workload {e['workload']}: {e['error']}")
+    for m in data["first_mismatches"][:5]:
+        fields = ", ".join(f"{k} real {v['real']} sim {v['simulated']}" for k, v in list(m["fields"].items())[:4])
+        lines.append(f"  {'mismatch':<24}workload {m['workload']} step {m['step']}: {fields}")
+    lines.append(f"  {'time':<24}{data['elapsed_s']:.1f} s")
+    return lines
 
 
 def steps_figure(data: dict):
     """Blocks in use and pool size per step, real (solid) vs simulated (dashed), for a single workload."""
     import plotly.graph_objects as go
 
-    from .report import COLORS, _layout
+    from ..report import COLORS, _layout
 
     steps = (data["workloads"][0].get("steps") or []) if data["workloads"] else []
     fig = go.Figure()
@@ -41,8 +83,7 @@ def write_report(data: dict, path: str | Path) -> Path:
 
     from plotly.offline import get_plotlyjs
 
-    from .genai import summary_lines, verdict
-    from .report import _table
+    from ..report import _table
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

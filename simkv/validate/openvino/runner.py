@@ -1,40 +1,36 @@
 """``simkv validate``: run a scenario on the real OpenVINO CPU plugin and on the simulator, compare.
 
-1. Model: the toy stateful decoder of :mod:`.ovmodel` (any shape), or an exported IR
-   (``--ir``: dimensions read from its state variables). Compiled on CPU with the
-   requested hints; refused unless every layer's KV cache is a fused stateful SDPA.
-   The *effective* KV precision is read from the runtime model.
+1. Model (:func:`.cleanrun.build_and_compile`): the toy stateful decoder of :mod:`.ovmodel`
+   (any shape), or an exported IR (``--ir``: dimensions read from its state variables).
+   Compiled on CPU with the requested hints; refused unless every layer's KV cache is a
+   fused stateful SDPA. The *effective* KV precision is read from the runtime model.
 2. Real run with memray (:func:`.observe.observe`): every KV allocation and free.
    Then a clean run of the same scenario without a tracker, in a subprocess started
-   with ``MALLOC_MMAP_THRESHOLD_`` in its environment (glibc reads it at start-up; it
-   makes buffers of at least that size separate mappings, so that RSS follows the
-   bytes written instead of glibc's heap staircase): RSS, VmSize, VmHWM, latency.
+   with ``MALLOC_MMAP_THRESHOLD_`` in its environment (:func:`.cleanrun.run_clean`):
+   RSS, VmSize, VmHWM, latency.
 3. Prediction: the same workload through :func:`simkv.simulate` with policy
    ``openvino-cpu``, the effective precision and the model's dimensions.
-4. :func:`.compare.compare` aligns the events and compares the memory and latency.
+4. :func:`simkv.validate.compare.compare` aligns the events and compares the memory and
+   latency; :mod:`.latency` prices the steps with the cost model.
 
 Needs ``openvino`` and ``memray`` (``pip install 'simkv[openvino]'``); imported lazily.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from simkv.errors import ConfigError
-from simkv.workload import Decode, Fork, Prefill, Reorder, Reset, Select, Workload, parse_ops
+from simkv.workload import parse_ops
 
-__all__ = ["ValidateConfig", "CleanRunError", "run_validation", "observer_scenario", "MISSING_DEPS", "check_dependencies"]
+from .cleanrun import CleanRunError, ValidateConfig, build_and_compile, observer_scenario, run_clean
+
+__all__ = ["run_validation", "versions", "MISSING_DEPS", "check_dependencies"]
 
 MISSING_DEPS = "OpenVINO validation needs openvino and memray: pip install 'simkv[openvino]'"
-DEFAULT_MMAP_THRESHOLD = 65536
 
 
 def check_dependencies() -> None:
@@ -44,129 +40,6 @@ def check_dependencies() -> None:
         import openvino  # noqa: F401
     except ImportError as exc:
         raise ImportError(MISSING_DEPS) from exc
-
-
-class CleanRunError(RuntimeError):
-    """The untracked measuring subprocess did not finish (the events are still compared)."""
-
-
-@dataclass
-class ValidateConfig:
-    """What to validate. ``workload`` is simkv's text form (``prefill:32,decode:100,...``)."""
-
-    workload: str
-    layers: int = 4
-    heads: int = 8
-    kv_heads: int = 8
-    head_dim: int = 64
-    hidden: int | None = None
-    vocab: int = 1000
-    seed: int = 0
-    kv_cache_precision: str | None = None  # KV_CACHE_PRECISION hint (None: plugin default)
-    inference_precision: str | None = None  # INFERENCE_PRECISION_HINT
-    ir: str | None = None
-    mmap_threshold: int = DEFAULT_MMAP_THRESHOLD
-    slope_min_tokens: int = 500
-    clean_run: bool = True
-    progress: bool = True
-    model_name: str = "custom"
-    extra: dict = field(default_factory=dict)
-    device: str | None = "host"  # cost-model device for the latency prediction (None: none)
-
-
-# --------------------------------------------------------------------------- scenario
-
-
-def observer_scenario(workload: Workload):
-    """The observer's :class:`~.observe.Scenario` for a simkv workload, step for step.
-
-    ``prefill`` on a stored history is a chat turn; ``fork:W`` is ``beam_idx=[0]*W``;
-    ``reorder`` reverses the beams (same width: any permutation allocates the same);
-    ``select:i`` keeps beam i.
-    """
-    from .observe import Scenario
-
-    sc = Scenario()
-    batch, stored = 1, 0
-    for op in workload.ops:
-        if isinstance(op, Prefill):
-            (sc.chat if stored else sc.prefill)(op.tokens)
-            stored += op.tokens
-        elif isinstance(op, Decode):
-            sc.decode(op.steps)
-            stored += op.steps
-        elif isinstance(op, Fork):
-            sc.fork(op.width)
-            batch, stored = op.width, stored + 1
-        elif isinstance(op, Reorder):
-            sc.reorder(tuple(reversed(range(batch))))
-            stored += 1
-        elif isinstance(op, Select):
-            sc.select(op.beam)
-            batch, stored = 1, stored + 1
-        elif isinstance(op, Reset):
-            sc.reset()
-            batch, stored = 1, 0
-        else:  # pragma: no cover - Workload validates its ops
-            raise ConfigError(f"cannot observe {op!r}")
-    return sc
-
-
-# --------------------------------------------------------------------------- model
-
-
-def _build_and_compile(cfg: ValidateConfig):
-    """Model + compiled model + inspection + KV dims (raises NotFusedError if unfused)."""
-    from .observe import kv_dims_from_model
-    from .ovmodel import ToyDecoderSpec, build_stateful_decoder, compile_checked, load_ir
-
-    if cfg.ir:
-        model = load_ir(cfg.ir)
-    else:
-        model = build_stateful_decoder(
-            ToyDecoderSpec(layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
-                           hidden=cfg.hidden, vocab=cfg.vocab, seed=cfg.seed)
-        )
-    compiled, inspection = compile_checked(model, cfg.kv_cache_precision, cfg.inference_precision)
-    dims = kv_dims_from_model(model, inspection.kv_cache_precision or "u8")
-    return model, compiled, inspection, dims
-
-
-def _clean_child(config_path: str, out_path: str) -> int:
-    """Subprocess entry (``python -m simkv.validate.runner CONFIG OUT``): the untracked run."""
-    from .observe import observe
-
-    cfg = ValidateConfig(**json.loads(Path(config_path).read_text()))
-    model, compiled, inspection, dims = _build_and_compile(cfg)
-    obs = observe(compiled, observer_scenario(parse_ops(cfg.workload)), dims=dims, model=model,
-                  tracker="none", progress=cfg.progress, inspection=inspection, seed=cfg.seed)
-    Path(out_path).write_text(json.dumps({
-        "kv_cache_precision": inspection.kv_cache_precision,
-        "malloc_env": obs.facts.malloc_env,
-        "samples": [asdict(s) for s in obs.samples],
-    }))
-    return 0
-
-
-def _clean_run(cfg: ValidateConfig) -> dict:
-    with tempfile.TemporaryDirectory(prefix="simkv_validate_") as tmp:
-        cpath, opath = Path(tmp) / "config.json", Path(tmp) / "clean.json"
-        cpath.write_text(json.dumps(asdict(cfg)))
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(cfg.mmap_threshold), "PYTHONFAULTHANDLER": "1"}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run([sys.executable, "-m", "simkv.validate.runner", str(cpath), str(opath)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=None if cfg.progress else subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            if proc.returncode < 0:
-                import signal
-
-                what = f"crashed ({signal.Signals(-proc.returncode).name})"
-            else:
-                lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
-                what = f"failed (exit {proc.returncode}): {lines[-1].strip() if lines else 'see stderr'}"
-            raise CleanRunError(f"clean run (MALLOC_MMAP_THRESHOLD_={cfg.mmap_threshold}) {what}")
-        return json.loads(opath.read_text())
 
 
 # --------------------------------------------------------------------------- versions
@@ -212,12 +85,12 @@ def run_validation(cfg: ValidateConfig) -> dict:
     from simkv.precision import PRECISIONS
     from simkv.scenario import build_scenario, simulate
 
-    from .compare import compare
+    from ..compare import compare
     from .observe import observe, query_heads_from_model
 
     t0 = time.perf_counter()
     workload = parse_ops(cfg.workload)
-    model, compiled, inspection, dims = _build_and_compile(cfg)
+    model, compiled, inspection, dims = build_and_compile(cfg)
     effective = inspection.kv_cache_precision
     if effective not in PRECISIONS:
         raise ConfigError(f"the plugin runs the KV cache in {effective!r}, which simkv does not model")
@@ -243,7 +116,7 @@ def run_validation(cfg: ValidateConfig) -> dict:
     clean, clean_error = None, None
     if cfg.clean_run:
         try:
-            clean = _clean_run(cfg)
+            clean = run_clean(cfg)
         except CleanRunError as err:
             clean_error = str(err)
             if cfg.progress:
@@ -305,12 +178,12 @@ def run_validation(cfg: ValidateConfig) -> dict:
 
 
 def _predicted_latency(cfg: ValidateConfig, result, samples, observed, vocab, inference_precision) -> dict:
-    """The cost model's step times vs the clean run's (simkv/validate/latency.py); fields are None
+    """The cost model's step times vs the clean run's (:mod:`.latency`); fields are None
     with a ``latency_note`` when no prediction can be made (an IR's weights, no host preset)."""
     from simkv.ledger import PHASES
     from simkv.models import WEIGHT_BYTES
 
-    from .compare import predicted_events
+    from ..compare import predicted_events
     from .latency import predict_and_compare
 
     empty = {"decode_error_median_pct": None, "decode_error_p90_pct": None, "realloc_excess_error_median_pct": None,
@@ -328,7 +201,3 @@ def _predicted_latency(cfg: ValidateConfig, result, samples, observed, vocab, in
                                    vocab=vocab, weights_precision=precision)
     except ConfigError as err:  # e.g. no host preset yet
         return {**empty, "latency_note": f"no prediction: {err}"}
-
-
-if __name__ == "__main__":  # the clean-run subprocess
-    sys.exit(_clean_child(sys.argv[1], sys.argv[2]))

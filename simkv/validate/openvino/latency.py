@@ -1,7 +1,7 @@
 """Step times predicted by the cost model vs the real CPU plugin's (``simkv validate``'s ``latency``).
 
 The prediction prices every simulated step with :func:`simkv.latency.session_times` on a device
-(``host`` after ``simkv calibrate``), for the toy decoder as :mod:`.ovmodel` builds it: attention-only
+(``host`` after ``simkv calibrate``), for the toy decoder as :mod:`.ovmodel` builds it (:func:`.toy.toy_model_spec`): attention-only
 blocks (q, k, v, o projections), an embedding table and an LM head, weights in the plugin's inference
 precision. The measurement is the clean run's wall time per operation. Nothing measured on the run
 enters the prediction.
@@ -15,18 +15,11 @@ enters the prediction.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
-from simkv.models import ModelSpec
+from .toy import toy_model_spec
 
 NEIGHBOURS = 8
-
-
-def toy_model_spec(model: ModelSpec, hidden: int, vocab: int) -> ModelSpec:
-    """The validator's toy decoder as a cost-model shape: attention-only (no MLP matrices)."""
-    return replace(model, hidden=hidden, intermediate=hidden, vocab=vocab, mlp_matrices=0, tied_embeddings=False)
 
 
 def _pct(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
@@ -90,7 +83,7 @@ def predict_and_compare(result, measured_s, phases, event_steps, realloc_steps, 
 
 def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
     """Benchmark-style check of one configuration: ``repeats`` clean runs of the real CPU plugin
-    (:func:`simkv.validate.runner._clean_run`: untracked subprocess, the plugin's default thread
+    (:func:`.cleanrun.run_clean`: untracked subprocess, the plugin's default thread
     pinning), the per-step median over runs, against the cost model's prediction on ``cfg.device``.
     The KV events are the simulator's (``simkv validate`` checks them against memray separately).
     ``segments``: also compare each run of decode steps on its own (``"segments"``: one entry per
@@ -101,10 +94,11 @@ def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
     from simkv.models import WEIGHT_BYTES
     from simkv.scenario import build_scenario, simulate
 
-    from .compare import predicted_events
-    from .runner import _clean_run
+    from ..compare import predicted_events
+    from .cleanrun import run_clean
+    from .ovmodel import inference_precision
 
-    runs = [_clean_run(cfg) for _ in range(repeats)]
+    runs = [run_clean(cfg) for _ in range(repeats)]
     measured = np.median([[s["latency_s"] for s in run["samples"]] for run in runs], axis=0)
     effective = runs[0]["kv_cache_precision"]
     scenario = build_scenario(model=None, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
@@ -112,7 +106,7 @@ def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
     result = simulate(scenario)
     pred = [e for e in predicted_events(result) if e["tensor"] != "past_view"]
     events, realloc = {e["step"] for e in pred}, {e["step"] for e in pred if e["op"] == "free"}
-    precision = cfg.inference_precision if cfg.inference_precision in WEIGHT_BYTES else _plugin_precision()
+    precision = cfg.inference_precision if cfg.inference_precision in WEIGHT_BYTES else inference_precision()
     device = get_device(cfg.device)
     model = toy_model_spec(result.scenario.model, cfg.hidden or cfg.heads * cfg.head_dim, cfg.vocab)
     predicted = session_times(result, device, precision, model=model).step_s
@@ -134,9 +128,3 @@ def measure_and_compare(cfg, repeats: int = 2, segments: bool = False) -> dict:
             seg["history_tokens"] = int(result.steps["tokens"][start - 1])
             out["segments"].append(seg)
     return out
-
-
-def _plugin_precision() -> str:
-    from simkv.calibrate import inference_precision
-
-    return inference_precision()

@@ -1,6 +1,6 @@
 """``simkv validate --runtime transformers``: Hugging Face caches on torch CPU vs hf-dynamic / hf-static.
 
-1. Model: a random-weight ``LlamaForCausalLM`` of the requested shape (MHA or GQA), or a
+1. Model (:mod:`.model`): a random-weight ``LlamaForCausalLM`` of the requested shape (MHA or GQA), or a
    ``MistralForCausalLM`` when a sliding window is asked for (every layer then gets a
    ``DynamicSlidingWindowLayer``), built from a config — offline, no hub — in f32, f16
    or bf16 (the KV precision is the model's dtype).
@@ -8,8 +8,8 @@
    ``model(input_ids, past_key_values=cache, use_cache=True)`` one operation at a time —
    prefill, decode, chat turn; fork / reorder / select call ``cache.reorder_cache(beam_idx)``
    first, then the forward; reset calls ``cache.reset()``. Each operation is bracketed by
-   the same in-stream markers as the OpenVINO validator (:mod:`.memtrace`).
-3. KV events: torch allocates every CPU tensor with ``posix_memalign`` of its exact size.
+   the same in-stream markers as the OpenVINO validator (:mod:`simkv.validate.memtrace`).
+3. KV events (:mod:`.events`): torch allocates every CPU tensor with ``posix_memalign`` of its exact size.
    An allocation is a K (or V) cache tensor when the innermost frame of
    ``transformers/cache_utils.py`` on its Python stack is a line that names keys (or
    values) only — the ``torch.cat``, ``torch.zeros`` and ``index_select`` lines of
@@ -19,7 +19,7 @@
    in order); a free is matched to its allocation by address.
 4. A clean run in a subprocess without the tracker (``MALLOC_MMAP_THRESHOLD_`` set, as
    for OpenVINO) measures RSS, VmSize, VmHWM and latency per operation.
-5. Prediction with ``hf-dynamic`` / ``hf-static``; :func:`.compare.compare` aligns the
+5. Prediction with ``hf-dynamic`` / ``hf-static``; :func:`simkv.validate.compare.compare` aligns the
    events and compares memory; the in-step increase of live KV bytes is compared step by step.
 
 Needs torch, transformers and memray (``pip install 'simkv[transformers]'``), imported lazily.
@@ -28,28 +28,28 @@ Needs torch, transformers and memray (``pip install 'simkv[transformers]'``), im
 from __future__ import annotations
 
 import json
-import linecache
 import os
 import platform
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from simkv.errors import ConfigError
-from simkv.workload import Decode, Fork, Prefill, Reorder, Reset, Select, parse_ops
+from simkv.workload import Prefill, parse_ops
 
-__all__ = ["MISSING_DEPS", "HFValidateConfig", "check_dependencies", "build_model", "run_validation", "command"]
+from ..child import child_env
+from .events import kv_events, kv_site_of
+from .model import HFValidateConfig, build_model, drive, make_cache
+
+__all__ = ["MISSING_DEPS", "check_dependencies", "run_validation", "in_step_increase", "command"]
 
 MISSING_DEPS = "transformers validation needs torch, transformers and memray: pip install 'simkv[transformers]'"
 #: Bounds of a real run on torch CPU: attention of a long prompt alone would take minutes and gigabytes.
 MAX_INPUT_TOKENS = 8192  # one prefill or chat turn
 MAX_STEPS = 20_000
 MAX_KV_BYTES = 2 << 30
-DTYPES = ("f32", "f16", "bf16")
-POLICIES = ("hf-dynamic", "hf-static")
 
 
 def check_dependencies() -> None:
@@ -60,168 +60,6 @@ def check_dependencies() -> None:
         import transformers  # noqa: F401
     except ImportError as exc:
         raise ImportError(MISSING_DEPS) from exc
-
-
-@dataclass
-class HFValidateConfig:
-    """What to validate. ``workload`` is simkv's text form (``prefill:32,decode:100,...``)."""
-
-    workload: str
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 4
-    head_dim: int = 16
-    hidden: int | None = None
-    vocab: int = 1000
-    seed: int = 0
-    dtype: str = "f32"
-    policy: str = "hf-dynamic"
-    max_cache_len: int | None = None  # hf-static; None: the longest history of the workload
-    sliding_window: int | None = None
-    mmap_threshold: int = 65536
-    slope_min_tokens: int = 500
-    clean_run: bool = True
-    progress: bool = False
-    model_name: str = "custom"
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"the transformers runtime keeps the KV cache in the model's dtype: choose one of "
-                              f"{', '.join(DTYPES)}, not {self.dtype!r}")
-        if self.policy not in POLICIES:
-            raise ConfigError(f"--runtime transformers validates {' or '.join(POLICIES)}, not {self.policy!r}")
-
-    @property
-    def cache_len(self) -> int:
-        return self.max_cache_len or parse_ops(self.workload).max_tokens
-
-
-# --------------------------------------------------------------------------- model and driver
-
-
-def build_model(cfg: HFValidateConfig):
-    """Random-weight Llama (or Mistral, with a sliding window) of the configured shape, in eval mode."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-
-    hidden = cfg.hidden or cfg.heads * cfg.head_dim
-    common = dict(vocab_size=cfg.vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                  head_dim=cfg.head_dim, max_position_embeddings=parse_ops(cfg.workload).max_tokens + 1)
-    torch.manual_seed(cfg.seed)
-    if cfg.sliding_window:
-        model = MistralForCausalLM(MistralConfig(**common, sliding_window=cfg.sliding_window))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[cfg.dtype]
-    return model.to(dtype).eval()
-
-
-def make_cache(model, cfg: HFValidateConfig):
-    from transformers import DynamicCache, StaticCache
-
-    if cfg.policy == "hf-static":
-        return StaticCache(config=model.config, max_cache_len=cfg.cache_len)
-    return DynamicCache(config=model.config)
-
-
-def drive(model, cache, cfg: HFValidateConfig, recorder, on_step=None) -> int:
-    """Run the workload, one bracketed operation per simkv step; returns the number of steps.
-
-    Inputs are built outside the brackets. ``on_step(seq, latency_s)`` runs after each one.
-    """
-    import torch
-
-    from tqdm import tqdm
-
-    gen = torch.Generator().manual_seed(cfg.seed)
-    seq, batch = 0, 1
-    bar = tqdm(total=parse_ops(cfg.workload).steps, unit="step", desc="transformers run", leave=False,
-               disable=not cfg.progress)
-
-    def step(tokens: int, beam_idx=None, reset: bool = False) -> None:
-        nonlocal seq
-        ids = torch.randint(0, cfg.vocab, (batch, tokens), generator=gen).to(model.device) if tokens else None
-        index = torch.tensor(beam_idx, dtype=torch.long).to(model.device) if beam_idx is not None else None
-        t0 = time.perf_counter()
-        with recorder.operation(seq):
-            if reset:
-                cache.reset()
-            else:
-                if index is not None:
-                    cache.reorder_cache(index)
-                model(input_ids=ids, past_key_values=cache, use_cache=True)
-        if on_step is not None:
-            on_step(seq, time.perf_counter() - t0)
-        seq += 1
-        bar.update(1)
-
-    with torch.no_grad():
-        for op in parse_ops(cfg.workload).ops:
-            if isinstance(op, Prefill):
-                step(op.tokens)
-            elif isinstance(op, Decode):
-                for _ in range(op.steps):
-                    step(1)
-            elif isinstance(op, Fork):
-                batch = op.width
-                step(1, [0] * op.width)
-            elif isinstance(op, Reorder):
-                step(1, list(reversed(range(batch))))
-            elif isinstance(op, Select):
-                batch = 1
-                step(1, [op.beam])
-            elif isinstance(op, Reset):
-                batch = 1
-                step(0, reset=True)
-    bar.close()
-    return seq
-
-
-# --------------------------------------------------------------------------- events
-
-
-def _site_of(cache: dict):
-    """memray record -> ``(function, "k" | "v")`` for a KV tensor allocation, else None (cached per stack)."""
-
-    def site(rec):
-        key = rec.stack_id
-        if key not in cache:
-            label = None
-            for function, filename, lineno in rec.stack_trace():  # innermost frame first
-                if filename.endswith("cache_utils.py"):
-                    text = linecache.getline(filename, lineno)
-                    k, v = "key" in text, "value" in text
-                    label = (function, "k" if k else "v") if k != v else None
-                    break
-            cache[key] = label
-        return cache[key]
-
-    return site
-
-
-def kv_events(records, layers: int) -> tuple[list[dict], list[str]]:
-    """The KV allocations and frees among a trace's records, with layer and tensor, in stream order."""
-    events, warnings = [], []
-    labels: dict[int, tuple[int, str]] = {}  # live KV tensor address -> (layer, tensor)
-    rank: dict[tuple[int, str, str], int] = {}
-    for r in records:
-        if r.op == "alloc":
-            labels.pop(r.address, None)
-            if r.site is None:
-                continue
-            function, tensor = r.site
-            n = rank.get((r.seq, function, tensor), 0)
-            rank[(r.seq, function, tensor)] = n + 1
-            if n >= layers:
-                warnings.append(f"step {r.seq}: more {tensor} allocations in {function} than layers")
-            labels[r.address] = (n % layers, tensor)
-            events.append({"step": r.seq, "layer": n % layers, "tensor": tensor, "op": "alloc", "bytes": r.size,
-                           "via": function})
-        elif r.address in labels:
-            layer, tensor = labels.pop(r.address)
-            events.append({"step": r.seq, "layer": layer, "tensor": tensor, "op": "free", "bytes": r.size})
-    return events, warnings
 
 
 def in_step_increase(observed: list[dict], result) -> dict:
@@ -255,7 +93,7 @@ def _observe(cfg: HFValidateConfig) -> tuple[list[dict], int, dict]:
     """The memray run: KV events, steps, and trace facts."""
     import torch
 
-    from .memtrace import Recorder, read_segments
+    from ..memtrace import Recorder, read_segments
 
     torch.set_num_threads(1)  # one thread: small runs, and the allocation order never depends on a pool
     model = build_model(cfg)
@@ -265,7 +103,7 @@ def _observe(cfg: HFValidateConfig) -> tuple[list[dict], int, dict]:
         with rec:
             steps = drive(model, cache, cfg, rec)
         sites: dict = {}
-        records, summary = read_segments(rec.path, steps, keep_min_bytes=1 << 62, site_of=_site_of(sites))
+        records, summary = read_segments(rec.path, steps, keep_min_bytes=1 << 62, site_of=kv_site_of(sites))
     finally:
         rec.cleanup()
     events, warnings = kv_events(records, cfg.layers)
@@ -275,10 +113,10 @@ def _observe(cfg: HFValidateConfig) -> tuple[list[dict], int, dict]:
 
 
 def _clean_child(config_path: str, out_path: str) -> int:
-    """Subprocess entry (``python -m simkv.validate.transformers CONFIG OUT``): the untracked run."""
+    """Subprocess entry (``python -m simkv.validate.transformers.runner CONFIG OUT``): the untracked run."""
     import torch
 
-    from .memtrace import Recorder, proc_status, reset_hwm
+    from ..memtrace import Recorder, proc_status, reset_hwm
 
     cfg = HFValidateConfig(**json.loads(Path(config_path).read_text()))
     torch.set_num_threads(1)
@@ -303,10 +141,8 @@ def _clean_run(cfg: HFValidateConfig) -> dict:
     with tempfile.TemporaryDirectory(prefix="simkv_validate_hf_") as tmp:
         cpath, opath = Path(tmp) / "config.json", Path(tmp) / "clean.json"
         cpath.write_text(json.dumps(asdict(cfg)))
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(cfg.mmap_threshold)}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run([sys.executable, "-m", "simkv.validate.transformers", str(cpath), str(opath)],
+        env = child_env(MALLOC_MMAP_THRESHOLD_=str(cfg.mmap_threshold))
+        proc = subprocess.run([sys.executable, "-m", "simkv.validate.transformers.runner", str(cpath), str(opath)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -336,7 +172,7 @@ def run_validation(cfg: HFValidateConfig) -> dict:
     check_dependencies()
     from simkv.scenario import build_scenario, simulate
 
-    from .compare import compare
+    from ..compare import compare
 
     t0 = time.perf_counter()
     workload = parse_ops(cfg.workload)
@@ -394,10 +230,11 @@ def run_validation(cfg: HFValidateConfig) -> dict:
 def command(args) -> int:
     """``simkv validate --runtime transformers`` (parsed arguments of the validate parser)."""
     from policies import parse_policy_opts
-    from simkv.cli import VALIDATE_TOY
-    from simkv.validate.report import emit
     from simkv.errors import SimkvError
     from simkv.scenario import build_scenario
+
+    from .. import VALIDATE_TOY
+    from ..report import emit
 
     if args.ir or args.inference_precision:
         raise SimkvError("--ir and --inference-precision are OpenVINO options; the transformers runtime builds "

@@ -41,8 +41,9 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from .toy import ToyDecoderSpec
+
 __all__ = [
-    "ToyDecoderSpec",
     "RuntimeInspection",
     "NotFusedError",
     "build_stateful_decoder",
@@ -51,6 +52,7 @@ __all__ = [
     "inspect_runtime",
     "require_fused",
     "compile_checked",
+    "inference_precision",
     "FUSED_SDPA_LAYER_TYPE",
 ]
 
@@ -67,48 +69,6 @@ _NEG_INF = float(np.finfo(np.float32).min)
 class NotFusedError(RuntimeError):
     """Raised when the compiled model does not run every layer's KV cache in a fused,
     stateful SDPA node, i.e. when measurements would not describe the KV-cache policy."""
-
-
-@dataclass(frozen=True)
-class ToyDecoderSpec:
-    """Shape of the random-weight decoder built by :func:`build_stateful_decoder`.
-
-    Only the attention path matters for KV memory, so the block is attention-only
-    (RMSNorm -> q/k/v projections -> RoPE -> cached SDPA -> output projection ->
-    residual); an MLP would add compute on a 2-core machine without changing a KV byte.
-    """
-
-    layers: int = 2
-    heads: int = 8
-    kv_heads: int = 8
-    head_dim: int = 64
-    hidden: int | None = None  # default: heads * head_dim
-    vocab: int = 1000
-    seed: int = 0
-    rope_theta: float = 10000.0
-    #: "bidirectional" (transformers/optimum form, fused) or "numpy" (Broadcast to an
-    #: explicit target shape: NOT matched by StatefulSDPAFusion; only for testing that
-    #: unfused models are refused).  Ignored for MHA.
-    gqa_broadcast: str = "bidirectional"
-
-    def __post_init__(self) -> None:
-        if self.gqa_broadcast not in ("bidirectional", "numpy"):
-            raise ValueError("gqa_broadcast must be 'bidirectional' or 'numpy'")
-        if self.layers < 1 or self.heads < 1 or self.kv_heads < 1:
-            raise ValueError("layers, heads and kv_heads must be >= 1")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError("head_dim must be even (RoPE rotates pairs of halves)")
-
-    @property
-    def hidden_size(self) -> int:
-        return self.hidden if self.hidden is not None else self.heads * self.head_dim
-
-    @property
-    def n_rep(self) -> int:
-        """Query heads per KV head (1 = MHA, >1 = GQA, ``heads`` = MQA)."""
-        return self.heads // self.kv_heads
 
 
 @dataclass
@@ -322,6 +282,12 @@ def compile_cpu(
     if extra_config:
         config.update(extra_config)
     return (core or ov.Core()).compile_model(model, "CPU", config)
+
+
+def inference_precision() -> str:
+    """The precision the CPU plugin computes in by default on this host (bf16 with AMX/AVX-512-BF16, else f32)."""
+    value = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+    return value.to_string() if hasattr(value, "to_string") else str(value)
 
 
 # --------------------------------------------------------------------------- inspect
