@@ -49,7 +49,7 @@ def versions(mmap_threshold: int | None, memray_version: str | None = None) -> d
     import numpy
     import openvino as ov
 
-    from simkv import __version__
+    from simkv.version import __version__
 
     from .observe import cpu_flags
 

@@ -157,7 +157,7 @@ def versions(mmap_threshold: int | None) -> dict:
     import torch
     import transformers
 
-    from simkv import __version__
+    from simkv.version import __version__
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else None
