@@ -14,7 +14,7 @@ from hypothesis import strategies as hst
 
 from policies import REGISTRY
 from simkv import build_scenario, figures, simulate
-from simkv.dashboard import callbacks, compute, create_app, layout
+from simkv.dashboard import callbacks, components, compute, create_app, layout
 from simkv.dashboard import state as st
 from simkv.dashboard.validation import ReportError, check_report, load_path, load_upload, parse_report
 
@@ -442,7 +442,7 @@ def test_policy_parameters_are_generated_from_the_registry():
     try:
         page = str(layout.layout())
         assert "'field': 'slack'" in page and "extra tokens for the test" in page
-        assert {"type": "popt", "policy": "wide-test", "field": "slack"} in layout.popt_ids()
+        assert {"type": "popt", "policy": "wide-test", "field": "slack"} in components.popt_ids()
     finally:
         del REGISTRY["wide-test"]
 

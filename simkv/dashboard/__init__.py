@@ -2,10 +2,11 @@
 
 * :mod:`simkv.dashboard.state` — control values, limits, the URL form of a what-if;
 * :mod:`simkv.dashboard.compute` — checks, cached runs and views as data (no Dash);
-* :mod:`simkv.dashboard.layout` — the page; :mod:`simkv.dashboard.callbacks` — wiring;
 * :mod:`simkv.dashboard.validation` — reading ``simkv validate`` reports;
+* :mod:`simkv.dashboard.components` — the controls, graphs, tables and cards every view is built from;
 * :mod:`simkv.dashboard.tune_view` — the Tune view (``simkv tune`` on the sidebar's scenario);
-* :mod:`simkv.dashboard.serving_view` — the Serving view (``simkv run --trace/--synthetic`` on its own form).
+* :mod:`simkv.dashboard.serving_view` — the Serving view (``simkv run --trace/--synthetic`` on its own form);
+* :mod:`simkv.dashboard.layout` — the page; :mod:`simkv.dashboard.callbacks` — the main view's wiring.
 """
 
 from __future__ import annotations
