@@ -343,16 +343,16 @@ def emit_validation(args: argparse.Namespace, data: dict) -> int:
 
 
 def _add_app_parser(sub) -> None:
+    from simkv.dashboard.server import add_arguments
+
     p = sub.add_parser("app", help="serve the interactive what-if dashboard in the browser",
                        description="Serve the simkv what-if dashboard (Dash) on http://HOST:PORT/.")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
-    p.add_argument("--debug", action="store_true", help="Dash debug mode: reload on change, dev tools")
+    add_arguments(p)
     p.set_defaults(func=_cmd_app)
 
 
 def _cmd_app(args: argparse.Namespace) -> int:
-    from simkv.dashboard import serve
+    from simkv.dashboard.server import serve
 
     if not 0 < args.port < 65536:
         raise SimkvError(f"--port must be in 1..65535, got {args.port}")

@@ -14,8 +14,9 @@ from hypothesis import strategies as hst
 
 from policies import REGISTRY
 from simkv import build_scenario, figures, simulate
-from simkv.dashboard import callbacks, components, compute, create_app, layout
+from simkv.dashboard import callbacks, components, compute, layout
 from simkv.dashboard import state as st
+from simkv.dashboard.server import create_app
 from simkv.dashboard.validation import ReportError, check_report, load_path, load_upload, parse_report
 
 TINY = {"model": "custom", "layers": "2", "kv_heads": "8", "head_dim": "64", "prompt": "32", "decode": "300"}
