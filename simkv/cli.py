@@ -11,78 +11,9 @@ import sys
 from typing import Sequence
 
 from simkv.errors import SimkvError
+from simkv.flags import (Parser, add_latency_arguments, add_model_arguments, add_policy_arguments,
+                         add_scenario_arguments, scenario_fields, scenario_from_args)
 from simkv.units import format_bytes
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and still exit code 2)."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that describe a scenario, shared by ``run`` and ``validate``."""
-    from simkv import scenario as sc
-
-    add_model_arguments(p)
-    w = p.add_argument_group("workload (one stateful session)")
-    w.add_argument("--prompt", type=int, default=sc.DEFAULT_PROMPT, help=f"prompt tokens (default {sc.DEFAULT_PROMPT})")
-    w.add_argument("--decode", type=int, default=sc.DEFAULT_DECODE, help=f"generated tokens (default {sc.DEFAULT_DECODE})")
-    w.add_argument("--turns", type=int, default=0, help="further chat turns after the first answer (default 0)")
-    w.add_argument("--turn-tokens", type=int, default=64, help="user tokens appended per chat turn (default 64)")
-    w.add_argument("--turn-decode", type=int, help="tokens generated per chat turn (default: --decode)")
-    w.add_argument("--beam", type=int, default=1, help="beam width for every answer: fork, decode, select (default 1)")
-    w.add_argument(
-        "--ops",
-        help="explicit operations instead of the above, e.g. prefill:32,decode:100,fork:4,decode:50,"
-        "reorder,select:0,reset,prefill:16,decode:10",
-    )
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The model flags (a preset, optionally with dimensions overridden) and the KV precision."""
-    from simkv import scenario as sc
-
-    m = p.add_argument_group("model (a preset, optionally with some dimensions overridden)")
-    m.add_argument("--model", default=sc.DEFAULT_MODEL, help=f"preset name, or 'custom' (default {sc.DEFAULT_MODEL}; see `simkv models`)")
-    m.add_argument("--layers", type=int, help="attention layers")
-    m.add_argument("--heads", type=int, help="query heads")
-    m.add_argument("--kv-heads", type=int, help="key/value heads (fewer than heads: GQA)")
-    m.add_argument("--head-dim", type=int, help="head size")
-    m.add_argument("--sliding-window", type=int, metavar="N",
-                   help="attention window in tokens (0: none; default: the preset's, e.g. mistral-7b 4096); "
-                   "used by hf-dynamic")
-    m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the policy's runtime default)")
-
-
-def add_policy_arguments(p: argparse.ArgumentParser) -> None:
-    from simkv import scenario as sc
-    from simkv.models import WEIGHT_BYTES
-
-    g = p.add_argument_group("allocation policy and device")
-    g.add_argument("--policy", default=sc.DEFAULT_POLICY, help=f"policy name (default {sc.DEFAULT_POLICY}; see `simkv policies`)")
-    g.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", help="override a policy parameter (repeatable)")
-    g.add_argument("--device-memory", default=sc.DEFAULT_DEVICE_MEMORY, help=f"device memory, e.g. 16GiB (default {sc.DEFAULT_DEVICE_MEMORY})")
-    g.add_argument("--weights-memory", metavar="BYTES", help="device memory taken besides the KV cache (weights, other "
-                   "models), e.g. 8GiB or 0; counts toward the headroom limit and out of memory (default: the "
-                   "preset's weights at --weights-precision; 0 for a custom shape)")
-    g.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), help="precision of the weights for the default "
-                   "--weights-memory (default: as optimum-intel exports: int8 from 1e9 parameters, else f16)")
-
-
-def scenario_from_args(args: argparse.Namespace):
-    from policies import parse_policy_opts
-    from simkv.scenario import build_scenario
-
-    return build_scenario(
-        model=None if args.model == "custom" else args.model,
-        layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-        sliding_window=args.sliding_window, precision=args.precision, policy=args.policy, policy_options=parse_policy_opts(args.policy_opt),
-        prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
-        turn_decode=args.turn_decode, beam=args.beam, ops=args.ops, device_memory=args.device_memory,
-        weights_memory=args.weights_memory, weights_precision=args.weights_precision,
-    )
 
 
 #: Exit code of a single-session run that ran out of device memory (0: it fit; 2: bad input).
@@ -99,7 +30,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.timeline:
         limits.check_output(args.timeline, "--timeline", (".html", ".htm"))
     if args.trace or args.synthetic:  # serving: a stream of requests (issue #7)
-        return _run_serving(args)
+        from simkv.serving.cli import run_serving
+
+        return run_serving(args)
     limits.check_flags(args)
     if args.ops is not None and not args.ops.strip(" ,"):
         raise SimkvError("--ops is empty: give operations, e.g. prefill:32,decode:100")
@@ -360,67 +293,9 @@ def _cmd_app(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- simkv run --trace/--synthetic (issue #7): serving a stream of requests ----------------------
-# Self-contained block: the flags, the command path, and two lines in _cmd_run/build_parser.
-
-
-def _add_serving_arguments(run) -> None:
-    from simkv.serving.run import MEMORIES, ON_OOM, SCHEDULERS
-
-    g = run.add_argument_group("serving (a stream of requests on one device; given --trace or --synthetic)")
-    g.add_argument("--trace", metavar="PATH", help="requests from a trace: Azure LLM CSV (TIMESTAMP,ContextTokens,"
-                   "GeneratedTokens) or our CSV/JSONL (id, arrival|arrival_step, prompt, max_new_tokens[, session, "
-                   "prefix_id, prefix_tokens, samples, beam, token_ids])")
-    g.add_argument("--synthetic", action="store_true", help="draw requests: --requests, --rate, --prompt-dist, --output-dist")
-    g.add_argument("--requests", action="append", metavar="N|PATH.csv", help="a number: synthetic requests to draw "
-                   "(default 100); a path: write the request table there (repeatable: both)")
-    g.add_argument("--rate", type=float, default=1.0, help="synthetic: arrivals per second (default 1)")
-    g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", help="synthetic arrival process")
-    g.add_argument("--prompt-dist", default="lognormal:1024:1.0", help="synthetic prompt lengths: fixed:N, "
-                   "uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to the context)")
-    g.add_argument("--output-dist", default="lognormal:200:1.0", help="synthetic output lengths (same forms; "
-                   "default lognormal:200:1.0)")
-    g.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
-    g.add_argument("--limit", type=int, help="use only the first N requests of the trace")
-    g.add_argument("--scheduler", default="continuous", help=f"{' | '.join(SCHEDULERS)} (default continuous)")
-    g.add_argument("--memory", default="paged", help=f"{' | '.join(MEMORIES)}: GenAI block pool, or per-request "
-                   "buffers under --policy (default paged)")
-    g.add_argument("--block-size", type=int, default=32, help="paged: tokens per block (32 on CPU, 16 on GPU; default 32)")
-    g.add_argument("--num-kv-blocks", type=int, default=0, help="paged: pool size in blocks (default 0)")
-    g.add_argument("--cache-size", type=float, default=0.0, help="paged: pool size in GiB (default 0; with "
-                   "--num-kv-blocks 0: a dynamic pool that grows by 256 tokens' worth of blocks)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once (vLLM mode, contiguous "
-                   "continuous; default 256)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step (default 256)")
-    g.add_argument("--no-dynamic-split-fuse", action="store_true", help="paged: vLLM mode (whole prompts first)")
-    g.add_argument("--prefix-caching", action="store_true", help="paged: enable_prefix_caching")
-    g.add_argument("--on-oom", default="preempt", help=f"when a request's memory does not fit: {' | '.join(ON_OOM)} "
-                   "(default preempt: by recompute, GenAI's victim rule)")
-    g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
-    g.add_argument("--max-context", type=int, help="reject prompts at or above this many tokens (default: the "
-                   "preset's context length; 0 = no limit)")
-    g.add_argument("--steps", metavar="PATH.csv", help="write the step table")
-
-
-def _run_serving(args: argparse.Namespace) -> int:
-    from simkv.serving.cli import run_serving
-
-    return run_serving(args)
-
-
-# --- end of serving ------------------------------------------------------------------------------
-
 # --- simkv cost / devices / calibrate (issue #13): the cost model ---------------------------------
 # Self-contained block: parsers, commands, and one registration line each in build_parser().
 # The substance is in simkv/cost.py (model, presets), simkv/latency.py (a session's steps), simkv/calibrate.py.
-
-
-def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    """``--device``: price every step with the cost model (simkv/cost.py)."""
-    g = p.add_argument_group("latency (the cost model, see `simkv devices`)")
-    g.add_argument("--device", metavar="NAME|host|PATH", default=default, help="cost-model device: a preset, host "
-                   "(after `simkv calibrate`) or a preset file; adds predicted step times to the report"
-                   + (f" (default {default})" if default else ""))
 
 
 def run_latency(result, args: argparse.Namespace) -> dict | None:
@@ -585,20 +460,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 # Self-contained block: parsers, commands, two registration lines in build_parser(). Substance: simkv.lab.
 
 
-def _point_from_args(args: argparse.Namespace) -> dict:
-    """The scenario flags of ``simkv run`` as a sweep point (simkv.lab.sweep)."""
-    from policies import parse_policy_opts
-
-    return {
-        "model": None if args.model == "custom" else args.model, "layers": args.layers, "heads": args.heads,
-        "kv_heads": args.kv_heads, "head_dim": args.head_dim, "precision": args.precision,
-        "policy": args.policy, "policy_options": parse_policy_opts(args.policy_opt),
-        "prompt": args.prompt, "decode": args.decode, "turns": args.turns, "turn_tokens": args.turn_tokens,
-        "turn_decode": args.turn_decode, "beam": args.beam, "ops": args.ops, "device_memory": args.device_memory,
-        "weights_memory": args.weights_memory, "weights_precision": args.weights_precision,
-    }
-
-
 def _add_executor_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("where points run")
     g.add_argument("--workers", type=int, help="local processes (default: one per core; 1 = in this process)")
@@ -626,7 +487,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from simkv.lab import sweep
 
     out = sweep.check_out_path(args.out)
-    base = _point_from_args(args)
+    base = scenario_fields(args)
     points = [sweep.make_point(base, o) for o in sweep.grid(args.param, args.policy)]
     try:
         result = sweep.run_sweep(points, out, workers=args.workers, scheduler=args.scheduler,
@@ -719,7 +580,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     serving_only = [f for f in ("limit", "device", "max_context", "max_preemptions") if getattr(args, f) is not None]
     if serving_only and not args.serving:
         raise SimkvError(f"--{serving_only[0].replace('_', '-')} is for --serving")
-    base = _point_from_args(args)
+    base = scenario_fields(args)
     holdout = []
     target = None
     if args.serving:
@@ -788,13 +649,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simkv.scenario import ENGINES
-
     from simkv import __version__
+    from simkv.serving.cli import add_run_arguments
 
-    parser = _Parser(prog="simkv", description="KV-cache memory simulator and policy lab for LLM inference.")
+    parser = Parser(prog="simkv", description="KV-cache memory simulator and policy lab for LLM inference.")
     parser.add_argument("--version", action="version", version=f"simkv {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     run = sub.add_parser("run", help="simulate one scenario and report its memory", description=(
         "Simulate a stateful LLM session and report peak/mean memory, waste, reallocations, copies and spikes. "
@@ -807,15 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
         "<= 8,000,000 ledger rows (a run that would record more stops there, exit 2). "
         "--ledger must end in .csv or .parquet, --timeline in .html, in an existing directory."
     ))
-    add_scenario_arguments(run)
-    add_policy_arguments(run)
-    o = run.add_argument_group("output")
-    o.add_argument("--engine", choices=ENGINES, default="fast", help="fast (events only) or reference (every step, every layer)")
-    o.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    o.add_argument("--ledger", metavar="PATH", help="write every alloc/copy/free event (.csv or .parquet)")
-    o.add_argument("--timeline", metavar="PATH.html", help="write the memory timeline as a self-contained HTML page")
-    add_latency_arguments(run)
-    _add_serving_arguments(run)  # simkv run --trace/--synthetic (block above)
+    add_run_arguments(run)  # simkv.serving.cli: the dashboard's Serving view parses with it too
     run.set_defaults(func=_cmd_run)
 
     sub.add_parser("policies", help="list policies and their parameters").set_defaults(func=_cmd_policies)

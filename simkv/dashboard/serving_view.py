@@ -1,9 +1,10 @@
 """The dashboard's Serving view: ``simkv run --trace/--synthetic`` on the page.
 
 The form's values become a ``simkv run`` command line (shown on the page), which
-is parsed by the CLI's own parser and run by the CLI's own calls
-(:func:`simkv.serving.cli.spec_from_args`, :func:`simkv.serving.run.serve`), so
-the view shows what ``simkv run … --json`` prints for the same line. Figures:
+is parsed with the command's own flag declaration and run by the command's own calls
+(:func:`simkv.serving.cli.run_parser`, :func:`simkv.serving.cli.spec_from_args`,
+:func:`simkv.serving.run.serve`), so the view shows what ``simkv run … --json``
+prints for the same line. Figures:
 :mod:`simkv.serving.figures` (memory over time with the pool and the KV budget,
 the per-request timeline, the waste breakdown), in the memory policy's colour
 (:mod:`simkv.lab.palette`: ``paged``, or the contiguous buffers' policy).
@@ -221,13 +222,12 @@ _PARSER_LOCK = threading.Lock()
 def spec_of(argv: list[str]):
     """The :class:`~simkv.serving.ServingSpec` ``simkv run`` builds from these arguments (same parser, same call)."""
     global _PARSER
-    from simkv.cli import build_parser
-    from simkv.serving.cli import spec_from_args
+    from simkv.serving.cli import run_parser, spec_from_args
 
     with _PARSER_LOCK:
         if _PARSER is None:
-            _PARSER = build_parser()
-        args = _PARSER.parse_args(["run", *[str(TRACE_PATH) if a == TRACE else a for a in argv]])
+            _PARSER = run_parser()
+        args = _PARSER.parse_args([str(TRACE_PATH) if a == TRACE else a for a in argv])
     return spec_from_args(args)
 
 
