@@ -394,7 +394,7 @@ def run_validation(cfg: HFValidateConfig) -> dict:
 def command(args) -> int:
     """``simkv validate --runtime transformers`` (parsed arguments of the validate parser)."""
     from policies import parse_policy_opts
-    from simkv.cli import VALIDATE_TOY
+    from simkv.commands.validate import VALIDATE_TOY
     from simkv.validate.report import emit
     from simkv.errors import SimkvError
     from simkv.scenario import build_scenario
