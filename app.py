@@ -2,7 +2,7 @@
 
 import argparse
 
-from simkv.dashboard import add_arguments, create_app
+from simkv.dashboard.server import add_arguments, create_app
 
 app = create_app()
 server = app.server  # for a WSGI server, e.g. gunicorn app:server

@@ -30,8 +30,9 @@ import time
 import numpy as np
 from dash._utils import to_json
 
-from simkv.dashboard import callbacks, compute, create_app
+from simkv.dashboard import callbacks, compute
 from simkv.dashboard import state as st
+from simkv.dashboard.server import create_app
 
 TARGET_MS = 150.0
 

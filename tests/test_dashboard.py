@@ -14,8 +14,9 @@ from hypothesis import strategies as hst
 
 from policies import REGISTRY
 from simkv import build_scenario, figures, simulate
-from simkv.dashboard import callbacks, compute, create_app, layout
+from simkv.dashboard import callbacks, components, compute, layout
 from simkv.dashboard import state as st
+from simkv.dashboard.server import create_app
 from simkv.dashboard.validation import ReportError, check_report, load_path, load_upload, parse_report
 
 TINY = {"model": "custom", "layers": "2", "kv_heads": "8", "head_dim": "64", "prompt": "32", "decode": "300"}
@@ -249,7 +250,8 @@ def test_long_runs_are_decimated_for_display_but_keep_their_spikes():
 
 
 def test_cli_command_reproduces_the_scenario():
-    from simkv.cli import build_parser, scenario_from_args
+    from simkv.cli import build_parser
+    from simkv.flags import scenario_from_args
 
     for changes in ({}, {"policy": "fixed", "popts": {"tokens": "256"}, "precision": "u8", "turns": "2", "beam": "3"},
                     {**TINY, "ops": "prefill:32,decode:100,fork:4,decode:50,select:0,reset,prefill:16",
@@ -442,7 +444,7 @@ def test_policy_parameters_are_generated_from_the_registry():
     try:
         page = str(layout.layout())
         assert "'field': 'slack'" in page and "extra tokens for the test" in page
-        assert {"type": "popt", "policy": "wide-test", "field": "slack"} in layout.popt_ids()
+        assert {"type": "popt", "policy": "wide-test", "field": "slack"} in components.popt_ids()
     finally:
         del REGISTRY["wide-test"]
 
@@ -484,3 +486,19 @@ def test_simkv_app_command_line():
     assert (args.host, args.port, args.debug) == ("127.0.0.1", 8050, False)
     args = build_parser().parse_args(["app", "--host", "0.0.0.0", "--port", "9000", "--debug"])
     assert (args.host, args.port, args.debug) == ("0.0.0.0", 9000, True)
+
+
+def test_the_dashboard_imports_no_cli_module():
+    """The dashboard and the CLI are siblings: what both read (`simkv run`'s flags) lies below them."""
+    import ast
+    from pathlib import Path
+
+    for path in (Path(__file__).resolve().parent.parent / "simkv" / "dashboard").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not [n for n in names if n == "simkv.cli" or n.split(".")[:2] == ["simkv", "commands"]], path

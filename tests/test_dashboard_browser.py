@@ -24,7 +24,7 @@ if CHROMIUM is None:
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from simkv.dashboard import create_app  # noqa: E402
+from simkv.dashboard.server import create_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "artifacts" / "screenshots"

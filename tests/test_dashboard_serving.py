@@ -165,3 +165,15 @@ def test_any_form_is_a_valid_command_line_or_one_line_per_field(values, choices)
         return
     args = build_parser().parse_args(["run", *argv])
     assert (args.limit or 0) >= 1 or args.synthetic
+
+
+def test_the_view_parses_its_lines_as_simkv_run_does():
+    """One declaration of `simkv run`'s flags: the view's parser (no CLI import) reads a line as the command does."""
+    from simkv.cli import build_parser
+    from simkv.serving.cli import run_parser
+
+    for values in (form(), form(**SMALL_POOL), form(**SYNTHETIC)):
+        argv = sv.command(values)
+        expected = vars(build_parser().parse_args(["run", *argv]))
+        del expected["command"], expected["func"]
+        assert vars(run_parser().parse_args(argv)) == expected

@@ -10,7 +10,6 @@ nothing stale is shown as current.
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 from pathlib import Path
 
@@ -20,13 +19,12 @@ from policies import REGISTRY
 from simkv import figures
 
 from simkv.dashboard import compute, layout as lay, state as st
+from simkv.dashboard.components import internal_error, popt_ids, render_cards
 from simkv.dashboard.validation import ReportError, event_rows, load_path, load_upload, summary_cards
-
-log = logging.getLogger("simkv.dashboard")
 
 SCENARIO_KEYS = ("model", *st.DIMS, "precision", "policy", *st.WORKLOAD_FIELDS, "ops", "device_memory")
 #: Pattern-matching ids in layout order: the order Dash lists ALL inputs and outputs in.
-POPT_IDS = lay.popt_ids()
+POPT_IDS = popt_ids()
 ERR_KEYS = lay.err_keys()
 #: Ledger rows above which the CSV is not sent through the browser.
 MAX_CSV_ROWS = 1_000_000
@@ -44,11 +42,6 @@ def state_from(controls: dict, popt_values: list) -> dict:
     return state
 
 
-def _internal(err: Exception) -> str:
-    log.exception("dashboard callback failed")
-    return f"Internal error ({type(err).__name__}); the server log has the details."
-
-
 # -- main -----------------------------------------------------------------------------
 
 def _inline(key: str, message: str) -> str:
@@ -63,18 +56,18 @@ def main_callback(controls: dict, popt_values: list) -> dict:
     try:
         view = compute.main_view(state)
     except Exception as err:  # noqa: BLE001 - never a traceback in the browser
-        view = compute.MainView(ok=False, status=_internal(err))
+        view = compute.MainView(ok=False, status=internal_error(err))
     if not view.ok:
         blank = compute.placeholder_figure("No result: " + (
             "fix the input marked in red." if view.errors else "the simulation failed."))
         return {
-            "timeline": blank, "heatmap": blank, "cards": lay.render_cards(None),
+            "timeline": blank, "heatmap": blank, "cards": render_cards(None),
             "status": view.status, "status_class": "status invalid", "warning": "", "cli": "",
             "errors": [_inline(k, view.errors.get(k, "")) for k in ERR_KEYS],
             "store": {"ok": False},
         }
     return {
-        "timeline": view.timeline, "heatmap": view.heatmap, "cards": lay.render_cards(view.cards),
+        "timeline": view.timeline, "heatmap": view.heatmap, "cards": render_cards(view.cards),
         "status": view.status, "status_class": "status", "warning": view.warning or "", "cli": view.cli,
         "errors": [""] * len(ERR_KEYS),
         "store": {"ok": True, "kwargs": view.kwargs},
@@ -128,7 +121,7 @@ def compare_callback(store: dict | None, cmp_values: dict, quantity: str, tab: s
         else:
             view = compute.compare_view(store["kwargs"], state, quantity)
     except Exception as err:  # noqa: BLE001
-        view = compute.CompareView(ok=False, message=_internal(err))
+        view = compute.CompareView(ok=False, message=internal_error(err))
     errors = [
         "; ".join(v for k, v in view.errors.items() if k.startswith(key + "_")) for key in keys
     ]
@@ -150,7 +143,7 @@ def table_callback(store, page, size, sort_by, query) -> tuple:
     except st.Invalid:
         return [], 1, "No result: nothing to list."
     except Exception as err:  # noqa: BLE001
-        return [], 1, _internal(err)
+        return [], 1, internal_error(err)
     note = f"{out['total']:,} ledger rows"
     if out["matched"] != out["total"]:
         note += f", {out['matched']:,} match the filter"
@@ -175,7 +168,7 @@ def ledger_csv(store) -> tuple:
             data = dcc.send_file(str(path), filename="simkv-ledger.csv", type="text/csv")
         return data, f"ledger: {len(result.ledger):,} rows"
     except Exception as err:  # noqa: BLE001
-        return no_update, _internal(err)
+        return no_update, internal_error(err)
 
 
 def figures_html(store, heat: str) -> tuple:
@@ -191,7 +184,7 @@ def figures_html(store, heat: str) -> tuple:
                 f"<body><h3>{title}</h3><p><code>{st.cli_command(store['kwargs'])}</code></p>{body}</body></html>")
         return dict(content=page, filename="simkv-figures.html", type="text/html"), "figures: HTML"
     except Exception as err:  # noqa: BLE001
-        return no_update, _internal(err)
+        return no_update, internal_error(err)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -212,7 +205,7 @@ def validation_callback(contents, path, filename, trigger: str | None = None) ->
     except ReportError as err:
         return {**empty, "figure": compute.placeholder_figure("No report: see the message above."), "message": str(err)}
     except Exception as err:  # noqa: BLE001
-        return {**empty, "message": _internal(err)}
+        return {**empty, "message": internal_error(err)}
     try:
         fig = figures.validation_figure(report)
         fig.update_layout(margin={"t": 40}, title_font_size=13)
@@ -221,16 +214,16 @@ def validation_callback(contents, path, filename, trigger: str | None = None) ->
         versions = report.get("versions") or {}
         note = f"{source}: {note}" + (f"; scenario {json.dumps(scenario)}" if scenario else "") + (
             f"; versions {json.dumps(versions)}" if versions else "")
-        return {"figure": fig, "cards": lay.render_cards(summary_cards(report)), "rows": rows, "note": note, "message": ""}
+        return {"figure": fig, "cards": render_cards(summary_cards(report)), "rows": rows, "note": note, "message": ""}
     except Exception as err:  # noqa: BLE001
-        return {**empty, "message": _internal(err)}
+        return {**empty, "message": internal_error(err)}
 
 
 # -- registration -------------------------------------------------------------------------
 
 def register(app) -> None:
     global POPT_IDS, ERR_KEYS
-    POPT_IDS, ERR_KEYS = lay.popt_ids(), lay.err_keys()  # policies registered since import appear too
+    POPT_IDS, ERR_KEYS = popt_ids(), lay.err_keys()  # policies registered since import appear too
     popt_in = Input({"type": "popt", "policy": ALL, "field": ALL}, "value")
     controls_in = {k: Input(k, "value") for k in SCENARIO_KEYS + ("heat",)}
 

@@ -1,12 +1,14 @@
 """The dashboard's page: controls on the left (generated from the policy registry), views on the right.
 
 Sized for a 1280×800 screen: a 310 px control column that scrolls on its own,
-figures that take the rest of the height.
+figures that take the rest of the height. The Tune and Serving tabs are their views'
+own (simkv.dashboard.tune_view, serving_view); the pieces every tab is built from are
+in simkv.dashboard.components.
 """
 
 from __future__ import annotations
 
-from dash import dash_table, dcc, html
+from dash import dcc, html
 
 from policies import REGISTRY
 from simkv.figures import COLORS
@@ -15,12 +17,10 @@ from simkv.models import PRESETS
 from simkv.precision import PRECISIONS
 
 from simkv.dashboard import state as st
-
-GRAPH_CONFIG = {
-    "displaylogo": False,
-    "toImageButtonOptions": {"format": "png", "scale": 2},
-}
-
+from simkv.dashboard.components import (DIMMED, data_table, dropdown, graph, popt_id, popt_ids, render_cards,
+                                        text_input)
+from simkv.dashboard.serving_view import serving_tab
+from simkv.dashboard.tune_view import tune_tab
 
 def _err(key: str) -> html.Div:
     return html.Div(id={"type": "err", "key": key}, className="err", role="alert")
@@ -37,15 +37,6 @@ def field(key: str, control, label: str | None = None, hint: str | None = None, 
             _err(key) if err_id is None else html.Div(id=err_id, className="err", role="alert"),
         ],
     )
-
-
-def text_input(id, value: str, placeholder: str = "", **kw) -> dcc.Input:
-    return dcc.Input(id=id, type="text", value=value, placeholder=placeholder, debounce=True, autoComplete="off",
-                     className="text", **kw)
-
-
-def dropdown(id, options, value, **kw) -> dcc.Dropdown:
-    return dcc.Dropdown(id=id, options=options, value=value, clearable=False, searchable=False, className="dd", **kw)
 
 
 def model_options() -> list[dict]:
@@ -67,21 +58,6 @@ def compare_precision_options() -> list[dict]:
     return [{"label": "same as A", "value": st.SAME}, {"label": "policy default", "value": st.DEFAULT}] + [
         {"label": p.name, "value": p.name} for p in PRECISIONS.values()
     ]
-
-
-def popt_id(policy: str, name: str) -> dict:
-    return {"type": "popt", "policy": policy, "field": name}
-
-
-def popt_ids() -> list[dict]:
-    """Every policy parameter control, in layout order (the order pattern-matching callbacks see)."""
-    mech = st.mechanics_names()
-    ids = []
-    for name in REGISTRY:
-        fields = st.policy_fields(name)
-        ids += [popt_id(name, f.name) for f in fields if f.name not in mech]
-        ids += [popt_id(name, f.name) for f in fields if f.name in mech]
-    return ids
 
 
 def err_keys() -> list[str]:
@@ -172,41 +148,6 @@ def sidebar(d: dict) -> html.Div:
     ])
 
 
-def _card(key: str, label: str, value: str = "—", detail: str = "") -> html.Div:
-    return html.Div(className="card", id=f"card-{key}", children=[
-        html.Div(label, className="card-label"),
-        html.Div(value, className="card-value", id=f"card-{key}-value"),
-        html.Div(detail, className="card-detail"),
-    ])
-
-
-def render_cards(cards: list[dict] | None, keys_labels=None) -> list:
-    if cards:
-        return [_card(c["key"], c["label"], c["value"], c["detail"]) for c in cards]
-    return [_card(k, lab, "—", "no result") for k, lab in (keys_labels or CARD_LABELS)]
-
-
-CARD_LABELS = [
-    ("peak_allocated", "peak allocated"), ("peak_resident", "peak resident"), ("mean_allocated", "mean allocated"),
-    ("waste", "final waste"), ("reallocations", "reallocations"), ("bytes_copied", "bytes copied"),
-    ("largest_spike", "largest spike"),
-]
-
-
-#: While a callback runs, what it will replace stays visible but dimmed (never shown as current).
-DIMMED = {"visibility": "visible", "opacity": 0.3, "filter": "grayscale(1)"}
-
-
-def _graph(id: str, filename: str) -> dcc.Loading:
-    config = {**GRAPH_CONFIG, "toImageButtonOptions": {**GRAPH_CONFIG["toImageButtonOptions"], "filename": filename}}
-    return dcc.Loading(
-        type="circle", delay_show=80, overlay_style=DIMMED,
-        children=dcc.Graph(id=id, config=config, className="graph",
-                           figure={"data": [], "layout": {"template": "none", "xaxis": {"visible": False},
-                                                          "yaxis": {"visible": False}}}),
-    )
-
-
 def compare_tab(d: dict) -> html.Div:
     policies = [{"label": "— none —", "value": ""}] + [{"label": n, "value": n} for n in REGISTRY]
     rows = [html.Div(className="cmp-row cmp-head", children=[
@@ -232,17 +173,8 @@ def compare_tab(d: dict) -> html.Div:
         ]),
         dcc.Loading(type="dot", delay_show=80, overlay_style=DIMMED,
                     children=html.Div(id="delta-table", className="delta")),
-        _graph("compare-graph", "simkv-compare"),
+        graph("compare-graph", "simkv-compare"),
     ])
-
-
-def data_table(**kw) -> dash_table.DataTable:
-    """``dash_table.DataTable`` (Dash 4 warns it will move out of Dash one day; it is what we use today)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"(?s).*DataTable will be removed", category=DeprecationWarning)
-        return dash_table.DataTable(**kw)
 
 
 def events_tab() -> html.Div:
@@ -281,7 +213,7 @@ def validation_tab(d: dict) -> html.Div:
         ]),
         html.Div(id="v-message", className="err", role="alert"),
         html.Div(id="v-cards", className="cards"),
-        _graph("v-graph", "simkv-validation"),
+        graph("v-graph", "simkv-validation"),
         html.Div(id="v-note", className="note"),
         data_table(
             id="v-table", columns=[{"name": c, "id": c} for c in ("step", "layer", "tensor", "op", "bytes", "status")],
@@ -296,18 +228,6 @@ def validation_tab(d: dict) -> html.Div:
     ])
 
 
-def tune_tab() -> html.Div:
-    from simkv.dashboard.tune_view import tune_tab as tab  # the Tune view lives in its own module
-
-    return tab()
-
-
-def serving_tab(d: dict) -> html.Div:
-    from simkv.dashboard.serving_view import serving_tab as tab  # the Serving view lives in its own module
-
-    return tab(d)
-
-
 def main_panel(d: dict) -> html.Div:
     return html.Div(className="main", children=[
         dcc.Loading(type="dot", delay_show=80, overlay_style=DIMMED, children=[
@@ -317,7 +237,7 @@ def main_panel(d: dict) -> html.Div:
         ]),
         dcc.Tabs(id="tab", value=d["tab"], className="tabs", children=[
             dcc.Tab(label="Memory over steps", value="memory", children=html.Div(className="tab-body", children=[
-                _graph("timeline-graph", "simkv-timeline"),
+                graph("timeline-graph", "simkv-timeline"),
             ])),
             dcc.Tab(label="Per layer", value="layers", children=html.Div(className="tab-body", children=[
                 html.Div(className="row", children=[
@@ -327,7 +247,7 @@ def main_panel(d: dict) -> html.Div:
                         {"label": "capacity", "value": "capacity"},
                     ], value=d["heat"], inline=True, className="radio"),
                 ]),
-                _graph("heatmap-graph", "simkv-layers"),
+                graph("heatmap-graph", "simkv-layers"),
             ])),
             dcc.Tab(label="Compare", value="compare", children=compare_tab(d)),
             dcc.Tab(label="Events (ledger)", value="events", children=events_tab()),

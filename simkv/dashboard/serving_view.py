@@ -1,9 +1,10 @@
 """The dashboard's Serving view: ``simkv run --trace/--synthetic`` on the page.
 
 The form's values become a ``simkv run`` command line (shown on the page), which
-is parsed by the CLI's own parser and run by the CLI's own calls
-(:func:`simkv.serving.cli.spec_from_args`, :func:`simkv.serving.run.serve`), so
-the view shows what ``simkv run … --json`` prints for the same line. Figures:
+is parsed with the command's own flag declaration and run by the command's own calls
+(:func:`simkv.serving.cli.run_parser`, :func:`simkv.serving.cli.spec_from_args`,
+:func:`simkv.serving.run.serve`), so the view shows what ``simkv run … --json``
+prints for the same line. Figures:
 :mod:`simkv.serving.figures` (memory over time with the pool and the KV budget,
 the per-request timeline, the waste breakdown), in the memory policy's colour
 (:mod:`simkv.lab.palette`: ``paged``, or the contiguous buffers' policy).
@@ -35,9 +36,11 @@ from pathlib import Path
 import numpy as np
 from dash import ALL, Input, Output, dcc, html
 
-from simkv.dashboard import state as st
-from simkv.dashboard.compute import ResultCache
 from simkv.errors import SimkvError
+
+from simkv.dashboard import state as st
+from simkv.dashboard.components import dropdown, graph, internal_error, render_cards, text_input
+from simkv.dashboard.compute import ResultCache
 
 #: The shipped trace, as the command line names it (run from the repository root) and where it is.
 TRACE = "data/traces/azure_llm_2023_conv.csv"
@@ -219,13 +222,12 @@ _PARSER_LOCK = threading.Lock()
 def spec_of(argv: list[str]):
     """The :class:`~simkv.serving.ServingSpec` ``simkv run`` builds from these arguments (same parser, same call)."""
     global _PARSER
-    from simkv.cli import build_parser
-    from simkv.serving.cli import spec_from_args
+    from simkv.serving.cli import run_parser, spec_from_args
 
     with _PARSER_LOCK:
         if _PARSER is None:
-            _PARSER = build_parser()
-        args = _PARSER.parse_args(["run", *[str(TRACE_PATH) if a == TRACE else a for a in argv]])
+            _PARSER = run_parser()
+        args = _PARSER.parse_args([str(TRACE_PATH) if a == TRACE else a for a in argv])
     return spec_from_args(args)
 
 
@@ -399,7 +401,6 @@ def _field(key: str, control, hint: str | None = None) -> html.Div:
 def serving_tab(d: dict) -> html.Div:
     from policies import REGISTRY
     from simkv.cost import DEVICES
-    from simkv.dashboard.layout import _graph, dropdown, text_input
     from simkv.models import PRESETS
     from simkv.precision import PRECISIONS
 
@@ -444,9 +445,9 @@ def serving_tab(d: dict) -> html.Div:
             html.Div(id="sv-cards", className="cards"),
             html.Div(id="sv-latency", className="delta"),
         ]),
-        _graph("sv-memory-graph", "simkv-serving-memory"),
-        html.Div(className="sv-pair", children=[_graph("sv-requests-graph", "simkv-serving-requests"),
-                                                _graph("sv-waste-graph", "simkv-serving-waste")]),
+        graph("sv-memory-graph", "simkv-serving-memory"),
+        html.Div(className="sv-pair", children=[graph("sv-requests-graph", "simkv-serving-requests"),
+                                                graph("sv-waste-graph", "simkv-serving-waste")]),
     ])
 
 
@@ -461,16 +462,13 @@ def serving_callback(values: dict, tab: str) -> dict:
     from dash import no_update
 
     from simkv.dashboard import compute
-    from simkv.dashboard import layout as lay
 
     if tab != "serving":
         return {k: no_update for k in OUTPUTS} | {"errors": [no_update] * len(KEYS)}
     try:
         view = serving_view(values)
     except Exception as err:  # noqa: BLE001 - never a traceback in the browser
-        from simkv.dashboard.callbacks import _internal
-
-        view = {"ok": False, "errors": {}, "cli": "", "status": _internal(err)}
+        view = {"ok": False, "errors": {}, "cli": "", "status": internal_error(err)}
     errors = [view["errors"].get(k, "") for k in KEYS]
     if not view["ok"]:
         blank = compute.placeholder_figure("No result: " + ("fix the input marked in red." if view["errors"]
@@ -478,7 +476,7 @@ def serving_callback(values: dict, tab: str) -> dict:
         return {"memory": blank, "requests": blank, "waste": blank, "cards": [], "latency": "",
                 "status": view["status"], "status_class": "status invalid", "cli": view["cli"], "errors": errors}
     return {"memory": view["memory"], "requests": view["requests"], "waste": view["waste"],
-            "cards": lay.render_cards(view["cards"]), "latency": latency_table(view["latency"]),
+            "cards": render_cards(view["cards"]), "latency": latency_table(view["latency"]),
             "status": view["status"], "status_class": "status", "cli": view["cli"], "errors": errors}
 
 

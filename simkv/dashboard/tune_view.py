@@ -19,6 +19,9 @@ from dash import ALL, Input, Output, State, dcc, html, no_update
 
 from simkv.errors import SimkvError
 
+from simkv.dashboard import state as st
+from simkv.dashboard.components import data_table, dropdown, internal_error, popt_ids, text_input
+
 #: Simulations (configurations × workloads) one dashboard search may run.
 MAX_SIMULATIONS = 6_000
 DEFAULT_FORM = {"tune_params": "", "tune_objectives": ["peak:max", "reallocs:mean"], "tune_constraints": "",
@@ -27,7 +30,6 @@ TABLE_STYLE = {"fontFamily": "ui-monospace, monospace", "fontSize": 12, "padding
 
 
 def tune_tab() -> html.Div:
-    from simkv.dashboard.layout import data_table, dropdown, text_input
     from simkv.lab.tune import AGGREGATES, METRICS, SEARCHES
 
     objectives = [{"label": f"{m}:{a}", "value": f"{m}:{a}"} for m in METRICS for a in AGGREGATES]
@@ -151,16 +153,12 @@ def tune_callback(_clicks, store: dict | None, form: dict) -> dict:
     except SimkvError as err:
         return {"figure": no_update, "rows": [], "columns": [], "status": f"Cannot tune: {err}"}
     except Exception as err:  # noqa: BLE001 - never a traceback in the browser
-        from simkv.dashboard.callbacks import _internal
-
-        return {"figure": no_update, "rows": [], "columns": [], "status": _internal(err)}
+        return {"figure": no_update, "rows": [], "columns": [], "status": internal_error(err)}
     return view
 
 
 def open_point(click: dict | None, policy: str, popt_ids: list[dict]) -> dict:
     """A clicked point's parameters into the sidebar's policy inputs, and the what-if tab."""
-    from simkv.dashboard import state as st
-
     try:
         params = json.loads(click["points"][0]["customdata"])
     except (TypeError, KeyError, IndexError, ValueError):
@@ -176,7 +174,6 @@ def open_point(click: dict | None, policy: str, popt_ids: list[dict]) -> dict:
 
 
 def register(app) -> None:
-    from simkv.dashboard import layout as lay
     from simkv.lab.tune import TUNABLE
 
     form = {k: State(k, "value") for k in DEFAULT_FORM}
@@ -191,7 +188,7 @@ def register(app) -> None:
     def params_hint(policy):
         return "; ".join(TUNABLE.get(policy, ())) or "this policy has no tunable defaults: give KEY=…"
 
-    popt_ids = lay.popt_ids()
+    ids = popt_ids()
 
     @app.callback(
         output={"popts": Output({"type": "popt", "policy": ALL, "field": ALL}, "value", allow_duplicate=True),
@@ -201,7 +198,7 @@ def register(app) -> None:
         prevent_initial_call=True,
     )
     def clicked(click, policy):
-        return open_point(click, policy, popt_ids)
+        return open_point(click, policy, ids)
 
 
 __all__ = ["tune_tab", "tune_view", "tune_callback", "open_point", "register", "MAX_SIMULATIONS"]

@@ -193,7 +193,8 @@ class TuneSpec:
     seed: int = 0
     #: Workloads the search never sees; the baseline and the recommendation are re-scored on them.
     holdout: list[tuple[int, int]] = field(default_factory=list)
-    #: Tune serving settings instead (a :class:`simkv.lab.tune_serving.ServingTarget`; ``workloads`` unused).
+    #: Tune serving settings instead (a :class:`simkv.lab.tune_serving.ServingTarget`, whose ``evaluator`` scores
+    #: the candidates; ``workloads`` unused).
     serving: object | None = None
 
     def __post_init__(self) -> None:
@@ -419,12 +420,8 @@ def run_tune(spec: TuneSpec, *, workers: int | None = None, scheduler: str | Non
     if spec.serving and out:
         raise ConfigError("--out stores session sweep points; a serving tune has none")
     with sweep.executor(workers, scheduler) as pool:
-        if spec.serving:
-            from simkv.lab.tune_serving import ServingEvaluator
-
-            evaluate = ServingEvaluator(spec, pool)
-        else:
-            evaluate = Evaluator(spec, pool, out)
+        # a serving target brings its own evaluator: tune_serving builds on this module, not the reverse
+        evaluate = spec.serving.evaluator(spec, pool) if spec.serving else Evaluator(spec, pool, out)
         baseline = evaluate({})
         with tqdm(total=spec.budget if spec.search == "optuna" else None, desc="tune", unit="config",
                   disable=not progress) as bar:

@@ -108,6 +108,10 @@ class ServingTarget:
                 words += [f"--{key.replace('_', '-')}", f"{value:g}" if kind is float else str(value)]
         return shlex.join(words)
 
+    def evaluator(self, spec, pool) -> "ServingEvaluator":
+        """What :func:`simkv.lab.tune.run_tune` scores this target's candidates with."""
+        return ServingEvaluator(spec, pool)
+
     def describe(self) -> dict:
         t = self.template
         return {"source": self.trace, "requests": len(t.requests), "model": t.model.name,

@@ -1,12 +1,80 @@
-"""``simkv run --trace/--synthetic``: flags → :class:`ServingSpec` → :func:`serve` → report."""
+"""``simkv run``'s flags, declared once, and its serving path: flags → :class:`ServingSpec` → :func:`serve` → report.
+
+The declaration (:func:`add_run_arguments`) is here, below the CLI and the dashboard, because both read
+it: ``simkv run`` (simkv.commands.run) and the dashboard's Serving view, which parses the ``simkv run``
+line it shows with :func:`run_parser` and builds its spec with :func:`spec_from_args`, as the command does.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from simkv.errors import ConfigError
+from simkv.flags import Parser, add_latency_arguments, add_policy_arguments, add_scenario_arguments
 from simkv.units import format_bytes, parse_bytes
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Every flag of ``simkv run``: one session (scenario, policy), output, latency, and serving."""
+    from simkv.scenario import ENGINES
+
+    add_scenario_arguments(p)
+    add_policy_arguments(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--engine", choices=ENGINES, default="fast", help="fast (events only) or reference (every step, every layer)")
+    o.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    o.add_argument("--ledger", metavar="PATH", help="write every alloc/copy/free event (.csv or .parquet)")
+    o.add_argument("--timeline", metavar="PATH.html", help="write the memory timeline as a self-contained HTML page")
+    add_latency_arguments(p)
+    add_serving_arguments(p)
+
+
+def add_serving_arguments(p: argparse.ArgumentParser) -> None:
+    """``simkv run --trace/--synthetic`` (issue #7): a stream of requests on one device."""
+    from simkv.serving.run import MEMORIES, ON_OOM, SCHEDULERS
+
+    g = p.add_argument_group("serving (a stream of requests on one device; given --trace or --synthetic)")
+    g.add_argument("--trace", metavar="PATH", help="requests from a trace: Azure LLM CSV (TIMESTAMP,ContextTokens,"
+                   "GeneratedTokens) or our CSV/JSONL (id, arrival|arrival_step, prompt, max_new_tokens[, session, "
+                   "prefix_id, prefix_tokens, samples, beam, token_ids])")
+    g.add_argument("--synthetic", action="store_true", help="draw requests: --requests, --rate, --prompt-dist, --output-dist")
+    g.add_argument("--requests", action="append", metavar="N|PATH.csv", help="a number: synthetic requests to draw "
+                   "(default 100); a path: write the request table there (repeatable: both)")
+    g.add_argument("--rate", type=float, default=1.0, help="synthetic: arrivals per second (default 1)")
+    g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", help="synthetic arrival process")
+    g.add_argument("--prompt-dist", default="lognormal:1024:1.0", help="synthetic prompt lengths: fixed:N, "
+                   "uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to the context)")
+    g.add_argument("--output-dist", default="lognormal:200:1.0", help="synthetic output lengths (same forms; "
+                   "default lognormal:200:1.0)")
+    g.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
+    g.add_argument("--limit", type=int, help="use only the first N requests of the trace")
+    g.add_argument("--scheduler", default="continuous", help=f"{' | '.join(SCHEDULERS)} (default continuous)")
+    g.add_argument("--memory", default="paged", help=f"{' | '.join(MEMORIES)}: GenAI block pool, or per-request "
+                   "buffers under --policy (default paged)")
+    g.add_argument("--block-size", type=int, default=32, help="paged: tokens per block (32 on CPU, 16 on GPU; default 32)")
+    g.add_argument("--num-kv-blocks", type=int, default=0, help="paged: pool size in blocks (default 0)")
+    g.add_argument("--cache-size", type=float, default=0.0, help="paged: pool size in GiB (default 0; with "
+                   "--num-kv-blocks 0: a dynamic pool that grows by 256 tokens' worth of blocks)")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once (vLLM mode, contiguous "
+                   "continuous; default 256)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step (default 256)")
+    g.add_argument("--no-dynamic-split-fuse", action="store_true", help="paged: vLLM mode (whole prompts first)")
+    g.add_argument("--prefix-caching", action="store_true", help="paged: enable_prefix_caching")
+    g.add_argument("--on-oom", default="preempt", help=f"when a request's memory does not fit: {' | '.join(ON_OOM)} "
+                   "(default preempt: by recompute, GenAI's victim rule)")
+    g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
+    g.add_argument("--max-context", type=int, help="reject prompts at or above this many tokens (default: the "
+                   "preset's context length; 0 = no limit)")
+    g.add_argument("--steps", metavar="PATH.csv", help="write the step table")
+
+
+def run_parser() -> Parser:
+    """A parser of ``simkv run``'s arguments alone (the words after ``run``), as the command parses them."""
+    p = Parser(prog="simkv run")
+    add_run_arguments(p)
+    return p
 
 
 def _requests_flags(values: list[str] | None) -> tuple[int, str | None]:

@@ -29,3 +29,12 @@ dashboard: the defaults the command shares with a runtime live here (:data:`VALI
 #: A custom model's dimensions when ``simkv validate`` is not given them (the CLI's OpenVINO run and
 #: ``--runtime transformers``; ``--paged`` shapes its own toy model).
 VALIDATE_TOY = {"layers": 4, "heads": 8, "head_dim": 64}
+
+
+def model_dims(args) -> dict:
+    """The shape flags of a ``simkv validate`` command line, with :data:`VALIDATE_TOY` where a custom model
+    leaves one out (a preset's own dimensions fill the rest later)."""
+    dims = {k: getattr(args, k) for k in ("layers", "heads", "kv_heads", "head_dim")}
+    if args.model == "custom":
+        dims.update({k: v for k, v in VALIDATE_TOY.items() if dims[k] is None})
+    return dims

@@ -233,7 +233,7 @@ def command(args) -> int:
     from simkv.errors import SimkvError
     from simkv.scenario import build_scenario
 
-    from .. import VALIDATE_TOY
+    from .. import model_dims
     from ..report import emit
 
     if args.ir or args.inference_precision:
@@ -244,9 +244,7 @@ def command(args) -> int:
     if set(opts) - {"max_cache_len"}:
         raise SimkvError(f"--runtime transformers takes --policy-opt max_cache_len only, not {', '.join(opts)}")
     model = None if args.model == "custom" else args.model
-    dims = {k: getattr(args, k) for k in ("layers", "heads", "kv_heads", "head_dim")}
-    if model is None:
-        dims = {k: (VALIDATE_TOY[k] if dims[k] is None and k in VALIDATE_TOY else dims[k]) for k in dims}
+    dims = model_dims(args)
     # Validates the shape, the workload and the policy's limits before anything slow happens.
     scenario = dict(model=model, **dims, sliding_window=args.sliding_window, precision=args.precision or "f32",
                     prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,

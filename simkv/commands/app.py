@@ -1,0 +1,29 @@
+"""``simkv app`` (issue #4): serve the interactive what-if dashboard.
+
+The one arrow from the CLI to the dashboard: this command starts it, with the dashboard's own
+flags (simkv.dashboard.server, which ``python app.py`` reads too). The dashboard imports no CLI module.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from simkv.errors import SimkvError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from simkv.dashboard.server import add_arguments
+
+    p = sub.add_parser("app", help="serve the interactive what-if dashboard in the browser",
+                       description="Serve the simkv what-if dashboard (Dash) on http://HOST:PORT/.")
+    add_arguments(p)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    from simkv.dashboard.server import serve
+
+    if not 0 < args.port < 65536:
+        raise SimkvError(f"--port must be in 1..65535, got {args.port}")
+    serve(args.host, args.port, args.debug)
+    return 0

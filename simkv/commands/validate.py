@@ -1,0 +1,151 @@
+"""``simkv validate`` (issue #3): a real OpenVINO CPU run against the ``openvino-cpu`` policy, event by event.
+
+Also ``--runtime transformers`` (Hugging Face caches on torch CPU against ``hf-dynamic`` / ``hf-static``)
+and ``--paged`` (OpenVINO GenAI continuous batching against the paged serving model). OpenVINO,
+memray and torch are imported only when the command runs (the runners in simkv.validate's subpackages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from simkv.errors import SimkvError
+from simkv.flags import add_latency_arguments, add_scenario_arguments
+
+VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("validate", help="run a scenario on the real OpenVINO CPU plugin and compare with the simulator",
+                       description=(
+        "Run a scenario on OpenVINO's CPU plugin (a random-weight stateful decoder of the given shape, or --ir), "
+        "record every KV-cache allocation and free with memray, measure RSS/VmSize/VmHWM/latency in a clean "
+        "run (MALLOC_MMAP_THRESHOLD_ set), predict the same scenario with the openvino-cpu policy at the "
+        "effective KV precision, and compare event by event. Exit 0 only if every KV event matched. "
+        "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations). "
+        "--runtime transformers runs Hugging Face DynamicCache / StaticCache on torch CPU instead and compares "
+        "with hf-dynamic / hf-static."))
+    add_scenario_arguments(p)
+    p.set_defaults(**VALIDATE_DEFAULTS)
+    helps = {
+        "model": "preset whose dimensions the toy model takes, or 'custom' (default custom)",
+        "layers": "attention layers (default 4)",
+        "heads": "query heads (default 8)",
+        "kv_heads": "key/value heads (default: --heads, MHA; fewer: GQA)",
+        "head_dim": "head size (default 64)",
+        "precision": "KV_CACHE_PRECISION hint: u8 u4 f16 bf16 f32 (default: the plugin's; the effective precision "
+                     "is read from the compiled model)",
+        "prompt": "prompt tokens (default 32)",
+        "decode": "generated tokens (default 1100)",
+    }
+    for action in p._actions:
+        if action.dest in helps:
+            action.help = helps[action.dest]
+    r = p.add_argument_group("real run")
+    r.add_argument("--hidden", type=int, help="hidden size of the toy model (default heads x head-dim)")
+    r.add_argument("--vocab", type=int, default=1000, help="vocabulary of the toy model (default 1000)")
+    r.add_argument("--inference-precision", help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
+    r.add_argument("--ir", metavar="PATH", help="validate an exported model (openvino_model.xml or its folder); "
+                   "dimensions come from its state variables")
+    r.add_argument("--mmap-threshold", type=int, default=65536,
+                   help="MALLOC_MMAP_THRESHOLD_ of the clean run (default 65536)")
+    r.add_argument("--slope-min-tokens", type=int, default=500,
+                   help="quiet decode stretches at least this long give the resident slope (default 500)")
+    r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
+    r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino",
+                   help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
+                   "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32)")
+    r.add_argument("--policy", choices=("hf-dynamic", "hf-static"),
+                   help="--runtime transformers: DynamicCache (hf-dynamic, default) or StaticCache (hf-static)")
+    r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE",
+                   help="--runtime transformers: max_cache_len=N for hf-static (default: the longest history)")
+    add_latency_arguments(p, default="host")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
+    o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
+    _add_paged_validate_arguments(p)
+    return p
+
+
+def _add_paged_validate_arguments(p) -> None:
+    """``simkv validate --paged`` (issue #8): OpenVINO GenAI continuous batching vs the paged model."""
+    g = p.add_argument_group("paged (--paged: OpenVINO GenAI ContinuousBatchingPipeline vs the paged serving model)")
+    g.add_argument("--paged", action="store_true",
+                   help="validate the paged continuous-batching model step by step against GenAI's pipeline on CPU "
+                        "(model flags shape its toy model: default 2 layers, 4 heads, 2 kv heads x 32)")
+    g.add_argument("--trace", metavar="W.csv", help="the workload (serving CSV/JSONL with arrival_step)")
+    g.add_argument("--random", type=int, metavar="N", help="N random workloads and configurations from --seed")
+    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", help="pool blocks (0 with --cache-size 0: dynamic pool)")
+    g.add_argument("--cache-size", type=int, default=0, metavar="GIB", help="pool size in whole GiB (GenAI's cache_size)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", help="tokens per step (default 256)")
+    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
+                   help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
+    g.add_argument("--no-dynamic-split-fuse", action="store_true", help="vLLM mode: whole prompts, no chunks")
+    g.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching")
+    g.add_argument("--no-memray", action="store_true", help="skip recording the pool allocations (faster)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai/)
+        from simkv.validate.genai.runner import cli_main
+
+        return cli_main(args)
+    from simkv.limits import check_flags
+    from simkv.scenario import build_scenario
+    from simkv.validate import model_dims
+
+    check_flags(args)
+    if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv/validate/transformers/)
+        from simkv.validate.transformers.runner import command
+
+        return command(args)
+    if args.sliding_window or args.policy or args.policy_opt:
+        raise SimkvError("--sliding-window, --policy and --policy-opt need --runtime transformers")
+
+    given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden")
+             if getattr(args, k) is not None] + (["--model"] if args.model != "custom" else [])
+    if args.ir and given:
+        raise SimkvError(f"--ir takes the dimensions from the model: drop {', '.join(given)}")
+    for name in ("vocab", "mmap_threshold", "slope_min_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise SimkvError(f"--{name.replace('_', '-')} must be positive")
+    model = None if args.model == "custom" else args.model
+    dims = model_dims(args)
+    # Validates the shape and the workload before anything slow happens.
+    sc = build_scenario(model=model, **dims, precision="u8", policy="openvino-cpu", prompt=args.prompt, decode=args.decode,
+                        turns=args.turns, turn_tokens=args.turn_tokens, turn_decode=args.turn_decode,
+                        beam=args.beam, ops=args.ops, weights_memory=0)  # a host run: KV only
+    m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
+    from simkv.validate.openvino.cleanrun import ValidateConfig  # these two import neither openvino nor memray
+    from simkv.validate.openvino.runner import MISSING_DEPS, check_dependencies, run_validation
+
+    try:
+        check_dependencies()
+    except ImportError:
+        print(f"simkv validate: error: {MISSING_DEPS}", file=sys.stderr)
+        return 2
+    from simkv.validate.openvino.ovmodel import NotFusedError
+
+    cfg = ValidateConfig(
+        workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+        hidden=args.hidden, vocab=args.vocab, seed=args.seed, kv_cache_precision=args.precision,
+        inference_precision=args.inference_precision, ir=args.ir, mmap_threshold=args.mmap_threshold,
+        slope_min_tokens=args.slope_min_tokens, progress=sys.stderr.isatty(), model_name=m.name, device=args.device,
+    )
+    try:
+        data = run_validation(cfg)
+    except NotFusedError as err:
+        print(f"simkv validate: error: {str(err).split('. ')[0]}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"simkv validate: error: no such model: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # compile errors, unsupported precision hints, a failed clean run
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from ")]
+        print(f"simkv validate: error: {lines[-1] if lines else repr(err)}", file=sys.stderr)
+        return 2
+    from simkv.validate.report import emit  # --out, --report, --json; exit 0 only if every KV event matched
+
+    return emit(args, data)
