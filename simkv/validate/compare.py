@@ -1,7 +1,11 @@
-"""Compare a real OpenVINO CPU run with the simulator's prediction, event by event.
+"""Compare a real run with the simulator's prediction, event by event and step by step.
 
-Pure logic (numpy only, no OpenVINO), so it is unit-tested without a runtime.
-:mod:`simkv.validate.openvino.runner` feeds it three things:
+Pure logic (numpy only, no runtime), so it is unit-tested without one. The OpenVINO CPU runner
+(:mod:`simkv.validate.openvino.runner`) and the transformers runner call :func:`compare`; the GenAI
+runner uses the event alignment alone. It is one module of ~700 lines on purpose: every figure it
+produces (matched events, slopes, in-step peaks, VmSize, latency) is read off the same aligned steps
+against the same baseline and the same comparability bounds, and the sections below follow that
+order. :mod:`simkv.validate.openvino.runner` feeds it three things:
 
 * the KV events the real plugin made (memray run; :mod:`.openvino.observe`): every allocation
   and free of K/V data, scale/zero-point buffers, beam tables and the model-wide f32

@@ -16,6 +16,10 @@ Steps: ``step`` is the inference index (0 = first prefill, +1 per inference).  A
 ``reset_state()`` is an operation of its own (``phase="reset"``) that carries the
 step number the *next* inference will get; ``seq`` numbers all operations.
 
+One module (~620 lines) because the scenario it drives, the allocator stream it records and the
+per-operation samples it takes are interleaved in one loop (:func:`observe`): a step marker, an
+inference and a sample must stay in lockstep, and the data classes around it are that loop's results.
+
 Caveats worth knowing before reading numbers: with memray on, latency includes
 unwinding every allocation and RSS includes memray's buffers -- run with
 ``tracker="none"`` for clean latency/RSS.  glibc serves allocations below
