@@ -2,7 +2,7 @@
 
     python -m experiments [--quick] [--out DIR] [--only NAME ...] [--no-images]
 
-Convention (also in /work/wt/notes/lab-experiments.md and the README): an
+Convention (also in the README, "Experiments"): an
 experiment is any ``experiments/<name>.py`` (not starting with ``_``) that
 defines a top-level ``run(out: Path, quick: bool) -> None`` (exactly these
 two parameter names). The runner finds them by reading the source (so other
