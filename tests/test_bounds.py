@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import simkv.engine as engine
+import simkv.engine.session as engine
 from conftest import assert_same_run
 from simkv import build_scenario, simulate
 from test_properties import scenarios
