@@ -25,11 +25,11 @@ import numpy as np
 import simpy
 
 from simkv.chains import chains
+from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, alloc_rank, event_rows
 from simkv.errors import SimkvError
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
 from simkv.ledger import (
     ALLOC,
-    COPY,
     FREE,
     PHASE_CODE,
     ROW,
@@ -43,8 +43,6 @@ from simkv.memory import AllocationTooLarge, OutOfMemory
 from simkv.steps import STEP, StepRecorder
 from simkv.workload import Decode, Inference, inference_of
 
-_NO_ROWS = np.empty(0, dtype=ROW)
-_NO_BYTES = np.empty(0, dtype=np.int64)
 # Order of rows inside a step: frees deferred from the previous inference, the
 # past-view block, each unit's rows, the step's token writes, frees deferred to
 # the end of the step.
@@ -57,12 +55,6 @@ _SECTIONS = 5
 FIRST_PLAN_STEPS = 4096
 MAX_PLAN_STEPS = 1 << 18
 PLAN_ROWS = 1 << 20
-
-
-def alloc_delta(rows: np.ndarray) -> np.ndarray:
-    """Change of allocated bytes each ledger row causes."""
-    op = rows["op"]
-    return np.where(op == ALLOC, rows["bytes"], np.where(op == FREE, -rows["bytes"], 0))
 
 
 def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memory, weights=0, alloc_bytes=None):
@@ -90,21 +82,6 @@ def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memo
             nbytes = unit_bytes(i, caps[i])
         chosen += alloc_bytes(i, caps[i]) if alloc_bytes else nbytes
     return caps
-
-
-class _Events:
-    """(Re)allocations of units, one per entry, with what their rows need."""
-
-    def __init__(self, *, unit, step, needed, copied, new_cap, batch, old_rows, old_batch, old_ids, old_resident, ids):
-        self.unit, self.step, self.needed, self.copied = unit, step, needed, copied
-        self.new_cap, self.batch = new_cap, batch
-        self.old_rows, self.old_batch, self.old_ids, self.old_resident = old_rows, old_batch, old_ids, old_resident
-        self.ids = ids
-
-
-def _col(a):
-    """A per-event value as a column that broadcasts over a unit's slots."""
-    return np.asarray(a)[:, None] if np.ndim(a) else a
 
 
 class _ExactSizes:
@@ -142,7 +119,7 @@ class FastEngine:
         self.resident = 0
         self.next_id = 0
         # Frees due at the start of the next inference: rows and the resident bytes they release.
-        self.pending, self.pending_resident = _NO_ROWS, _NO_BYTES
+        self.pending, self.pending_resident = NO_ROWS, NO_BYTES
         # The CPU plugin's model-wide past block (policy.past_view).
         self.view_row_bytes = scenario.model.kv_heads * scenario.model.head_dim * PAST_VIEW_BYTES
         self.view = {"bytes": 0, "id": -1, "tokens": 0}
@@ -233,49 +210,11 @@ class FastEngine:
 
     # -- rows ------------------------------------------------------------------
 
-    def _event_rows(self, ev: _Events, phase: int, order: np.ndarray):
-        """Per event, a unit's (alloc, copy, free) rows for each slot in runtime order,
-        which of them happen, and the change of resident memory each causes."""
-        lay = self.layout
-        slots = lay.unit_slots[ev.unit]  # (events, slots per unit)
-        n, k = slots.shape
-        row_bytes = lay.row_bytes[slots]
-        block = np.zeros((n, 3, k), dtype=ROW)
-        block["step"] = _col(ev.step)[..., None] if np.ndim(ev.step) else ev.step
-        block["phase"], block["request"] = phase, self.request
-        block["layer"] = lay.layer[slots][:, None, :]
-        block["tensor"] = lay.tensor[slots][:, None, :]
-        block["op"] = np.array([ALLOC, COPY, FREE], dtype=np.int8)[None, :, None]
-        alloc, copy, free = block[:, 0], block[:, 1], block[:, 2]
-        alloc["bytes"] = _col(ev.new_cap) * ev.batch * row_bytes
-        alloc["capacity_tokens"] = copy["capacity_tokens"] = _col(ev.new_cap)
-        alloc["used_tokens"] = _col(ev.needed)
-        alloc["buffer"] = copy["buffer"] = ev.ids
-        copy["bytes"] = _col(ev.copied) * ev.batch * row_bytes
-        copy["used_tokens"] = _col(ev.copied)
-        free["bytes"] = _col(ev.old_rows) * row_bytes
-        free["capacity_tokens"] = _col(ev.old_rows) // ev.old_batch
-        free["used_tokens"] = _col(ev.copied)
-        free["buffer"] = ev.old_ids
-
-        had = np.broadcast_to(_col(ev.old_rows) > 0, (n, k))
-        happens = np.zeros((n, 3, k), dtype=bool)
-        happens[:, 0] = True
-        happens[:, 1] = had & (_col(ev.copied) > 0)
-        happens[:, 2] = had
-        zeros = np.zeros((n, k), dtype=np.int64)
-        if self.first_touch:
-            resident = np.stack([zeros, copy["bytes"], -np.broadcast_to(ev.old_resident, (n, k))], axis=1)
-        else:
-            resident = np.stack([alloc["bytes"], zeros, -free["bytes"]], axis=1)
-        flat = lambda a: a.reshape(n, 3 * k)[:, order]  # noqa: E731
-        return pick(block.reshape(n, 3 * k), (slice(None), order)), flat(happens), flat(resident)
-
     def _view_rows(self, step: int, phase: int, rows_needed: int, tokens: int, new_id: int):
         """Rows growing the past-view block to ``rows_needed`` rows, if it must grow."""
         nbytes = rows_needed * self.view_row_bytes
         if nbytes <= self.view["bytes"]:
-            return _NO_ROWS
+            return NO_ROWS
         out = np.zeros(2 if self.view["bytes"] else 1, dtype=ROW)
         out["step"], out["phase"], out["request"], out["layer"] = step, phase, self.request, -1
         out["tensor"] = TENSOR_CODE["past_view"]
@@ -297,8 +236,8 @@ class FastEngine:
         rows = [self.pending.copy()]
         rows[0]["step"], rows[0]["phase"] = step, phase
         resident_delta = [-self.pending_resident if self.first_touch else -self.pending["bytes"]]
-        self.pending, self.pending_resident = _NO_ROWS, _NO_BYTES
-        deferred, deferred_resident = _NO_ROWS, _NO_BYTES
+        self.pending, self.pending_resident = NO_ROWS, NO_BYTES
+        deferred, deferred_resident = NO_ROWS, NO_BYTES
         needed = 0
         if inf.phase == "reset":
             if policy.reset == "free" and self.budget.any():
@@ -335,7 +274,7 @@ class FastEngine:
             units = np.flatnonzero(~fits)
             id_start = self.next_id
             tables, table_unit, table_delta = self._beam_tables(step, phase, needed, inf.batch)
-            unit_rows, unit_res, unit_key = _NO_ROWS, _NO_BYTES, _NO_BYTES
+            unit_rows, unit_res, unit_key = NO_ROWS, NO_BYTES, NO_BYTES
             if len(units):
                 kind = "rebatch" if rebatch.any() else "grow_empty" if has.any() and not self.stored else "grow"
                 tables_before = np.cumsum(table_delta) - table_delta  # tables of earlier units (the kernel runs first)
@@ -427,12 +366,12 @@ class FastEngine:
         )
         slots = lay.unit_slots[units]
         ids = self._ids_in_order(len(units), self.orders[kind])
-        ev = _Events(
+        ev = Events(
             unit=units, step=step, needed=needed, copied=self._held(), new_cap=caps, batch=batch,
             old_rows=old_rows, old_batch=self.batch, old_ids=self.buf[slots],
             old_resident=self._live_resident(slots), ids=ids,
         )
-        out = self._event_rows(ev, phase, self.orders[kind])
+        out = event_rows(lay, ev, phase, self.orders[kind], self.request, self.first_touch)
         self.budget[units] = caps * batch
         self.buf[slots] = ids
         self.written[slots] = np.where((old_rows > 0)[:, None], self._held() * batch, 0)
@@ -452,7 +391,7 @@ class FastEngine:
         lay, policy = self.layout, self.policy
         none = np.zeros(lay.units, dtype=np.int64)
         if not (policy.kernel_beam_tables and policy.beam_tables) or not (batch > 1 or self.stored == 0):
-            return _NO_ROWS, _NO_BYTES, none
+            return NO_ROWS, NO_BYTES, none
         self.t_rows, self.t_batch, self.t_id = self.t_rows[:, ::-1].copy(), self.t_batch[:, ::-1].copy(), self.t_id[:, ::-1].copy()
         grow = np.flatnonzero(self.t_rows[:, 0] < batch * needed)
         caps = np.asarray(policy.capacity(np.full(len(grow), needed, dtype=np.int64), lay.unit_prim[grow]), dtype=np.int64)
@@ -474,7 +413,7 @@ class FastEngine:
                 out.append(row + (FREE, int(dropped[0]) * BEAM_TABLE_BYTES, int(dropped[0] // dropped[1]), 0, int(dropped[2])))
                 delta[u] -= int(dropped[0]) * BEAM_TABLE_BYTES
             unit_of += [u] * (len(out) - len(unit_of))
-        return (np.array(out, dtype=ROW) if out else _NO_ROWS), np.asarray(unit_of, dtype=np.int64), delta
+        return (np.array(out, dtype=ROW) if out else NO_ROWS), np.asarray(unit_of, dtype=np.int64), delta
 
     def _renumber(self, rows: np.ndarray, id_start: int) -> None:
         """Renumber the ids allocated since ``id_start`` in the order ``rows`` allocates them,
@@ -491,8 +430,7 @@ class FastEngine:
     def _ids_in_order(self, n: int, order: np.ndarray) -> np.ndarray:
         """Fresh buffer ids for ``n`` units' slots, numbered in the order they are allocated."""
         k = self.layout.unit_slots.shape[1]
-        alloc_slots = order[order // k == ALLOC] % k
-        rank = np.argsort(alloc_slots)
+        rank = alloc_rank(order, k)
         ids = self.next_id + k * np.arange(n, dtype=np.int64)[:, None] + rank[None, :]
         self.next_id += n * k
         return ids
@@ -556,13 +494,13 @@ class FastEngine:
         prev[by_unit[later_link]] = by_unit[np.flatnonzero(later_link) - 1]
         slots = lay.unit_slots[unit]
         held = B * (L0 + k - 1)[:, None]  # rows written in the old buffer when it is replaced
-        ev = _Events(
+        ev = Events(
             unit=unit, step=first_step + k - 1, needed=L0 + k, copied=L0 + k - 1, new_cap=new_cap, batch=B,
             old_rows=old_rows, old_batch=B, ids=ids,
             old_ids=np.where(first_link[:, None], self.buf[slots], ids[prev]),
             old_resident=np.where(first_link[:, None], np.maximum(self.written[slots], held), held) * lay.row_bytes[slots],
         )
-        block, happens, resident = self._event_rows(ev, decode, self.orders["grow"])
+        block, happens, resident = event_rows(lay, ev, decode, self.orders["grow"], self.request, self.first_touch)
 
         # 3. One stream of rows with sort keys (step, section, unit, position in the unit's order).
         W = 3 * K + 2  # a unit's rows, then its kernel's beam table alloc and free
@@ -705,7 +643,7 @@ class FastEngine:
         cannot (a pair not yet allocated)."""
         lay, policy = self.layout, self.policy
         if not (policy.kernel_beam_tables and policy.beam_tables) or B == 1:
-            return _NO_ROWS, _NO_BYTES, _NO_BYTES, _NO_BYTES, None
+            return NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, None
         if not self.t_rows.all():
             return None
         rows, batch, ids = self.t_rows.copy(), self.t_batch.copy(), self.t_id.copy()
@@ -725,7 +663,7 @@ class FastEngine:
                 k[active] = nk + (nk - first) % 2
         if not events:  # no growth, but every step still swapped the pair
             swap = (self.t_rows[:, ::-1].copy(), self.t_batch[:, ::-1].copy(), self.t_id[:, ::-1].copy())
-            return _NO_ROWS, _NO_BYTES, _NO_BYTES, _NO_BYTES, swap if n % 2 else None
+            return NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, swap if n % 2 else None
         k, unit, col, cap, old_rows, old_batch, old_id = (np.concatenate(e) for e in zip(*events))
         order = np.lexsort((unit, k))
         k, unit, col, cap, old_rows, old_batch, old_id = k[order], unit[order], col[order], cap[order], old_rows[order], old_batch[order], old_id[order]
@@ -771,7 +709,7 @@ class FastEngine:
                 return False
         order = self.orders["grow"]
         alloc_slots = order[order // K == ALLOC] % K  # a unit's slots in allocation order
-        rank = np.argsort(alloc_slots)  # buffer id offset of each slot within its unit
+        rank = alloc_rank(order, K)  # buffer id offset of each slot within its unit
         ids = self.next_id + ((k[:, None] - 1) * U + np.arange(U)[None, :])[..., None] * K + rank  # (n, U, K)
         slots = lay.unit_slots  # (U, K)
 
@@ -811,12 +749,12 @@ class FastEngine:
         stored before it. Returns the rows, their step in the run, each growth in bytes,
         and the block after the run (committed by the caller)."""
         if not self.policy.past_view:
-            return _NO_ROWS, _NO_BYTES, _NO_BYTES, self.view
+            return NO_ROWS, NO_BYTES, NO_BYTES, self.view
         tokens = L0 + np.arange(n, dtype=np.int64)
         need = B * tokens * self.view_row_bytes
         grow_k = np.flatnonzero(need > self.view["bytes"]) + 1  # need grows with k: a suffix of the run
         if not len(grow_k):
-            return _NO_ROWS, _NO_BYTES, _NO_BYTES, self.view
+            return NO_ROWS, NO_BYTES, NO_BYTES, self.view
         sizes = need[grow_k - 1]
         old_sizes = np.r_[self.view["bytes"], sizes[:-1]]
         ids = first_id + np.arange(len(grow_k))
