@@ -26,8 +26,9 @@ import simpy
 
 from simkv.chains import chains
 from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, alloc_rank, event_rows
+from simkv.engine.past_view import PastView
 from simkv.errors import SimkvError
-from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
+from simkv.layout import BEAM_TABLE_BYTES, Layout
 from simkv.ledger import (
     ALLOC,
     FREE,
@@ -120,9 +121,7 @@ class FastEngine:
         self.next_id = 0
         # Frees due at the start of the next inference: rows and the resident bytes they release.
         self.pending, self.pending_resident = NO_ROWS, NO_BYTES
-        # The CPU plugin's model-wide past block (policy.past_view).
-        self.view_row_bytes = scenario.model.kv_heads * scenario.model.head_dim * PAST_VIEW_BYTES
-        self.view = {"bytes": 0, "id": -1, "tokens": 0}
+        self.view = PastView(scenario.model, request, policy.past_view)  # the CPU plugin's model-wide past block
         self.row_total = int(lay.row_bytes.sum())
         self.unit_row = lay.unit_row_bytes
         # Bytes per token per beam the headroom limits look at (policy.headroom_buffer).
@@ -210,22 +209,6 @@ class FastEngine:
 
     # -- rows ------------------------------------------------------------------
 
-    def _view_rows(self, step: int, phase: int, rows_needed: int, tokens: int, new_id: int):
-        """Rows growing the past-view block to ``rows_needed`` rows, if it must grow."""
-        nbytes = rows_needed * self.view_row_bytes
-        if nbytes <= self.view["bytes"]:
-            return NO_ROWS
-        out = np.zeros(2 if self.view["bytes"] else 1, dtype=ROW)
-        out["step"], out["phase"], out["request"], out["layer"] = step, phase, self.request, -1
-        out["tensor"] = TENSOR_CODE["past_view"]
-        out[0]["op"], out[0]["bytes"], out[0]["capacity_tokens"], out[0]["buffer"] = ALLOC, nbytes, tokens, new_id
-        if len(out) == 2:
-            old = self.view
-            out[1]["op"], out[1]["bytes"], out[1]["buffer"] = FREE, old["bytes"], old["id"]
-            out[1]["capacity_tokens"] = old["tokens"]
-        self.view = {"bytes": nbytes, "id": new_id, "tokens": tokens}
-        return out
-
     # -- one step --------------------------------------------------------------
 
     def _step(self, step: int, inf: Inference) -> None:
@@ -251,7 +234,7 @@ class FastEngine:
             self.after_reset = True
         else:
             if policy.past_view:
-                view = self._view_rows(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
+                view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
                 self.next_id += int((view["op"] == ALLOC).sum())
                 rows.append(view)
                 resident_delta.append(np.zeros(len(view), dtype=np.int64) if self.first_touch else alloc_delta(view))
@@ -526,7 +509,7 @@ class FastEngine:
             writes -= self._writes_below_mark(L0, B, n, unit, k)
         pseudo = np.zeros(n, dtype=ROW)
         pseudo["op"] = -1
-        view_rows, view_k, view_growth, new_view = self._view_plan(first_step, n, L0, B, self.next_id + E * K)
+        view_rows, view_k, view_growth, new_view = self.view.plan(first_step, n, L0, B, self.next_id + E * K)
         n_views = len(view_growth)
         if policy.max_alloc_bytes and (view_rows["bytes"] > policy.max_alloc_bytes).any():
             return False  # a block the device cannot allocate: step by step, where that ends the run
@@ -621,7 +604,8 @@ class FastEngine:
             self.buf[slots[last]] = final[ids[last] - self.next_id]
             self.written[slots[last]] = 0
         if n_views:
-            self.view = {**new_view, "id": int(final[E * K + n_views - 1])}
+            self.view.bytes, self.view.tokens = new_view
+            self.view.id = int(final[E * K + n_views - 1])
         if t_state is not None:
             self.t_rows, self.t_batch, self.t_id = t_state
             moved = self.t_id >= self.next_id
@@ -744,33 +728,6 @@ class FastEngine:
         self.stored, self.batch = L0 + n, B
         return True
 
-    def _view_plan(self, first_step: int, n: int, L0: int, B: int, first_id: int):
-        """Past-view rows of a decode run: step k sizes the block for the L0 + k - 1 tokens
-        stored before it. Returns the rows, their step in the run, each growth in bytes,
-        and the block after the run (committed by the caller)."""
-        if not self.policy.past_view:
-            return NO_ROWS, NO_BYTES, NO_BYTES, self.view
-        tokens = L0 + np.arange(n, dtype=np.int64)
-        need = B * tokens * self.view_row_bytes
-        grow_k = np.flatnonzero(need > self.view["bytes"]) + 1  # need grows with k: a suffix of the run
-        if not len(grow_k):
-            return NO_ROWS, NO_BYTES, NO_BYTES, self.view
-        sizes = need[grow_k - 1]
-        old_sizes = np.r_[self.view["bytes"], sizes[:-1]]
-        ids = first_id + np.arange(len(grow_k))
-        rows = np.zeros((len(grow_k), 2), dtype=ROW)
-        rows["step"], rows["phase"], rows["request"], rows["layer"] = first_step, PHASE_CODE["decode"], self.request, -1
-        rows["tensor"] = TENSOR_CODE["past_view"]
-        alloc, free = rows[:, 0], rows[:, 1]
-        alloc["op"], alloc["bytes"], alloc["buffer"] = ALLOC, sizes, ids
-        alloc["capacity_tokens"] = tokens[grow_k - 1]
-        free["op"], free["bytes"], free["buffer"] = FREE, old_sizes, np.r_[self.view["id"], ids[:-1]]
-        free["capacity_tokens"] = np.r_[self.view["tokens"], tokens[grow_k[:-1] - 1]]
-        keep = np.ones((len(grow_k), 2), dtype=bool)
-        keep[0, 1] = self.view["bytes"] > 0
-        new_view = {"bytes": int(sizes[-1]), "tokens": int(tokens[grow_k[-1] - 1])}
-        return rows[keep], np.repeat(grow_k, 2)[keep.ravel()], sizes - old_sizes, new_view
-
     def _writes_below_mark(self, L0: int, B: int, n: int, unit: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Per step, bytes of token rows written below a slot's high-water mark (already resident).
 
@@ -801,7 +758,7 @@ class FastEngine:
     # -- bookkeeping -------------------------------------------------------------
 
     def _steady(self) -> int:
-        return int((self.budget * self.unit_row).sum()) + self.view["bytes"] + int(self.t_rows.sum()) * BEAM_TABLE_BYTES
+        return int((self.budget * self.unit_row).sum()) + self.view.bytes + int(self.t_rows.sum()) * BEAM_TABLE_BYTES
 
     def _used(self) -> int:
         return self._held() * self.batch * self.row_total if self.budget.any() else 0
