@@ -25,10 +25,11 @@ import numpy as np
 import simpy
 
 from simkv.chains import chains
+from simkv.engine.beam_tables import BeamTables
 from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, alloc_rank, event_rows
 from simkv.engine.past_view import PastView
 from simkv.errors import SimkvError
-from simkv.layout import BEAM_TABLE_BYTES, Layout
+from simkv.layout import Layout
 from simkv.ledger import (
     ALLOC,
     FREE,
@@ -126,10 +127,7 @@ class FastEngine:
         self.unit_row = lay.unit_row_bytes
         # Bytes per token per beam the headroom limits look at (policy.headroom_buffer).
         self.check_row = lay.row_bytes[lay.unit_slots[:, 0]] if policy.headroom_buffer == "data" else self.unit_row
-        # Beam tables a GPU kernel keeps per unit (policy.kernel_beam_tables): [new, prev] columns.
-        self.t_rows = np.zeros((lay.units, 2), dtype=np.int64)  # token rows (elements); 0 = none
-        self.t_batch = np.ones((lay.units, 2), dtype=np.int64)
-        self.t_id = np.full((lay.units, 2), -1, dtype=np.int64)
+        self.tables = BeamTables(lay, policy, request)  # the beam tables a GPU kernel keeps per unit
         self.chunk = FIRST_PLAN_STEPS  # decode steps planned at once (adapts: see _session)
         self.planned_rows = 0  # ledger rows of the last plan
         self.limit_step = None  # where the last failed plan met a memory limit (see _decode_run)
@@ -256,7 +254,8 @@ class FastEngine:
             fits &= ~policy.reclaim(padded, lay.unit_prim, self.budget // self.batch)
             units = np.flatnonzero(~fits)
             id_start = self.next_id
-            tables, table_unit, table_delta = self._beam_tables(step, phase, needed, inf.batch)
+            tables, table_unit, table_delta, self.next_id = self.tables.step(step, phase, needed, inf.batch, self.stored,
+                                                                             self.next_id)
             unit_rows, unit_res, unit_key = NO_ROWS, NO_BYTES, NO_BYTES
             if len(units):
                 kind = "rebatch" if rebatch.any() else "grow_empty" if has.any() and not self.stored else "grow"
@@ -361,43 +360,6 @@ class FastEngine:
         self.batch = batch
         return out
 
-    def _beam_tables(self, step: int, phase: int, needed: int, batch: int):
-        """The GPU kernel's beam tables for one inference (``policy.kernel_beam_tables``).
-
-        Updated only when the step holds more than one beam or starts from an empty
-        cache: swap prev and new; if the new one holds fewer elements than
-        ``batch × needed``, allocate it at ``policy.capacity(needed)`` tokens × batch
-        (and prev alike the first time) and free the table it replaces at once.
-        Returns the rows (provisional ids from ``next_id``), each row's unit, and each
-        unit's net change of allocated bytes. Commits the new state.
-        """
-        lay, policy = self.layout, self.policy
-        none = np.zeros(lay.units, dtype=np.int64)
-        if not (policy.kernel_beam_tables and policy.beam_tables) or not (batch > 1 or self.stored == 0):
-            return NO_ROWS, NO_BYTES, none
-        self.t_rows, self.t_batch, self.t_id = self.t_rows[:, ::-1].copy(), self.t_batch[:, ::-1].copy(), self.t_id[:, ::-1].copy()
-        grow = np.flatnonzero(self.t_rows[:, 0] < batch * needed)
-        caps = np.asarray(policy.capacity(np.full(len(grow), needed, dtype=np.int64), lay.unit_prim[grow]), dtype=np.int64)
-        out, unit_of, delta = [], [], none.copy()
-        for u, cap in zip(grow.tolist(), caps.tolist()):
-            nbytes = cap * batch * BEAM_TABLE_BYTES
-            row = (step, phase, self.request, int(lay.unit_layer[u]), int(lay.unit_table_tensor[u]))
-            out.append(row + (ALLOC, nbytes, cap, needed, self.next_id))
-            dropped = (self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0])
-            self.t_rows[u, 0], self.t_batch[u, 0], self.t_id[u, 0] = cap * batch, batch, self.next_id
-            self.next_id += 1
-            delta[u] += nbytes
-            if not self.t_rows[u, 1]:
-                out.append(row + (ALLOC, nbytes, cap, needed, self.next_id))
-                self.t_rows[u, 1], self.t_batch[u, 1], self.t_id[u, 1] = cap * batch, batch, self.next_id
-                self.next_id += 1
-                delta[u] += nbytes
-            elif dropped[0]:
-                out.append(row + (FREE, int(dropped[0]) * BEAM_TABLE_BYTES, int(dropped[0] // dropped[1]), 0, int(dropped[2])))
-                delta[u] -= int(dropped[0]) * BEAM_TABLE_BYTES
-            unit_of += [u] * (len(out) - len(unit_of))
-        return (np.array(out, dtype=ROW) if out else NO_ROWS), np.asarray(unit_of, dtype=np.int64), delta
-
     def _renumber(self, rows: np.ndarray, id_start: int) -> None:
         """Renumber the ids allocated since ``id_start`` in the order ``rows`` allocates them,
         in the rows and in the live state."""
@@ -406,7 +368,7 @@ class FastEngine:
         remap = np.empty(self.next_id - id_start, dtype=np.int64)
         remap[allocs - id_start] = id_start + np.arange(len(allocs))
         rows["buffer"][fresh] = remap[rows["buffer"][fresh] - id_start]
-        for ids in (self.buf, self.t_id):
+        for ids in (self.buf, self.tables.ids):
             moved = ids >= id_start
             ids[moved] = remap[ids[moved] - id_start]
 
@@ -455,7 +417,7 @@ class FastEngine:
         unit, k, old_rows, new_cap, budget = chains(sizes, lay.unit_prim, self.budget, L0, B, n, PLAN_ROWS)
         if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
             return False
-        tables = self._table_plan(first_step, n, L0, B)
+        tables = self.tables.plan(first_step, n, L0, B, self.next_id)
         if tables is None:
             return False
         t_rows, t_k, t_unit, t_growth, t_state = tables
@@ -607,69 +569,14 @@ class FastEngine:
             self.view.bytes, self.view.tokens = new_view
             self.view.id = int(final[E * K + n_views - 1])
         if t_state is not None:
-            self.t_rows, self.t_batch, self.t_id = t_state
-            moved = self.t_id >= self.next_id
-            self.t_id[moved] = final[self.t_id[moved] - self.next_id + E * K + n_views]
+            self.tables.rows, self.tables.batch, self.tables.ids = t_state
+            moved = self.tables.ids >= self.next_id
+            self.tables.ids[moved] = final[self.tables.ids[moved] - self.next_id + E * K + n_views]
         self.next_id += len(provisional)
         self.budget = budget
         self.stored = L0 + n
         np.maximum(self.written, self.stored * B, out=self.written)
         return True
-
-    def _table_plan(self, first_step: int, n: int, L0: int, B: int):
-        """The kernels' beam tables over a decode run of ``n`` steps at ``B`` beams (see
-        :meth:`_beam_tables`): nothing at one beam; else every step swaps the pair, so the
-        table that was *prev* at the start is checked on odd steps, the other on even ones,
-        and each grows to ``capacity(L) × B`` the first of its steps where ``B × L`` exceeds it.
-        Returns the rows (alloc, free of the table it replaces; provisional ids from
-        ``next_id``), their step in the run, their unit, each alloc's growth in bytes and the
-        pair after the run (``None`` for the state if nothing changes); ``None`` if the planner
-        cannot (a pair not yet allocated)."""
-        lay, policy = self.layout, self.policy
-        if not (policy.kernel_beam_tables and policy.beam_tables) or B == 1:
-            return NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, None
-        if not self.t_rows.all():
-            return None
-        rows, batch, ids = self.t_rows.copy(), self.t_batch.copy(), self.t_id.copy()
-        events = []  # (k, unit, column, cap, old rows, old batch, old id)
-        for col, first in ((1, 1), (0, 2)):  # column 1 (prev at the start) is checked on steps 1, 3, 5, …
-            active = np.arange(lay.units)
-            k = np.maximum(rows[:, col] // B + 1 - L0, first)
-            k += (k - first) % 2
-            while len(active := active[k[active] <= n]):
-                kk = k[active]
-                caps = np.asarray(policy.capacity(L0 + kk, lay.unit_prim[active]), dtype=np.int64)
-                events.append((kk, active, np.full(len(active), col), caps, rows[active, col].copy(),
-                               batch[active, col].copy(), ids[active, col].copy()))
-                rows[active, col], batch[active, col] = caps * B, B
-                ids[active, col] = -1 - np.arange(len(active))  # replaced below by provisional ids
-                nk = np.maximum(caps + 1 - L0, kk + 1)
-                k[active] = nk + (nk - first) % 2
-        if not events:  # no growth, but every step still swapped the pair
-            swap = (self.t_rows[:, ::-1].copy(), self.t_batch[:, ::-1].copy(), self.t_id[:, ::-1].copy())
-            return NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, swap if n % 2 else None
-        k, unit, col, cap, old_rows, old_batch, old_id = (np.concatenate(e) for e in zip(*events))
-        order = np.lexsort((unit, k))
-        k, unit, col, cap, old_rows, old_batch, old_id = k[order], unit[order], col[order], cap[order], old_rows[order], old_batch[order], old_id[order]
-        new_id = self.next_id + np.arange(len(k))
-        # An event replacing a table allocated earlier in the run frees that event's id.
-        rows, batch, ids = self.t_rows.copy(), self.t_batch.copy(), self.t_id.copy()
-        for e in range(len(k)):
-            old_id[e] = ids[unit[e], col[e]]
-            rows[unit[e], col[e]], batch[unit[e], col[e]], ids[unit[e], col[e]] = cap[e] * B, B, new_id[e]
-        if n % 2:
-            rows, batch, ids = rows[:, ::-1].copy(), batch[:, ::-1].copy(), ids[:, ::-1].copy()
-        out = np.zeros((len(k), 2), dtype=ROW)
-        out["step"], out["phase"], out["request"] = (first_step + k - 1)[:, None], PHASE_CODE["decode"], self.request
-        out["layer"] = lay.unit_layer[unit][:, None]
-        out["tensor"] = lay.unit_table_tensor[unit][:, None]
-        alloc, free = out[:, 0], out[:, 1]
-        alloc["op"], alloc["bytes"], alloc["capacity_tokens"], alloc["used_tokens"], alloc["buffer"] = (
-            ALLOC, cap * B * BEAM_TABLE_BYTES, cap, L0 + k, new_id)
-        free["op"], free["bytes"], free["capacity_tokens"], free["buffer"] = (
-            FREE, old_rows * BEAM_TABLE_BYTES, old_rows // old_batch, old_id)
-        growth = (cap * B - old_rows) * BEAM_TABLE_BYTES
-        return out.ravel(), np.repeat(k, 2), np.repeat(unit, 2), growth, (rows, batch, ids)
 
     def _stateless_run(self, first_step: int, n: int) -> bool:
         """``n`` decode steps of a stateless policy at once: each allocates every slot for the whole
@@ -758,7 +665,7 @@ class FastEngine:
     # -- bookkeeping -------------------------------------------------------------
 
     def _steady(self) -> int:
-        return int((self.budget * self.unit_row).sum()) + self.view.bytes + int(self.t_rows.sum()) * BEAM_TABLE_BYTES
+        return int((self.budget * self.unit_row).sum()) + self.view.bytes + self.tables.bytes()
 
     def _used(self) -> int:
         return self._held() * self.batch * self.row_total if self.budget.any() else 0
