@@ -27,6 +27,7 @@ import simpy
 from simkv.chains import chains
 from simkv.engine.beam_tables import BeamTables
 from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, alloc_rank, event_rows
+from simkv.engine.oom import ExactSizes, failure, first_failure, limit_headroom, over_device
 from simkv.engine.past_view import PastView
 from simkv.errors import SimkvError
 from simkv.layout import Layout
@@ -41,7 +42,7 @@ from simkv.ledger import (
     pick,
 )
 from simkv.limits import MAX_LEDGER_ROWS
-from simkv.memory import AllocationTooLarge, OutOfMemory
+from simkv.memory import OutOfMemory
 from simkv.steps import STEP, StepRecorder
 from simkv.workload import Decode, Inference, inference_of
 
@@ -57,43 +58,6 @@ _SECTIONS = 5
 FIRST_PLAN_STEPS = 4096
 MAX_PLAN_STEPS = 1 << 18
 PLAN_ROWS = 1 << 20
-
-
-def limit_headroom(policy, needed, caps, unit_bytes, running_before, device_memory, weights=0, alloc_bytes=None):
-    """Apply the headroom limits (``headroom_limit``, ``max_alloc_bytes``) to one step's units.
-
-    ``unit_bytes(i, cap)`` gives unit i's bytes at a capacity; ``running_before(i, chosen)``
-    the allocated bytes just before unit i allocates, given the total bytes chosen for
-    units 0..i-1. Units are decided in order, as the runtime allocates them; one pass
-    (a running total, not a sum per unit), so 100,000 layers cost no more than linear.
-    ``weights``: device memory in use besides the KV cache, counted toward the limit.
-    ``needed`` may be one value per unit (needs with carried padding); ``alloc_bytes(i, cap)``
-    gives what unit i allocates in all when only part of it is checked (default ``unit_bytes``).
-    """
-    if not policy.headroom_limit and not policy.max_alloc_bytes:
-        return caps
-    caps = np.array(caps)
-    limit = policy.headroom_limit * device_memory - weights
-    chosen = 0
-    exact = np.broadcast_to(needed, caps.shape)
-    for i in range(len(caps)):
-        nbytes = unit_bytes(i, caps[i])
-        over_limit = policy.headroom_limit and running_before(i, chosen) + nbytes >= limit
-        if over_limit or (policy.max_alloc_bytes and nbytes > policy.max_alloc_bytes):
-            caps[i] = exact[i]
-            nbytes = unit_bytes(i, caps[i])
-        chosen += alloc_bytes(i, caps[i]) if alloc_bytes else nbytes
-    return caps
-
-
-class _ExactSizes:
-    """The sizes the headroom limit gives (``Policy.headroom_limit``): exactly the tokens needed."""
-
-    name = "headroom limit"
-
-    @staticmethod
-    def capacity(needed, prim):
-        return needed
 
 
 class FastEngine:
@@ -282,17 +246,21 @@ class FastEngine:
 
         rows, resident_delta = np.concatenate(rows), np.concatenate(resident_delta)
         allocated = self.allocated + np.cumsum(alloc_delta(rows))
-        over = np.flatnonzero(allocated + self.scenario.weights_memory > self.scenario.device_memory)
-        too_large = np.flatnonzero((rows["op"] == ALLOC) & (rows["bytes"] > policy.max_alloc_bytes)) if policy.max_alloc_bytes else over[:0]
-        if len(over) or len(too_large):
-            failing = min(int(over[0]) if len(over) else len(rows), int(too_large[0]) if len(too_large) else len(rows))
-            return self._out_of_memory(step, phase, before, rows, resident_delta, failing)
         resident = self.resident + np.cumsum(resident_delta)
-        peak = int(allocated.max(initial=self.allocated))
-        resident_peak = int(resident.max(initial=self.resident))
-        self.ledger.append(rows)
-        if len(rows):
-            self.allocated, self.resident = int(allocated[-1]), int(resident[-1])
+        failing = first_failure(rows, allocated, policy, self.scenario)
+        done = len(rows) if failing is None else failing  # an allocation that fails ends the step before it
+        peak = int(allocated[:done].max(initial=self.allocated))
+        resident_peak = int(resident[:done].max(initial=self.resident))
+        self.ledger.append(rows[:done])
+        if done:
+            self.allocated, self.resident = int(allocated[done - 1]), int(resident[done - 1])
+        if failing is not None:
+            # The step's row shows the state before the step (tokens, batch, used), what was
+            # allocated when the allocation failed, and ``steady`` = that allocation; the run stops.
+            self.oom = failure(rows[failing], step, self.allocated, policy, self.scenario)
+            tokens, batch, used = before
+            self._record(step, phase, peak, resident_peak, tokens=tokens, batch=batch, steady=self.allocated, used=used)
+            return
 
         if inf.phase == "reset":
             self.stored = 0
@@ -413,7 +381,7 @@ class FastEngine:
         decode = PHASE_CODE["decode"]
 
         # 1. Each unit's chain of reallocations; k = 1..n is the step in the run.
-        sizes = _ExactSizes if exact_sizes else policy
+        sizes = ExactSizes if exact_sizes else policy
         unit, k, old_rows, new_cap, budget = chains(sizes, lay.unit_prim, self.budget, L0, B, n, PLAN_ROWS)
         if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
             return False
@@ -506,7 +474,7 @@ class FastEngine:
         # 4. Memory along the stream, then per step.
         delta = np.where(real, alloc_delta(all_rows), 0)
         running = self.allocated + np.cumsum(delta)
-        over = np.flatnonzero(running + self.scenario.weights_memory > self.scenario.device_memory)
+        over = over_device(running, self.scenario)
         if len(over):
             self.limit_step = int(row_k[over[0]])
             return False
@@ -685,25 +653,3 @@ class FastEngine:
             self.resident if self.first_touch else self.allocated,
             resident_peak if self.first_touch else peak,
         )
-
-    def _out_of_memory(self, step, phase, before, rows, resident_delta, failing) -> None:
-        """Keep the rows before the allocation that does not fit, record the partial step, stop.
-
-        The step's row shows the state before the step (tokens, batch, used), what
-        was allocated when the allocation failed, and ``steady`` = that allocation.
-        """
-        done = rows[:failing]
-        allocated = self.allocated + np.cumsum(alloc_delta(done))
-        resident = self.resident + np.cumsum(resident_delta[:failing])
-        peak = int(allocated.max(initial=self.allocated))
-        resident_peak = int(resident.max(initial=self.resident))
-        self.ledger.append(done)
-        if failing:
-            self.allocated, self.resident = int(allocated[-1]), int(resident[-1])
-        cause = AllocationTooLarge if 0 < self.policy.max_alloc_bytes < int(rows[failing]["bytes"]) else OutOfMemory
-        self.oom = cause(
-            step, int(rows[failing]["layer"]), int(rows[failing]["bytes"]), self.allocated, self.scenario.device_memory,
-            self.scenario.weights_memory,
-        )
-        tokens, batch, used = before
-        self._record(step, phase, peak, resident_peak, tokens=tokens, batch=batch, steady=self.allocated, used=used)
