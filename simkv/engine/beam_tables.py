@@ -10,6 +10,8 @@ this for one inference, :meth:`BeamTables.plan` for a whole decode run.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from simkv.engine.events import NO_BYTES, NO_ROWS
@@ -20,6 +22,16 @@ from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW
 def _swapped(rows, batch, ids):
     """The pair with new and prev swapped (copies)."""
     return rows[:, ::-1].copy(), batch[:, ::-1].copy(), ids[:, ::-1].copy()
+
+
+class TablePlan(NamedTuple):
+    """The tables' growths over a decode run."""
+
+    rows: np.ndarray  # per growth: the alloc, and the free of the table it replaces
+    k: np.ndarray  # each row's step in the run (1..n)
+    unit: np.ndarray  # each row's unit
+    growth: np.ndarray  # each alloc's growth in bytes
+    state: tuple | None  # the pair's (rows, batch, ids) after the run; None if nothing changes
 
 
 class BeamTables:
@@ -65,17 +77,15 @@ class BeamTables:
             unit_of += [u] * (len(out) - len(unit_of))
         return (np.array(out, dtype=ROW) if out else NO_ROWS), np.asarray(unit_of, dtype=np.int64), delta, next_id
 
-    def plan(self, first_step: int, n: int, L0: int, B: int, next_id: int):
+    def plan(self, first_step: int, n: int, L0: int, B: int, next_id: int) -> TablePlan | None:
         """The tables over a decode run of ``n`` steps at ``B`` beams: nothing at one beam; else
         every step swaps the pair, so the table that was *prev* at the start is checked on odd
         steps, the other on even ones, and each grows to ``capacity(L) × B`` the first of its
-        steps where ``B × L`` exceeds it. Returns the rows (alloc, free of the table it replaces;
-        provisional ids from ``next_id``), their step in the run, their unit, each alloc's growth
-        in bytes and the pair after the run (``None`` for the state if nothing changes); ``None``
-        if the planner cannot (a pair not yet allocated). Changes nothing."""
+        steps where ``B × L`` exceeds it. Provisional ids from ``next_id`` on; ``None`` if the
+        planner cannot (a pair not yet allocated). Changes nothing."""
         lay, policy = self.layout, self.policy
         if not self.enabled or B == 1:
-            return NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, None
+            return TablePlan(NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, None)
         if not self.rows.all():
             return None
         rows, batch, ids = self.rows.copy(), self.batch.copy(), self.ids.copy()
@@ -94,7 +104,7 @@ class BeamTables:
                 nk = np.maximum(caps + 1 - L0, kk + 1)
                 k[active] = nk + (nk - first) % 2
         if not events:  # no growth, but every step still swapped the pair
-            return NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, _swapped(self.rows, self.batch, self.ids) if n % 2 else None
+            return TablePlan(NO_ROWS, NO_BYTES, NO_BYTES, NO_BYTES, _swapped(self.rows, self.batch, self.ids) if n % 2 else None)
         k, unit, col, cap, old_rows, old_batch, old_id = (np.concatenate(e) for e in zip(*events))
         order = np.lexsort((unit, k))
         k, unit, col, cap, old_rows, old_batch, old_id = k[order], unit[order], col[order], cap[order], old_rows[order], old_batch[order], old_id[order]
@@ -116,4 +126,4 @@ class BeamTables:
         free["op"], free["bytes"], free["capacity_tokens"], free["buffer"] = (
             FREE, old_rows * BEAM_TABLE_BYTES, old_rows // old_batch, old_id)
         growth = (cap * B - old_rows) * BEAM_TABLE_BYTES
-        return out.ravel(), np.repeat(k, 2), np.repeat(unit, 2), growth, (rows, batch, ids)
+        return TablePlan(out.ravel(), np.repeat(k, 2), np.repeat(unit, 2), growth, (rows, batch, ids))

@@ -8,11 +8,22 @@ growths are planned at once (:meth:`PastView.plan`), one per step whose history 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from simkv.engine.events import NO_BYTES, NO_ROWS
 from simkv.layout import PAST_VIEW_BYTES
 from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW, TENSOR_CODE
+
+
+class ViewPlan(NamedTuple):
+    """The block's growths over a decode run."""
+
+    rows: np.ndarray  # per growth: the alloc, and the free of the block it replaces
+    k: np.ndarray  # each row's step in the run (1..n)
+    growth: np.ndarray  # each growth in bytes
+    after: tuple | None  # the block's (bytes, tokens) after the run; None if it does not grow
 
 
 class PastView:
@@ -39,18 +50,17 @@ class PastView:
         self.bytes, self.id, self.tokens = nbytes, new_id, tokens
         return out
 
-    def plan(self, first_step: int, n: int, L0: int, B: int, first_id: int):
-        """The block's rows over a decode run: step k sizes it for the L0 + k - 1 tokens
-        stored before it. Returns the rows (ids from ``first_id``), their step in the run,
-        each growth in bytes, and the block's (bytes, tokens) after the run (None if it does
-        not grow; the caller commits it with the last alloc's final id)."""
+    def plan(self, first_step: int, n: int, L0: int, B: int, first_id: int) -> ViewPlan:
+        """The block's growths over a decode run: step k sizes it for the L0 + k - 1 tokens
+        stored before it; ids from ``first_id`` on. Changes nothing: the caller commits the block
+        after the run with the last alloc's final id."""
         if not self.enabled:
-            return NO_ROWS, NO_BYTES, NO_BYTES, None
+            return ViewPlan(NO_ROWS, NO_BYTES, NO_BYTES, None)
         tokens = L0 + np.arange(n, dtype=np.int64)
         need = B * tokens * self.row_bytes
         grow_k = np.flatnonzero(need > self.bytes) + 1  # need grows with k: a suffix of the run
         if not len(grow_k):
-            return NO_ROWS, NO_BYTES, NO_BYTES, None
+            return ViewPlan(NO_ROWS, NO_BYTES, NO_BYTES, None)
         sizes = need[grow_k - 1]
         old_sizes = np.r_[self.bytes, sizes[:-1]]
         ids = first_id + np.arange(len(grow_k))
@@ -65,4 +75,4 @@ class PastView:
         keep = np.ones((len(grow_k), 2), dtype=bool)
         keep[0, 1] = self.bytes > 0
         after = (int(sizes[-1]), int(tokens[grow_k[-1] - 1]))
-        return rows[keep], np.repeat(grow_k, 2)[keep.ravel()], sizes - old_sizes, after
+        return ViewPlan(rows[keep], np.repeat(grow_k, 2)[keep.ravel()], sizes - old_sizes, after)

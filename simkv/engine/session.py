@@ -24,33 +24,21 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from simkv.chains import chains
+from simkv.engine import decode_run, stateless
 from simkv.engine.beam_tables import BeamTables
+from simkv.engine.decode_run import NoPlan
 from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, alloc_rank, event_rows
-from simkv.engine.oom import ExactSizes, failure, first_failure, limit_headroom, over_device
+from simkv.engine.oom import failure, first_failure, limit_headroom
 from simkv.engine.past_view import PastView
+from simkv.engine.residency import touch
 from simkv.errors import SimkvError
 from simkv.layout import Layout
-from simkv.ledger import (
-    ALLOC,
-    FREE,
-    PHASE_CODE,
-    ROW,
-    TENSOR_CODE,
-    Ledger,
-    join,
-    pick,
-)
+from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW, Ledger
 from simkv.limits import MAX_LEDGER_ROWS
 from simkv.memory import OutOfMemory
-from simkv.steps import STEP, StepRecorder
+from simkv.steps import StepRecorder
 from simkv.workload import Decode, Inference, inference_of
 
-# Order of rows inside a step: frees deferred from the previous inference, the
-# past-view block, each unit's rows, the step's token writes, frees deferred to
-# the end of the step.
-_PENDING, _VIEW, _UNITS, _WRITES, _END = range(5)
-_SECTIONS = 5
 # A run of decode steps is planned in chunks: the first of FIRST_PLAN_STEPS steps, then
 # doubled while a chunk writes under PLAN_ROWS / 2 ledger rows (halved above), at most
 # MAX_PLAN_STEPS. Chunks keep a huge --decode bounded in memory and let a run that meets
@@ -267,9 +255,7 @@ class FastEngine:
         else:
             self.stored += inf.tokens
             if self.first_touch:
-                growth = np.maximum(needed * self.batch - self.written, 0)
-                self.resident += int((growth * lay.row_bytes).sum())
-                np.maximum(self.written, needed * self.batch, out=self.written)
+                self.resident += touch(self.written, needed * self.batch, lay.row_bytes)
         resident_peak = max(resident_peak, self.resident)
 
         if policy.free_old == "next_inference":
@@ -367,272 +353,41 @@ class FastEngine:
     # -- a run of decode steps -------------------------------------------------
 
     def _decode_run(self, first_step: int, n: int, exact_sizes: bool = False) -> bool:
-        """Plan ``n`` one-token decode steps at once; False (nothing changed) if a limit intervenes,
-        with :attr:`limit_step` the step of the run (1..n) where a memory limit is met, if known,
-        and :attr:`met_headroom` whether it is the headroom limit at the policy's sizes.
-        ``exact_sizes``: past the headroom limit, every reallocation sized exactly (the plan holds
-        only where the step-by-step rule gives that size)."""
-        lay, policy = self.layout, self.policy
+        """Plan ``n`` one-token decode steps at once (:mod:`.decode_run`, :mod:`.stateless`) and
+        commit them; False (nothing changed) if a limit intervenes, with :attr:`limit_step` the step
+        of the run (1..n) where a memory limit is met, if known, and :attr:`met_headroom` whether it
+        is the headroom limit at the policy's sizes. ``exact_sizes``: past the headroom limit, every
+        reallocation sized exactly (the plan holds only where the step-by-step rule gives that size)."""
+        if self.policy.stateless:
+            run = stateless.plan(self, first_step, n)
+        else:
+            run = decode_run.plan(self, first_step, n, exact_sizes, PLAN_ROWS)
+        if isinstance(run, NoPlan):
+            self.limit_step, self.met_headroom = run
+            return False
         self.limit_step, self.met_headroom = None, False
-        if policy.stateless:
-            return self._stateless_run(first_step, n)
-        L0, B = self.stored, self.batch
-        U, K = lay.unit_slots.shape
-        decode = PHASE_CODE["decode"]
-
-        # 1. Each unit's chain of reallocations; k = 1..n is the step in the run.
-        sizes = ExactSizes if exact_sizes else policy
-        unit, k, old_rows, new_cap, budget = chains(sizes, lay.unit_prim, self.budget, L0, B, n, PLAN_ROWS)
-        if policy.max_alloc_bytes and (new_cap * self.unit_row[unit] * B > policy.max_alloc_bytes).any():
-            return False
-        tables = self.tables.plan(first_step, n, L0, B, self.next_id)
-        if tables is None:
-            return False
-        t_rows, t_k, t_unit, t_growth, t_state = tables
-        if policy.max_alloc_bytes and (t_rows["bytes"] > policy.max_alloc_bytes).any():
-            return False
-
-        # 2. Events in runtime order (by step, then unit); each link frees the previous one's buffers.
-        order = np.lexsort((unit, k))
-        unit, k, old_rows, new_cap = unit[order], k[order], old_rows[order], new_cap[order]
-        E = len(unit)
-        ids = self.next_id + np.arange(E * K, dtype=np.int64).reshape(E, K)  # provisional
-        by_unit = np.lexsort((k, unit))
-        su = unit[by_unit]
-        later_link = np.zeros(E, dtype=bool)
-        later_link[1:] = su[1:] == su[:-1]
-        first_link = np.ones(E, dtype=bool)
-        first_link[by_unit] = ~later_link
-        prev = np.zeros(E, dtype=np.int64)
-        prev[by_unit[later_link]] = by_unit[np.flatnonzero(later_link) - 1]
-        slots = lay.unit_slots[unit]
-        held = B * (L0 + k - 1)[:, None]  # rows written in the old buffer when it is replaced
-        ev = Events(
-            unit=unit, step=first_step + k - 1, needed=L0 + k, copied=L0 + k - 1, new_cap=new_cap, batch=B,
-            old_rows=old_rows, old_batch=B, ids=ids,
-            old_ids=np.where(first_link[:, None], self.buf[slots], ids[prev]),
-            old_resident=np.where(first_link[:, None], np.maximum(self.written[slots], held), held) * lay.row_bytes[slots],
-        )
-        block, happens, resident = event_rows(lay, ev, decode, self.orders["grow"], self.request, self.first_touch)
-
-        # 3. One stream of rows with sort keys (step, section, unit, position in the unit's order).
-        W = 3 * K + 2  # a unit's rows, then its kernel's beam table alloc and free
-
-        def key(step_k, section, u, pos):
-            return ((step_k * _SECTIONS + section) * U + u) * W + pos
-
-        steps_k = np.arange(1, n + 1, dtype=np.int64)
-        kk = np.broadcast_to(k[:, None], block.shape).copy()
-        section = np.full(block.shape, _UNITS)
-        if policy.free_old != "immediate":
-            is_free = block["op"] == FREE
-            late = policy.free_old == "next_inference"
-            section[is_free] = _PENDING if late else _END
-            kk[is_free] += late
-        keys = key(kk, section, unit[:, None], np.arange(3 * K)[None, :])[happens]
-        rows, res = pick(block, happens), resident[happens]
-        # Each copy of a plan's rows is dropped once used, so memory peaks at about two of them.
-        del block, happens, resident, kk, section
-
-        writes = np.full(n, B * self.row_total, dtype=np.int64)
-        if self.first_touch:
-            writes -= self._writes_below_mark(L0, B, n, unit, k)
-        pseudo = np.zeros(n, dtype=ROW)
-        pseudo["op"] = -1
-        view_rows, view_k, view_growth, new_view = self.view.plan(first_step, n, L0, B, self.next_id + E * K)
-        n_views = len(view_growth)
-        if policy.max_alloc_bytes and (view_rows["bytes"] > policy.max_alloc_bytes).any():
-            return False  # a block the device cannot allocate: step by step, where that ends the run
-        t_rows["buffer"] += np.where(t_rows["buffer"] >= self.next_id, E * K + n_views, 0)  # provisional ids after the views'
-        n_tables = int((t_rows["op"] == ALLOC).sum())
-        pending = self.pending.copy()
-        pending["step"], pending["phase"] = first_step, decode
-        all_rows = join([pending, view_rows, rows, t_rows, pseudo])
-        all_keys = np.concatenate([
-            np.full(len(pending), key(1, _PENDING, 0, 0)), key(view_k, _VIEW, 0, (view_rows["op"] == FREE).astype(np.int64)),
-            keys, key(t_k, _UNITS, t_unit, 3 * K + (t_rows["op"] == FREE)), key(steps_k, _WRITES, 0, 0),
-        ])
-        t_res = np.zeros(len(t_rows), dtype=np.int64) if self.first_touch else alloc_delta(t_rows)
-        all_res = np.concatenate([-self.pending_resident, np.zeros(len(view_rows), dtype=np.int64), res, t_res, writes])
-        del rows, keys, res
-        sort = np.argsort(all_keys, kind="stable")
-        all_rows, all_keys, all_res = pick(all_rows, sort), all_keys[sort], all_res[sort]
-        row_k = all_keys // (_SECTIONS * U * W)
-        all_rows["step"] = first_step + row_k - 1  # frees deferred to the next inference move on
-        # Buffer ids follow the order of allocation: renumber the provisional ones.
-        real = all_rows["op"] >= 0
-        fresh = real & (all_rows["op"] == ALLOC)
-        provisional = all_rows["buffer"][fresh] - self.next_id
-        final = np.empty(E * K + n_views + n_tables, dtype=np.int64)
-        final[provisional] = self.next_id + np.arange(len(provisional))
-        renumber = real & (all_rows["buffer"] >= self.next_id)
-        all_rows["buffer"][renumber] = final[all_rows["buffer"][renumber] - self.next_id]
-        inside = row_k <= n
-        carried, carried_res = pick(all_rows, ~inside), -all_res[~inside]
-        all_rows, row_k, all_res, real = pick(all_rows, inside), row_k[inside], all_res[inside], real[inside]
-
-        # 4. Memory along the stream, then per step.
-        delta = np.where(real, alloc_delta(all_rows), 0)
-        running = self.allocated + np.cumsum(delta)
-        over = over_device(running, self.scenario)
-        if len(over):
-            self.limit_step = int(row_k[over[0]])
-            return False
-        if policy.headroom_limit and E:
-            # The limit looks at what is allocated just before an event's first alloc
-            # row plus all the event's bytes (its K alloc rows are consecutive).
-            is_table = np.isin(all_rows["tensor"], (TENSOR_CODE["k_beam"], TENSOR_CODE["v_beam"])) & policy.kernel_beam_tables
-            unit_allocs = np.flatnonzero((all_rows["op"] == ALLOC) & (all_rows["layer"] >= 0) & ~is_table)
-            before = running[unit_allocs[::K]] - delta[unit_allocs[::K]]
-            event_bytes = np.add.reduceat(all_rows["bytes"][unit_allocs], np.arange(0, len(unit_allocs), K))
-            if policy.headroom_buffer == "data":  # the data buffer alone: each event's first alloc row
-                event_bytes = all_rows["bytes"][unit_allocs[::K]]
-            meets = before + event_bytes + self.scenario.weights_memory >= policy.headroom_limit * self.scenario.device_memory
-            # Policy sizes hold while no event meets the limit. Exact sizes hold for an event that
-            # meets it at its exact size (then also at the policy's, which is no smaller), or
-            # whose policy size is the exact one anyway (events are in the order of unit and k).
-            if exact_sizes:
-                meets |= np.asarray(policy.capacity(L0 + k, lay.unit_prim[unit]), dtype=np.int64) == L0 + k
-            wrong = np.flatnonzero(~meets if exact_sizes else meets)
-            if len(wrong):
-                self.limit_step = int(row_k[unit_allocs[::K][wrong[0]]])
-                self.met_headroom = not exact_sizes
-                return False
-        resident_run = self.resident + np.cumsum(all_res) if self.first_touch else running
-        starts = np.searchsorted(row_k, steps_k)
-        ends = np.r_[starts[1:], len(row_k)] - 1
-        end_alloc, end_res = running[ends], resident_run[ends]
-        prev_alloc = np.r_[self.allocated, end_alloc[:-1]]
-        prev_res = np.r_[self.resident if self.first_touch else self.allocated, end_res[:-1]]
-        steady_change = np.zeros(n + 1, dtype=np.int64)
-        np.add.at(steady_change, k, (new_cap * B - old_rows) * self.unit_row[unit])
-        np.add.at(steady_change, view_k[view_rows["op"] == ALLOC], view_growth)
-        np.add.at(steady_change, t_k[t_rows["op"] == ALLOC], t_growth)
-
-        block_steps = np.zeros(n, dtype=STEP)
-        block_steps["step"] = first_step + steps_k - 1
-        block_steps["phase"] = decode
-        block_steps["tokens"] = L0 + steps_k
-        block_steps["batch"] = B
-        block_steps["allocated"] = end_alloc
-        block_steps["peak"] = np.maximum(np.maximum.reduceat(running, starts), prev_alloc)
-        block_steps["steady"] = self._steady() + np.cumsum(steady_change[1:])
-        block_steps["used"] = (L0 + steps_k) * B * self.row_total
-        block_steps["resident"] = end_res
-        block_steps["resident_peak"] = np.maximum(np.maximum.reduceat(resident_run, starts), prev_res)
-
-        # 5. Commit.
-        self.planned_rows = int(real.sum())
-        self.ledger.append(pick(all_rows, real))
-        self.steps.add_block(block_steps)
-        self.pending, self.pending_resident = carried, carried_res if self.first_touch else carried["bytes"]
-        self.allocated = int(end_alloc[-1])
-        self.resident = int(end_res[-1]) if self.first_touch else self.allocated
-        if E:
-            last = np.ones(E, dtype=bool)
-            last[by_unit[:-1]] = su[1:] != su[:-1]
-            self.buf[slots[last]] = final[ids[last] - self.next_id]
-            self.written[slots[last]] = 0
-        if n_views:
-            self.view.bytes, self.view.tokens = new_view
-            self.view.id = int(final[E * K + n_views - 1])
-        if t_state is not None:
-            self.tables.rows, self.tables.batch, self.tables.ids = t_state
-            moved = self.tables.ids >= self.next_id
-            self.tables.ids[moved] = final[self.tables.ids[moved] - self.next_id + E * K + n_views]
-        self.next_id += len(provisional)
-        self.budget = budget
-        self.stored = L0 + n
-        np.maximum(self.written, self.stored * B, out=self.written)
+        self.planned_rows = len(run.rows)  # sizes the next plan (_session)
+        self.ledger.append(run.rows)
+        self.steps.add_block(run.steps)
+        self.next_id, self.stored, self.batch = run.next_id, run.stored, run.batch
+        held = run.held
+        if held is not None:
+            self.pending, self.pending_resident = held.pending, held.pending_resident
+            self.allocated, self.resident = held.allocated, held.resident
+            self.buf[held.slots] = held.buffers
+            self.written[held.slots] = 0
+            if held.view is not None:
+                self.view.bytes, self.view.tokens, self.view.id = held.view
+            if held.tables is not None:
+                self.tables.rows, self.tables.batch, self.tables.ids = held.tables
+            self.budget = held.budget
+            np.maximum(self.written, self.stored * self.batch, out=self.written)
         return True
-
-    def _stateless_run(self, first_step: int, n: int) -> bool:
-        """``n`` decode steps of a stateless policy at once: each allocates every slot for the whole
-        history (no copy), the history is written, and every buffer is freed at the step's end.
-        False (nothing changed) where the plain per-step path must decide (past view, memory limit)."""
-        lay, policy = self.layout, self.policy
-        L0, B = self.stored, self.width
-        U, K = lay.unit_slots.shape
-        k = np.arange(1, n + 1, dtype=np.int64)
-        needed = L0 + k
-        caps = np.asarray(policy.capacity(np.repeat(needed, U), np.tile(lay.unit_prim, n)), dtype=np.int64)
-        if policy.past_view or len(self.pending) or self.budget.any() or (caps != np.repeat(needed, U)).any():
-            return False
-        if self.allocated + self.scenario.weights_memory + int(needed[-1]) * B * self.row_total > self.scenario.device_memory:
-            return False
-        if policy.max_alloc_bytes:
-            # a buffer larger than the device's largest allocation ends the run (the per-step path says so)
-            too_large = needed * B * int(lay.row_bytes.max()) > policy.max_alloc_bytes
-            if too_large.any():
-                self.limit_step = int(too_large.argmax()) + 1
-                return False
-        order = self.orders["grow"]
-        alloc_slots = order[order // K == ALLOC] % K  # a unit's slots in allocation order
-        rank = alloc_rank(order, K)  # buffer id offset of each slot within its unit
-        ids = self.next_id + ((k[:, None] - 1) * U + np.arange(U)[None, :])[..., None] * K + rank  # (n, U, K)
-        slots = lay.unit_slots  # (U, K)
-
-        def rows(op, slot_index):
-            out = np.zeros((n, U, K), dtype=ROW)
-            s = np.take_along_axis(slots, slot_index, axis=1) if slot_index is not None else slots
-            out["step"] = (first_step + k - 1)[:, None, None]
-            out["phase"], out["request"], out["op"] = PHASE_CODE["decode"], self.request, op
-            out["layer"], out["tensor"] = lay.layer[s][None], lay.tensor[s][None]
-            out["bytes"] = needed[:, None, None] * B * lay.row_bytes[s][None]
-            out["capacity_tokens"] = out["used_tokens"] = needed[:, None, None]
-            sid = ids if slot_index is None else np.take_along_axis(ids, np.broadcast_to(slot_index, (n, U, K)), axis=2)
-            out["buffer"] = sid
-            return out
-
-        allocs = rows(ALLOC, np.broadcast_to(alloc_slots, (U, K)).copy())
-        frees = rows(FREE, None)
-        rows = np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel()
-        self.planned_rows = len(rows)  # sizes the next plan (_session)
-        self.ledger.append(rows)
-        block = np.zeros(n, dtype=STEP)
-        block["step"], block["phase"] = first_step + k - 1, PHASE_CODE["decode"]
-        block["tokens"], block["batch"] = needed, B
-        block["allocated"] = self.allocated
-        block["peak"] = self.allocated + needed * B * self.row_total
-        block["steady"], block["used"] = self._steady(), 0
-        base = self.resident if self.first_touch else self.allocated
-        block["resident"] = base
-        block["resident_peak"] = base + needed * B * self.row_total if self.first_touch else block["peak"]
-        self.steps.add_block(block)
-        self.next_id += n * U * K
-        self.stored, self.batch = L0 + n, B
-        return True
-
-    def _writes_below_mark(self, L0: int, B: int, n: int, unit: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """Per step, bytes of token rows written below a slot's high-water mark (already resident).
-
-        Only slots written past the history (kept across a reset) have such rows, and
-        only until they are reallocated: a new buffer is written from its copy on.
-        """
-        lay = self.layout
-        high = np.flatnonzero(self.written > B * L0)
-        out = np.zeros(n + 2, dtype=np.int64)
-        if not len(high):
-            return out[1 : n + 1]
-        first_event = np.full(lay.units, n + 1, dtype=np.int64)
-        np.minimum.at(first_event, unit, k)
-        mark = self.written[high]
-        row = lay.row_bytes[high]
-        event = first_event[high // lay.unit_slots.shape[1]]
-        cross = mark // B - L0 + 1  # first step whose rows pass the mark
-        # Steps 1 .. cross-1 (before any reallocation) write only below the mark.
-        full_until = np.minimum(cross - 1, event - 1)
-        np.add.at(out, np.ones_like(high), B * row)
-        np.add.at(out, np.minimum(full_until, n) + 1, -B * row)
-        # The crossing step writes partly below it.
-        partial = (cross < event) & (cross <= n)
-        np.add.at(out, cross[partial], (mark[partial] - B * (L0 + cross[partial] - 1)) * row[partial])
-        np.add.at(out, cross[partial] + 1, -(mark[partial] - B * (L0 + cross[partial] - 1)) * row[partial])
-        return np.cumsum(out)[1 : n + 1]
 
     # -- bookkeeping -------------------------------------------------------------
 
-    def _steady(self) -> int:
+    def steady(self) -> int:
+        """Bytes the live buffers, the past block and the beam tables hold."""
         return int((self.budget * self.unit_row).sum()) + self.view.bytes + self.tables.bytes()
 
     def _used(self) -> int:
@@ -648,7 +403,7 @@ class FastEngine:
             self.stored if tokens is None else tokens,
             self.batch if batch is None else batch,
             self.allocated, peak,
-            self._steady() if steady is None else steady,
+            self.steady() if steady is None else steady,
             self._used() if used is None else used,
             self.resident if self.first_touch else self.allocated,
             resident_peak if self.first_touch else peak,
