@@ -1,22 +1,18 @@
-"""The fast engine: only allocation events are events.
+"""The fast engine's conductor: :class:`FastEngine` keeps the session loop and the state.
 
 A session is a SimPy process whose clock counts steps (one per operation).
 Single operations (prefill, chat turn, fork, select, reset) are processed as
-one step, all units at once with array operations. A run of decode steps is
-planned as a whole: every unit's chain of reallocations follows from its
-capacity (the unit overflows when the history passes it, and the policy sizes
-the next buffer), so the engine computes all chains together (:mod:`simkv.chains`),
-builds every ledger row of the run at once, orders them as the
-runtime would, and derives each step's memory from running sums. In-place
-appends cost no event; the SimPy clock jumps over the whole run.
+one step, all units at once with array operations (:meth:`FastEngine._step`).
+A run of decode steps is planned as a whole (:mod:`.decode_run`, :mod:`.stateless`)
+and committed at once; in-place appends cost no event, and the SimPy clock jumps
+over the whole run. Runs are planned in chunks sized to a number of ledger rows.
 
 Near a device-memory limit the plan is discarded and the run is processed
-step by step, where the limit rules apply sequentially. :mod:`simkv.reference`
-does all of this the slow way, and the tests require identical output.
+step by step, where the limit rules apply sequentially (:mod:`.oom`).
 
 Buffers are sized in *rows* (token positions × beams), as in
 :class:`simkv.memory.Buffer`: ``budget`` holds each unit's rows, ``written``
-each slot's first-touch high-water mark in rows.
+each slot's first-touch high-water mark in rows (:mod:`.residency`).
 """
 
 from __future__ import annotations
@@ -49,6 +45,8 @@ PLAN_ROWS = 1 << 20
 
 
 class FastEngine:
+    """One session's KV-cache memory, fast. The planners read this state; only the engine changes it."""
+
     def __init__(self, scenario, request: int = 0) -> None:
         self.scenario = scenario
         self.policy = policy = scenario.policy
@@ -157,12 +155,46 @@ class FastEngine:
             return np.zeros(self.layout.units, dtype=np.int64)
         return np.where(self.budget > 0, self.budget // self.batch - self.stored, 0)
 
-    # -- rows ------------------------------------------------------------------
+    # -- a run of decode steps -------------------------------------------------
+
+    def _decode_run(self, first_step: int, n: int, exact_sizes: bool = False) -> bool:
+        """Plan ``n`` one-token decode steps at once (:mod:`.decode_run`, :mod:`.stateless`) and
+        commit them; False (nothing changed) if a limit intervenes, with :attr:`limit_step` the step
+        of the run (1..n) where a memory limit is met, if known, and :attr:`met_headroom` whether it
+        is the headroom limit at the policy's sizes. ``exact_sizes``: past the headroom limit, every
+        reallocation sized exactly (the plan holds only where the step-by-step rule gives that size)."""
+        if self.policy.stateless:
+            run = stateless.plan(self, first_step, n)
+        else:
+            run = decode_run.plan(self, first_step, n, exact_sizes, PLAN_ROWS)
+        if isinstance(run, NoPlan):
+            self.limit_step, self.met_headroom = run
+            return False
+        self.limit_step, self.met_headroom = None, False
+        self.planned_rows = len(run.rows)  # sizes the next plan (_session)
+        self.ledger.append(run.rows)
+        self.steps.add_block(run.steps)
+        self.next_id, self.stored, self.batch = run.next_id, run.stored, run.batch
+        held = run.held
+        if held is not None:
+            self.pending, self.pending_resident = held.pending, held.pending_resident
+            self.allocated, self.resident = held.allocated, held.resident
+            self.buf[held.slots] = held.buffers
+            self.written[held.slots] = 0
+            if held.view is not None:
+                self.view.bytes, self.view.tokens, self.view.id = held.view
+            if held.tables is not None:
+                self.tables.rows, self.tables.batch, self.tables.ids = held.tables
+            self.budget = held.budget
+            np.maximum(self.written, self.stored * self.batch, out=self.written)
+        return True
 
     # -- one step --------------------------------------------------------------
 
     def _step(self, step: int, inf: Inference) -> None:
-        lay, policy = self.layout, self.policy
+        """One operation as one step, all units at once: the frees deferred from the previous
+        inference, a reset's frees or an inference's reallocations, all allocated in order (an
+        allocation that fails ends the run there), then the tokens written and the step's last frees."""
         phase = PHASE_CODE[inf.phase]
         before = (self.stored, self.batch, self._used())
         self.width = inf.batch
@@ -170,112 +202,146 @@ class FastEngine:
         rows[0]["step"], rows[0]["phase"] = step, phase
         resident_delta = [-self.pending_resident if self.first_touch else -self.pending["bytes"]]
         self.pending, self.pending_resident = NO_ROWS, NO_BYTES
-        deferred, deferred_resident = NO_ROWS, NO_BYTES
-        needed = 0
+        deferred, needed = (NO_ROWS, NO_BYTES), 0
         if inf.phase == "reset":
-            if policy.reset == "free" and self.budget.any():
-                slots = lay.unit_slots[np.flatnonzero(self.budget)].ravel()
-                free = self._live_rows(slots, step, phase)
-                rows.append(free)
-                resident_delta.append(-self._live_resident(slots) if self.first_touch else -free["bytes"])
-                self.budget[:], self.buf[:], self.written[:], self.batch = 0, -1, 0, 1
-            elif policy.reset == "free":  # nothing live (a stateless policy): the batch still resets
-                self.batch = 1
-            self.after_reset = True
+            self._reset(step, phase, rows, resident_delta)
         else:
-            if policy.past_view:
-                view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
-                self.next_id += int((view["op"] == ALLOC).sum())
-                rows.append(view)
-                resident_delta.append(np.zeros(len(view), dtype=np.int64) if self.first_touch else alloc_delta(view))
-            if policy.beam_gather and inf.phase in ("fork", "reorder", "select") and self.budget.any():
-                # beam_idx first: every layer gathered into new buffers at the new batch, old freed at once.
-                units = np.flatnonzero(self.budget)
-                held = np.full(lay.units, self._held(), dtype=np.int64)  # exact size: no padding is carried
-                block, happens, resident = self._reallocate(units, self._held(), inf.batch, step, phase, rows, "gather",
-                                                            held, np.zeros(lay.units, dtype=np.int64), immediate=True)
-                rows.append(block[happens])
-                resident_delta.append(resident[happens])
             needed = self._held() + inf.tokens
-            has = self.budget > 0
-            if has.any() and inf.batch != self.batch and policy.reset_adopts_batch and self.after_reset:
-                self.batch = inf.batch  # the kept buffers now hold rows of the new width
-            rebatch = has & (inf.batch != self.batch)
-            fits = has & ~rebatch & (inf.batch * needed <= self.budget)
-            padded = needed + self._room()
-            fits &= ~policy.reclaim(padded, lay.unit_prim, self.budget // self.batch)
-            units = np.flatnonzero(~fits)
-            id_start = self.next_id
-            tables, table_unit, table_delta, self.next_id = self.tables.step(step, phase, needed, inf.batch, self.stored,
-                                                                             self.next_id)
-            unit_rows, unit_res, unit_key = NO_ROWS, NO_BYTES, NO_BYTES
-            if len(units):
-                kind = "rebatch" if rebatch.any() else "grow_empty" if has.any() and not self.stored else "grow"
-                tables_before = np.cumsum(table_delta) - table_delta  # tables of earlier units (the kernel runs first)
-                block, happens, resident = self._reallocate(units, needed, inf.batch, step, phase, rows, kind, padded,
-                                                            tables_before)
-                is_free = block["op"] == FREE
-                deferred_mask = happens & is_free
-                if policy.free_old != "immediate":
-                    happens &= ~is_free
-                unit_rows, unit_res = block[happens], resident[happens]
-                unit_key = np.broadcast_to(2 * units[:, None], block.shape)[happens]
-                deferred, deferred_resident = block[deferred_mask], -resident[deferred_mask]
-            if len(tables):
-                # Per unit: its buffers' rows, then its kernel's beam tables; ids in allocation order.
-                order = np.argsort(np.concatenate([unit_key, 2 * table_unit + 1]), kind="stable")
-                unit_rows = np.concatenate([unit_rows, tables])[order]
-                table_res = np.zeros(len(tables), dtype=np.int64) if self.first_touch else alloc_delta(tables)
-                unit_res = np.concatenate([unit_res, table_res])[order]
-                self._renumber(unit_rows, id_start)
-            rows.append(unit_rows)
-            resident_delta.append(unit_res)
-            self.after_reset = False
+            deferred = self._inference(step, phase, inf, needed, rows, resident_delta)
+        peaks = self._allocate(step, phase, before, np.concatenate(rows), np.concatenate(resident_delta))
+        if peaks is not None:  # None: out of memory, the run stops
+            self._end_step(step, phase, inf, needed, *peaks, deferred)
 
-        rows, resident_delta = np.concatenate(rows), np.concatenate(resident_delta)
+    def _reset(self, step: int, phase: int, rows: list, resident_delta: list) -> None:
+        """A reset (policy.reset): ``free`` frees every live buffer and the batch goes back to one
+        beam; ``keep`` keeps them for the next prompt. Appends its rows."""
+        if self.policy.reset == "free" and self.budget.any():
+            free, released = self._free_live(step, phase)
+            rows.append(free)
+            resident_delta.append(-released)
+            self.batch = 1
+        elif self.policy.reset == "free":  # nothing live (a stateless policy): the batch still resets
+            self.batch = 1
+        self.after_reset = True
+
+    def _inference(self, step: int, phase: int, inf: Inference, needed: int, rows: list, resident_delta: list):
+        """An inference's rows, appended to ``rows`` (and their changes of resident memory): the past
+        block grown, the beams gathered, and the units that no longer hold ``needed`` tokens
+        reallocated with their kernels' beam tables. Returns the old buffers' frees deferred
+        (policy.free_old) and the resident bytes they release."""
+        lay, policy = self.layout, self.policy
+        if policy.past_view:
+            view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
+            self.next_id += int((view["op"] == ALLOC).sum())
+            rows.append(view)
+            resident_delta.append(np.zeros(len(view), dtype=np.int64) if self.first_touch else alloc_delta(view))
+        if policy.beam_gather and inf.phase in ("fork", "reorder", "select") and self.budget.any():
+            # beam_idx first: every layer gathered into new buffers at the new batch, old freed at once.
+            units = np.flatnonzero(self.budget)
+            held = np.full(lay.units, self._held(), dtype=np.int64)  # exact size: no padding is carried
+            block, happens, resident = self._reallocate(units, self._held(), inf.batch, step, phase, rows, "gather",
+                                                        held, np.zeros(lay.units, dtype=np.int64), immediate=True)
+            rows.append(block[happens])
+            resident_delta.append(resident[happens])
+        unit_rows, unit_res, deferred = self._grow(step, phase, inf, needed, rows)
+        rows.append(unit_rows)
+        resident_delta.append(unit_res)
+        self.after_reset = False
+        return deferred
+
+    def _grow(self, step: int, phase: int, inf: Inference, needed: int, rows_so_far: list):
+        """The units that do not hold ``needed`` tokens at the inference's batch (or whose buffers
+        the policy reclaims) get new buffers, each unit's rows followed by its kernel's beam tables.
+        Returns the rows that happen now with their changes of resident memory, and the frees
+        deferred (policy.free_old) with the resident bytes they release."""
+        lay, policy = self.layout, self.policy
+        has = self.budget > 0
+        if has.any() and inf.batch != self.batch and policy.reset_adopts_batch and self.after_reset:
+            self.batch = inf.batch  # the kept buffers now hold rows of the new width
+        rebatch = has & (inf.batch != self.batch)
+        fits = has & ~rebatch & (inf.batch * needed <= self.budget)
+        padded = needed + self._room()
+        fits &= ~policy.reclaim(padded, lay.unit_prim, self.budget // self.batch)
+        units = np.flatnonzero(~fits)
+        id_start = self.next_id
+        tables, table_unit, table_delta, self.next_id = self.tables.step(step, phase, needed, inf.batch, self.stored,
+                                                                         self.next_id)
+        unit_rows, unit_res, unit_key, deferred = NO_ROWS, NO_BYTES, NO_BYTES, (NO_ROWS, NO_BYTES)
+        if len(units):
+            kind = "rebatch" if rebatch.any() else "grow_empty" if has.any() and not self.stored else "grow"
+            tables_before = np.cumsum(table_delta) - table_delta  # tables of earlier units (the kernel runs first)
+            block, happens, resident = self._reallocate(units, needed, inf.batch, step, phase, rows_so_far, kind, padded,
+                                                        tables_before)
+            is_free = block["op"] == FREE
+            deferred_mask = happens & is_free
+            if policy.free_old != "immediate":
+                happens &= ~is_free
+            unit_rows, unit_res = block[happens], resident[happens]
+            unit_key = np.broadcast_to(2 * units[:, None], block.shape)[happens]
+            deferred = block[deferred_mask], -resident[deferred_mask]
+        if len(tables):
+            # Per unit: its buffers' rows, then its kernel's beam tables; ids in allocation order.
+            order = np.argsort(np.concatenate([unit_key, 2 * table_unit + 1]), kind="stable")
+            unit_rows = np.concatenate([unit_rows, tables])[order]
+            table_res = np.zeros(len(tables), dtype=np.int64) if self.first_touch else alloc_delta(tables)
+            unit_res = np.concatenate([unit_res, table_res])[order]
+            self._renumber(unit_rows, id_start)
+        return unit_rows, unit_res, deferred
+
+    def _allocate(self, step: int, phase: int, before: tuple, rows: np.ndarray, resident_delta: np.ndarray):
+        """Perform a step's rows in order, following allocated and resident memory along them.
+        Returns the step's peaks (allocated, resident), or None where an allocation fails: the rows
+        before it are kept, the step is recorded as it stood, and the run stops (:attr:`oom`)."""
         allocated = self.allocated + np.cumsum(alloc_delta(rows))
         resident = self.resident + np.cumsum(resident_delta)
-        failing = first_failure(rows, allocated, policy, self.scenario)
-        done = len(rows) if failing is None else failing  # an allocation that fails ends the step before it
+        failing = first_failure(rows, allocated, self.policy, self.scenario)
+        done = len(rows) if failing is None else failing
         peak = int(allocated[:done].max(initial=self.allocated))
         resident_peak = int(resident[:done].max(initial=self.resident))
         self.ledger.append(rows[:done])
         if done:
             self.allocated, self.resident = int(allocated[done - 1]), int(resident[done - 1])
-        if failing is not None:
-            # The step's row shows the state before the step (tokens, batch, used), what was
-            # allocated when the allocation failed, and ``steady`` = that allocation; the run stops.
-            self.oom = failure(rows[failing], step, self.allocated, policy, self.scenario)
-            tokens, batch, used = before
-            self._record(step, phase, peak, resident_peak, tokens=tokens, batch=batch, steady=self.allocated, used=used)
-            return
+        if failing is None:
+            return peak, resident_peak
+        # The step's row shows the state before the step (tokens, batch, used), what was
+        # allocated when the allocation failed, and ``steady`` = that allocation.
+        self.oom = failure(rows[failing], step, self.allocated, self.policy, self.scenario)
+        tokens, batch, used = before
+        self._record(step, phase, peak, resident_peak, tokens=tokens, batch=batch, steady=self.allocated, used=used)
+        return None
 
+    def _end_step(self, step: int, phase: int, inf: Inference, needed: int, peak: int, resident_peak: int,
+                  deferred: tuple) -> None:
+        """The step's tokens written, the old buffers' frees where policy.free_old puts them, a
+        stateless policy's frees of everything; then the step's row."""
+        policy = self.policy
         if inf.phase == "reset":
             self.stored = 0
         else:
             self.stored += inf.tokens
             if self.first_touch:
-                self.resident += touch(self.written, needed * self.batch, lay.row_bytes)
+                self.resident += touch(self.written, needed * self.batch, self.layout.row_bytes)
         resident_peak = max(resident_peak, self.resident)
-
         if policy.free_old == "next_inference":
-            self.pending, self.pending_resident = deferred, deferred_resident
-        elif policy.free_old == "end_of_step" and len(deferred):
-            self.ledger.append(deferred)
-            self.allocated -= int(deferred["bytes"].sum())
-            self.resident -= int(deferred_resident.sum())
+            self.pending, self.pending_resident = deferred
+        elif policy.free_old == "end_of_step" and len(deferred[0]):
+            self.ledger.append(deferred[0])
+            self.allocated -= int(deferred[0]["bytes"].sum())
+            self.resident -= int(deferred[1].sum())
         if policy.stateless and self.budget.any():
-            self._free_all(step, phase)
+            free, released = self._free_live(step, phase)  # a stateless policy keeps nothing
+            self.ledger.append(free)
+            self.allocated -= int(free["bytes"].sum())
+            self.resident -= int(released.sum())
         self._record(step, phase, peak, resident_peak)
 
-    def _free_all(self, step: int, phase: int) -> None:
-        """Free every live K/V buffer at the end of a step (a stateless policy keeps nothing)."""
+    def _free_live(self, step: int, phase: int):
+        """Free every live K/V buffer: their rows, and the resident bytes they release."""
         slots = self.layout.unit_slots[np.flatnonzero(self.budget)].ravel()
         free = self._live_rows(slots, step, phase)
-        self.ledger.append(free)
-        self.allocated -= int(free["bytes"].sum())
-        self.resident -= int(self._live_resident(slots).sum()) if self.first_touch else int(free["bytes"].sum())
+        released = self._live_resident(slots) if self.first_touch else free["bytes"]
         self.budget[:], self.buf[:], self.written[:] = 0, -1, 0
+        return free, released
 
     def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind, padded, tables_before, immediate=None):
         """``padded``: per unit, the tokens needed plus the room carried over (policy.carry_padding);
@@ -349,40 +415,6 @@ class FastEngine:
 
     def _live_resident(self, slots: np.ndarray) -> np.ndarray:
         return self.written[slots] * self.layout.row_bytes[slots]
-
-    # -- a run of decode steps -------------------------------------------------
-
-    def _decode_run(self, first_step: int, n: int, exact_sizes: bool = False) -> bool:
-        """Plan ``n`` one-token decode steps at once (:mod:`.decode_run`, :mod:`.stateless`) and
-        commit them; False (nothing changed) if a limit intervenes, with :attr:`limit_step` the step
-        of the run (1..n) where a memory limit is met, if known, and :attr:`met_headroom` whether it
-        is the headroom limit at the policy's sizes. ``exact_sizes``: past the headroom limit, every
-        reallocation sized exactly (the plan holds only where the step-by-step rule gives that size)."""
-        if self.policy.stateless:
-            run = stateless.plan(self, first_step, n)
-        else:
-            run = decode_run.plan(self, first_step, n, exact_sizes, PLAN_ROWS)
-        if isinstance(run, NoPlan):
-            self.limit_step, self.met_headroom = run
-            return False
-        self.limit_step, self.met_headroom = None, False
-        self.planned_rows = len(run.rows)  # sizes the next plan (_session)
-        self.ledger.append(run.rows)
-        self.steps.add_block(run.steps)
-        self.next_id, self.stored, self.batch = run.next_id, run.stored, run.batch
-        held = run.held
-        if held is not None:
-            self.pending, self.pending_resident = held.pending, held.pending_resident
-            self.allocated, self.resident = held.allocated, held.resident
-            self.buf[held.slots] = held.buffers
-            self.written[held.slots] = 0
-            if held.view is not None:
-                self.view.bytes, self.view.tokens, self.view.id = held.view
-            if held.tables is not None:
-                self.tables.rows, self.tables.batch, self.tables.ids = held.tables
-            self.budget = held.budget
-            np.maximum(self.written, self.stored * self.batch, out=self.written)
-        return True
 
     # -- bookkeeping -------------------------------------------------------------
 
