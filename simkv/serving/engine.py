@@ -17,10 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
-from simkv.limits import MAX_SERVING_LEDGER_ROWS
 from simkv.serving.costing import StepTimer, attended_pairs
 from simkv.serving.paged import BlockPool
+from simkv.serving.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
 from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group, PagedConfig,
                                      fork_samples, prepare_tokens)
@@ -206,63 +205,9 @@ class PagedServing:
         #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
         #: requests are freed (tests; the planned runs skip it: use ``run(fast=False)``).
         self.observe = observe
-        self.ledger = Ledger(limit=MAX_SERVING_LEDGER_ROWS)
-        self.pool_total = 0  # blocks the pool tensors hold (ledger)
-        self.pool_ids: dict = {}
-        self.next_buffer = 0
-
-    # -- pool tensors in the ledger ---------------------------------------------------------------
-
-    def _pool_rows(self, step: int, new_total: int, inference: bool = True) -> tuple[int, int]:
-        """(Re)allocate the pool's 2·L tensors at ``new_total`` blocks. Returns (bytes copied, in-step peak).
-
-        Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
-        notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
-        (``PagedConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
-        sizes, allocated and freed in the same step — at the first allocation too — so the
-        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first. The scratch
-        buffers come with the step's inference: a step that allocates the pool without running one (idle
-        step 0, or everything IGNORED) has none, and none follow later (measured, notes/paged-mismatches.md).
-        """
-        L = self.model.layers
-        per_k, per_v = self.k_block, self.v_block
-        last_v = per_v + self.block_bytes - L * (per_k + per_v)  # any remainder on the last V
-        old = self.pool_total
-        out = []
-
-        def row(layer, tensor, op, nbytes, blocks, buffer):
-            out.append((step, PHASE_CODE["decode"], -1, layer, TENSOR_CODE[tensor], op, nbytes, blocks * self.bs,
-                        0, buffer))
-
-        new_ids = {}
-        for layer in range(L):
-            sizes = (("k", per_k), ("v", last_v if layer == L - 1 else per_v))
-            for t, per in sizes:
-                new_ids[layer, t] = self.next_buffer
-                row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
-                self.next_buffer += 1
-            if old:
-                for t, per in sizes:
-                    row(layer, t, COPY, old * per, old, new_ids[layer, t])
-                for t, per in sizes:
-                    row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
-        transient = []
-        if self.cfg.transient_buffers and inference:
-            for layer in range(L):  # V-sized first (memray: +V0 +K0 +V1 +K1 ... -V0 -K0 ...)
-                for t, per in (("v", last_v if layer == L - 1 else per_v), ("k", per_k)):
-                    transient.append((layer, t, per, self.next_buffer))
-                    row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
-                    self.next_buffer += 1
-            for layer, t, per, buf in transient:
-                row(layer, t, FREE, new_total * per, new_total, buf)
-        self.ledger.append(np.array(out, dtype=ROW))
-        self.pool_ids = new_ids
-        self.pool_total = new_total
-        new_bytes = new_total * self.block_bytes
-        peak = new_bytes + old * (per_k + max(per_v, last_v))
-        if transient:
-            peak = max(peak, 2 * new_bytes)
-        return old * self.block_bytes, peak
+        self.tensors = PoolTensors(model.layers, self.k_block, self.v_block, self.block_bytes, self.bs,
+                                   config.transient_buffers)
+        self.ledger = self.tensors.ledger
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -349,9 +294,9 @@ class PagedServing:
         total, scheduled = self.sched.schedule(live) if live else (0, [])
         preempted = sum(g.preemptions for g in live) - before_pre
         self.preempted_total += preempted
-        copied, peak = 0, self.pool_total * self.block_bytes
-        if self.pool.total != self.pool_total:
-            copied, peak = self._pool_rows(step, self.pool.total, inference=total > 0)
+        copied, peak = 0, self.tensors.total * self.block_bytes
+        if self.pool.total != self.tensors.total:
+            copied, peak = self.tensors.resize(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
         blocks_used = self.pool.used()
         internal = self._internal_slack(live)
@@ -439,7 +384,7 @@ class PagedServing:
         cfg, sched, pool = self.cfg, self.sched, self.pool
         if cfg.enable_prefix_caching or self.trace_requests or self.observe is not None or not cfg.dynamic_split_fuse:
             return None
-        if not sched.initialized or pool.total != self.pool_total:
+        if not sched.initialized or pool.total != self.tensors.total:
             return None  # the pool's tensors are (re)allocated in this step
         if self.window_blocks and any(g.P + g.G > self.window for g in live):
             return None  # blocks leave the window: step by step
