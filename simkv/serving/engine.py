@@ -8,6 +8,10 @@ requests are freed), run the forward pass (its time from :mod:`simkv.cost`), sam
 free what finished. A step that schedules nothing marks every present request IGNORED.
 With arrivals in seconds, an idle engine jumps to the next arrival; with
 ``arrival_step`` it takes idle steps, as a program calling ``step()`` in a loop does.
+
+:class:`PagedServing` conducts the loop and holds its state; one step the reference way is
+:mod:`.slow_path`, the pool's tensors in the ledger :mod:`.pool_tensors`, quiet runs of steps
+planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ import numpy as np
 
 from simkv.errors import ConfigError
 from simkv.serving import planned_run
-from simkv.serving.costing import StepTimer, attended_pairs
+from simkv.serving.costing import StepTimer
 from simkv.serving.joins import join
 from simkv.serving.paged import BlockPool
 from simkv.serving.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group, PagedConfig,
-                                     fork_samples, prepare_tokens)
+from simkv.serving.scheduler import RUNNING, UNFINISHED, ContinuousScheduler, Group, PagedConfig, prepare_tokens
+from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work
 
 GIB = 1024**3
 #: A run stops when no token has been generated for this many steps (or 4x the longest request):
@@ -230,6 +234,8 @@ class PagedServing:
     # -- one step, the reference way ----------------------------------------------------------------
 
     def _slow_step(self, live: list[Group]) -> None:
+        """One step the reference way (:mod:`.slow_path`): schedule, (re)allocate the pool's tensors,
+        run the forward pass (its time from :mod:`simkv.cost`), sample, free what finished."""
         step, t = self.step, self.t
         before_pre = sum(g.preemptions for g in live)
         total, scheduled = self.sched.schedule(live) if live else (0, [])
@@ -240,53 +246,21 @@ class PagedServing:
             copied, peak = self.tensors.resize(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
         blocks_used = self.pool.used()
-        internal = self._internal_slack(live)
+        internal = internal_slack(live, self.pool, self.bs)
         n_live = len(live)
         if total == 0:
             self.sampled += 1  # an outcome: progress
-            for g in live:  # nothing fits: GenAI marks every request out of memory
-                if g.status == RUNNING:
-                    self.sched.free_group(g)
-                    g.status = IGNORED
-                    g.finish_s, g.finish_step = t, step
+            ignore_all(live, self.sched, t, step)
             dt = 0.0
             self.timer.record_idle()
         else:
-            new = pairs = kv_read = logits = decode_pairs = 0
-            for g in scheduled:
-                n, s, p = len(g.tables), g.scheduled, g.processed
-                new += n * s
-                attended = n * attended_pairs(p, s, self.window)
-                pairs += attended
-                if s == 1:  # a one-token query (simkv.cost: decode_pairs)
-                    decode_pairs += attended
-                kv_read += n * (p + s if self.window is None else min(p + s, self.window))  # tokens read
-                if p + s >= g.P and p + s > g.maxc:
-                    logits += n
+            new, pairs, kv_read, logits, decode_pairs = step_work(scheduled, self.window)
             dt = self.timer.step(new, pairs, kv_read, copied, logits, decode_pairs)
         t += dt
         self.est.append(dt)
         used_tokens = blocks_used * self.bs - internal
-        finished = []
-        for g in scheduled:
-            ctx = g.processed + g.scheduled
-            sample = ctx >= g.P and ctx > g.maxc
-            g.processed = ctx
-            g.maxc = max(g.maxc, ctx)
-            g.scheduled = 0
-            if sample:
-                if g.generated == 0:
-                    g.first_token_s, g.first_token_step = t, step
-                    fork_samples(self.pool, g)
-                self.sampled += 1
-                if g.seq_tokens is not None:
-                    for s, toks in enumerate(g.seq_tokens):
-                        toks.append((3, g.req.id, s, g.generated))
-                g.generated += 1
-                if g.generated >= g.G:
-                    g.status = FINISHED
-                    g.finish_s, g.finish_step = t, step
-                    finished.append(g)
+        finished, sampled = sample(scheduled, self.pool, t, step)
+        self.sampled += sampled
         if self.trace_requests:
             for g in live:
                 self.progress_rows.append((step, g.req.id, g.generated, g.processed, g.status))
@@ -337,29 +311,3 @@ class PagedServing:
             self.sched.restore(g)
         self.groups.append(g)
         return g
-
-    def _internal_slack(self, live) -> int:
-        """Unfilled slots of the blocks in use: only a sequence's last block can be partial
-        (a block shared by several sequences counts once)."""
-        slack = 0
-        seen = set()
-        bs = self.bs
-        for g in live:
-            if g.status != RUNNING:
-                continue
-            ctx = g.processed + g.scheduled
-            tables = g.tables
-            if len(tables) == 1:
-                table = tables[0]
-                if table:
-                    if len(tables) == 1 and self.pool.ref[table[-1]] == 1:
-                        slack += len(table) * bs - ctx
-                    elif table[-1] not in seen:
-                        seen.add(table[-1])
-                        slack += len(table) * bs - ctx
-                continue
-            for table in tables:
-                if table and table[-1] not in seen:
-                    seen.add(table[-1])
-                    slack += len(table) * bs - ctx
-        return slack
