@@ -121,6 +121,7 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
         return NoPlan()
     order = np.lexsort((unit, k))
     links = _Links(unit[order], k[order], old_rows[order], new_cap[order])
+    del unit, k, old_rows, new_cap  # each array once: the plan's memory is its size
     E = len(order)
     view = eng.view.plan(first_step, n, L0, B, next_id + E * K)
     if _too_large(policy, view.rows["bytes"]):
@@ -132,11 +133,11 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
     ids = next_id + np.arange(E * K, dtype=np.int64).reshape(E, K)  # provisional, per link and slot
     first_link, prev, last = _link_order(links.unit, links.k)
     rows, row_k, res = _stream(eng, first_step, n, links, ids, first_link, prev, view, tables)
-    final = _number_ids(rows, next_id)
+    real = rows["op"] >= 0  # not a step's pseudo row
+    final = _number_ids(rows, real, next_id)
     inside = row_k <= n
     carried, carried_res = pick(rows, ~inside), -res[~inside]
-    rows, row_k, res = pick(rows, inside), row_k[inside], res[inside]
-    real = rows["op"] >= 0
+    rows, row_k, res, real = pick(rows, inside), row_k[inside], res[inside], real[inside]
 
     # 3. Memory along the stream; a limit met inside the run leaves it to the steps one by one.
     delta = np.where(real, alloc_delta(rows), 0)
@@ -147,7 +148,8 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
     resident = eng.resident + np.cumsum(res) if eng.first_touch else running
     steps = _step_rows(eng, first_step, n, links, row_k, running, resident, view, tables)
 
-    slots = lay.unit_slots[links.unit][last]
+    # 4. The state the run leaves, for the engine to commit.
+    slots = lay.unit_slots[links.unit[last]]
     if tables.state is not None:
         t_ids = tables.state[2]
         moved = t_ids >= next_id
@@ -241,10 +243,9 @@ def _stream(eng, first_step: int, n: int, links: _Links, ids, first_link, prev, 
     return all_rows, row_k, all_res
 
 
-def _number_ids(rows: np.ndarray, next_id: int) -> np.ndarray:
-    """Renumber the provisional ids (from ``next_id`` on) of ``rows`` in the order they are
-    allocated, in place; returns each provisional id's final id."""
-    real = rows["op"] >= 0
+def _number_ids(rows: np.ndarray, real: np.ndarray, next_id: int) -> np.ndarray:
+    """Renumber the provisional ids (from ``next_id`` on) of the ``real`` rows in the order they
+    are allocated, in place; returns each provisional id's final id."""
     fresh = real & (rows["op"] == ALLOC)
     provisional = rows["buffer"][fresh] - next_id
     final = np.empty(len(provisional), dtype=np.int64)
