@@ -196,7 +196,7 @@ def _link_rows(eng, first_step: int, links: _Links, ids, first_link, prev, keys:
     )
     block, happens, resident = event_rows(lay, ev, PHASE_CODE["decode"], eng.orders["grow"], eng.request, eng.first_touch)
     kk = np.broadcast_to(k[:, None], block.shape).copy()
-    section = np.full(block.shape, _UNITS)
+    section = np.full(block.shape, _UNITS, dtype=np.int8)
     if policy.free_old != "immediate":
         is_free = block["op"] == FREE
         late = policy.free_old == "next_inference"
