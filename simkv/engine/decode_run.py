@@ -24,7 +24,7 @@ import numpy as np
 
 from simkv.chains import chains
 from simkv.engine.beam_tables import TablePlan
-from simkv.engine.events import Events, alloc_delta, event_rows
+from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, event_rows
 from simkv.engine.oom import ExactSizes, over_device
 from simkv.engine.past_view import ViewPlan
 from simkv.engine.residency import writes_below_mark
@@ -135,9 +135,11 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
     rows, row_k, res = _stream(eng, first_step, n, links, ids, first_link, prev, view, tables)
     real = rows["op"] >= 0  # not a step's pseudo row
     final = _number_ids(rows, real, next_id)
-    inside = row_k <= n
-    carried, carried_res = pick(rows, ~inside), -res[~inside]
-    rows, row_k, res, real = pick(rows, inside), row_k[inside], res[inside], real[inside]
+    inside = row_k <= n  # else a free deferred to the next inference: carried to it
+    carried, carried_res = NO_ROWS, NO_BYTES
+    if not inside.all():
+        carried, carried_res = pick(rows, ~inside), -res[~inside]
+        rows, row_k, res, real = pick(rows, inside), row_k[inside], res[inside], real[inside]
 
     # 3. Memory along the stream; a limit met inside the run leaves it to the steps one by one.
     delta = np.where(real, alloc_delta(rows), 0)
