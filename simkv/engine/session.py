@@ -91,6 +91,8 @@ class FastEngine:
         env.run()
 
     def _session(self, env: simpy.Environment):
+        """The workload's operations in order: each one a step, a decode run planned in chunks
+        (:meth:`_decode_run`), or step by step where a plan cannot hold."""
         for op in self.scenario.workload.ops:
             if self.oom is not None:
                 return
