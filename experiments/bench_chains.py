@@ -20,7 +20,7 @@ import numpy as np
 from experiments.bench_engines import best_time
 from simkv import build_scenario
 from simkv.chains import chains
-from simkv.engine import PLAN_ROWS
+from simkv.engine.session import PLAN_ROWS
 from simkv.layout import Layout
 
 POLICIES = ("exact", "hf-dynamic", "fixed", "openvino-gpu", "openvino-cpu", "geometric")

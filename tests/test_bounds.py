@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import simkv.engine as engine
+import simkv.engine.session as engine
+from simkv.engine.oom import limit_headroom
 from conftest import assert_same_run
 from simkv import build_scenario, simulate
 from test_properties import scenarios
@@ -55,7 +56,7 @@ def test_headroom_limit_is_linear_in_units():
 
     policy = get_policy("openvino-gpu")
     seen = []
-    caps = engine.limit_headroom(policy, 5, [10, 10, 10, 10], unit_bytes=lambda i, cap: int(cap) * 100,
+    caps = limit_headroom(policy, 5, [10, 10, 10, 10], unit_bytes=lambda i, cap: int(cap) * 100,
                                  running_before=lambda i, chosen: seen.append(chosen) or 1000 + chosen,
                                  device_memory=1000 + 2500)
     # limit 0.9 * 3500 = 3150: unit 0: 1000 + 1000 < 3150 keeps 10; unit 1: 2000 + 1000 = 3000 keeps 10;

@@ -8,83 +8,28 @@ requests are freed), run the forward pass (its time from :mod:`simkv.cost`), sam
 free what finished. A step that schedules nothing marks every present request IGNORED.
 With arrivals in seconds, an idle engine jumps to the next arrival; with
 ``arrival_step`` it takes idle steps, as a program calling ``step()`` in a loop does.
+
+:class:`PagedServing` conducts the loop and holds its state; one step the reference way is
+:mod:`.slow_path`, the pool's tensors in the ledger :mod:`.pool_tensors`, quiet runs of steps
+planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, TENSOR_CODE, Ledger
-from simkv.limits import MAX_SERVING_LEDGER_ROWS
-from simkv.serving.costing import StepTimer, attended_pairs
+from simkv.serving import planned_run
+from simkv.serving.costing import StepTimer
+from simkv.serving.joins import join
 from simkv.serving.paged import BlockPool
+from simkv.serving.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (FINISHED, IGNORED, RUNNING, UNFINISHED, ContinuousScheduler, Group,
-                                     SchedulerConfig, fork_samples, prepare_tokens)
+from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, Group, SchedulerConfig,
+                                     prepare_tokens)
+from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work
 
 GIB = 1024**3
-#: Longest run of steps planned at once (bounds the arrays of a plan).
-KMAX = 512
-#: Arrivals that may join one planned run.
-JOINS_PER_RUN = 32
-
-
-def _prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple[int, int] | None]:
-    """A prompt's tokens per step, taking the budget left in each step (``room``) until ``left`` are
-    scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
-    cum = np.cumsum(room)
-    got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
-    if cum[-1] < left:
-        return got, None
-    kc = int(np.argmax(cum >= left))
-    return got, (kc + 1, kc + G - 1)  # first token at kc, G - 1 more
-
-
-@dataclass
-class _Run:
-    """A planned run of ``K`` steps: per-request rows (lists, one entry per request) and per-step sums."""
-
-    K: int
-    tok: list  # tokens scheduled (matrices of rows x steps, then one row per newcomer)
-    ctx: list  # tokens processed after each step
-    held: list  # blocks held
-    alive: list  # present and holding blocks
-    sampled: list  # a token sampled
-    nb: list  # blocks held at the start
-    fin: list  # step of the last token (>= K: not in this run)
-    start: list  # first decode step
-    dec: list  # generating at the start
-    nd: np.ndarray  # decoders per step
-    taken: np.ndarray  # prompt tokens per step
-    used: np.ndarray  # blocks in use per step
-    new: np.ndarray
-    pairs: np.ndarray
-    kvr: np.ndarray
-    logits: np.ndarray
-    decode_pairs: np.ndarray | None
-    sec: np.ndarray | None = None
-    times: np.ndarray | None = None
-
-    def cut(self, k: int) -> None:
-        """Keep the first ``k`` steps (or fewer): the per-step arrays now, the rows when committed."""
-        if k >= self.K:
-            return
-        self.K = k
-        for name in ("nd", "taken", "used", "new", "pairs", "kvr", "logits", "decode_pairs", "sec", "times"):
-            value = getattr(self, name)
-            if value is not None:
-                setattr(self, name, value[:k])
-
-    def add_row(self, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
-        for rows, row in ((self.tok, tok), (self.ctx, ctx), (self.held, held), (self.alive, alive), (self.sampled, sampled)):
-            rows.append(row[None, :])
-        self.nb.append(0)
-        self.fin.append(fin)
-        self.start.append(start)
-        self.dec.append(False)
 #: A run stops when no token has been generated for this many steps (or 4x the longest request):
 #: requests that keep preempting each other (a sample group larger than the pool) never finish.
 STALL_STEPS = 10_000
@@ -206,63 +151,9 @@ class PagedServing:
         #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
         #: requests are freed (tests; the planned runs skip it: use ``run(fast=False)``).
         self.observe = observe
-        self.ledger = Ledger(limit=MAX_SERVING_LEDGER_ROWS)
-        self.pool_total = 0  # blocks the pool tensors hold (ledger)
-        self.pool_ids: dict = {}
-        self.next_buffer = 0
-
-    # -- pool tensors in the ledger ---------------------------------------------------------------
-
-    def _pool_rows(self, step: int, new_total: int, inference: bool = True) -> tuple[int, int]:
-        """(Re)allocate the pool's 2·L tensors at ``new_total`` blocks. Returns (bytes copied, in-step peak).
-
-        Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
-        notes/paged-mismatches.md): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
-        (``SchedulerConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
-        sizes, allocated and freed in the same step — at the first allocation too — so the
-        in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first. The scratch
-        buffers come with the step's inference: a step that allocates the pool without running one (idle
-        step 0, or everything IGNORED) has none, and none follow later (measured, notes/paged-mismatches.md).
-        """
-        L = self.model.layers
-        per_k, per_v = self.k_block, self.v_block
-        last_v = per_v + self.block_bytes - L * (per_k + per_v)  # any remainder on the last V
-        old = self.pool_total
-        out = []
-
-        def row(layer, tensor, op, nbytes, blocks, buffer):
-            out.append((step, PHASE_CODE["decode"], -1, layer, TENSOR_CODE[tensor], op, nbytes, blocks * self.bs,
-                        0, buffer))
-
-        new_ids = {}
-        for layer in range(L):
-            sizes = (("k", per_k), ("v", last_v if layer == L - 1 else per_v))
-            for t, per in sizes:
-                new_ids[layer, t] = self.next_buffer
-                row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
-                self.next_buffer += 1
-            if old:
-                for t, per in sizes:
-                    row(layer, t, COPY, old * per, old, new_ids[layer, t])
-                for t, per in sizes:
-                    row(layer, t, FREE, old * per, old, self.pool_ids[layer, t])
-        transient = []
-        if self.cfg.transient_buffers and inference:
-            for layer in range(L):  # V-sized first (memray: +V0 +K0 +V1 +K1 ... -V0 -K0 ...)
-                for t, per in (("v", last_v if layer == L - 1 else per_v), ("k", per_k)):
-                    transient.append((layer, t, per, self.next_buffer))
-                    row(layer, t, ALLOC, new_total * per, new_total, self.next_buffer)
-                    self.next_buffer += 1
-            for layer, t, per, buf in transient:
-                row(layer, t, FREE, new_total * per, new_total, buf)
-        self.ledger.append(np.array(out, dtype=ROW))
-        self.pool_ids = new_ids
-        self.pool_total = new_total
-        new_bytes = new_total * self.block_bytes
-        peak = new_bytes + old * (per_k + max(per_v, last_v))
-        if transient:
-            peak = max(peak, 2 * new_bytes)
-        return old * self.block_bytes, peak
+        self.tensors = PoolTensors(model.layers, self.k_block, self.v_block, self.block_bytes, self.bs,
+                                   config.transient_buffers)
+        self.ledger = self.tensors.ledger
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -344,63 +235,33 @@ class PagedServing:
     # -- one step, the reference way ----------------------------------------------------------------
 
     def _slow_step(self, live: list[Group]) -> None:
+        """One step the reference way (:mod:`.slow_path`): schedule, (re)allocate the pool's tensors,
+        run the forward pass (its time from :mod:`simkv.cost`), sample, free what finished."""
         step, t = self.step, self.t
         before_pre = sum(g.preemptions for g in live)
         total, scheduled = self.sched.schedule(live) if live else (0, [])
         preempted = sum(g.preemptions for g in live) - before_pre
         self.preempted_total += preempted
-        copied, peak = 0, self.pool_total * self.block_bytes
-        if self.pool.total != self.pool_total:
-            copied, peak = self._pool_rows(step, self.pool.total, inference=total > 0)
+        copied, peak = 0, self.tensors.total * self.block_bytes
+        if self.pool.total != self.tensors.total:
+            copied, peak = self.tensors.resize(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
         blocks_used = self.pool.used()
-        internal = self._internal_slack(live)
+        internal = internal_slack(live, self.pool, self.bs)
         n_live = len(live)
         if total == 0:
             self.sampled += 1  # an outcome: progress
-            for g in live:  # nothing fits: GenAI marks every request out of memory
-                if g.status == RUNNING:
-                    self.sched.free_group(g)
-                    g.status = IGNORED
-                    g.finish_s, g.finish_step = t, step
+            ignore_all(live, self.sched, t, step)
             dt = 0.0
             self.timer.record_idle()
         else:
-            new = pairs = kv_read = logits = decode_pairs = 0
-            for g in scheduled:
-                n, s, p = len(g.tables), g.scheduled, g.processed
-                new += n * s
-                attended = n * attended_pairs(p, s, self.window)
-                pairs += attended
-                if s == 1:  # a one-token query (simkv.cost: decode_pairs)
-                    decode_pairs += attended
-                kv_read += n * (p + s if self.window is None else min(p + s, self.window))  # tokens read
-                if p + s >= g.P and p + s > g.maxc:
-                    logits += n
+            new, pairs, kv_read, logits, decode_pairs = step_work(scheduled, self.window)
             dt = self.timer.step(new, pairs, kv_read, copied, logits, decode_pairs)
         t += dt
         self.est.append(dt)
         used_tokens = blocks_used * self.bs - internal
-        finished = []
-        for g in scheduled:
-            ctx = g.processed + g.scheduled
-            sample = ctx >= g.P and ctx > g.maxc
-            g.processed = ctx
-            g.maxc = max(g.maxc, ctx)
-            g.scheduled = 0
-            if sample:
-                if g.generated == 0:
-                    g.first_token_s, g.first_token_step = t, step
-                    fork_samples(self.pool, g)
-                self.sampled += 1
-                if g.seq_tokens is not None:
-                    for s, toks in enumerate(g.seq_tokens):
-                        toks.append((3, g.req.id, s, g.generated))
-                g.generated += 1
-                if g.generated >= g.G:
-                    g.status = FINISHED
-                    g.finish_s, g.finish_step = t, step
-                    finished.append(g)
+        finished, sampled = sample(scheduled, self.pool, t, step)
+        self.sampled += sampled
         if self.trace_requests:
             for g in live:
                 self.progress_rows.append((step, g.req.id, g.generated, g.processed, g.status))
@@ -422,267 +283,26 @@ class PagedServing:
     # -- a quiet run of steps at once --------------------------------------------------------------
 
     def _run_of_steps(self, live: list[Group], pending: int) -> int | None:
-        """Plan the steps in which nothing but arithmetic happens, all at once.
-
-        In such a run every generating sequence decodes one token per step and the requests
-        in their prompt phase share the rest of the token budget in request order (a prompt
-        that completes starts decoding the next step; one that finishes leaves, its blocks
-        freed), and every block needed is free. The run ends before a step that would need
-        more blocks than are free or more decode tokens than the budget (that step goes the
-        reference way: growth, preemption). Block ids are handed out and freed in the
-        reference order.
-
-        Arrivals join the run at the step the reference adds them (:meth:`_join`). Returns how
-        many did (they are appended to ``live``), or None when the present state does not
-        allow a run of at least two steps.
-        """
-        cfg, sched, pool = self.cfg, self.sched, self.pool
-        if cfg.enable_prefix_caching or self.trace_requests or self.observe is not None or not cfg.dynamic_split_fuse:
+        """Plan the steps in which nothing but arithmetic happens, all at once (:mod:`.planned_run`),
+        let arrivals join at the step the reference adds them (:mod:`.joins`), and carry the run out.
+        Returns how many joined (they are appended to ``live``), or None when the present state does
+        not allow a run of at least two steps."""
+        run = planned_run.plan(self, live, pending)
+        if run is None:
             return None
-        if not sched.initialized or pool.total != self.pool_total:
-            return None  # the pool's tensors are (re)allocated in this step
-        if self.window_blocks and any(g.P + g.G > self.window for g in live):
-            return None  # blocks leave the window: step by step
-        n = len(live)
-        proc = np.empty(n, dtype=np.int64)
-        P = np.empty(n, dtype=np.int64)
-        G = np.empty(n, dtype=np.int64)
-        gen = np.empty(n, dtype=np.int64)
-        nb = np.empty(n, dtype=np.int64)
-        prompt_phase = False
-        for j, g in enumerate(live):
-            if len(g.tables) != 1:
-                return None
-            if g.maxc >= g.P:
-                if g.maxc != g.processed:
-                    return None
-            else:
-                if g.n > 1:
-                    return None  # forks at the end of its prompt
-                prompt_phase = True
-            proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
-        if sched.dynamic and prompt_phase and min(sched._target_blocks(live), sched.max_blocks) > pool.total:
-            return None  # the reference step raises the dynamic pool first
-        budget, bs = cfg.max_num_batched_tokens, self.bs
-        reqs, by_step = self.requests, self.requests[0].arrival_step is not None
-        K = KMAX
-        ahead = pending + JOINS_PER_RUN  # the run ends before this arrival at the latest
-        if ahead < len(reqs):
-            if by_step:
-                K = min(K, reqs[ahead].arrival_step - self.step)
-            elif self.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
-                K = min(K, int((reqs[ahead].arrival_s - self.t) / self.timer.min_seconds) + 2)
-        if K < 2:
-            return None
-        ks = np.arange(K, dtype=np.int64)
-        dec = proc >= P  # generating at the start (all prompts of decoders are processed)
-        # step of each request's last token (decoders: G - generated more steps); prompts: found below
-        fin = np.where(dec, G - gen - 1, K)
-        start = np.where(dec, 0, K)  # first decode step
-        tok = np.zeros((n, K), dtype=np.int64)  # tokens scheduled per request and step
-        active_dec = (ks[None, :] >= start[:, None]) & (ks[None, :] <= fin[:, None])
-        q_idx = np.flatnonzero(~dec)
-        taken = np.zeros(K, dtype=np.int64)  # prompt tokens given to earlier requests in the queue
-        nd = active_dec.sum(axis=0)  # decoders per step
-        for q in q_idx.tolist():  # in request order: a completed prompt decodes from the next step on
-            room = budget - nd - taken
-            if (room < 0).any():
-                K = int(np.argmax(room < 0))
-                if K < 2:
-                    return None
-                break
-            got, decodes = _prompt_share(room, P[q] - proc[q], G[q])
-            tok[q] = got
-            taken += got
-            if decodes is None:
-                break  # it takes all the budget left (or there is none): nobody after it gets tokens
-            start[q], fin[q] = decodes
-            active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
-            nd = nd + active_dec[q]
-        K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
-        over = nd > budget
-        if over.any():
-            K = min(K, int(over.argmax()))
-        if K < 2:
-            return None
-        tok += active_dec
-        tok, active_dec, ks = tok[:, :K], active_dec[:, :K], ks[:K]
-        ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
-        alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
-        held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
-        base = pool.used() - int(nb.sum())
-        used = base + held.sum(axis=0)
-        bad = used > pool.total
-        if bad.any():
-            K = int(bad.argmax())
-            if K < 2:
-                return None
-        pairs_m, seen = self._pairs_and_reads(tok, ctx)
-        sampled = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
-        run = _Run(K=K, tok=[tok[:, :K]], ctx=[ctx[:, :K]], held=[held[:, :K]], alive=[alive[:, :K]], sampled=[sampled[:, :K]],
-                   nb=nb.tolist(), fin=fin.tolist(), start=start.tolist(), dec=dec.tolist(), nd=nd[:K], taken=taken[:K],
-                   used=used[:K], new=tok.sum(axis=0)[:K], pairs=pairs_m.sum(axis=0)[:K], kvr=seen.sum(axis=0)[:K],
-                   logits=sampled.sum(axis=0)[:K],
-                   decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
-                                 if self.timer.decode_rate_differs else None))
-        self._time(run)
-        joined = self._join(run, live, pending, by_step, ahead)
+        joined = join(self, run, live, pending)
         if run.K < 2:
             return None
         self.groups.extend(joined)
         live.extend(joined)
-        self._commit_run(live, run)
+        table, sampled = planned_run.commit(run, live, self.pool, self.sched.free_group, self.timer, self.block_bytes,
+                                            self.bs, self.step)
+        self.sampled += sampled
+        self.rows.append(table)
+        self.est.append(table["step_s"])
+        self.t = float(table["time_s"][-1])
+        self.step += run.K
         return len(joined)
-
-    def _pairs_and_reads(self, tok: np.ndarray, ctx: np.ndarray):
-        """Attended pairs and KV tokens read of each entry of ``tok`` (tokens scheduled, window-capped)."""
-        prev = ctx - tok
-        win = self.window
-        if win is None:
-            return tok * prev + tok * (tok + 1) // 2, np.where(tok > 0, ctx, 0)
-        first = np.maximum(0, win - prev)
-        fit = np.minimum(first, tok)
-        over_w = tok - fit
-        st_ = prev + fit + 1 - win
-        pairs = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
-        return pairs, np.where(tok > 0, np.minimum(ctx, win), 0)
-
-    def _time(self, run: _Run) -> None:
-        """Each step's seconds and the time at its end (``t`` plus the seconds, added one by one as the
-        reference adds them)."""
-        run.sec = self.timer.steps(run.new, run.pairs, run.kvr, run.logits,
-                                   0 if run.decode_pairs is None else run.decode_pairs)
-        times = np.empty(len(run.sec) + 1)
-        times[0] = self.t
-        times[1:] = run.sec
-        run.times = np.cumsum(times, out=times)[1:]
-
-    def _join(self, run: _Run, live: list[Group], pending: int, by_step: bool, ahead: int) -> list[Group]:
-        """Let arrivals join ``run`` at the step the reference adds them, or end it there.
-
-        A newcomer is last in the queue: it takes only the budget the others leave and changes
-        nobody's tokens (prompts complete in request order, so it never decodes ahead of an
-        earlier prompt); its row is planned like any prompt's, from its step on. The run ends
-        at an arrival the reference treats otherwise: dynamic pool growth, forked samples, a
-        sliding window, no one else present (a jump in time), or a run that must end there."""
-        reqs, sched, pool = self.requests, self.sched, self.pool
-        budget, bs, total = self.cfg.max_num_batched_tokens, self.bs, pool.total
-        joined: list[Group] = []
-        for index in range(pending, len(reqs)):
-            req = reqs[index]
-            if by_step:
-                k = req.arrival_step - self.step
-            else:  # step k starts at times[k - 1]: the first step starting at or after the arrival
-                late = run.times[:-1] >= req.arrival_s
-                k = int(late.argmax()) + 1 if late.any() else run.K
-            if k >= run.K:
-                break  # arrives after the run
-            g = Group(req, index, self.prompts[index])
-            here = [h for h, f in zip(live + joined, run.fin) if f >= k]  # present at step k
-            if (index >= ahead or g.n > 1 or not here or (self.window_blocks and g.P + g.G > self.window)
-                    or (sched.dynamic and min(sched._target_blocks(here + [g]), sched.max_blocks) > total)):
-                run.cut(k)
-                break
-            K = run.K
-            ks = np.arange(K, dtype=np.int64)
-            room = budget - run.nd - run.taken
-            neg = room < 0
-            if neg.any():
-                K = int(neg.argmax())
-            got, decodes = _prompt_share(np.where(ks >= k, np.maximum(room, 0), 0), g.P, g.G)  # nothing before it arrives
-            start, fin = decodes or (KMAX, KMAX)  # else still in its prompt when the run ends
-            decoding = (ks >= start) & (ks <= fin)
-            nd = run.nd + decoding
-            over = nd > budget
-            if over.any():
-                K = min(K, int(over.argmax()))
-            tok = got + decoding
-            ctx = np.cumsum(tok)
-            alive = (ks >= k) & (ks <= fin)
-            held = (ctx + (bs - 1)) // bs * alive
-            used = run.used + held
-            bad = used > total
-            if bad.any():
-                K = min(K, int(bad.argmax()))
-            if K <= k:
-                run.cut(k)
-                break
-            pairs, seen = self._pairs_and_reads(tok, ctx)
-            sampled = (tok > 0) & (ctx >= g.P)
-            run.add_row(tok, ctx, held, alive, sampled, fin, start)
-            run.nd, run.taken, run.used = nd, run.taken + got, used
-            run.new, run.pairs, run.kvr, run.logits = run.new + tok, run.pairs + pairs, run.kvr + seen, run.logits + sampled
-            if run.decode_pairs is not None:
-                run.decode_pairs = run.decode_pairs + np.where(tok == 1, pairs, 0)
-            self._time(run)
-            run.cut(K)
-            g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
-            g.added_step = self.step + k
-            joined.append(g)
-        return joined
-
-    def _commit_run(self, live: list[Group], run: _Run) -> None:
-        K, nb, fin, start = run.K, np.array(run.nb, dtype=np.int64), np.array(run.fin), run.start
-        tok, ctx, held, alive, sampled = (np.vstack([part[:, :K] for part in rows])
-                                          for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled))
-        used, sec, times, dec = run.used[:K], run.sec[:K], run.times[:K], np.array(run.dec)
-        new, pairs, kvr, logits = run.new[:K], run.pairs[:K], run.kvr[:K], run.logits[:K]
-        decode_pairs = 0 if run.decode_pairs is None else run.decode_pairs[:K]
-        pool, bs, step0 = self.pool, self.bs, self.step
-        # block events in the reference order: per step, decoders (request order), then prompt chunks,
-        # then the frees of the requests that finished in that step
-        inc = held.copy()
-        inc[:, 1:] -= held[:, :-1]
-        inc[:, 0] -= nb
-        kk, jj = np.nonzero((inc > 0).T)  # (a drop is a free after the last step, handled below)
-        counts = inc[jj, kk].tolist()
-        st, fin_l = start, run.fin
-        # sort key: step, kind (0 decode allocs, 1 prompt allocs, 2 frees), phase at that step
-        # (0 decoding, 1 prompt chunk: a prompt finishing at its last chunk frees after the decoders), request
-        events = [(k, 0 if k >= st[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
-        events += [(f, 2, 0 if f >= st[j] else 1, j, -1) for j, f in enumerate(fin_l) if f < K]
-        events.sort()
-        alloc_many, free_group = pool.allocate_many, self.sched.free_group
-        for _, _, _, j, c in events:
-            g = live[j]
-            if c < 0:
-                free_group(g)
-            else:
-                g.tables[0].extend(alloc_many(c))
-        # requests after the run
-        ctx_end = ctx[:, -1].tolist()
-        # A prompt's first token is the first one the run samples for it (with its last chunk); derived
-        # from the samples themselves, so a prompt the run cuts short has none.
-        firsts = sampled.argmax(axis=1).tolist()
-        has_first = ((~dec) & sampled.any(axis=1)).tolist()
-        gen_add = sampled.sum(axis=1).tolist()
-        self.sampled += sum(gen_add)
-        for j, g in enumerate(live):
-            g.processed = ctx_end[j]
-            g.maxc = max(g.maxc, g.processed)
-            g.generated += gen_add[j]
-            if has_first[j]:
-                g.first_token_s, g.first_token_step = float(times[firsts[j]]), step0 + firsts[j]
-            if fin[j] < K:
-                g.status = FINISHED
-                g.finish_s, g.finish_step = float(times[fin[j]]), step0 + int(fin[j])
-        # the step table
-        ctx_total = np.where(alive, ctx, 0).sum(axis=0)
-        ks = np.arange(K)
-        used_b = ctx_total * self.block_bytes // bs
-        alloc_b = pool.total * self.block_bytes
-        self.rows.append({
-            "step": step0 + ks, "time_s": times, "requests": alive.sum(axis=0),
-            "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
-            "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
-            "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * self.block_bytes,
-            "internal_bytes": used * self.block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
-        })
-        self.timer.record(new, pairs, kvr, logits, decode_pairs)
-        self.est.append(sec)
-        self.t = float(times[-1])
-        self.step = step0 + K
-
 
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])
@@ -692,29 +312,3 @@ class PagedServing:
             self.sched.restore(g)
         self.groups.append(g)
         return g
-
-    def _internal_slack(self, live) -> int:
-        """Unfilled slots of the blocks in use: only a sequence's last block can be partial
-        (a block shared by several sequences counts once)."""
-        slack = 0
-        seen = set()
-        bs = self.bs
-        for g in live:
-            if g.status != RUNNING:
-                continue
-            ctx = g.processed + g.scheduled
-            tables = g.tables
-            if len(tables) == 1:
-                table = tables[0]
-                if table:
-                    if len(tables) == 1 and self.pool.ref[table[-1]] == 1:
-                        slack += len(table) * bs - ctx
-                    elif table[-1] not in seen:
-                        seen.add(table[-1])
-                        slack += len(table) * bs - ctx
-                continue
-            for table in tables:
-                if table and table[-1] not in seen:
-                    seen.add(table[-1])
-                    slack += len(table) * bs - ctx
-        return slack

@@ -1,0 +1,87 @@
+"""Arrivals joining a planned run (:mod:`.planned_run`) at the step the reference adds them.
+
+A newcomer is last in the queue: it takes only the budget the others leave and changes
+nobody's tokens (prompts complete in request order, so it never decodes ahead of an
+earlier prompt); its row is planned like any prompt's, from its step on, and added to the
+run's per-step sums. The run ends at an arrival the reference treats otherwise: dynamic
+pool growth, forked samples, a sliding window, no one else present (a jump in time), or a
+run that must end there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simkv.serving.planned_run import JOINS_PER_RUN, KMAX, Run, pairs_and_reads, prompt_share
+from simkv.serving.scheduler import Group
+
+
+def join(eng, run: Run, live: list[Group], pending: int) -> list[Group]:
+    """Let the arrivals from ``requests[pending]`` on join ``run``, or end it at the first that cannot.
+    Returns the newcomers (their groups, not yet added to the engine). Reads the engine; changes the run."""
+    reqs, sched = eng.requests, eng.sched
+    by_step = reqs[0].arrival_step is not None
+    ahead = pending + JOINS_PER_RUN  # the plan ends before this arrival at the latest
+    total = eng.pool.total
+    joined: list[Group] = []
+    for index in range(pending, len(reqs)):
+        req = reqs[index]
+        if by_step:
+            k = req.arrival_step - eng.step
+        else:  # step k starts at times[k - 1]: the first step starting at or after the arrival
+            late = run.times[:-1] >= req.arrival_s
+            k = int(late.argmax()) + 1 if late.any() else run.K
+        if k >= run.K:
+            break  # arrives after the run
+        g = Group(req, index, eng.prompts[index])
+        here = [h for h, f in zip(live + joined, run.fin) if f >= k]  # present at step k
+        if (index >= ahead or g.n > 1 or not here or (eng.window_blocks and g.P + g.G > eng.window)
+                or (sched.dynamic and min(sched._target_blocks(here + [g]), sched.max_blocks) > total)):
+            run.cut(k)
+            break
+        if not _add_newcomer(eng, run, g, k):
+            run.cut(k)
+            break
+        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
+        g.added_step = eng.step + k
+        joined.append(g)
+    return joined
+
+
+def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
+    """Plan the newcomer's row from step ``k`` on and add it to the run, cut where the budget or the
+    pool no longer suffices; False (the run unchanged) if that leaves no step from ``k`` on."""
+    budget, bs, total = eng.cfg.max_num_batched_tokens, eng.bs, eng.pool.total
+    K = run.K
+    ks = np.arange(K, dtype=np.int64)
+    room = budget - run.nd - run.taken
+    neg = room < 0
+    if neg.any():
+        K = int(neg.argmax())
+    got, decodes = prompt_share(np.where(ks >= k, np.maximum(room, 0), 0), g.P, g.G)  # nothing before it arrives
+    start, fin = decodes or (KMAX, KMAX)  # else still in its prompt when the run ends
+    decoding = (ks >= start) & (ks <= fin)
+    nd = run.nd + decoding
+    over = nd > budget
+    if over.any():
+        K = min(K, int(over.argmax()))
+    tok = got + decoding
+    ctx = np.cumsum(tok)
+    alive = (ks >= k) & (ks <= fin)
+    held = (ctx + (bs - 1)) // bs * alive
+    used = run.used + held
+    bad = used > total
+    if bad.any():
+        K = min(K, int(bad.argmax()))
+    if K <= k:
+        return False
+    pairs, seen = pairs_and_reads(tok, ctx, eng.window)
+    sampled = (tok > 0) & (ctx >= g.P)
+    run.add_row(tok, ctx, held, alive, sampled, fin, start)
+    run.nd, run.taken, run.used = nd, run.taken + got, used
+    run.new, run.pairs, run.kvr, run.logits = run.new + tok, run.pairs + pairs, run.kvr + seen, run.logits + sampled
+    if run.decode_pairs is not None:
+        run.decode_pairs = run.decode_pairs + np.where(tok == 1, pairs, 0)
+    run.time(eng.timer, eng.t)
+    run.cut(K)
+    return True

@@ -1,0 +1,301 @@
+"""A quiet run of serving steps, planned at once: the steps in which nothing but arithmetic happens.
+
+In such a run every generating sequence decodes one token per step and the requests in
+their prompt phase share the rest of the token budget in request order (a prompt that
+completes starts decoding the next step; one that finishes leaves, its blocks freed), and
+every block needed is free. The run ends before a step that would need more blocks than are
+free or more decode tokens than the budget (that step goes the reference way: growth,
+preemption). A run's per-request token, context and block matrices, its step costs (the
+cost model's affine terms, vectorised) and its step table are array arithmetic; block ids
+are then handed out and freed in the reference order (:func:`commit`). Arrivals join a run
+at the step the reference adds them (:mod:`.joins`).
+
+:func:`plan` reads the engine and changes nothing; the engine commits the :class:`Run`
+(:meth:`simkv.serving.engine.PagedServing._run_of_steps`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simkv.serving.scheduler import FINISHED
+
+#: Longest run of steps planned at once (bounds the arrays of a plan).
+KMAX = 512
+#: Arrivals that may join one planned run.
+JOINS_PER_RUN = 32
+
+
+def prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """A prompt's tokens per step, taking the budget left in each step (``room``) until ``left`` are
+    scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
+    cum = np.cumsum(room)
+    got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
+    if cum[-1] < left:
+        return got, None
+    kc = int(np.argmax(cum >= left))
+    return got, (kc + 1, kc + G - 1)  # first token at kc, G - 1 more
+
+
+def pairs_and_reads(tok: np.ndarray, ctx: np.ndarray, window: int | None):
+    """Attended pairs and KV tokens read of each entry of ``tok`` (tokens scheduled, window-capped)."""
+    prev = ctx - tok
+    if window is None:
+        return tok * prev + tok * (tok + 1) // 2, np.where(tok > 0, ctx, 0)
+    first = np.maximum(0, window - prev)
+    fit = np.minimum(first, tok)
+    over_w = tok - fit
+    st_ = prev + fit + 1 - window
+    pairs = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
+    return pairs, np.where(tok > 0, np.minimum(ctx, window), 0)
+
+
+@dataclass
+class Run:
+    """A planned run of ``K`` steps: per-request rows (lists, one entry per request) and per-step sums."""
+
+    K: int
+    tok: list  # tokens scheduled (matrices of rows x steps, then one row per newcomer)
+    ctx: list  # tokens processed after each step
+    held: list  # blocks held
+    alive: list  # present and holding blocks
+    sampled: list  # a token sampled
+    nb: list  # blocks held at the start
+    fin: list  # step of the last token (>= K: not in this run)
+    start: list  # first decode step
+    dec: list  # generating at the start
+    nd: np.ndarray  # decoders per step
+    taken: np.ndarray  # prompt tokens per step
+    used: np.ndarray  # blocks in use per step
+    new: np.ndarray
+    pairs: np.ndarray
+    kvr: np.ndarray
+    logits: np.ndarray
+    decode_pairs: np.ndarray | None
+    sec: np.ndarray | None = None
+    times: np.ndarray | None = None
+
+    def cut(self, k: int) -> None:
+        """Keep the first ``k`` steps (or fewer): the per-step arrays now, the rows when committed."""
+        if k >= self.K:
+            return
+        self.K = k
+        for name in ("nd", "taken", "used", "new", "pairs", "kvr", "logits", "decode_pairs", "sec", "times"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value[:k])
+
+    def add_row(self, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
+        for rows, row in ((self.tok, tok), (self.ctx, ctx), (self.held, held), (self.alive, alive), (self.sampled, sampled)):
+            rows.append(row[None, :])
+        self.nb.append(0)
+        self.fin.append(fin)
+        self.start.append(start)
+        self.dec.append(False)
+
+    def time(self, timer, t: float) -> None:
+        """Each step's seconds and the time at its end (``t`` plus the seconds, added one by one as the
+        reference adds them)."""
+        self.sec = timer.steps(self.new, self.pairs, self.kvr, self.logits,
+                               0 if self.decode_pairs is None else self.decode_pairs)
+        times = np.empty(len(self.sec) + 1)
+        times[0] = t
+        times[1:] = self.sec
+        self.times = np.cumsum(times, out=times)[1:]
+
+
+def plan(eng, live: list, pending: int) -> Run | None:
+    """The run the present requests ``live`` make, up to the arrival of ``requests[pending +
+    JOINS_PER_RUN]`` at the latest (joins not yet added), or None when the present state does
+    not allow a run of at least two steps."""
+    present = _present(eng, live)
+    if present is None:
+        return None
+    proc, P, G, gen, nb = present
+    scheduled = _schedule(proc, P, G, gen, eng.cfg.max_num_batched_tokens, _horizon(eng, pending))
+    if scheduled is None:
+        return None
+    tok, dec, start, fin, nd, taken, K = scheduled
+    bs, pool = eng.bs, eng.pool
+    ks = np.arange(K, dtype=np.int64)
+    ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
+    alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
+    held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
+    base = pool.used() - int(nb.sum())
+    used = base + held.sum(axis=0)
+    bad = used > pool.total
+    if bad.any():
+        K = int(bad.argmax())
+        if K < 2:
+            return None
+    pairs_m, seen = pairs_and_reads(tok, ctx, eng.window)
+    sampled = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
+    run = Run(K=K, tok=[tok[:, :K]], ctx=[ctx[:, :K]], held=[held[:, :K]], alive=[alive[:, :K]], sampled=[sampled[:, :K]],
+              nb=nb.tolist(), fin=fin.tolist(), start=start.tolist(), dec=dec.tolist(), nd=nd[:K], taken=taken[:K],
+              used=used[:K], new=tok.sum(axis=0)[:K], pairs=pairs_m.sum(axis=0)[:K], kvr=seen.sum(axis=0)[:K],
+              logits=sampled.sum(axis=0)[:K],
+              decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
+                            if eng.timer.decode_rate_differs else None))
+    run.time(eng.timer, eng.t)
+    return run
+
+
+def _present(eng, live: list):
+    """The present requests as arrays (tokens processed, prompt, tokens to generate, generated,
+    blocks held), or None where the reference must take the step (prefix caching, tracing,
+    observers, no split-fuse, pool growth, a window's blocks leaving, forks)."""
+    cfg, sched, pool = eng.cfg, eng.sched, eng.pool
+    if cfg.enable_prefix_caching or eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
+        return None
+    if not sched.initialized or pool.total != eng.tensors.total:
+        return None  # the pool's tensors are (re)allocated in this step
+    if eng.window_blocks and any(g.P + g.G > eng.window for g in live):
+        return None  # blocks leave the window: step by step
+    n = len(live)
+    proc = np.empty(n, dtype=np.int64)
+    P = np.empty(n, dtype=np.int64)
+    G = np.empty(n, dtype=np.int64)
+    gen = np.empty(n, dtype=np.int64)
+    nb = np.empty(n, dtype=np.int64)
+    prompt_phase = False
+    for j, g in enumerate(live):
+        if len(g.tables) != 1:
+            return None
+        if g.maxc >= g.P:
+            if g.maxc != g.processed:
+                return None
+        else:
+            if g.n > 1:
+                return None  # forks at the end of its prompt
+            prompt_phase = True
+        proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
+    if sched.dynamic and prompt_phase and min(sched._target_blocks(live), sched.max_blocks) > pool.total:
+        return None  # the reference step raises the dynamic pool first
+    return proc, P, G, gen, nb
+
+
+def _horizon(eng, pending: int) -> int:
+    """Steps a run may take: at most KMAX, ending before the arrival JOINS_PER_RUN after the next."""
+    reqs = eng.requests
+    K = KMAX
+    ahead = pending + JOINS_PER_RUN  # the run ends before this arrival at the latest
+    if ahead < len(reqs):
+        if reqs[0].arrival_step is not None:
+            K = min(K, reqs[ahead].arrival_step - eng.step)
+        elif eng.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
+            K = min(K, int((reqs[ahead].arrival_s - eng.t) / eng.timer.min_seconds) + 2)
+    return K
+
+
+def _schedule(proc, P, G, gen, budget: int, K: int):
+    """Tokens scheduled per request and step over up to ``K`` steps: every decoder one per step
+    until its last token, the prompts the rest of the ``budget`` in request order. Returns the
+    tokens (requests × steps), who was generating at the start, each request's first decode and
+    last token steps, decoders and prompt tokens per step, and the steps the run may take (or
+    None if fewer than two)."""
+    if K < 2:
+        return None
+    n = len(proc)
+    ks = np.arange(K, dtype=np.int64)
+    dec = proc >= P  # generating at the start (all prompts of decoders are processed)
+    # step of each request's last token (decoders: G - generated more steps); prompts: found below
+    fin = np.where(dec, G - gen - 1, K)
+    start = np.where(dec, 0, K)  # first decode step
+    tok = np.zeros((n, K), dtype=np.int64)  # tokens scheduled per request and step
+    active_dec = (ks[None, :] >= start[:, None]) & (ks[None, :] <= fin[:, None])
+    q_idx = np.flatnonzero(~dec)
+    taken = np.zeros(K, dtype=np.int64)  # prompt tokens given to earlier requests in the queue
+    nd = active_dec.sum(axis=0)  # decoders per step
+    for q in q_idx.tolist():  # in request order: a completed prompt decodes from the next step on
+        room = budget - nd - taken
+        if (room < 0).any():
+            K = int(np.argmax(room < 0))
+            if K < 2:
+                return None
+            break
+        got, decodes = prompt_share(room, P[q] - proc[q], G[q])
+        tok[q] = got
+        taken += got
+        if decodes is None:
+            break  # it takes all the budget left (or there is none): nobody after it gets tokens
+        start[q], fin[q] = decodes
+        active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
+        nd = nd + active_dec[q]
+    K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
+    over = nd > budget
+    if over.any():
+        K = min(K, int(over.argmax()))
+    if K < 2:
+        return None
+    tok += active_dec
+    return tok[:, :K], dec, start, fin, nd, taken, K
+
+
+def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: int, step0: int):
+    """Carry out the run from step ``step0`` on: hand out and free blocks in the reference order,
+    advance the requests ``live`` (the run's rows, joiners last), record the steps' work with the
+    ``timer``. Returns the run's step-table columns (``_n``: its steps) and the tokens it sampled."""
+    K, nb = run.K, np.array(run.nb, dtype=np.int64)
+    tok, ctx, held, alive, sampled = (np.vstack([part[:, :K] for part in rows])
+                                      for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled))
+    used, sec, times = run.used[:K], run.sec[:K], run.times[:K]
+    new, pairs, kvr, logits = run.new[:K], run.pairs[:K], run.kvr[:K], run.logits[:K]
+    _hand_out_blocks(held, nb, run.start, run.fin, K, live, pool, free_group)
+    n_sampled = _advance(live, ctx, sampled, np.array(run.dec), np.array(run.fin), times, K, step0)
+    ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+    used_b = ctx_total * block_bytes // bs
+    alloc_b = pool.total * block_bytes
+    table = {
+        "step": step0 + np.arange(K), "time_s": times, "requests": alive.sum(axis=0),
+        "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
+        "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
+        "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * block_bytes,
+        "internal_bytes": used * block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
+    }
+    timer.record(new, pairs, kvr, logits, 0 if run.decode_pairs is None else run.decode_pairs[:K])
+    return table, n_sampled
+
+
+def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group) -> None:
+    """Block events in the reference order: per step, decoders (request order), then prompt chunks,
+    then the frees of the requests that finished in that step."""
+    inc = held.copy()
+    inc[:, 1:] -= held[:, :-1]
+    inc[:, 0] -= nb
+    kk, jj = np.nonzero((inc > 0).T)  # (a drop is a free after the last step, handled below)
+    counts = inc[jj, kk].tolist()
+    # sort key: step, kind (0 decode allocs, 1 prompt allocs, 2 frees), phase at that step
+    # (0 decoding, 1 prompt chunk: a prompt finishing at its last chunk frees after the decoders), request
+    events = [(k, 0 if k >= start[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
+    events += [(f, 2, 0 if f >= start[j] else 1, j, -1) for j, f in enumerate(fin) if f < K]
+    events.sort()
+    alloc_many = pool.allocate_many
+    for _, _, _, j, c in events:
+        g = live[j]
+        if c < 0:
+            free_group(g)
+        else:
+            g.tables[0].extend(alloc_many(c))
+
+
+def _advance(live: list, ctx, sampled, dec, fin, times, K: int, step0: int) -> int:
+    """The requests after the run: tokens processed and generated, first token, finish. Returns the
+    tokens sampled."""
+    ctx_end = ctx[:, -1].tolist()
+    # A prompt's first token is the first one the run samples for it (with its last chunk); derived
+    # from the samples themselves, so a prompt the run cuts short has none.
+    firsts = sampled.argmax(axis=1).tolist()
+    has_first = ((~dec) & sampled.any(axis=1)).tolist()
+    gen_add = sampled.sum(axis=1).tolist()
+    for j, g in enumerate(live):
+        g.processed = ctx_end[j]
+        g.maxc = max(g.maxc, g.processed)
+        g.generated += gen_add[j]
+        if has_first[j]:
+            g.first_token_s, g.first_token_step = float(times[firsts[j]]), step0 + firsts[j]
+        if fin[j] < K:
+            g.status = FINISHED
+            g.finish_s, g.finish_step = float(times[fin[j]]), step0 + int(fin[j])
+    return sum(gen_add)

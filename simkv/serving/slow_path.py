@@ -1,0 +1,92 @@
+"""One serving step the reference way: the parts of GenAI's ``step()`` that walk the requests.
+
+The step itself is conducted by :meth:`simkv.serving.engine.PagedServing._slow_step`
+(schedule, the pool's tensors, the forward pass, sampling, freeing), for the steps a
+planned run cannot take (pool growth, preemption, forks, prefix caching, ...) and for every
+step with ``run(fast=False)``, the reference the planned runs are tested against.
+"""
+
+from __future__ import annotations
+
+from simkv.serving.costing import attended_pairs
+from simkv.serving.scheduler import FINISHED, IGNORED, RUNNING, fork_samples
+
+
+def internal_slack(live, pool, bs: int) -> int:
+    """Unfilled slots of the blocks in use: only a sequence's last block can be partial
+    (a block shared by several sequences counts once)."""
+    slack = 0
+    seen = set()
+    for g in live:
+        if g.status != RUNNING:
+            continue
+        ctx = g.processed + g.scheduled
+        tables = g.tables
+        if len(tables) == 1:
+            table = tables[0]
+            if table:
+                if len(tables) == 1 and pool.ref[table[-1]] == 1:
+                    slack += len(table) * bs - ctx
+                elif table[-1] not in seen:
+                    seen.add(table[-1])
+                    slack += len(table) * bs - ctx
+            continue
+        for table in tables:
+            if table and table[-1] not in seen:
+                seen.add(table[-1])
+                slack += len(table) * bs - ctx
+    return slack
+
+
+def ignore_all(live, sched, t: float, step: int) -> None:
+    """Nothing fits: GenAI marks every request out of memory (IGNORED) and frees its blocks."""
+    for g in live:
+        if g.status == RUNNING:
+            sched.free_group(g)
+            g.status = IGNORED
+            g.finish_s, g.finish_step = t, step
+
+
+def step_work(scheduled, window: int | None):
+    """What the forward pass of the ``scheduled`` groups computes: new tokens, attended pairs,
+    KV tokens read, logits, and the pairs of one-token queries (:mod:`simkv.cost`: decode_pairs)."""
+    new = pairs = kv_read = logits = decode_pairs = 0
+    for g in scheduled:
+        n, s, p = len(g.tables), g.scheduled, g.processed
+        new += n * s
+        attended = n * attended_pairs(p, s, window)
+        pairs += attended
+        if s == 1:  # a one-token query (simkv.cost: decode_pairs)
+            decode_pairs += attended
+        kv_read += n * (p + s if window is None else min(p + s, window))  # tokens read
+        if p + s >= g.P and p + s > g.maxc:
+            logits += n
+    return new, pairs, kv_read, logits, decode_pairs
+
+
+def sample(scheduled, pool, t: float, step: int):
+    """The scheduled tokens processed and, past the prompt, a token sampled per group (the first
+    forks its samples); a group that has all its tokens finishes. Returns the groups that finished
+    (their blocks still held) and the tokens sampled."""
+    finished = []
+    sampled = 0
+    for g in scheduled:
+        ctx = g.processed + g.scheduled
+        emits = ctx >= g.P and ctx > g.maxc  # past the prompt, and past what was processed before
+        g.processed = ctx
+        g.maxc = max(g.maxc, ctx)
+        g.scheduled = 0
+        if emits:
+            if g.generated == 0:
+                g.first_token_s, g.first_token_step = t, step
+                fork_samples(pool, g)
+            sampled += 1
+            if g.seq_tokens is not None:
+                for s, toks in enumerate(g.seq_tokens):
+                    toks.append((3, g.req.id, s, g.generated))
+            g.generated += 1
+            if g.generated >= g.G:
+                g.status = FINISHED
+                g.finish_s, g.finish_step = t, step
+                finished.append(g)
+    return finished, sampled
