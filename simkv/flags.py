@@ -1,7 +1,7 @@
 """The command-line flags that describe a scenario, declared once, and the parser that reads them.
 
 The ``simkv`` commands that take a scenario (``run``, ``validate``, ``sweep``, ``tune``; ``cost`` takes the
-model flags) declare these; so does ``simkv run``'s whole declaration
+model flags) declare these (``sweep`` and ``tune`` also the executor flags); so does ``simkv run``'s whole declaration
 (:func:`simkv.serving.cli.add_run_arguments`), which the dashboard's Serving view parses its command
 lines with. Below both, so a line means the same to the CLI and to the dashboard, and neither
 imports the other.
@@ -92,3 +92,10 @@ def scenario_fields(args: argparse.Namespace) -> dict:
 def scenario_from_args(args: argparse.Namespace):
     """The :class:`~simkv.scenario.Scenario` of ``simkv run``'s flags."""
     return sc.build_scenario(**scenario_fields(args), sliding_window=args.sliding_window)
+
+
+def add_executor_arguments(p: argparse.ArgumentParser) -> None:
+    """Where points run: local processes or a Dask cluster (``simkv sweep`` and ``simkv tune``)."""
+    g = p.add_argument_group("where points run")
+    g.add_argument("--workers", type=int, help="local processes (default: one per core; 1 = in this process)")
+    g.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on this Dask cluster (dask.distributed) instead")

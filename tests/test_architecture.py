@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scenario", ("simkv.scenario", "simkv.figures", "simkv.flags")),
     ("serving", ("simkv.serving",)),
     ("lab and validate", ("simkv.lab", "simkv.validate")),
-    ("entry points", ("simkv.cli", "simkv.commands", "simkv.dashboard")),
+    ("dashboard", ("simkv.dashboard",)),
+    ("command line", ("simkv.cli", "simkv.commands")),  # `simkv app` starts the dashboard; never the reverse
     ("library facade", ("simkv",)),
     ("programs", ("app", "experiments")),
 )
@@ -94,7 +95,7 @@ def _package_inits(target: str, importer: str, files) -> set[str]:
     """The package inits that loading ``target`` runs, other than the importer's own packages and the root
     ``simkv``, whose init imports nothing on load (test_root_package_loads_lazily)."""
     parts = target.split(".")
-    inits = {".".join(parts[:i]) for i in range(2, len(parts))}
+    inits = {".".join(parts[:i]) for i in range(1, len(parts))} - {"simkv"}
     own = {importer.rsplit(".", i)[0] for i in range(importer.count(".") + 1)}
     return {p for p in inits if p in files and p not in own}
 

@@ -486,19 +486,3 @@ def test_simkv_app_command_line():
     assert (args.host, args.port, args.debug) == ("127.0.0.1", 8050, False)
     args = build_parser().parse_args(["app", "--host", "0.0.0.0", "--port", "9000", "--debug"])
     assert (args.host, args.port, args.debug) == ("0.0.0.0", 9000, True)
-
-
-def test_the_dashboard_imports_no_cli_module():
-    """The dashboard and the CLI are siblings: what both read (`simkv run`'s flags) lies below them."""
-    import ast
-    from pathlib import Path
-
-    for path in (Path(__file__).resolve().parent.parent / "simkv" / "dashboard").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            assert not [n for n in names if n == "simkv.cli" or n.split(".")[:2] == ["simkv", "commands"]], path

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simkv.flags import add_policy_arguments, add_scenario_arguments, scenario_fields
+from simkv.flags import add_executor_arguments, add_policy_arguments, add_scenario_arguments, scenario_fields
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -43,10 +43,3 @@ def main(args: argparse.Namespace) -> int:
     print(f"simkv sweep: {len(points):,} points ({result.computed:,} run, {result.skipped:,} already in {out})"
           f"{f', {oom:,} out of memory' if oom else ''} -> {out}")
     return 0
-
-
-def add_executor_arguments(p: argparse.ArgumentParser) -> None:
-    """Where points run: local processes or a Dask cluster (``simkv sweep`` and ``simkv tune``)."""
-    g = p.add_argument_group("where points run")
-    g.add_argument("--workers", type=int, help="local processes (default: one per core; 1 = in this process)")
-    g.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on this Dask cluster (dask.distributed) instead")

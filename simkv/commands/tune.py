@@ -8,9 +8,8 @@ import argparse
 import json
 import sys
 
-from simkv.commands.sweep import add_executor_arguments
 from simkv.errors import SimkvError
-from simkv.flags import add_policy_arguments, add_scenario_arguments, scenario_fields
+from simkv.flags import add_executor_arguments, add_policy_arguments, add_scenario_arguments, scenario_fields
 from simkv.units import format_bytes
 
 

@@ -2,7 +2,7 @@
 every block of the pool, (re)allocated whole when the pool grows.
 
 Order measured on the real pipeline (memray, ``KVCacheManager::allocate_cache_if_needed``;
-docs/DESIGN.md §4b, checked by every ``simkv validate --paged``): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
+docs/DESIGN.md §4b, checked by ``simkv validate --paged`` unless ``--no-memray``): per layer ``+K_new +V_new (copy K, V) -K_old -V_old``; then
 (``SchedulerConfig.transient_buffers``, the CPU plugin) 2·L more buffers of the new tensors'
 sizes, allocated and freed in the same step — at the first allocation too — so the
 in-step peak is twice the new pool. The scratch pair of a layer comes V-sized first. The scratch

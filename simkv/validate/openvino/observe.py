@@ -5,7 +5,7 @@ simulator's ledger is compared with, event by event.  For every scenario operati
 (prefill, decode step, chat turn, reset, beam fork / reorder / select) it records
 
 * every allocator call the process made during that operation (memray; see
-  :mod:`.memtrace`), with exact size and address, classified as K / V data,
+  :mod:`..memtrace`), with exact size and address, classified as K / V data,
   K / V scale-zero-point, K / V beam table, ``past_view`` or ``other``, with the layer
   when it can be inferred (see :mod:`.kvclassify`);
 * RSS, VmSize and the RSS high-water mark of the operation (``/proc/self/status``;
