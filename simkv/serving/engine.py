@@ -137,7 +137,7 @@ class PagedServing:
             raise ConfigError(f"a pool of {fixed:,} blocks ({fixed * self.block_bytes / GIB:.2f} GiB) does not fit "
                               f"the {budget / GIB:.2f} GiB the device has besides the weights")
         self.pool = BlockPool(fixed, config.enable_prefix_caching)
-        self.sched = ContinuousScheduler(config, self.pool, dynamic=fixed == 0, max_blocks=self.max_blocks)
+        self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks)
         self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
         self.window = model.sliding_window
         #: Sliding-window models keep only the blocks of their window (SchedulerConfig.window_blocks).
