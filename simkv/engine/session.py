@@ -23,7 +23,7 @@ import simpy
 from simkv.engine import decode_run, stateless
 from simkv.engine.beam_tables import BeamTables
 from simkv.engine.decode_run import NoPlan
-from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, alloc_rank, event_rows
+from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, event_rows, fresh_ids
 from simkv.engine.oom import failure, first_failure, limit_headroom
 from simkv.engine.past_view import PastView
 from simkv.engine.residency import touch
@@ -397,8 +397,7 @@ class FastEngine:
     def _ids_in_order(self, n: int, order: np.ndarray) -> np.ndarray:
         """Fresh buffer ids for ``n`` units' slots, numbered in the order they are allocated."""
         k = self.layout.unit_slots.shape[1]
-        rank = alloc_rank(order, k)
-        ids = self.next_id + k * np.arange(n, dtype=np.int64)[:, None] + rank[None, :]
+        ids = fresh_ids(self.next_id, n, order, k)
         self.next_id += n * k
         return ids
 

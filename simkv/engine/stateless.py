@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from simkv.engine.decode_run import NoPlan, Run
-from simkv.engine.events import alloc_rank
+from simkv.engine.events import alloc_slots, fresh_ids
 from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW
 from simkv.steps import STEP
 
@@ -36,9 +36,7 @@ def plan(eng, first_step: int, n: int) -> Run | NoPlan:
         if too_large.any():
             return NoPlan(int(too_large.argmax()) + 1)
     order = eng.orders["grow"]
-    alloc_slots = order[order // K == ALLOC] % K  # a unit's slots in allocation order
-    rank = alloc_rank(order, K)  # buffer id offset of each slot within its unit
-    ids = eng.next_id + ((k[:, None] - 1) * U + np.arange(U)[None, :])[..., None] * K + rank  # (n, U, K)
+    ids = fresh_ids(eng.next_id, n * U, order, K).reshape(n, U, K)
     slots = lay.unit_slots  # (U, K)
 
     def rows_of(op, slot_index):
@@ -53,7 +51,7 @@ def plan(eng, first_step: int, n: int) -> Run | NoPlan:
         out["buffer"] = sid
         return out
 
-    allocs = rows_of(ALLOC, np.broadcast_to(alloc_slots, (U, K)).copy())
+    allocs = rows_of(ALLOC, np.broadcast_to(alloc_slots(order, K), (U, K)).copy())
     frees = rows_of(FREE, None)
     rows = np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel()
     steps = np.zeros(n, dtype=STEP)
