@@ -111,18 +111,17 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
                                                 L0, B, n, shortcut_links)
     if np.any(too_large(policy, new_cap * eng.unit_row[unit] * B)):  # the steps one by one end the run
         return NoPlan()
-    tables = eng.tables.plan(first_step, n, L0, B, next_id)
+    E = len(unit)
+    view = eng.view.plan(first_step, n, L0, B, next_id + E * K)  # provisional ids after the links'
+    if np.any(too_large(policy, view.rows["bytes"])):
+        return NoPlan()
+    n_views = len(view.growth)
+    tables = eng.tables.plan(first_step, n, L0, B, next_id + E * K + n_views)  # after the views'
     if tables is None or np.any(too_large(policy, tables.rows["bytes"])):
         return NoPlan()
     order = np.lexsort((unit, k))
     links = _Links(unit[order], k[order], old_rows[order], new_cap[order])
     del unit, k, old_rows, new_cap  # each array once: the plan's memory is its size
-    E = len(order)
-    view = eng.view.plan(first_step, n, L0, B, next_id + E * K)
-    if np.any(too_large(policy, view.rows["bytes"])):
-        return NoPlan()
-    n_views = len(view.growth)
-    tables.rows["buffer"] += np.where(tables.rows["buffer"] >= next_id, E * K + n_views, 0)  # provisional ids after the views'
 
     # 2. One stream of rows in the runtime's order; ids numbered in allocation order.
     ids = next_id + np.arange(E * K, dtype=np.int64).reshape(E, K)  # provisional, per link and slot
@@ -150,7 +149,7 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
     if tables.state is not None:
         t_ids = tables.state[2]
         moved = t_ids >= next_id
-        t_ids[moved] = final[t_ids[moved] - next_id + E * K + n_views]
+        t_ids[moved] = final[t_ids[moved] - next_id]
     held = Held(
         budget=budget, slots=slots, buffers=final[ids[last] - next_id], pending=carried,
         pending_resident=carried_res if eng.first_touch else carried["bytes"],
