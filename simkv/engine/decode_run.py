@@ -59,8 +59,8 @@ class Held:
     pending_resident: np.ndarray  # the resident bytes they release
     allocated: int
     resident: int
-    view: tuple | None  # the past block's (bytes, tokens, id)
-    tables: tuple | None  # the beam tables' (rows, batch, ids)
+    view: tuple | None  # the past block's (bytes, tokens, id): PastView.commit's arguments
+    tables: tuple | None  # the beam tables' (rows, batch, ids): BeamTables.commit's arguments
 
 
 @dataclass

@@ -184,9 +184,9 @@ class FastEngine:
             self.buf[held.slots] = held.buffers
             self.written[held.slots] = 0
             if held.view is not None:
-                self.view.bytes, self.view.tokens, self.view.id = held.view
+                self.view.commit(*held.view)
             if held.tables is not None:
-                self.tables.rows, self.tables.batch, self.tables.ids = held.tables
+                self.tables.commit(*held.tables)
             self.budget = held.budget
             np.maximum(self.written, self.stored * self.batch, out=self.written)
         return True
