@@ -36,7 +36,10 @@ class PastView:
         self.bytes, self.id, self.tokens = 0, -1, 0
 
     def grow(self, step: int, phase: int, rows_needed: int, tokens: int, new_id: int) -> np.ndarray:
-        """Rows growing the block to ``rows_needed`` rows, if it must grow (then it is the new block)."""
+        """Rows growing the block to ``rows_needed`` rows, if it must grow (then it is the new block);
+        none where the policy keeps no block."""
+        if not self.enabled:
+            return NO_ROWS
         nbytes = rows_needed * self.row_bytes
         if nbytes <= self.bytes:
             return NO_ROWS

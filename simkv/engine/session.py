@@ -232,8 +232,8 @@ class FastEngine:
         reallocated with their kernels' beam tables. Returns the old buffers' frees deferred
         (policy.free_old) and the resident bytes they release."""
         lay, policy = self.layout, self.policy
-        if policy.past_view:
-            view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
+        view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
+        if len(view):
             self.next_id += int((view["op"] == ALLOC).sum())
             rows.append(view)
             resident_delta.append(np.zeros(len(view), dtype=np.int64) if self.first_touch else alloc_delta(view))
