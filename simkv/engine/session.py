@@ -217,13 +217,12 @@ class FastEngine:
     def _reset(self, step: int, phase: int, rows: list, resident_delta: list) -> None:
         """A reset (policy.reset): ``free`` frees every live buffer and the batch goes back to one
         beam; ``keep`` keeps them for the next prompt. Appends its rows."""
-        if self.policy.reset == "free" and self.budget.any():
-            free, released = self._free_live(step, phase)
-            rows.append(free)
-            resident_delta.append(-released)
-            self.batch = 1
-        elif self.policy.reset == "free":  # nothing live (a stateless policy): the batch still resets
-            self.batch = 1
+        if self.policy.reset == "free":
+            if self.budget.any():
+                free, released = self._free_live(step, phase)
+                rows.append(free)
+                resident_delta.append(-released)
+            self.batch = 1  # also with nothing live (a stateless policy)
         self.after_reset = True
 
     def _inference(self, step: int, phase: int, inf: Inference, needed: int, rows: list, resident_delta: list):
