@@ -161,7 +161,8 @@ class PagedServing:
         """Simulate every step. ``fast`` plans quiet runs of steps at once (:meth:`_run_of_steps`);
         ``fast=False`` is the step-by-step reference, and the two give identical results."""
         reqs = self.requests
-        by_step = reqs[0].arrival_step is not None
+        # arrivals in steps (arrival_step), else in seconds (arrival_s): also the planned runs and joins
+        self.by_step = by_step = reqs[0].arrival_step is not None
         self.prompts = session_prompts(reqs)
         self.tokens = prompt_token_ids(reqs) if self.cfg.enable_prefix_caching else None
         self.groups: list[Group] = []
