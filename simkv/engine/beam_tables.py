@@ -44,6 +44,10 @@ class BeamTables:
         self.batch = np.ones((layout.units, 2), dtype=np.int64)
         self.ids = np.full((layout.units, 2), -1, dtype=np.int64)
 
+    def commit(self, rows: np.ndarray, batch: np.ndarray, ids: np.ndarray) -> None:
+        """The pairs' token rows, batch and buffer ids after a decode run (:attr:`TablePlan.state`)."""
+        self.rows, self.batch, self.ids = rows, batch, ids
+
     def bytes(self) -> int:
         return int(self.rows.sum()) * BEAM_TABLE_BYTES
 

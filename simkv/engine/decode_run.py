@@ -25,7 +25,7 @@ import numpy as np
 from simkv.chains import chains
 from simkv.engine.beam_tables import TablePlan
 from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, event_rows
-from simkv.engine.oom import ExactSizes, over_device
+from simkv.engine.oom import ExactSizes, over_device, too_large
 from simkv.engine.past_view import ViewPlan
 from simkv.engine.residency import writes_below_mark
 from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW, TENSOR_CODE, join, pick
@@ -59,8 +59,8 @@ class Held:
     pending_resident: np.ndarray  # the resident bytes they release
     allocated: int
     resident: int
-    view: tuple | None  # the past block's (bytes, tokens, id)
-    tables: tuple | None  # the beam tables' (rows, batch, ids)
+    view: tuple | None  # the past block's (bytes, tokens, id): PastView.commit's arguments
+    tables: tuple | None  # the beam tables' (rows, batch, ids): BeamTables.commit's arguments
 
 
 @dataclass
@@ -98,11 +98,6 @@ class _Keys:
         return keys // (_SECTIONS * self.U * self.W)
 
 
-def _too_large(policy, nbytes) -> bool:
-    """Whether a buffer is larger than the device's largest allocation (then the steps one by one end the run)."""
-    return bool(policy.max_alloc_bytes) and bool((nbytes > policy.max_alloc_bytes).any())
-
-
 def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links: int = 0) -> Run | NoPlan:
     """Plan ``n`` one-token decode steps from ``first_step`` on. ``exact_sizes``: past the headroom
     limit, every reallocation sized exactly (the plan holds only where the step-by-step rule gives
@@ -114,20 +109,19 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
     # 1. Each unit's chain of reallocations, its kernel's beam tables and the past block's growths.
     unit, k, old_rows, new_cap, budget = chains(ExactSizes if exact_sizes else policy, lay.unit_prim, eng.budget,
                                                 L0, B, n, shortcut_links)
-    if _too_large(policy, new_cap * eng.unit_row[unit] * B):
+    if np.any(too_large(policy, new_cap * eng.unit_row[unit] * B)):  # the steps one by one end the run
         return NoPlan()
-    tables = eng.tables.plan(first_step, n, L0, B, next_id)
-    if tables is None or _too_large(policy, tables.rows["bytes"]):
+    E = len(unit)
+    view = eng.view.plan(first_step, n, L0, B, next_id + E * K)  # provisional ids after the links'
+    if np.any(too_large(policy, view.rows["bytes"])):
+        return NoPlan()
+    n_views = len(view.growth)
+    tables = eng.tables.plan(first_step, n, L0, B, next_id + E * K + n_views)  # after the views'
+    if tables is None or np.any(too_large(policy, tables.rows["bytes"])):
         return NoPlan()
     order = np.lexsort((unit, k))
     links = _Links(unit[order], k[order], old_rows[order], new_cap[order])
     del unit, k, old_rows, new_cap  # each array once: the plan's memory is its size
-    E = len(order)
-    view = eng.view.plan(first_step, n, L0, B, next_id + E * K)
-    if _too_large(policy, view.rows["bytes"]):
-        return NoPlan()
-    n_views = len(view.growth)
-    tables.rows["buffer"] += np.where(tables.rows["buffer"] >= next_id, E * K + n_views, 0)  # provisional ids after the views'
 
     # 2. One stream of rows in the runtime's order; ids numbered in allocation order.
     ids = next_id + np.arange(E * K, dtype=np.int64).reshape(E, K)  # provisional, per link and slot
@@ -155,7 +149,7 @@ def plan(eng, first_step: int, n: int, exact_sizes: bool = False, shortcut_links
     if tables.state is not None:
         t_ids = tables.state[2]
         moved = t_ids >= next_id
-        t_ids[moved] = final[t_ids[moved] - next_id + E * K + n_views]
+        t_ids[moved] = final[t_ids[moved] - next_id]
     held = Held(
         budget=budget, slots=slots, buffers=final[ids[last] - next_id], pending=carried,
         pending_resident=carried_res if eng.first_touch else carried["bytes"],

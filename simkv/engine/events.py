@@ -22,10 +22,17 @@ def alloc_delta(rows: np.ndarray) -> np.ndarray:
     return np.where(op == ALLOC, rows["bytes"], np.where(op == FREE, -rows["bytes"], 0))
 
 
-def alloc_rank(order: np.ndarray, k: int) -> np.ndarray:
-    """Each of a unit's ``k`` slots' rank among its allocations in the row ``order``: its buffer
-    id's offset within the unit, as ids are numbered in the order buffers are allocated."""
-    return np.argsort(order[order // k == ALLOC] % k)
+def alloc_slots(order: np.ndarray, k: int) -> np.ndarray:
+    """A unit's ``k`` slots in the order the row ``order`` allocates them."""
+    return order[order // k == ALLOC] % k
+
+
+def fresh_ids(next_id: int, n: int, order: np.ndarray, k: int) -> np.ndarray:
+    """Fresh buffer ids from ``next_id`` on for ``n`` units' ``k`` slots each, ``(n, k)``, numbered
+    in the order the row ``order`` allocates them: a slot's offset within its unit is its rank
+    among the unit's allocations."""
+    rank = np.argsort(alloc_slots(order, k))
+    return next_id + k * np.arange(n, dtype=np.int64)[:, None] + rank[None, :]
 
 
 class Events:

@@ -58,14 +58,21 @@ def over_device(running: np.ndarray, scenario) -> np.ndarray:
     return np.flatnonzero(running + scenario.weights_memory > scenario.device_memory)
 
 
+def too_large(policy, nbytes):
+    """Where buffers of ``nbytes`` bytes (a value or an array) are larger than the device's largest
+    allocation, ``policy.max_alloc_bytes``: a mask like ``nbytes``, or False where there is no such limit."""
+    return nbytes > policy.max_alloc_bytes if policy.max_alloc_bytes else False
+
+
 def first_failure(rows: np.ndarray, running: np.ndarray, policy, scenario) -> int | None:
     """Index of the first of a step's ``rows`` that cannot be allocated (``running``: allocated
     bytes after each row), or None if all of them can."""
     over = over_device(running, scenario)
-    too_large = np.flatnonzero((rows["op"] == ALLOC) & (rows["bytes"] > policy.max_alloc_bytes)) if policy.max_alloc_bytes else over[:0]
-    if not len(over) and not len(too_large):
+    big = too_large(policy, rows["bytes"])
+    big = over[:0] if big is False else np.flatnonzero((rows["op"] == ALLOC) & big)
+    if not len(over) and not len(big):
         return None
-    return min(int(over[0]) if len(over) else len(rows), int(too_large[0]) if len(too_large) else len(rows))
+    return min(int(over[0]) if len(over) else len(rows), int(big[0]) if len(big) else len(rows))
 
 
 def failure(row, step: int, allocated: int, policy, scenario) -> OutOfMemory:

@@ -36,7 +36,10 @@ class PastView:
         self.bytes, self.id, self.tokens = 0, -1, 0
 
     def grow(self, step: int, phase: int, rows_needed: int, tokens: int, new_id: int) -> np.ndarray:
-        """Rows growing the block to ``rows_needed`` rows, if it must grow (then it is the new block)."""
+        """Rows growing the block to ``rows_needed`` rows, if it must grow (then it is the new block);
+        none where the policy keeps no block."""
+        if not self.enabled:
+            return NO_ROWS
         nbytes = rows_needed * self.row_bytes
         if nbytes <= self.bytes:
             return NO_ROWS
@@ -47,8 +50,12 @@ class PastView:
         if len(out) == 2:
             out[1]["op"], out[1]["bytes"], out[1]["buffer"] = FREE, self.bytes, self.id
             out[1]["capacity_tokens"] = self.tokens
-        self.bytes, self.id, self.tokens = nbytes, new_id, tokens
+        self.commit(nbytes, tokens, new_id)
         return out
+
+    def commit(self, nbytes: int, tokens: int, buffer_id: int) -> None:
+        """The block is now ``nbytes`` sized for ``tokens`` tokens, buffer ``buffer_id`` (after a growth or a decode run)."""
+        self.bytes, self.tokens, self.id = nbytes, tokens, buffer_id
 
     def plan(self, first_step: int, n: int, L0: int, B: int, first_id: int) -> ViewPlan:
         """The block's growths over a decode run: step k sizes it for the L0 + k - 1 tokens

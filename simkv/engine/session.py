@@ -23,7 +23,7 @@ import simpy
 from simkv.engine import decode_run, stateless
 from simkv.engine.beam_tables import BeamTables
 from simkv.engine.decode_run import NoPlan
-from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, alloc_rank, event_rows
+from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, event_rows, fresh_ids
 from simkv.engine.oom import failure, first_failure, limit_headroom
 from simkv.engine.past_view import PastView
 from simkv.engine.residency import touch
@@ -184,9 +184,9 @@ class FastEngine:
             self.buf[held.slots] = held.buffers
             self.written[held.slots] = 0
             if held.view is not None:
-                self.view.bytes, self.view.tokens, self.view.id = held.view
+                self.view.commit(*held.view)
             if held.tables is not None:
-                self.tables.rows, self.tables.batch, self.tables.ids = held.tables
+                self.tables.commit(*held.tables)
             self.budget = held.budget
             np.maximum(self.written, self.stored * self.batch, out=self.written)
         return True
@@ -217,13 +217,12 @@ class FastEngine:
     def _reset(self, step: int, phase: int, rows: list, resident_delta: list) -> None:
         """A reset (policy.reset): ``free`` frees every live buffer and the batch goes back to one
         beam; ``keep`` keeps them for the next prompt. Appends its rows."""
-        if self.policy.reset == "free" and self.budget.any():
-            free, released = self._free_live(step, phase)
-            rows.append(free)
-            resident_delta.append(-released)
-            self.batch = 1
-        elif self.policy.reset == "free":  # nothing live (a stateless policy): the batch still resets
-            self.batch = 1
+        if self.policy.reset == "free":
+            if self.budget.any():
+                free, released = self._free_live(step, phase)
+                rows.append(free)
+                resident_delta.append(-released)
+            self.batch = 1  # also with nothing live (a stateless policy)
         self.after_reset = True
 
     def _inference(self, step: int, phase: int, inf: Inference, needed: int, rows: list, resident_delta: list):
@@ -232,8 +231,8 @@ class FastEngine:
         reallocated with their kernels' beam tables. Returns the old buffers' frees deferred
         (policy.free_old) and the resident bytes they release."""
         lay, policy = self.layout, self.policy
-        if policy.past_view:
-            view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
+        view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
+        if len(view):
             self.next_id += int((view["op"] == ALLOC).sum())
             rows.append(view)
             resident_delta.append(np.zeros(len(view), dtype=np.int64) if self.first_touch else alloc_delta(view))
@@ -397,8 +396,7 @@ class FastEngine:
     def _ids_in_order(self, n: int, order: np.ndarray) -> np.ndarray:
         """Fresh buffer ids for ``n`` units' slots, numbered in the order they are allocated."""
         k = self.layout.unit_slots.shape[1]
-        rank = alloc_rank(order, k)
-        ids = self.next_id + k * np.arange(n, dtype=np.int64)[:, None] + rank[None, :]
+        ids = fresh_ids(self.next_id, n, order, k)
         self.next_id += n * k
         return ids
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from simkv.engine.decode_run import NoPlan, Run
-from simkv.engine.events import alloc_rank
+from simkv.engine.events import alloc_slots, fresh_ids
+from simkv.engine.oom import over_device, too_large
 from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW
 from simkv.steps import STEP
 
@@ -28,17 +29,14 @@ def plan(eng, first_step: int, n: int) -> Run | NoPlan:
     caps = np.asarray(policy.capacity(np.repeat(needed, U), np.tile(lay.unit_prim, n)), dtype=np.int64)
     if policy.past_view or len(eng.pending) or eng.budget.any() or (caps != np.repeat(needed, U)).any():
         return NoPlan()
-    if eng.allocated + eng.scenario.weights_memory + int(needed[-1]) * B * eng.row_total > eng.scenario.device_memory:
+    if len(over_device(eng.allocated + int(needed[-1]) * B * eng.row_total, eng.scenario)):
         return NoPlan()
-    if policy.max_alloc_bytes:
-        # a buffer larger than the device's largest allocation ends the run (the per-step path says so)
-        too_large = needed * B * int(lay.row_bytes.max()) > policy.max_alloc_bytes
-        if too_large.any():
-            return NoPlan(int(too_large.argmax()) + 1)
+    # a buffer larger than the device's largest allocation ends the run (the per-step path says so)
+    big = too_large(policy, needed * B * int(lay.row_bytes.max()))
+    if np.any(big):
+        return NoPlan(int(np.argmax(big)) + 1)
     order = eng.orders["grow"]
-    alloc_slots = order[order // K == ALLOC] % K  # a unit's slots in allocation order
-    rank = alloc_rank(order, K)  # buffer id offset of each slot within its unit
-    ids = eng.next_id + ((k[:, None] - 1) * U + np.arange(U)[None, :])[..., None] * K + rank  # (n, U, K)
+    ids = fresh_ids(eng.next_id, n * U, order, K).reshape(n, U, K)
     slots = lay.unit_slots  # (U, K)
 
     def rows_of(op, slot_index):
@@ -53,7 +51,7 @@ def plan(eng, first_step: int, n: int) -> Run | NoPlan:
         out["buffer"] = sid
         return out
 
-    allocs = rows_of(ALLOC, np.broadcast_to(alloc_slots, (U, K)).copy())
+    allocs = rows_of(ALLOC, np.broadcast_to(alloc_slots(order, K), (U, K)).copy())
     frees = rows_of(FREE, None)
     rows = np.concatenate([allocs.reshape(n, -1), frees.reshape(n, -1)], axis=1).ravel()
     steps = np.zeros(n, dtype=STEP)

@@ -137,7 +137,7 @@ class PagedServing:
             raise ConfigError(f"a pool of {fixed:,} blocks ({fixed * self.block_bytes / GIB:.2f} GiB) does not fit "
                               f"the {budget / GIB:.2f} GiB the device has besides the weights")
         self.pool = BlockPool(fixed, config.enable_prefix_caching)
-        self.sched = ContinuousScheduler(config, self.pool, dynamic=fixed == 0, max_blocks=self.max_blocks)
+        self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks)
         self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
         self.window = model.sliding_window
         #: Sliding-window models keep only the blocks of their window (SchedulerConfig.window_blocks).
@@ -161,7 +161,8 @@ class PagedServing:
         """Simulate every step. ``fast`` plans quiet runs of steps at once (:meth:`_run_of_steps`);
         ``fast=False`` is the step-by-step reference, and the two give identical results."""
         reqs = self.requests
-        by_step = reqs[0].arrival_step is not None
+        # arrivals in steps (arrival_step), else in seconds (arrival_s): also the planned runs and joins
+        self.by_step = by_step = reqs[0].arrival_step is not None
         self.prompts = session_prompts(reqs)
         self.tokens = prompt_token_ids(reqs) if self.cfg.enable_prefix_caching else None
         self.groups: list[Group] = []

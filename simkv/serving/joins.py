@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simkv.serving.planned_run import JOINS_PER_RUN, KMAX, Run, pairs_and_reads, prompt_share
+from simkv.serving.planned_run import KMAX, Run, pairs_and_reads, prompt_share
 from simkv.serving.scheduler import Group
 
 
@@ -20,8 +20,7 @@ def join(eng, run: Run, live: list[Group], pending: int) -> list[Group]:
     """Let the arrivals from ``requests[pending]`` on join ``run``, or end it at the first that cannot.
     Returns the newcomers (their groups, not yet added to the engine). Reads the engine; changes the run."""
     reqs, sched = eng.requests, eng.sched
-    by_step = reqs[0].arrival_step is not None
-    ahead = pending + JOINS_PER_RUN  # the plan ends before this arrival at the latest
+    by_step, ahead = eng.by_step, run.ahead
     total = eng.pool.total
     joined: list[Group] = []
     for index in range(pending, len(reqs)):

@@ -74,6 +74,7 @@ class Run:
     kvr: np.ndarray
     logits: np.ndarray
     decode_pairs: np.ndarray | None
+    ahead: int  # the run ends before the arrival of requests[ahead] at the latest
     sec: np.ndarray | None = None
     times: np.ndarray | None = None
 
@@ -114,7 +115,8 @@ def plan(eng, live: list, pending: int) -> Run | None:
     if present is None:
         return None
     proc, P, G, gen, nb = present
-    scheduled = _schedule(proc, P, G, gen, eng.cfg.max_num_batched_tokens, _horizon(eng, pending))
+    ahead = pending + JOINS_PER_RUN
+    scheduled = _schedule(proc, P, G, gen, eng.cfg.max_num_batched_tokens, _horizon(eng, ahead))
     if scheduled is None:
         return None
     tok, dec, start, fin, nd, taken, K = scheduled
@@ -137,7 +139,7 @@ def plan(eng, live: list, pending: int) -> Run | None:
               used=used[:K], new=tok.sum(axis=0)[:K], pairs=pairs_m.sum(axis=0)[:K], kvr=seen.sum(axis=0)[:K],
               logits=sampled.sum(axis=0)[:K],
               decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
-                            if eng.timer.decode_rate_differs else None))
+                            if eng.timer.decode_rate_differs else None), ahead=ahead)
     run.time(eng.timer, eng.t)
     return run
 
@@ -176,13 +178,12 @@ def _present(eng, live: list):
     return proc, P, G, gen, nb
 
 
-def _horizon(eng, pending: int) -> int:
-    """Steps a run may take: at most KMAX, ending before the arrival JOINS_PER_RUN after the next."""
+def _horizon(eng, ahead: int) -> int:
+    """Steps a run may take: at most KMAX, ending before the arrival of ``requests[ahead]``."""
     reqs = eng.requests
     K = KMAX
-    ahead = pending + JOINS_PER_RUN  # the run ends before this arrival at the latest
     if ahead < len(reqs):
-        if reqs[0].arrival_step is not None:
+        if eng.by_step:
             K = min(K, reqs[ahead].arrival_step - eng.step)
         elif eng.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
             K = min(K, int((reqs[ahead].arrival_s - eng.t) / eng.timer.min_seconds) + 2)

@@ -17,23 +17,19 @@ def internal_slack(live, pool, bs: int) -> int:
     (a block shared by several sequences counts once)."""
     slack = 0
     seen = set()
+    ref = pool.ref
     for g in live:
         if g.status != RUNNING:
             continue
         ctx = g.processed + g.scheduled
-        tables = g.tables
-        if len(tables) == 1:
-            table = tables[0]
-            if table:
-                if len(tables) == 1 and pool.ref[table[-1]] == 1:
-                    slack += len(table) * bs - ctx
-                elif table[-1] not in seen:
-                    seen.add(table[-1])
-                    slack += len(table) * bs - ctx
-            continue
-        for table in tables:
-            if table and table[-1] not in seen:
-                seen.add(table[-1])
+        for table in g.tables:
+            if not table:
+                continue
+            last = table[-1]
+            if ref[last] == 1:  # this sequence's own block: no other counts it
+                slack += len(table) * bs - ctx
+            elif last not in seen:
+                seen.add(last)
                 slack += len(table) * bs - ctx
     return slack
 
