@@ -201,28 +201,9 @@ class ContiguousServing:
                 after = int(traj.allocated[l])
                 grow = int(traj.peak[l]) - g.held
                 if held_total + grow > self.budget:
-                    if self.cfg.on_oom == "preempt":
-                        victim = max((v for v in running if v.status == RUNNING and v.held and v is not g),
-                                     key=lambda v: v.order, default=None)
-                        while victim is not None and held_total + grow > self.budget:
-                            held_total -= victim.held
-                            self._free_all(victim, step)
-                            victim.local = victim.processed = victim.generated = 0
-                            victim.preemptions += 1
-                            preempted += 1
-                            running.remove(victim)
-                            waiting.appendleft(victim)
-                            victim = max((v for v in running if v.status == RUNNING and v.held and v is not g),
-                                         key=lambda v: v.order, default=None)
-                        if held_total + grow > self.budget:
-                            continue
-                    elif self.cfg.on_oom == "wait":
-                        continue
-                    else:
-                        held_total -= g.held
-                        self._free_all(g, step)
-                        g.status = REJECTED
-                        g.finish_s, g.finish_step = t, step
+                    held_total, freed, fits = self._make_room(g, grow, held_total, running, waiting, t, step)
+                    preempted += freed
+                    if not fits:
                         continue
                 spike = max(spike, int(traj.peak[l]) - after)
                 held_total += after - g.held
@@ -301,6 +282,32 @@ class ContiguousServing:
         prog = np.array(progress_rows, dtype=PROGRESS) if progress_rows else np.zeros(0, dtype=PROGRESS)
         return groups, steps, prog
 
+    def _make_room(self, g: Seat, grow: int, held_total: int, running: list, waiting: deque, t: float, step: int):
+        """The request's next step needs ``grow`` more bytes than the device has left (``on_oom``): ``preempt``
+        frees the most recently admitted requests holding memory until it fits (they restart from scratch
+        later: recompute), ``wait`` skips its step, ``reject`` drops it. Returns the bytes then held, the
+        requests preempted and whether the request steps now."""
+        if self.cfg.on_oom == "preempt":
+            preempted = 0
+            victim = _last_admitted(running, g)
+            while victim is not None and held_total + grow > self.budget:
+                held_total -= victim.held
+                self._free_all(victim, step)
+                victim.local = victim.processed = victim.generated = 0
+                victim.preemptions += 1
+                preempted += 1
+                running.remove(victim)
+                waiting.appendleft(victim)
+                victim = _last_admitted(running, g)
+            return held_total, preempted, held_total + grow <= self.budget
+        if self.cfg.on_oom == "wait":
+            return held_total, 0, False
+        held_total -= g.held
+        self._free_all(g, step)
+        g.status = REJECTED
+        g.finish_s, g.finish_step = t, step
+        return held_total, 0, False
+
     def _admit(self, waiting: deque, running: list, used_now: int) -> list[Group]:
         out = []
         if self.scheduler == "sequential":
@@ -335,3 +342,9 @@ class ContiguousServing:
             out.append(g)
             used_now += int(g.traj.allocated[0])
         return out
+
+
+def _last_admitted(running: list, g: Group) -> Group | None:
+    """Preemption's victim: the most recently admitted running request, other than ``g``, holding memory."""
+    return max((v for v in running if v.status == RUNNING and v.held and v is not g), key=lambda v: v.order,
+               default=None)
