@@ -239,18 +239,19 @@ class ContiguousServing:
         held_total = sum(g.held for g in running)
         spike = 0
         stepped = []
+        budget = self.budget
         for g in list(running):
             if g.status != RUNNING:
                 continue
             traj, l = g.traj, g.local
-            after = int(traj.allocated[l])
-            grow = int(traj.peak[l]) - g.held
-            if held_total + grow > self.budget:
+            after, peak = int(traj.allocated[l]), int(traj.peak[l])
+            grow = peak - g.held
+            if held_total + grow > budget:
                 held_total, freed, fits = self._make_room(g, grow, held_total, running, waiting, t, step)
                 preempted += freed
                 if not fits:
                     continue
-            spike = max(spike, int(traj.peak[l]) - after)
+            spike = max(spike, peak - after)
             held_total += after - g.held
             g.held = after
             tokens, attended, seen, own = self._local_step(g, step)
@@ -295,12 +296,12 @@ class ContiguousServing:
         """The request's next local step, on this engine step: its ledger rows, and it advances. Returns what the
         forward pass computes for it: its tokens (the prompt, then one), the pairs they attend, the KV tokens
         read, and whether it samples a token of its own (a static batch pads shorter answers to the longest)."""
-        l = g.local
+        l, window = g.local, self.window
         self._emit(g.traj.rows_of(l), g, step)
         tokens = g.run_P if l == 0 else 1
         ctx = 0 if l == 0 else g.run_P + l - 1
-        attended = attended_pairs(ctx, tokens, self.window)
-        seen = ctx + tokens if self.window is None else min(ctx + tokens, self.window)
+        attended = attended_pairs(ctx, tokens, window)
+        seen = ctx + tokens if window is None else min(ctx + tokens, window)
         g.local = l + 1
         g.processed = g.run_P + l
         return tokens, attended, seen, g.generated < g.G
