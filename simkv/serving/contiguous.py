@@ -29,15 +29,22 @@ When a running request's next step does not fit (``on_oom``): ``preempt`` frees 
 most recently admitted request that holds memory (it restarts from scratch later,
 recompute), ``wait`` lets the request skip the step, ``reject`` drops it. A request
 that cannot run even alone on the device is REJECTED.
+
+:meth:`ContiguousServing.run` conducts the step loop: arrivals, admission (``_admit``), one
+local step per running request (``_step_running``: ``_make_room`` when its memory does not
+fit, ``_local_step`` for its ledger rows and cost terms), every request IGNORED when nothing
+can step (``_ignore_all``), the step's time, sampling (``_sample``), the step's bytes
+(``_accounting``) and freeing what finished (``_retire``).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
-from simkv.errors import PolicyError
+from simkv.errors import ConfigError, PolicyError
 from simkv.ledger import ALLOC, COPY, FREE, ROW, Ledger
 from simkv.limits import MAX_SERVING_LEDGER_ROWS
 from simkv.serving.costing import StepTimer, attended_pairs
@@ -155,6 +162,8 @@ class ContiguousServing:
     # -- the loop ---------------------------------------------------------------------------------
 
     def run(self):
+        """Serve every request, one engine step at a time; returns the requests (:class:`Seat`), the step
+        table and, with ``trace_requests``, every present request's progress per step."""
         reqs = self.requests
         by_step = reqs[0].arrival_step is not None
         prompts = session_prompts(reqs)
@@ -168,131 +177,35 @@ class ContiguousServing:
         bar = self.progress
         while pending < len(reqs) or waiting or running:
             if step >= self.max_steps:
-                from simkv.errors import ConfigError
-
                 raise ConfigError(f"stopped after {self.max_steps:,} steps (raise max_steps)")
             if not by_step and not running and not waiting and reqs[pending].arrival_s > t:
-                t = reqs[pending].arrival_s
-            while pending < len(reqs) and (reqs[pending].arrival_step <= step if by_step
-                                           else reqs[pending].arrival_s <= t):
-                r = reqs[pending]
-                g = Seat(r, pending, prompts[pending])
-                g.added_s = r.arrival_s if r.arrival_s is not None else t
-                g.added_step = step
-                groups.append(g)
-                waiting.append(g)
-                pending += 1
-            # admission
+                t = reqs[pending].arrival_s  # an idle device jumps to the next arrival
+            arrived = self._arrivals(pending, prompts, by_step, t, step)
+            groups += arrived
+            waiting += arrived
+            pending += len(arrived)
             used_now = sum(g.held for g in running)
-            admitted = self._admit(waiting, running, used_now)
-            for g in admitted:
+            for g in self._admit(waiting, running, used_now):
                 admitted_order += 1
                 g.order = admitted_order
-            # one local step per running request, in admission order
-            new = pairs = kvr = logits = copied = decode_pairs = 0
-            preempted = 0
-            held_total = sum(g.held for g in running)
-            spike = 0
-            stepped = []
-            for g in list(running):
-                if g.status != RUNNING:
-                    continue
-                traj, l = g.traj, g.local
-                after = int(traj.allocated[l])
-                grow = int(traj.peak[l]) - g.held
-                if held_total + grow > self.budget:
-                    if self.cfg.on_oom == "preempt":
-                        victim = max((v for v in running if v.status == RUNNING and v.held and v is not g),
-                                     key=lambda v: v.order, default=None)
-                        while victim is not None and held_total + grow > self.budget:
-                            held_total -= victim.held
-                            self._free_all(victim, step)
-                            victim.local = victim.processed = victim.generated = 0
-                            victim.preemptions += 1
-                            preempted += 1
-                            running.remove(victim)
-                            waiting.appendleft(victim)
-                            victim = max((v for v in running if v.status == RUNNING and v.held and v is not g),
-                                         key=lambda v: v.order, default=None)
-                        if held_total + grow > self.budget:
-                            continue
-                    elif self.cfg.on_oom == "wait":
-                        continue
-                    else:
-                        held_total -= g.held
-                        self._free_all(g, step)
-                        g.status = REJECTED
-                        g.finish_s, g.finish_step = t, step
-                        continue
-                spike = max(spike, int(traj.peak[l]) - after)
-                held_total += after - g.held
-                g.held = after
-                self._emit(traj.rows_of(l), g, step)
-                tokens = g.run_P if l == 0 else 1
-                ctx = (0 if l == 0 else g.run_P + l - 1)
-                new += tokens
-                attended = attended_pairs(ctx, tokens, self.window)
-                pairs += attended
-                if tokens == 1:  # a one-token query (simkv.cost: decode_pairs)
-                    decode_pairs += attended
-                seen = ctx + tokens if self.window is None else min(ctx + tokens, self.window)
-                kvr += seen  # tokens read
-                copied += int(traj.copy[l])
-                own = g.generated < g.G
-                if own:
-                    logits += 1
-                stepped.append((g, own))
-                g.local = l + 1
-                g.processed = g.run_P + l
+            stepped, work, spike, preempted = self._step_running(running, waiting, t, step)
             n_live = len(running) + len(waiting)
             if not stepped:
-                # Nothing could step (every running request waits for memory that only a step could free,
-                # or nothing can be admitted): nothing will ever change, so, as GenAI does when a step
-                # schedules nothing, every present request is IGNORED and its memory freed.
-                for g in list(running) + list(waiting):
-                    if g.status == RUNNING:
-                        self._free_all(g, step)
-                        g.status = IGNORED
-                        g.finish_s, g.finish_step = t, step
-                waiting.clear()
+                self._ignore_all(running, waiting, t, step)
                 self.timer.record_idle()
                 dt = 0.0
             else:
-                dt = self.timer.step(new, pairs, kvr, copied, logits, decode_pairs)
+                dt = self.timer.step(*work)
             t += dt
             est.append(dt)
-            used_tokens = reserved = 0
-            finished = []
-            for g, own in stepped:
-                if own:
-                    g.generated += 1
-                    if g.generated == 1 and g.first_token_s is None:
-                        g.first_token_s, g.first_token_step = t, step
-                    if g.generated == g.G:
-                        g.finish_s, g.finish_step = t, step
-                if g.local >= g.traj.steps:
-                    finished.append(g)
-            for g in running:
-                if g.held:
-                    own = min(g.P + g.generated, g.processed)
-                    used_tokens += own
-                    # the part of the headroom this request's own later tokens will fill (the vLLM paper's
-                    # "reservation"); the rest of allocated − used is never filled ("internal fragmentation")
-                    final = min(g.P + g.G, g.run_P + g.run_G - 1)
-                    reserved += max(0, min(g.held, final * self.kv_token) - own * self.kv_token)
-            allocated = sum(g.held for g in running)
-            internal = allocated - used_tokens * self.kv_token - reserved
+            finished = _sample(stepped, t, step)
+            allocated, used, reserved, internal = self._accounting(running)
             if self.trace_requests:
-                for g in list(running) + list(waiting):
-                    progress_rows.append((step, g.req.id, g.generated, g.processed,
-                                          FINISHED if g in finished else g.status))
-            for g in finished:
-                self._free_all(g, step)
-                g.status = FINISHED
-                running.remove(g)
-            running = [g for g in running if g.status == RUNNING]
-            rows.append((step, t, n_live, len(stepped), 0, 0, allocated, used_tokens * self.kv_token, dt, new,
-                         allocated + spike, reserved, internal, copied, preempted))
+                progress_rows += [(step, g.req.id, g.generated, g.processed, FINISHED if g in finished else g.status)
+                                  for g in list(running) + list(waiting)]
+            running = self._retire(finished, running, step)
+            rows.append((step, t, n_live, len(stepped), 0, 0, allocated, used, dt, work.new, allocated + spike,
+                         reserved, internal, work.copied, preempted))
             step += 1
             if bar is not None and not by_step:
                 bar(pending)
@@ -300,6 +213,132 @@ class ContiguousServing:
         self.timer.official(np.asarray(est))
         prog = np.array(progress_rows, dtype=PROGRESS) if progress_rows else np.zeros(0, dtype=PROGRESS)
         return groups, steps, prog
+
+    def _arrivals(self, pending: int, prompts: list[int], by_step: bool, t: float, step: int) -> list[Seat]:
+        """The requests that have arrived by this step (``arrival_step``) or by its start (``arrival_s``)."""
+        reqs = self.requests
+        out = []
+        while pending < len(reqs) and (reqs[pending].arrival_step <= step if by_step else reqs[pending].arrival_s <= t):
+            r = reqs[pending]
+            g = Seat(r, pending, prompts[pending])
+            g.added_s = r.arrival_s if r.arrival_s is not None else t
+            g.added_step = step
+            out.append(g)
+            pending += 1
+        return out
+
+    # -- one engine step --------------------------------------------------------------------------
+
+    def _step_running(self, running: list, waiting: deque, t: float, step: int):
+        """One local step per running request, in admission order, once its memory fits the device (else
+        :meth:`_make_room`). Returns the requests that stepped, each with whether it samples a token of its
+        own, the forward pass's :class:`Work`, the step's transient spike above the bytes held, and the
+        requests preempted."""
+        new = pairs = kvr = logits = copied = decode_pairs = 0
+        preempted = 0
+        held_total = sum(g.held for g in running)
+        spike = 0
+        stepped = []
+        budget = self.budget
+        for g in list(running):
+            if g.status != RUNNING:
+                continue
+            traj, l = g.traj, g.local
+            after, peak = int(traj.allocated[l]), int(traj.peak[l])
+            grow = peak - g.held
+            if held_total + grow > budget:
+                held_total, freed, fits = self._make_room(g, grow, held_total, running, waiting, t, step)
+                preempted += freed
+                if not fits:
+                    continue
+            spike = max(spike, peak - after)
+            held_total += after - g.held
+            g.held = after
+            tokens, attended, seen, own = self._local_step(g, step)
+            new += tokens
+            pairs += attended
+            if tokens == 1:  # a one-token query (simkv.cost: decode_pairs)
+                decode_pairs += attended
+            kvr += seen  # tokens read
+            copied += int(traj.copy[l])
+            if own:
+                logits += 1
+            stepped.append((g, own))
+        return stepped, Work(new, pairs, kvr, copied, logits, decode_pairs), spike, preempted
+
+    def _make_room(self, g: Seat, grow: int, held_total: int, running: list, waiting: deque, t: float, step: int):
+        """The request's next step needs ``grow`` more bytes than the device has left (``on_oom``): ``preempt``
+        frees the most recently admitted requests holding memory until it fits (they restart from scratch
+        later: recompute), ``wait`` skips its step, ``reject`` drops it. Returns the bytes then held, the
+        requests preempted and whether the request steps now."""
+        if self.cfg.on_oom == "preempt":
+            preempted = 0
+            victim = _last_admitted(running, g)
+            while victim is not None and held_total + grow > self.budget:
+                held_total -= victim.held
+                self._free_all(victim, step)
+                victim.local = victim.processed = victim.generated = 0
+                victim.preemptions += 1
+                preempted += 1
+                running.remove(victim)
+                waiting.appendleft(victim)
+                victim = _last_admitted(running, g)
+            return held_total, preempted, held_total + grow <= self.budget
+        if self.cfg.on_oom == "wait":
+            return held_total, 0, False
+        held_total -= g.held
+        self._free_all(g, step)
+        g.status = REJECTED
+        g.finish_s, g.finish_step = t, step
+        return held_total, 0, False
+
+    def _local_step(self, g: Seat, step: int) -> tuple[int, int, int, bool]:
+        """The request's next local step, on this engine step: its ledger rows, and it advances. Returns what the
+        forward pass computes for it: its tokens (the prompt, then one), the pairs they attend, the KV tokens
+        read, and whether it samples a token of its own (a static batch pads shorter answers to the longest)."""
+        l, window = g.local, self.window
+        self._emit(g.traj.rows_of(l), g, step)
+        tokens = g.run_P if l == 0 else 1
+        ctx = 0 if l == 0 else g.run_P + l - 1
+        attended = attended_pairs(ctx, tokens, window)
+        seen = ctx + tokens if window is None else min(ctx + tokens, window)
+        g.local = l + 1
+        g.processed = g.run_P + l
+        return tokens, attended, seen, g.generated < g.G
+
+    def _ignore_all(self, running: list, waiting: deque, t: float, step: int) -> None:
+        """Nothing could step (every running request waits for memory only a step could free, or nothing can
+        be admitted): nothing will ever change, so, as GenAI does when a step schedules nothing, every present
+        request is IGNORED and its memory freed."""
+        for g in list(running) + list(waiting):
+            if g.status == RUNNING:
+                self._free_all(g, step)
+                g.status = IGNORED
+                g.finish_s, g.finish_step = t, step
+        waiting.clear()
+
+    def _accounting(self, running: list) -> tuple[int, int, int, int]:
+        """The step's KV bytes, after it: allocated, used (the requests' tokens), reserved (the headroom their
+        own later tokens will fill: the vLLM paper's "reservation") and internal (the rest of allocated − used,
+        never filled: "internal fragmentation")."""
+        used_tokens = reserved = 0
+        for g in running:
+            if g.held:
+                own = min(g.P + g.generated, g.processed)
+                used_tokens += own
+                final = min(g.P + g.G, g.run_P + g.run_G - 1)
+                reserved += max(0, min(g.held, final * self.kv_token) - own * self.kv_token)
+        allocated = sum(g.held for g in running)
+        internal = allocated - used_tokens * self.kv_token - reserved
+        return allocated, used_tokens * self.kv_token, reserved, internal
+
+    def _retire(self, finished: list, running: list, step: int) -> list:
+        """Free the requests that ran their last local step; returns those still running."""
+        for g in finished:
+            self._free_all(g, step)
+            g.status = FINISHED
+            running.remove(g)
+        return [g for g in running if g.status == RUNNING]
 
     def _admit(self, waiting: deque, running: list, used_now: int) -> list[Group]:
         out = []
@@ -335,3 +374,36 @@ class ContiguousServing:
             out.append(g)
             used_now += int(g.traj.allocated[0])
         return out
+
+
+class Work(NamedTuple):
+    """What one engine step's forward pass computes, in :meth:`StepTimer.step`'s order."""
+
+    new: int
+    pairs: int
+    kv_read: int
+    copied: int
+    logits: int
+    decode_pairs: int
+
+
+def _last_admitted(running: list, g: Group) -> Group | None:
+    """Preemption's victim: the most recently admitted running request, other than ``g``, holding memory."""
+    return max((v for v in running if v.status == RUNNING and v.held and v is not g), key=lambda v: v.order,
+               default=None)
+
+
+def _sample(stepped: list, t: float, step: int) -> list:
+    """A token sampled by each request that stepped and samples its own (its first: the time to first token;
+    its last: its latency ends); returns those that ran their last local step (their buffers still held)."""
+    finished = []
+    for g, own in stepped:
+        if own:
+            g.generated += 1
+            if g.generated == 1 and g.first_token_s is None:
+                g.first_token_s, g.first_token_step = t, step
+            if g.generated == g.G:
+                g.finish_s, g.finish_step = t, step
+        if g.local >= g.traj.steps:
+            finished.append(g)
+    return finished
