@@ -273,3 +273,25 @@ def test_contiguous_wait_deadlock_ends_with_ignored():
     assert [g.status for g in r.groups] == ["IGNORED", "IGNORED"]
     rows = r.ledger.rows
     assert rows["bytes"][rows["op"] == 0].sum() == rows["bytes"][rows["op"] == 2].sum()
+
+
+def test_contiguous_preempted_request_does_not_step_in_the_step_that_preempted_it():
+    # Growing requests (openvino-cpu doubles) on a device that holds ~1,500 tokens: later requests preempt
+    # the last admitted. A victim comes after its preemptor in admission order; it used to take its own step
+    # anyway (status still RUNNING, already back in the queue), allocating bytes the step table never counted.
+    # At the end of every step in which no request finished, the step table's allocated bytes must be the
+    # ledger's live bytes (the table is measured before finished requests are freed).
+    from simkv.ledger import ALLOC, FREE
+
+    per_token = get_precision("f16").kv_bytes_per_token(TOY)
+    reqs = [Request(i, 40 + 7 * i, 300, arrival_step=i) for i in range(6)]
+    r = serve(spec(reqs, memory="contiguous", scheduler="continuous", policy="openvino-cpu",
+                   device_memory=per_token * 1500, paged=SchedulerConfig(on_oom="preempt")))
+    assert r.metrics["preemptions"] > 0 and r.metrics["requests_finished"] == 6
+    rows = r.ledger.rows
+    delta = np.where(rows["op"] == ALLOC, rows["bytes"], 0) - np.where(rows["op"] == FREE, rows["bytes"], 0)
+    live = np.cumsum(np.bincount(rows["step"], weights=delta, minlength=len(r.steps))).astype(np.int64)
+    quiet = np.ones(len(r.steps), dtype=bool)
+    quiet[[g.finish_step for g in r.groups]] = False
+    assert np.array_equal(live[quiet], r.steps["allocated_bytes"][quiet])
+    assert r.steps["allocated_bytes"].max() <= per_token * 1500

@@ -241,7 +241,9 @@ class ContiguousServing:
         stepped = []
         budget = self.budget
         for g in list(running):
-            if g.status != RUNNING:
+            # A request preempted earlier in this loop is back in the waiting queue, its status still
+            # RUNNING: it must not step (it would allocate memory the step's accounting never sees).
+            if g.status != RUNNING or (preempted and g not in running):
                 continue
             traj, l = g.traj, g.local
             after, peak = int(traj.allocated[l]), int(traj.peak[l])
