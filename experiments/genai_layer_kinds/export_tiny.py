@@ -23,6 +23,16 @@ MODELS = {
                   num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
                   num_experts_per_tok=2, n_group=1, topk_group=1, kv_lora_rank=64, q_lora_rank=96, qk_rope_head_dim=16,
                   qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=4096)),
+  # Need transformers >= 5 (>= 5.5 for GraniteMoeHybrid) and a newer optimum-intel: fail with 4.57.6.
+  "gemma3n": ("Gemma3nTextConfig", dict(vocab_size=1000, vocab_size_per_layer_input=1000, hidden_size=128,
+               hidden_size_per_layer_input=16, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=32, sliding_window=64, num_kv_shared_layers=2,
+               layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
+               activation_sparsity_pattern=[0.0] * 6, max_position_embeddings=4096, laurel_rank=8, altup_num_inputs=4)),
+  "granite": ("GraniteMoeHybridConfig", dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, num_local_experts=4,
+               num_experts_per_tok=2, shared_intermediate_size=128, layer_types=["mamba", "attention", "mamba", "attention"],
+               mamba_n_heads=8, mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2)),
 }
 for name in (sys.argv[2:] or MODELS):
     cls, kw = MODELS[name]
