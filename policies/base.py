@@ -61,6 +61,7 @@ import numpy as np
 from simkv.errors import ConfigError
 
 if TYPE_CHECKING:
+    from simkv.kvspec import LayerKV
     from simkv.models import ModelSpec
     from simkv.precision import Precision
     from simkv.workload import Workload
@@ -102,6 +103,9 @@ class Policy:
     #: Nothing is kept between steps: each step recomputes the whole history into buffers
     #: of exactly its size (no copy) and frees them all at the end of the step (policies/stateless.py).
     stateless: ClassVar[bool] = False
+    #: How the runtime caches an MLA layer (simkv.kvspec.MLA_FORMS): the compressed ``latent``
+    #: (transformers 5.x, vLLM) or ``decompressed`` per-head K and V (an optimum-intel export).
+    mla_form: ClassVar[str] = "latent"
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")
@@ -152,15 +156,23 @@ class Policy:
     def meta_bytes_per_head(self, precision: Precision) -> int:
         """Bytes of scale/zero-point metadata per token per KV head this runtime stores for a precision."""
         return precision.meta_bytes_per_head
-    def kept_tokens(self, model: ModelSpec) -> int | None:
-        """Tokens a unit keeps between inferences (a sliding window), or None: the whole history.
+    def kept_tokens(self, layer: LayerKV) -> int | None:
+        """Tokens a layer's buffers keep between inferences (a sliding window), or None: the whole history.
 
-        With a limit (>= 1), a step appending ``L1`` tokens needs ``min(stored, kept) + L1``."""
+        With a limit (>= 1), a step appending ``L1`` tokens needs ``min(stored, kept) + L1``. The default
+        keeps everything, windows included: OpenVINO's stateful caches do (docs/DESIGN.md §4c)."""
         return None
 
-    def orders(self, model: ModelSpec) -> dict[str, str] | None:
-        """The row orders (:attr:`row_orders`) for this model's layers."""
+    def orders(self, layer: LayerKV) -> dict[str, str] | None:
+        """The row orders (:attr:`row_orders`) for a layer of this kind."""
         return self.row_orders
+
+    def state_element_bytes(self, precision: Precision) -> tuple[float, float]:
+        """Bytes per element of a linear-attention layer's conv and recurrent state. transformers keeps
+        the conv state in the model's dtype (the KV precision) and the recurrent state in f32
+        (docs/DESIGN.md §3c); a quantised KV precision does not quantise states (its conv state: f16)."""
+        conv = precision.bits / 8 if precision.bits >= 16 else 2.0
+        return conv, 4.0
 
     def check(self, model: ModelSpec, workload: Workload) -> None:
         """Raise :class:`simkv.errors.PolicyError` if this policy cannot run the workload."""

@@ -58,11 +58,12 @@ class HFDynamic(Policy):
         # its window (same length every step) ever "fits", and it is rebuilt all the same.
         return np.ones(np.shape(needed), dtype=bool)
 
-    def kept_tokens(self, model):
+    def kept_tokens(self, layer):
         # keys[:, :, -W + 1:] keeps W - 1 tokens; for W = 1 the slice is [0:]: everything.
-        return model.sliding_window - 1 if model.sliding_window and model.sliding_window > 1 else None
+        # Chunked layers are the same class with W = attention_chunk_size (docs/DESIGN.md §3c).
+        return layer.window - 1 if layer.window and layer.window > 1 else None
 
-    def orders(self, model):
-        if model.sliding_window:  # both cats before either old tensor is dropped
+    def orders(self, layer):
+        if layer.window:  # both cats before either old tensor is dropped
             return {**self.row_orders, "grow": "+k =k +v =v -k -v"}
         return self.row_orders

@@ -29,8 +29,8 @@ COLORS = {
     "resident": "#ff7f0e",
     "event": "#d62728",
 }
-#: The KV cache's own buffers (data, quantisation scales, beam tables).
-KV_TENSORS = tuple(t for t in TENSORS if t.startswith(("k", "v")))
+#: The KV cache's own buffers (data, quantisation scales, beam tables, linear-attention states).
+KV_TENSORS = tuple(t for t in TENSORS if t != "past_view")
 #: Colours of the second, third … run in a comparison (none is a quantity's colour).
 RUN_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 MIB = 1024 * 1024

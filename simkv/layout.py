@@ -1,13 +1,20 @@
 """Which buffers a model's KV cache consists of, and in which order they are touched.
 
-Every layer owns, per K and per V primitive, a data buffer, a scale/zero-point
+Every attention layer owns, per K and per V primitive, a data buffer, a scale/zero-point
 buffer when the precision is quantised, and the beam tables the runtime keeps.
 A *slot* is one such buffer position (it holds one live buffer at a time); a
 *unit* is what a policy sizes and reallocates as a whole: a layer (CPU plugin,
 K and V together) or a primitive (GPU plugin, K and V independently).
 
 A slot's ``row_bytes`` is what one token costs it for one batch row; a buffer
-in that slot holds ``capacity × batch × row_bytes`` bytes.
+in that slot holds ``capacity × batch × row_bytes`` bytes. Layers differ
+(:mod:`simkv.kvspec`): each slot's bytes are its layer's, a window is kept per
+unit (``unit_keep``), and a linear-attention layer is a *state* unit: its conv and
+recurrent states take the places of K and V, hold one row per sequence
+(capacity 1, whatever the tokens) and are sized by no policy. Units are equally
+wide; a place a unit lacks (a state unit has no scales or beam tables) is an
+*absent* slot of 0 bytes that never emits a row. A layer that caches nothing has
+no unit.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simkv.errors import ConfigError
+from simkv.kvspec import cached_heads, k_v_bytes, state_bytes
 from simkv.ledger import ALLOC, COPY, FREE, TENSOR_CODE, TENSORS
 from simkv.models import ModelSpec
 from simkv.precision import Precision
@@ -35,13 +43,37 @@ _OP_SYMBOL = {"+": ALLOC, "=": COPY, "-": FREE}
 class Layout:
     layer: np.ndarray  # per slot
     tensor: np.ndarray  # per slot: code in simkv.ledger.TENSORS
-    row_bytes: np.ndarray  # per slot
+    row_bytes: np.ndarray  # per slot; 0: an absent slot
     unit_slots: np.ndarray  # (units, slots per unit), in the order rows are emitted
-    unit_prim: np.ndarray  # per unit: primitive id handed to the policy (K's id for a layer unit)
+    unit_prim: np.ndarray  # per unit: primitive id handed to the policy (K's id for a layer unit; -1: a state)
+    #: Per unit: tokens its buffers keep between inferences (policy.kept_tokens), -1: the whole history.
+    unit_keep: np.ndarray | None = None
+    #: Per unit: a linear-attention state (one row per sequence, capacity 1).
+    unit_state: np.ndarray | None = None
+    #: Per unit and row-order kind, an index into :attr:`templates` (None: every unit alike).
+    unit_template: np.ndarray | None = None
+    #: The policy's row orders, one dict per distinct layer kind (policy.orders).
+    templates: tuple[dict, ...] = ({},)
+    #: Slot *roles* (k, v, k_scale …) the row-order templates name; states fill the k and v roles.
+    role: np.ndarray | None = None
 
     @property
     def units(self) -> int:
         return len(self.unit_slots)
+
+    @cached_property
+    def uniform(self) -> bool:
+        """Every unit alike: no window, no state, one row order (decode runs are planned as a whole)."""
+        return (self.unit_keep is None or not (self.unit_keep >= 0).any()) and not self.has_states \
+            and len(self.templates) == 1
+
+    @cached_property
+    def has_states(self) -> bool:
+        return self.unit_state is not None and bool(self.unit_state.any())
+
+    @cached_property
+    def has_absent(self) -> bool:
+        return bool((self.row_bytes == 0).any())
 
     # Per-unit arrays are computed once (engines read them one unit at a time: a property that built the
     # array on each read made 100,000 layers quadratic). A layout is frozen; cached_property writes the
@@ -72,7 +104,8 @@ class Layout:
         k = self.unit_slots.shape[1]
         if template is None:
             return np.arange(3 * k)
-        names = [TENSORS[t] for t in self.tensor[self.unit_slots[0]]]
+        roles = self.tensor if self.role is None else self.role
+        names = [TENSORS[t] for t in roles[self.unit_slots[0]]]
         order = [  # a tensor with several buffers (two beam tables) names them all, in slot order
             _OP_SYMBOL[token[0]] * k + slot
             for token in template.split()
@@ -83,44 +116,82 @@ class Layout:
             raise ConfigError(f"row order {template!r} must name each of {names} once per operation")
         return np.asarray(order)
 
+    def orders(self, kind: str) -> np.ndarray:
+        """The row order of ``kind`` (grow, grow_empty, rebatch, gather): one order ``(3k,)`` when every
+        unit has the same, else one per unit ``(units, 3k)``."""
+        first = self.row_order(self.templates[0].get(kind))
+        if self.unit_template is None:
+            return first
+        per_kind = np.stack([first] + [self.row_order(t.get(kind)) for t in self.templates[1:]])
+        return per_kind[self.unit_template]
+
     @classmethod
     def build(cls, model: ModelSpec, precision: Precision, policy: Policy) -> Layout:
-        data = precision.data_bytes_per_token(model)
-        meta = model.kv_heads * policy.meta_bytes_per_head(precision)
+        meta_per_head = policy.meta_bytes_per_head(precision)
+        conv_el, rec_el = policy.state_element_bytes(precision)
+        beams = 0 if policy.kernel_beam_tables else policy.beam_tables  # else the kernel keeps them outside the unit
+        width = 1 + (meta_per_head > 0) + beams  # slots per primitive
+        prims = [0] if policy.unit == "layer" else [0, 1]
+        templates: list[dict] = []
+        layer, tensor, role, row = [], [], [], []
+        unit_layer, unit_prim, unit_keep, unit_state, unit_template = [], [], [], [], []
+        kv_id = 0  # kv_cache primitives are counted over the attention layers only
+        for index, spec in enumerate(model.kv_layers):
+            if spec.kind == "none":
+                continue
+            if spec.caches_tokens:
+                k_bytes, v_bytes = k_v_bytes(spec, precision, policy.mla_form)
+                meta = cached_heads(spec, policy.mla_form) * meta_per_head
+                place = {"k": (k_bytes, "k"), "v": (v_bytes, "v")}
+                metas = {"k": meta, "v": meta}
+                beam_bytes = BEAM_TABLE_BYTES
+            else:  # a linear-attention state: conv in K's place, recurrent in V's, nothing else
+                conv, recurrent = state_bytes(spec, conv_el, rec_el)
+                place = {"k": (conv, "conv_state"), "v": (recurrent, "recurrent_state")}
+                metas = {"k": 0, "v": 0}
+                beam_bytes = 0
 
-        def primitive(kv: str) -> list[tuple[str, int]]:
-            slots = [(kv, data)]
-            if meta:
-                slots.append((f"{kv}_scale", meta))
-            if not policy.kernel_beam_tables:  # else the kernel keeps them outside the unit (engines)
-                slots += [(f"{kv}_beam", BEAM_TABLE_BYTES)] * policy.beam_tables
-            return slots
+            def primitive(kv: str) -> list[tuple[str, str, int]]:
+                nbytes, name = place[kv]
+                slots = [(kv, name, nbytes)]
+                if meta_per_head:
+                    slots.append((f"{kv}_scale", f"{kv}_scale", metas[kv]))
+                slots += [(f"{kv}_beam", f"{kv}_beam", beam_bytes)] * beams
+                return slots
 
-        k, v = primitive("k"), primitive("v")
-        if policy.unit == "layer":
-            # Grouped by kind: K, V, then K scale, V scale, then beam tables.
-            units = [[s for pair in zip(k, v) for s in pair]]
-            prims = [0]
-        else:
-            units = [k, v]
-            prims = [0, 1]
-        per_layer = len(units)
-        width = len(units[0])
-
-        layer, tensor, row = [], [], []
-        for lay in range(model.layers):
-            for unit in units:
-                for name, nbytes in unit:
-                    layer.append(lay)
+            k, v = primitive("k"), primitive("v")
+            # Grouped by kind for a layer unit: K, V, then K scale, V scale, then beam tables.
+            units = [[s for pair in zip(k, v) for s in pair]] if policy.unit == "layer" else [k, v]
+            orders = policy.orders(spec) or {}
+            if orders not in templates:
+                templates.append(orders)
+            for unit, prim in zip(units, prims):
+                for unit_role, name, nbytes in unit:
+                    layer.append(index)
+                    role.append(TENSOR_CODE[unit_role])
                     tensor.append(TENSOR_CODE[name])
                     row.append(nbytes)
-        n_units = model.layers * per_layer
-        unit_slots = np.arange(n_units * width, dtype=np.int64).reshape(n_units, width)
-        unit_prim = (np.arange(model.layers)[:, None] * 2 + np.asarray(prims)[None, :]).ravel()
+                unit_layer.append(index)
+                unit_prim.append(2 * kv_id + prim if spec.caches_tokens else -1)
+                kept = policy.kept_tokens(spec) if spec.caches_tokens else 1
+                unit_keep.append(-1 if kept is None else kept)
+                unit_state.append(not spec.caches_tokens)
+                unit_template.append(templates.index(orders))
+            kv_id += spec.caches_tokens
+        n_units = len(unit_layer)
+        per_unit = width * (2 if policy.unit == "layer" else 1)
+        unit_slots = np.arange(n_units * per_unit, dtype=np.int64).reshape(n_units, per_unit)
+        tensor_codes = np.asarray(tensor, dtype=np.int8)
+        role_codes = np.asarray(role, dtype=np.int8)
         return cls(
             layer=np.asarray(layer, dtype=np.int32),
-            tensor=np.asarray(tensor, dtype=np.int8),
+            tensor=tensor_codes,
             row_bytes=np.asarray(row, dtype=np.int64),
             unit_slots=unit_slots,
-            unit_prim=unit_prim.astype(np.int64),
+            unit_prim=np.asarray(unit_prim, dtype=np.int64),
+            unit_keep=np.asarray(unit_keep, dtype=np.int64),
+            unit_state=np.asarray(unit_state, dtype=bool),
+            unit_template=None if len(templates) == 1 else np.asarray(unit_template, dtype=np.int64),
+            templates=tuple(templates),
+            role=None if (role_codes == tensor_codes).all() else role_codes,
         )

@@ -29,7 +29,8 @@ import numpy as np
 from simkv.errors import ConfigError, SimkvError
 
 PHASES = ("prefill", "turn", "decode", "fork", "reorder", "select", "reset")
-TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam", "past_view")
+#: A linear-attention layer's states take the K and V places of its unit: "conv_state", "recurrent_state".
+TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam", "past_view", "conv_state", "recurrent_state")
 OPS = ("alloc", "copy", "free")
 ALLOC, COPY, FREE = range(3)
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}

@@ -1,8 +1,10 @@
-"""Model shapes: what one attention layer's KV cache looks like.
+"""Model shapes: the transformer's dimensions and, per layer, what its KV cache keeps.
 
-Only the attention geometry matters for KV memory: the number of layers,
-of key/value heads (fewer than query heads under grouped-query attention)
-and the head size. Presets carry the values from each model's published
+A uniform model (every layer full attention, or every layer one sliding window) is given by the
+number of layers, of key/value heads (fewer than query heads under grouped-query attention) and
+the head size. A model whose layers differ (Gemma-3, gpt-oss, Llama-4, Qwen3-Next, DeepSeek-V3)
+also carries one :class:`simkv.kvspec.LayerKV` per layer (``layer_kv``); :attr:`ModelSpec.kv_layers`
+gives the per-layer specs of either. Presets carry the values from each model's published
 ``config.json`` on the Hugging Face hub.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from simkv.errors import ConfigError
+from simkv.kvspec import LayerKV, groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +31,27 @@ class ModelSpec:
     tied_embeddings: bool = False
     #: Weight matrices per MLP block: 3 for gated (SwiGLU) MLPs, 2 for GPT-2's.
     mlp_matrices: int = 3
-    #: Attention window in tokens (Mistral-7B v0.1: 4,096); None = full attention.
+    #: Attention window in tokens of every layer (Mistral-7B v0.1: 4,096); None = full attention.
+    #: A model whose layers differ gives ``layer_kv`` instead.
     sliding_window: int | None = None
+    #: One KV spec per layer (simkv.kvspec); empty: every layer alike, from the fields above.
+    layer_kv: tuple[LayerKV, ...] = ()
+    #: Mixture of experts (0: a dense MLP): routed experts, experts each token is routed to, each
+    #: expert's intermediate size, the shared experts' intermediate size in all, and how many first
+    #: layers are dense (their MLP has ``intermediate``).
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    dense_layers: int = 0
+    #: MLA's query compression rank (0: queries are not compressed); the KV ranks are in ``layer_kv``.
+    q_lora_rank: int = 0
+    #: Linear-attention projections: (key heads, value heads, key head size, value head size, conv kernel).
+    linear_dims: tuple[int, int, int, int, int] | None = None
+    #: The weights' dtype in the config (``torch_dtype``), the KV dtype of transformers; "" if not given.
+    dtype: str = ""
+    #: Where the numbers come from (a config file, a published config).
+    source: str = ""
 
     def __post_init__(self) -> None:
         for field in ("layers", "heads", "kv_heads", "head_dim"):
@@ -46,11 +68,34 @@ class ModelSpec:
             raise ConfigError(
                 f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
             )
+        if self.layer_kv and len(self.layer_kv) != self.layers:
+            raise ConfigError(f"a model of {self.layers} layers needs {self.layers} layer specs, got {len(self.layer_kv)}")
+        if self.layer_kv and self.sliding_window is not None:
+            raise ConfigError("give a window per layer (layer_kv) or one for every layer (sliding_window), not both")
+
+    @property
+    def kv_layers(self) -> tuple[LayerKV, ...]:
+        """One KV spec per layer: ``layer_kv``, or every layer alike from the uniform fields."""
+        if self.layer_kv:
+            return self.layer_kv
+        kind = "full" if self.sliding_window is None else "sliding"
+        layer = LayerKV(kind, self.kv_heads, self.head_dim, self.head_dim, self.sliding_window)
+        return (layer,) * self.layers
+
+    @property
+    def uniform(self) -> bool:
+        """Every layer alike: one group."""
+        return len(set(self.kv_layers)) == 1
+
+    @property
+    def groups(self) -> list[tuple[LayerKV, tuple[int, ...]]]:
+        """Identical layers together (simkv.kvspec.groups)."""
+        return groups(self.kv_layers)
 
     @property
     def primitives(self) -> int:
-        """KV primitives in construction order K0, V0, K1, V1, … (two per layer)."""
-        return 2 * self.layers
+        """KV primitives in construction order K0, V0, K1, V1, … (two per layer that caches tokens)."""
+        return 2 * sum(layer.caches_tokens for layer in self.kv_layers)
 
     @property
     def weight_params(self) -> int:
@@ -66,8 +111,11 @@ class ModelSpec:
         return self.layers * (q_o + k_v + mlp) + embeddings
 
     def describe(self) -> str:
-        gqa = "MHA" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
-        return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}"
+        if not self.layer_kv:
+            gqa = "MHA" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
+            return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}"
+        parts = [f"{len(ids)} x {spec.describe()}" for spec, ids in self.groups]
+        return f"{self.name}: {self.layers} layers ({'; '.join(parts)})"
 
 
 # Sources: each model's config.json (num_hidden_layers, num_attention_heads,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simkv.errors import ConfigError
+from simkv.kvspec import MLA_FORMS, k_v_bytes, token_bytes
 from simkv.models import ModelSpec
 
 
@@ -26,20 +27,17 @@ class Precision:
     meta_bytes_per_head: int = 0
     note: str = ""
 
-    def data_bytes_per_token(self, model: ModelSpec) -> int:
-        """Bytes one token occupies in one K (or V) data buffer, for one batch row."""
-        bits = model.kv_heads * model.head_dim * self.bits
-        if bits % 8:
-            raise ConfigError(f"{self.name} needs kv_heads x head_dim to fill whole bytes")
-        return bits // 8
-
-    def meta_bytes_per_token(self, model: ModelSpec) -> int:
-        """Bytes one token occupies in one K (or V) scale/zero-point buffer, for one batch row."""
-        return model.kv_heads * self.meta_bytes_per_head
+    def check(self, model: ModelSpec) -> None:
+        """Refuse a model whose K or V rows would not fill whole bytes at this precision (u4 with an odd
+        head size), in any layer and either MLA form."""
+        for layer in set(model.kv_layers):
+            for form in MLA_FORMS if layer.latent else MLA_FORMS[:1]:
+                k_v_bytes(layer, self, form)
 
     def kv_bytes_per_token(self, model: ModelSpec) -> int:
-        """Logical bytes of one token across the whole model: K + V (+ metadata) of every layer."""
-        return 2 * model.layers * (self.data_bytes_per_token(model) + self.meta_bytes_per_token(model))
+        """Logical bytes of one token across the whole model: K + V (+ metadata) of every attention
+        layer, every token kept (MLA as its latent; simkv.kvspec.token_bytes)."""
+        return token_bytes(model.kv_layers, self)
 
 
 PRECISIONS: dict[str, Precision] = {

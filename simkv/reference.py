@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from simkv.errors import SimkvError
+from simkv.kvspec import widest_row
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
 from simkv.ledger import ALLOC, COPY, PHASE_CODE, TENSOR_CODE, Ledger
 from simkv.limits import MAX_LEDGER_ROWS
@@ -39,9 +40,13 @@ class ReferenceEngine:
         self.tables: list[list[Buffer | None]] = [[None, None] for _ in range(self.layout.units)]
         self.view: Buffer | None = None
         model = scenario.model
-        self.view_row_bytes = model.kv_heads * model.head_dim * PAST_VIEW_BYTES
-        self.keep = self.policy.kept_tokens(model)  # a sliding window's kept tokens, or None
-        self.orders = self.policy.orders(model) or {}
+        self.view_row_bytes = widest_row(model.kv_layers, self.policy.mla_form) * PAST_VIEW_BYTES
+        lay = self.layout
+        # Per unit: tokens kept between inferences (a window; -1 the whole history), and whether it is a
+        # linear-attention state (one row per sequence, never resized by the policy).
+        self.keep = [int(k) for k in lay.unit_keep]
+        self.state = [bool(x) for x in lay.unit_state]
+        self.unit_of = np.repeat(np.arange(lay.units), lay.unit_slots.shape[1])  # per slot
 
     def run(self) -> None:
         lay, policy, mem = self.layout, self.policy, self.memory
@@ -77,44 +82,50 @@ class ReferenceEngine:
 
                 if policy.past_view:
                     self._grow_view(where, inf.batch_in * stored, stored)
-                held = stored if self.keep is None else min(stored, self.keep)
+                held = [stored if keep < 0 else min(stored, keep) for keep in self.keep]
                 if policy.beam_gather and inf.phase in ("fork", "reorder", "select") and self._live():
                     # beam_idx first: each layer's buffers gathered at the new batch, old freed at once.
-                    order = lay.row_order(self.orders.get("gather"))
-                    units = range(lay.units)
-                    caps = policy.capacity(np.full(lay.units, held, dtype=np.int64), lay.unit_prim)
-                    for unit, cap in zip(units, (int(c) for c in caps)):
-                        self._replace(where, unit, cap, inf.batch, held, held, order, immediate=True)
+                    orders = lay.orders("gather")
+                    for unit in range(lay.units):
+                        cap = self._capacity(unit, held[unit])
+                        self._replace(where, unit, cap, inf.batch, held[unit], held[unit], self._order(orders, unit),
+                                      immediate=True)
                     batch = inf.batch
-                needed = held + inf.tokens
+                needed = [1 if self.state[u] else held[u] + inf.tokens for u in range(lay.units)]
                 if self._live() and inf.batch != batch and policy.reset_adopts_batch and after_reset:
                     batch = inf.batch  # the buffers now hold rows of the new batch width
                     for buf in self.current:
                         buf.batch = batch
-                padded = {u: needed + self._room(u, stored) for u in range(lay.units)}
-                todo = [u for u in range(lay.units) if not self._fits(u, needed, inf.batch, batch, padded[u])]
-                kind = self._situation(todo, inf.batch, batch, stored)
-                order = lay.row_order(self.orders.get(kind))
-                caps = policy.capacity(np.array([padded[u] for u in todo], dtype=np.int64), lay.unit_prim[todo]) if todo else []
+                padded = {u: needed[u] + self._room(u, held[u]) for u in range(lay.units)}
+                todo = [u for u in range(lay.units) if not self._fits(u, needed[u], inf.batch, batch, padded[u])]
+                orders = lay.orders(self._situation(todo, inf.batch, batch, stored))
                 later: list[Buffer] = []
                 kernels = 0  # units whose kernel ran this step (the GPU beam tables come after the unit's buffers)
-                for unit, cap in zip(todo, (int(c) for c in caps)):
-                    kernels = self._run_kernels(where, kernels, unit, needed, inf.batch, stored)
-                    later += self._replace(where, unit, cap, inf.batch, needed, held, order,
+                tokens = stored + inf.tokens  # what an attention kernel's beam tables hold
+                for unit in todo:
+                    kernels = self._run_kernels(where, kernels, unit, tokens, inf.batch, stored)
+                    later += self._replace(where, unit, self._capacity(unit, padded[unit]), inf.batch, needed[unit],
+                                           held[unit], self._order(orders, unit),
                                            immediate=policy.free_old == "immediate", exact=padded[unit])
-                self._run_kernels(where, kernels, lay.units, needed, inf.batch, stored)
+                self._run_kernels(where, kernels, lay.units, tokens, inf.batch, stored)
                 batch = inf.batch
+                live = [(slot, buf) for slot, buf in enumerate(self.current) if buf is not None]
                 if policy.stateless:  # the history is recomputed into the fresh buffers, not copied
-                    for buf in self.current:
-                        buf.used = stored
-                        mem.write(buf, stored)
-                for _token in range(inf.tokens):
-                    for buf in self.current:
-                        buf.used += 1
+                    for slot, buf in live:
+                        buf.used = 1 if self.state[self.unit_of[slot]] else stored
                         mem.write(buf, buf.used)
-                if self.keep is not None:
-                    for buf in self.current:
-                        buf.used = min(buf.used, self.keep)  # a window keeps its last tokens only
+                for _token in range(inf.tokens):
+                    for slot, buf in live:
+                        if not self.state[self.unit_of[slot]]:
+                            buf.used += 1
+                            mem.write(buf, buf.used)
+                for slot, buf in live:
+                    keep = self.keep[self.unit_of[slot]]
+                    if self.state[self.unit_of[slot]]:
+                        buf.used = 1  # a state is rewritten in place
+                        mem.write(buf, 1)
+                    elif keep >= 0:
+                        buf.used = min(buf.used, keep)  # a window keeps its last tokens only
                 stored, after_reset = stored + inf.tokens, False
                 mem.resident_peak = max(mem.resident_peak, mem.resident)
                 if policy.free_old == "end_of_step":
@@ -148,6 +159,8 @@ class ReferenceEngine:
         batch × needed elements (prev too the first time), free the one it replaces at once."""
         policy, lay = self.policy, self.layout
         if not (policy.kernel_beam_tables and policy.beam_tables) or not (batch > 1 or stored == 0):
+            return
+        if self.state[unit]:  # a linear-attention state has no attention kernel
             return
         pair = self.tables[unit]
         pair.reverse()
@@ -185,6 +198,8 @@ class ReferenceEngine:
         later: list[Buffer] = []
         for position in order.tolist():
             op, j = divmod(position, k)
+            if not lay.row_bytes[slots[j]]:
+                continue  # an absent slot
             if op == ALLOC:
                 s = slots[j]
                 news[j] = mem.alloc(
@@ -219,16 +234,29 @@ class ReferenceEngine:
         buf = self.current[int(self.layout.unit_slots[unit][0])]
         if buf is None or new_batch != batch or new_batch * needed > buf.rows:
             return False
+        if self.state[unit]:  # updated in place: never rebuilt while it fits
+            return True
         prim = self.layout.unit_prim[unit : unit + 1]
         return not bool(self.policy.reclaim(np.array([padded]), prim, np.array([buf.capacity]))[0])
 
-    def _room(self, unit: int, stored: int) -> int:
+    def _capacity(self, unit: int, tokens: int) -> int:
+        """The capacity the policy gives a unit that must hold ``tokens``; a state holds one row."""
+        if self.state[unit]:
+            return 1
+        return int(self.policy.capacity(np.array([tokens], dtype=np.int64), self.layout.unit_prim[unit : unit + 1])[0])
+
+    @staticmethod
+    def _order(orders: np.ndarray, unit: int) -> np.ndarray:
+        """A unit's row order from :meth:`Layout.orders` (one for all units, or one per unit)."""
+        return orders if orders.ndim == 1 else orders[unit]
+
+    def _room(self, unit: int, held: int) -> int:
         """Unused tokens of a unit's buffer, carried into its next one (policy.carry_padding);
-        none before the first inference or after a reset (the runtime resets the padding)."""
+        none before the first inference or after a reset (the runtime resets the padding), nor in a state."""
         buf = self.current[int(self.layout.unit_slots[unit][0])]
-        if not self.policy.carry_padding or not stored or buf is None:
+        if not self.policy.carry_padding or not held or buf is None or self.state[unit]:
             return 0
-        return buf.capacity - stored
+        return buf.capacity - held
 
     def _situation(self, todo: list[int], new_batch: int, batch: int, stored: int) -> str:
         """Which of the policy's row orders applies to this step's reallocations."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simkv.errors import ConfigError
+from simkv.kvspec import token_bytes
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
 from simkv.models import WEIGHT_BYTES, ModelSpec, custom_model, get_model, weights_bytes
@@ -53,15 +54,15 @@ class Scenario:
             raise ConfigError("device memory must be positive")
         if not isinstance(self.weights_memory, int) or self.weights_memory < 0:
             raise ConfigError(f"weights memory must be a non-negative number of bytes, got {self.weights_memory!r}")
-        self.precision.data_bytes_per_token(self.model)  # rejects u4 with an odd head size
+        self.precision.check(self.model)  # rejects u4 with an odd head size
         self.policy.check(self.model, self.workload)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of one token across the whole model (K + V data and scales of every layer) as
         this policy's runtime stores them (the GPU plugin's scales follow its inference precision)."""
-        m = self.model
-        return 2 * m.layers * (self.precision.data_bytes_per_token(m) + m.kv_heads * self.policy.meta_bytes_per_head(self.precision))
+        return token_bytes(self.model.kv_layers, self.precision, meta_per_head=self.policy.meta_bytes_per_head(self.precision),
+                           mla=self.policy.mla_form)
 
     def describe(self) -> str:
         return (

@@ -78,7 +78,7 @@ def test_models_and_precisions():
     with pytest.raises(ConfigError, match="unknown model"):
         get_model("gpt-5")
     with pytest.raises(ConfigError, match="fill whole bytes"):
-        get_precision("u4").data_bytes_per_token(custom_model(None, layers=1, heads=1, head_dim=3))
+        get_precision("u4").check(custom_model(None, layers=1, heads=1, head_dim=3))
 
 
 def test_units():

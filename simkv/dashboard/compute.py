@@ -170,7 +170,7 @@ def build(kwargs: dict) -> Scenario:
         keys = _policy_keys(str(err), kwargs) or ["policy"]
         raise st.Invalid({k: str(err) for k in keys}) from None
     try:
-        get_precision(kwargs["precision"] or policy.default_precision).data_bytes_per_token(spec)
+        get_precision(kwargs["precision"] or policy.default_precision).check(spec)
     except SimkvError as err:
         raise st.Invalid({"precision": str(err)}) from None
     try:

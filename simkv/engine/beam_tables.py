@@ -43,6 +43,8 @@ class BeamTables:
         self.rows = np.zeros((layout.units, 2), dtype=np.int64)
         self.batch = np.ones((layout.units, 2), dtype=np.int64)
         self.ids = np.full((layout.units, 2), -1, dtype=np.int64)
+        # Only attention kernels keep beam tables: a linear-attention state unit has none.
+        self.kept = ~layout.unit_state if layout.unit_state is not None else np.ones(layout.units, dtype=bool)
 
     def commit(self, rows: np.ndarray, batch: np.ndarray, ids: np.ndarray) -> None:
         """The pairs' token rows, batch and buffer ids after a decode run (:attr:`TablePlan.state`)."""
@@ -59,7 +61,7 @@ class BeamTables:
         if not self.enabled or not (batch > 1 or stored == 0):
             return NO_ROWS, NO_BYTES, none, next_id
         self.rows, self.batch, self.ids = _swapped(self.rows, self.batch, self.ids)
-        grow = np.flatnonzero(self.rows[:, 0] < batch * needed)
+        grow = np.flatnonzero((self.rows[:, 0] < batch * needed) & self.kept)
         caps = np.asarray(policy.capacity(np.full(len(grow), needed, dtype=np.int64), lay.unit_prim[grow]), dtype=np.int64)
         out, unit_of, delta = [], [], none.copy()
         for u, cap in zip(grow.tolist(), caps.tolist()):

@@ -23,16 +23,18 @@ def alloc_delta(rows: np.ndarray) -> np.ndarray:
 
 
 def alloc_slots(order: np.ndarray, k: int) -> np.ndarray:
-    """A unit's ``k`` slots in the order the row ``order`` allocates them."""
+    """A unit's ``k`` slots in the order the row ``order`` allocates them (per unit for a 2-D order)."""
+    if order.ndim == 2:
+        return (order[order // k == ALLOC] % k).reshape(len(order), k)
     return order[order // k == ALLOC] % k
 
 
 def fresh_ids(next_id: int, n: int, order: np.ndarray, k: int) -> np.ndarray:
     """Fresh buffer ids from ``next_id`` on for ``n`` units' ``k`` slots each, ``(n, k)``, numbered
-    in the order the row ``order`` allocates them: a slot's offset within its unit is its rank
-    among the unit's allocations."""
-    rank = np.argsort(alloc_slots(order, k))
-    return next_id + k * np.arange(n, dtype=np.int64)[:, None] + rank[None, :]
+    in the order the row ``order`` (one for all, or one per unit) allocates them: a slot's offset
+    within its unit is its rank among the unit's allocations."""
+    rank = np.argsort(alloc_slots(order, k), axis=-1)
+    return next_id + k * np.arange(n, dtype=np.int64)[:, None] + (rank if order.ndim == 2 else rank[None, :])
 
 
 class Events:
@@ -51,8 +53,9 @@ def _col(a):
 
 
 def event_rows(layout, ev: Events, phase: int, order: np.ndarray, request: int, first_touch: bool):
-    """Per event, a unit's (alloc, copy, free) rows for each slot in runtime order,
-    which of them happen, and the change of resident memory each causes."""
+    """Per event, a unit's (alloc, copy, free) rows for each slot in runtime order (``order``: one
+    for all events, or one per event), which of them happen, and the change of resident memory each
+    causes. An absent slot (0 bytes: a state unit's scale or beam-table place) never happens."""
     slots = layout.unit_slots[ev.unit]  # (events, slots per unit)
     n, k = slots.shape
     row_bytes = layout.row_bytes[slots]
@@ -75,14 +78,19 @@ def event_rows(layout, ev: Events, phase: int, order: np.ndarray, request: int, 
     free["buffer"] = ev.old_ids
 
     had = np.broadcast_to(_col(ev.old_rows) > 0, (n, k))
+    present = row_bytes > 0
     happens = np.zeros((n, 3, k), dtype=bool)
-    happens[:, 0] = True
-    happens[:, 1] = had & (_col(ev.copied) > 0)
-    happens[:, 2] = had
+    happens[:, 0] = present
+    happens[:, 1] = had & (_col(ev.copied) > 0) & present
+    happens[:, 2] = had & present
     zeros = np.zeros((n, k), dtype=np.int64)
     if first_touch:
         resident = np.stack([zeros, copy["bytes"], -np.broadcast_to(ev.old_resident, (n, k))], axis=1)
     else:
         resident = np.stack([alloc["bytes"], zeros, -free["bytes"]], axis=1)
-    flat = lambda a: a.reshape(n, 3 * k)[:, order]  # noqa: E731
-    return pick(block.reshape(n, 3 * k), (slice(None), order)), flat(happens), flat(resident)
+    if order.ndim == 2:
+        index = (np.arange(n)[:, None], order)
+    else:
+        index = (slice(None), order)
+    flat = lambda a: a.reshape(n, 3 * k)[index]  # noqa: E731
+    return pick(block.reshape(n, 3 * k), index), flat(happens), flat(resident)

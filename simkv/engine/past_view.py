@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from simkv.engine.events import NO_BYTES, NO_ROWS
+from simkv.kvspec import widest_row
 from simkv.layout import PAST_VIEW_BYTES
 from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW, TENSOR_CODE
 
@@ -29,10 +30,10 @@ class ViewPlan(NamedTuple):
 class PastView:
     """The block's size, buffer id and tokens (``bytes`` 0: none yet)."""
 
-    def __init__(self, model, request: int, enabled: bool) -> None:
+    def __init__(self, model, request: int, enabled: bool, mla_form: str = "latent") -> None:
         self.enabled = enabled
         self.request = request
-        self.row_bytes = model.kv_heads * model.head_dim * PAST_VIEW_BYTES
+        self.row_bytes = widest_row(model.kv_layers, mla_form) * PAST_VIEW_BYTES
         self.bytes, self.id, self.tokens = 0, -1, 0
 
     def grow(self, step: int, phase: int, rows_needed: int, tokens: int, new_id: int) -> np.ndarray:

@@ -56,9 +56,10 @@ class FastEngine:
         self.ledger = Ledger(limit=MAX_LEDGER_ROWS)
         self.steps = StepRecorder()
         self.oom: OutOfMemory | None = None
-        orders = policy.orders(scenario.model) or {}
-        self.orders = {kind: lay.row_order(orders.get(kind)) for kind in ("grow", "grow_empty", "rebatch", "gather")}
-        self.keep = policy.kept_tokens(scenario.model)  # a sliding window's kept tokens, or None
+        # Per kind, one row order for all units, or one per unit (layers of different kinds).
+        self.orders = {kind: lay.orders(kind) for kind in ("grow", "grow_empty", "rebatch", "gather")}
+        self.keep = lay.unit_keep  # per unit: a window's kept tokens (a state: 1), or -1: the whole history
+        self.state = lay.unit_state  # per unit: a linear-attention state (one row per sequence)
         # Live state, as arrays over units and slots.
         self.budget = np.zeros(lay.units, dtype=np.int64)  # rows per unit; 0 = no buffers
         self.buf = np.full(len(lay.layer), -1, dtype=np.int64)  # live buffer id per slot
@@ -72,7 +73,7 @@ class FastEngine:
         self.next_id = 0
         # Frees due at the start of the next inference: rows and the resident bytes they release.
         self.pending, self.pending_resident = NO_ROWS, NO_BYTES
-        self.view = PastView(scenario.model, request, policy.past_view)  # the CPU plugin's model-wide past block
+        self.view = PastView(scenario.model, request, policy.past_view, policy.mla_form)  # the CPU plugin's past block
         self.row_total = int(lay.row_bytes.sum())
         self.unit_row = lay.unit_row_bytes
         # Bytes per token per beam the headroom limits look at (policy.headroom_buffer).
@@ -100,7 +101,8 @@ class FastEngine:
                 self._step(int(env.now), inference_of(op, self.width, self.stored))
                 yield env.timeout(1)
                 continue
-            remaining, plan, near_limit = op.steps, self.keep is None, False  # a window's held length stops growing: step by step
+            # Decode runs are planned where every unit grows alike; windows and states go step by step.
+            remaining, plan, near_limit = op.steps, self.layout.uniform, False
             limit_next = False  # the last plan ended on the step before a known limit
             exact_sizes = False  # past the headroom limit: plans size every reallocation exactly
             while remaining and self.oom is None:
@@ -143,10 +145,15 @@ class FastEngine:
                 yield env.timeout(done)
 
     def _reclaims_next(self) -> bool:
-        needed = np.full(self.layout.units, self.stored + 1, dtype=np.int64)
+        needed = self._needed(1)
         fits = self.batch * needed <= self.budget
         padded = needed + self._room()
-        return bool((fits & self.policy.reclaim(padded, self.layout.unit_prim, self.budget // self.batch)).any())
+        return bool((fits & self._reclaimed(padded)).any())
+
+    def _reclaimed(self, padded: np.ndarray) -> np.ndarray:
+        """Units whose buffers the policy rebuilds although they fit (policy.reclaim); never a state,
+        which the runtime updates in place."""
+        return self.policy.reclaim(padded, self.layout.unit_prim, self.budget // self.batch) & ~self.state
 
     def _room(self) -> np.ndarray:
         """Tokens of room each unit still has, carried into its next buffer (policy.carry_padding).
@@ -155,7 +162,7 @@ class FastEngine:
         """
         if not self.policy.carry_padding or not self.stored:
             return np.zeros(self.layout.units, dtype=np.int64)
-        return np.where(self.budget > 0, self.budget // self.batch - self.stored, 0)
+        return np.where((self.budget > 0) & ~self.state, self.budget // self.batch - self._held(), 0)
 
     # -- a run of decode steps -------------------------------------------------
 
@@ -208,7 +215,7 @@ class FastEngine:
         if inf.phase == "reset":
             self._reset(step, phase, rows, resident_delta)
         else:
-            needed = self._held() + inf.tokens
+            needed = self._needed(inf.tokens)
             deferred = self._inference(step, phase, inf, needed, rows, resident_delta)
         peaks = self._allocate(step, phase, before, np.concatenate(rows), np.concatenate(resident_delta))
         if peaks is not None:  # None: out of memory, the run stops
@@ -239,8 +246,8 @@ class FastEngine:
         if policy.beam_gather and inf.phase in ("fork", "reorder", "select") and self.budget.any():
             # beam_idx first: every layer gathered into new buffers at the new batch, old freed at once.
             units = np.flatnonzero(self.budget)
-            held = np.full(lay.units, self._held(), dtype=np.int64)  # exact size: no padding is carried
-            block, happens, resident = self._reallocate(units, self._held(), inf.batch, step, phase, rows, "gather",
+            held = self._held()  # exact size: no padding is carried
+            block, happens, resident = self._reallocate(units, held, inf.batch, step, phase, rows, "gather",
                                                         held, np.zeros(lay.units, dtype=np.int64), immediate=True)
             rows.append(block[happens])
             resident_delta.append(resident[happens])
@@ -262,11 +269,11 @@ class FastEngine:
         rebatch = has & (inf.batch != self.batch)
         fits = has & ~rebatch & (inf.batch * needed <= self.budget)
         padded = needed + self._room()
-        fits &= ~policy.reclaim(padded, lay.unit_prim, self.budget // self.batch)
+        fits &= ~self._reclaimed(padded)
         units = np.flatnonzero(~fits)
         id_start = self.next_id
-        tables, table_unit, table_delta, self.next_id = self.tables.step(step, phase, needed, inf.batch, self.stored,
-                                                                         self.next_id)
+        tables, table_unit, table_delta, self.next_id = self.tables.step(step, phase, self.stored + inf.tokens,
+                                                                         inf.batch, self.stored, self.next_id)
         unit_rows, unit_res, unit_key, deferred = NO_ROWS, NO_BYTES, NO_BYTES, (NO_ROWS, NO_BYTES)
         if len(units):
             kind = "rebatch" if rebatch.any() else "grow_empty" if has.any() and not self.stored else "grow"
@@ -287,6 +294,8 @@ class FastEngine:
             table_res = np.zeros(len(tables), dtype=np.int64) if self.first_touch else alloc_delta(tables)
             unit_res = np.concatenate([unit_res, table_res])[order]
             self._renumber(unit_rows, id_start)
+        elif lay.has_absent and len(unit_rows):
+            self._renumber(unit_rows, id_start)  # absent slots took ids they never use
         return unit_rows, unit_res, deferred
 
     def _allocate(self, step: int, phase: int, before: tuple, rows: np.ndarray, resident_delta: np.ndarray):
@@ -321,7 +330,8 @@ class FastEngine:
         else:
             self.stored += inf.tokens
             if self.first_touch:
-                self.resident += touch(self.written, needed * self.batch, self.layout.row_bytes)
+                slot_needed = np.repeat(needed, self.layout.unit_slots.shape[1])
+                self.resident += touch(self.written, slot_needed * self.batch, self.layout.row_bytes)
         resident_peak = max(resident_peak, self.resident)
         if policy.free_old == "next_inference":
             self.pending, self.pending_resident = deferred
@@ -339,6 +349,7 @@ class FastEngine:
     def _free_live(self, step: int, phase: int):
         """Free every live K/V buffer: their rows, and the resident bytes they release."""
         slots = self.layout.unit_slots[np.flatnonzero(self.budget)].ravel()
+        slots = slots[self.layout.row_bytes[slots] > 0]  # absent slots hold nothing
         free = self._live_rows(slots, step, phase)
         released = self._live_resident(slots) if self.first_touch else free["bytes"]
         self.budget[:], self.buf[:], self.written[:] = 0, -1, 0
@@ -349,10 +360,11 @@ class FastEngine:
         ``tables_before``: per unit, bytes the kernels' beam tables took this step before it;
         ``immediate``: whether old buffers are freed as each unit is rebuilt (default: the policy's free_old)."""
         lay, policy = self.layout, self.policy
-        padded = padded[units]
+        padded, needed, held = padded[units], needed[units], self._held()[units]
         caps = np.asarray(policy.capacity(padded, lay.unit_prim[units]), dtype=np.int64)
         if caps.shape != units.shape or (caps < needed).any():
-            raise SimkvError(f"policy {policy.name} returned a capacity below the {needed} tokens needed")
+            raise SimkvError(f"policy {policy.name} returned a capacity below the {needed.max()} tokens needed")
+        caps = np.where(self.state[units], 1, caps)  # a state is one row per sequence, whatever the policy
         old_rows = self.budget[units]
         old_unit_bytes = old_rows * self.unit_row[units]
         start = self.allocated + sum(int(alloc_delta(r).sum()) for r in rows_so_far)
@@ -368,16 +380,17 @@ class FastEngine:
             device_memory=self.scenario.device_memory, weights=self.scenario.weights_memory,
         )
         slots = lay.unit_slots[units]
-        ids = self._ids_in_order(len(units), self.orders[kind])
+        order = self.orders[kind] if self.orders[kind].ndim == 1 else self.orders[kind][units]
+        ids = self._ids_in_order(len(units), order)
         ev = Events(
-            unit=units, step=step, needed=needed, copied=self._held(), new_cap=caps, batch=batch,
+            unit=units, step=step, needed=needed, copied=held, new_cap=caps, batch=batch,
             old_rows=old_rows, old_batch=self.batch, old_ids=self.buf[slots],
             old_resident=self._live_resident(slots), ids=ids,
         )
-        out = event_rows(lay, ev, phase, self.orders[kind], self.request, self.first_touch)
+        out = event_rows(lay, ev, phase, order, self.request, self.first_touch)
         self.budget[units] = caps * batch
         self.buf[slots] = ids
-        self.written[slots] = np.where((old_rows > 0)[:, None], self._held() * batch, 0)
+        self.written[slots] = np.where((old_rows > 0)[:, None], held[:, None] * batch, 0)
         self.batch = batch
         return out
 
@@ -386,12 +399,13 @@ class FastEngine:
         in the rows and in the live state."""
         fresh = rows["buffer"] >= id_start
         allocs = rows["buffer"][fresh & (rows["op"] == ALLOC)]
-        remap = np.empty(self.next_id - id_start, dtype=np.int64)
+        remap = np.full(self.next_id - id_start, -1, dtype=np.int64)  # -1: an absent slot's unused id
         remap[allocs - id_start] = id_start + np.arange(len(allocs))
         rows["buffer"][fresh] = remap[rows["buffer"][fresh] - id_start]
         for ids in (self.buf, self.tables.ids):
             moved = ids >= id_start
             ids[moved] = remap[ids[moved] - id_start]
+        self.next_id = id_start + len(allocs)
 
     def _ids_in_order(self, n: int, order: np.ndarray) -> np.ndarray:
         """Fresh buffer ids for ``n`` units' slots, numbered in the order they are allocated."""
@@ -409,7 +423,7 @@ class FastEngine:
         rows["tensor"] = lay.tensor[slots]
         rows["bytes"] = budget * lay.row_bytes[slots]
         rows["capacity_tokens"] = budget // self.batch
-        rows["used_tokens"] = self._held()
+        rows["used_tokens"] = self._held()[slots // lay.unit_slots.shape[1]]
         rows["buffer"] = self.buf[slots]
         return rows
 
@@ -423,11 +437,16 @@ class FastEngine:
         return int((self.budget * self.unit_row).sum()) + self.view.bytes + self.tables.bytes()
 
     def _used(self) -> int:
-        return self._held() * self.batch * self.row_total if self.budget.any() else 0
+        return int((self._held() * self.unit_row).sum()) * self.batch if self.budget.any() else 0
 
-    def _held(self) -> int:
-        """Tokens per beam the buffers hold between inferences: the history, or a window's part."""
-        return self.stored if self.keep is None else min(self.stored, self.keep)
+    def _held(self) -> np.ndarray:
+        """Per unit, tokens per beam its buffers hold between inferences: the history, or a window's part
+        (a state: one row, once there is a history)."""
+        return np.where(self.keep < 0, self.stored, np.minimum(self.stored, self.keep))
+
+    def _needed(self, tokens: int) -> np.ndarray:
+        """Per unit, tokens per beam its buffers must hold for an inference of ``tokens`` more (a state: one)."""
+        return np.where(self.state, 1, self._held() + tokens)
 
     def _record(self, step, phase, peak, resident_peak, tokens=None, batch=None, steady=None, used=None) -> None:
         self.steps.add(

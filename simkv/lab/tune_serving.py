@@ -138,7 +138,7 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
     base = get_model(model) if model else None
     spec_model = custom_model(base, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     prec = get_precision(precision or "u8")  # GenAI's CPU default for the paged cache
-    prec.data_bytes_per_token(spec_model)
+    prec.check(spec_model)
     requests = load_trace(trace, limit=limit)
     device = device or DEFAULT_DEVICE
     memory = None if device_memory in (None, DEFAULT_DEVICE_MEMORY) else parse_bytes(device_memory)

@@ -114,7 +114,7 @@ def spec_from_args(args):
                              seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
     precision = get_precision(args.precision or ("u8" if args.memory == "paged" else policy.default_precision))
-    precision.data_bytes_per_token(model)
+    precision.check(model)
     cfg = SchedulerConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from simkv.errors import ConfigError
+from simkv.kvspec import k_v_bytes
 from simkv.serving import planned_run
 from simkv.serving.costing import StepTimer
 from simkv.serving.joins import join
@@ -94,11 +95,13 @@ def genai_block_bytes(model, precision, block_size: int) -> tuple[int, int]:
     by token — ``[blocks, H_kv, block, S + 8]``. Other precisions: ``block`` tokens of K or V data
     (and metadata per token, if the precision has any).
     """
+    (layer, _), = model.groups  # one group: a uniform model (per-group pools: issue #19)
+    heads, k_dim, v_dim = layer.cached("decompressed")
     if precision.name == "u8":
-        h, s = model.kv_heads, model.head_dim
-        return h * (block_size + 8) * s, h * block_size * (s + 8)
-    per_token = precision.data_bytes_per_token(model) + precision.meta_bytes_per_token(model)
-    return block_size * per_token, block_size * per_token
+        return heads * (block_size + 8) * k_dim, heads * block_size * (v_dim + 8)
+    k, v = k_v_bytes(layer, precision, "decompressed")
+    meta = heads * precision.meta_bytes_per_head
+    return block_size * (k + meta), block_size * (v + meta)
 
 
 class PagedServing:

@@ -1,0 +1,190 @@
+"""What each decoder layer keeps per sequence, and what that costs in bytes: the one place that does the sums.
+
+A model is a list of layers, each with a :class:`LayerKV`: full attention, a sliding window of W tokens,
+chunked local attention of C tokens, multi-head latent attention (MLA), a linear-attention / SSM state of
+fixed size per sequence, or nothing (a layer that reuses another layer's KV, or an MLP-only layer).
+Identical layers form a *group* (:func:`groups`), as vLLM's ``KVCacheSpec`` groups and transformers'
+``config.layer_types`` do. A uniform model (every layer alike) is one group.
+
+What a runtime keeps of a layer is the runtime's choice, not the layer's: a sliding layer costs its window
+in vLLM and transformers but the whole context in OpenVINO (docs/DESIGN.md §3c, §4c); an MLA layer caches
+the compressed latent in vLLM and transformers 5.x but decompressed per-head K and V in an optimum-intel
+export. The byte functions take that choice as an argument (``mla``); window rules live in the policies.
+
+No other module multiplies heads by head sizes: engines, policies, serving, the cost model, validation
+and the dashboard ask this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from simkv.errors import ConfigError
+
+
+class Precision(Protocol):
+    """What the byte sums read of an element type (:class:`simkv.precision.Precision`, which imports this module)."""
+
+    name: str
+    bits: int
+    meta_bytes_per_head: int
+
+#: Layer kinds. ``full``, ``sliding`` and ``chunked`` cache K and V per token; ``linear`` keeps a
+#: fixed-size state per sequence; ``none`` keeps nothing of its own.
+KINDS = ("full", "sliding", "chunked", "linear", "none")
+TOKEN_KINDS = ("full", "sliding", "chunked")
+#: How an MLA layer is cached: the compressed latent (vLLM, transformers 5.x: keys
+#: ``[B, 1, L, kv_lora_rank]``, values ``[B, 1, L, qk_rope_head_dim]``) or decompressed per-head K and V
+#: (an optimum-intel export, older transformers: K ``nope + rope``, V ``v_head_dim`` per head).
+MLA_FORMS = ("latent", "decompressed")
+#: Bytes per element of the recurrent state when nothing else is said: transformers' torch
+#: delta-rule keeps it in f32 whatever the model's dtype (docs/DESIGN.md §3c).
+F32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKV:
+    """What one layer keeps per sequence.
+
+    Attention kinds: ``kv_heads`` heads of ``k_dim`` (keys) and ``v_dim`` (values) elements per token.
+    MLA layers also give ``latent = (kv_lora_rank, qk_rope_head_dim)``; ``kv_heads``/``k_dim``/``v_dim``
+    are then the decompressed per-head form. ``window``: W of a sliding layer, C of a chunked one.
+    ``sinks``: learned attention sinks (gpt-oss), compute only. Linear kind: ``conv_elements`` (the
+    convolution state, model dtype) and ``recurrent_elements`` per sequence. ``reuses``: the layer
+    whose KV a ``none`` layer reads (cross-layer sharing), if any.
+    """
+
+    kind: str = "full"
+    kv_heads: int = 0
+    k_dim: int = 0
+    v_dim: int = 0
+    window: int | None = None
+    latent: tuple[int, int] | None = None
+    sinks: bool = False
+    conv_elements: int = 0
+    recurrent_elements: int = 0
+    reuses: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown layer kind {self.kind!r}; kinds: {', '.join(KINDS)}")
+        if self.kind in TOKEN_KINDS:
+            for name in ("kv_heads", "k_dim", "v_dim"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                    raise ConfigError(f"a {self.kind} layer's {name} must be a positive integer, got {value!r}")
+        windowed = self.kind in ("sliding", "chunked")
+        if windowed and (not isinstance(self.window, int) or self.window <= 0):
+            raise ConfigError(f"a {self.kind} layer needs a positive window, got {self.window!r}")
+        if not windowed and self.window is not None:
+            raise ConfigError(f"a {self.kind} layer has no window (got {self.window!r})")
+        if self.latent is not None and (len(self.latent) != 2 or min(self.latent) <= 0):
+            raise ConfigError(f"an MLA latent is (kv_lora_rank, qk_rope_head_dim) > 0, got {self.latent!r}")
+        if self.kind == "linear" and (self.conv_elements < 0 or self.recurrent_elements <= 0):
+            raise ConfigError("a linear-attention layer needs a positive recurrent state "
+                              f"(got conv {self.conv_elements}, recurrent {self.recurrent_elements})")
+
+    @property
+    def caches_tokens(self) -> bool:
+        """Whether the layer's cache grows with the sequence (attention kinds)."""
+        return self.kind in TOKEN_KINDS
+
+    def cached(self, mla: str = "latent") -> tuple[int, int, int]:
+        """(heads, K elements per head, V elements per head) per token as cached; MLA by ``mla``."""
+        if not self.caches_tokens:
+            return 0, 0, 0
+        if self.latent is not None and mla == "latent":
+            rank, rope = self.latent
+            return 1, rank, rope
+        if mla not in MLA_FORMS:
+            raise ConfigError(f"unknown MLA form {mla!r}; choose {', '.join(MLA_FORMS)}")
+        return self.kv_heads, self.k_dim, self.v_dim
+
+    def describe(self) -> str:
+        if self.kind == "linear":
+            return f"linear state: conv {self.conv_elements:,} + recurrent {self.recurrent_elements:,} elements"
+        if self.kind == "none":
+            return "no cache" + (f" (reuses layer {self.reuses})" if self.reuses is not None else "")
+        if self.latent is not None:
+            rank, rope = self.latent
+            text = (f"MLA latent {rank}+{rope} (decompressed {self.kv_heads} heads x K {self.k_dim} / V {self.v_dim})")
+        else:
+            dims = f"{self.k_dim}" if self.k_dim == self.v_dim else f"K {self.k_dim} / V {self.v_dim}"
+            text = f"{self.kv_heads} kv heads x {dims}"
+        window = {"sliding": f", window {self.window}", "chunked": f", chunk {self.window}"}.get(self.kind, "")
+        return f"{self.kind}{window}: {text}" + (", sinks" if self.sinks else "")
+
+
+def whole_bytes(elements: int, bits: int, what: str) -> int:
+    """Bytes of ``elements`` values of ``bits`` each; a precision that would split a byte is refused."""
+    total = elements * bits
+    if total % 8:
+        raise ConfigError(f"{what} needs kv_heads x head_dim to fill whole bytes ({elements} elements of {bits} bits)")
+    return total // 8
+
+
+def k_v_bytes(layer: LayerKV, precision: Precision, mla: str = "latent") -> tuple[int, int]:
+    """Data bytes one token takes in the layer's K and in its V buffer (one batch row)."""
+    heads, k_dim, v_dim = layer.cached(mla)
+    what = precision.name
+    return whole_bytes(heads * k_dim, precision.bits, what), whole_bytes(heads * v_dim, precision.bits, what)
+
+
+def cached_heads(layer: LayerKV, mla: str = "latent") -> int:
+    """Heads the layer's cache keeps per token (quantisation metadata is per head)."""
+    return layer.cached(mla)[0]
+
+
+def state_bytes(layer: LayerKV, conv_bytes: float, recurrent_bytes: float = F32) -> tuple[int, int]:
+    """Bytes of a linear layer's conv and recurrent state for one sequence, at the given bytes per element."""
+    return int(layer.conv_elements * conv_bytes), int(layer.recurrent_elements * recurrent_bytes)
+
+
+def groups(layers: Sequence[LayerKV]) -> list[tuple[LayerKV, tuple[int, ...]]]:
+    """Identical layers together, in order of first appearance: ``(spec, layer indices)``."""
+    out: dict[LayerKV, list[int]] = {}
+    for i, layer in enumerate(layers):
+        out.setdefault(layer, []).append(i)
+    return [(spec, tuple(ids)) for spec, ids in out.items()]
+
+
+def token_bytes(layers: Sequence[LayerKV], precision: Precision, *, meta_per_head: int | None = None,
+                mla: str = "latent") -> int:
+    """Bytes one token adds across the model's attention layers when every token is kept (K + V data and
+    per-head metadata; ``meta_per_head`` defaults to the precision's): what a runtime that keeps the whole
+    context (OpenVINO, docs/DESIGN.md §4c) holds per token."""
+    meta = precision.meta_bytes_per_head if meta_per_head is None else meta_per_head
+    total = 0
+    for layer in layers:
+        if layer.caches_tokens:
+            k, v = k_v_bytes(layer, precision, mla)
+            total += k + v + 2 * cached_heads(layer, mla) * meta
+    return total
+
+
+def request_bytes(layers: Sequence[LayerKV], precision: Precision, context: int, *, mla: str = "latent",
+                  windows: bool = True, meta_per_head: int | None = None, conv_bytes: float | None = None,
+                  recurrent_bytes: float = F32) -> int:
+    """Logical bytes one sequence of ``context`` tokens holds: attention layers ``min(context, W)`` tokens
+    where ``windows`` (a runtime that frees what left the window), else every token; linear layers their
+    state (``conv_bytes`` per conv element: default the precision's element size)."""
+    meta = precision.meta_bytes_per_head if meta_per_head is None else meta_per_head
+    conv = precision.bits / 8 if conv_bytes is None else conv_bytes
+    total = 0
+    for layer in layers:
+        if layer.caches_tokens:
+            k, v = k_v_bytes(layer, precision, mla)
+            held = min(context, layer.window) if windows and layer.window else context
+            total += held * (k + v + 2 * cached_heads(layer, mla) * meta)
+        elif layer.kind == "linear":
+            total += sum(state_bytes(layer, conv, recurrent_bytes))
+    return total
+
+
+def widest_row(layers: Sequence[LayerKV], mla: str = "latent") -> int:
+    """Elements of the widest attention layer's K row (heads × K head size): the CPU plugin's model-wide
+    f32 past block ``[B, H_kv, L0, S]`` is one such row per token (for a uniform model, every layer's)."""
+    return max((heads * k_dim for heads, k_dim, _ in (layer.cached(mla) for layer in layers if layer.caches_tokens)),
+               default=0)
