@@ -192,6 +192,6 @@ class Layout:
             unit_keep=np.asarray(unit_keep, dtype=np.int64),
             unit_state=np.asarray(unit_state, dtype=bool),
             unit_template=None if len(templates) == 1 else np.asarray(unit_template, dtype=np.int64),
-            templates=tuple(templates),
+            templates=tuple(templates) or ({},),
             role=None if (role_codes == tensor_codes).all() else role_codes,
         )

@@ -70,6 +70,8 @@ class ModelSpec:
             )
         if self.layer_kv and len(self.layer_kv) != self.layers:
             raise ConfigError(f"a model of {self.layers} layers needs {self.layers} layer specs, got {len(self.layer_kv)}")
+        if self.layer_kv and all(layer.kind == "none" for layer in self.layer_kv):
+            raise ConfigError("no layer keeps a cache: there is no KV memory to simulate")
         if self.layer_kv and self.sliding_window is not None:
             raise ConfigError("give a window per layer (layer_kv) or one for every layer (sliding_window), not both")
 

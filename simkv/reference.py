@@ -95,7 +95,8 @@ class ReferenceEngine:
                 if self._live() and inf.batch != batch and policy.reset_adopts_batch and after_reset:
                     batch = inf.batch  # the buffers now hold rows of the new batch width
                     for buf in self.current:
-                        buf.batch = batch
+                        if buf is not None:  # an absent slot holds nothing
+                            buf.batch = batch
                 padded = {u: needed[u] + self._room(u, held[u]) for u in range(lay.units)}
                 todo = [u for u in range(lay.units) if not self._fits(u, needed[u], inf.batch, batch, padded[u])]
                 orders = lay.orders(self._situation(todo, inf.batch, batch, stored))
