@@ -13,18 +13,28 @@ is their sum plus two separate terms::
         + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
         + step_overhead_s + layers · layer_overhead_s   # runtime/framework fixed cost per step
 
+    weights_bytes read = weights_bytes                                       (dense)
+                       = W · (1 − f) + W · f · E · (1 − (1 − k/E)^B) / E      (mixture of experts, B = new_tokens)
     KV bytes = kv_read_bytes + kv_write_bytes   (η_kv defaults to η_bw)
-    matmul FLOPs = 2 · layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
-    attention FLOPs = 4 · layers · heads · head_dim · attended_pairs
-    attention time = (pairs - decode_pairs) · 4·L·H·d / (peak · η_flops)
-                     + decode_pairs · 4·L·H·d / decode_attention_flops   (default: peak · η_flops too)
+    matmul FLOPs = 2 · active_layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
+    attention FLOPs = P · attended_pairs + attention_flops,   P = Σ_layers 2 · heads · (k_dim + v_dim)
+                                                               (= 4 · layers · heads · head_dim, uniform)
+    attention time = (P · (pairs - decode_pairs) + attention_flops - decode_flops) / (peak · η_flops)
+                     + (P · decode_pairs + decode_flops) / decode_attention_flops   (default: peak · η_flops too)
 
-``layer_params`` are the parameters of the matrices of the transformer layers
-(``ModelSpec.weight_params`` without the embedding table and LM head); the LM
+``active_layer_params`` are the parameters of the matrices a token multiplies by in the
+transformer layers (``ModelSpec.active_params`` without the LM head: of a mixture of
+experts only the k experts it is routed to); the LM
 head runs only for the tokens whose logits are needed (every token by default,
-the last token of each sequence in :func:`forward_cost`); ``attended_pairs`` is
-Σ over the step's tokens of the positions each attends to (QKᵀ and PV each cost
-2 · head_dim FLOPs per *query* head per pair). ``decode_pairs`` are the pairs of
+the last token of each sequence in :func:`forward_cost`). A mixture of experts
+streams its non-expert weights (share 1 − f) once and, per MoE layer, the experts
+its tokens touch (:func:`expected_experts`: uniform independent routing).
+``attended_pairs`` is Σ over the step's tokens of the positions each attends to
+(QKᵀ and PV cost 2 · k_dim and 2 · v_dim FLOPs per *query* head per pair), priced as
+if every attention layer attended them; a model whose layers attend differently
+(sliding, chunked, MLA absorbed or expanded, linear-attention state) gives its work per
+layer kind as ``attention_flops`` (:func:`attention_work`, which :func:`forward_cost`
+uses; docs/DESIGN.md §6a). ``decode_pairs`` are the pairs of
 one-token queries (a sequence decoding): a CPU runtime computes them with a
 dot-product loop per query head, not a matrix kernel — the OpenVINO CPU plugin's
 ``mha_single_token_kernel`` (``src/plugins/intel_cpu/src/nodes/kernels/scaled_attn/
@@ -38,7 +48,8 @@ measures both rates on two probes that differ only in KV heads, and this host's 
 the sum (README "Latency").
 
 Every argument of :func:`step_cost` may be a numpy array: the serving engine
-evaluates ~10⁵ steps at once. The model leaves out activations' bytes, kernel
+evaluates ~10⁵ steps at once. The model leaves out activations' bytes (but for the decompressed K and V
+of an expanded MLA cache), kernel
 fusion gaps, cache effects and the overlap of a copy with compute.
 """
 
@@ -52,6 +63,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from simkv.errors import ConfigError
+from simkv.kvspec import F32, LayerKV, expand_flops, pair_flops, request_bytes, state_bytes, state_flops, token_bytes
 from simkv.models import ModelSpec, weights_bytes as model_weights_bytes
 from simkv.precision import Precision
 
@@ -175,11 +187,46 @@ class StepCost:
 
 def matmul_params(model: ModelSpec) -> int:
     """Parameters a token multiplies by if its logits are computed: the weight matrices and
-    the LM head, not the input-embedding lookup (a separate table unless tied)."""
-    params = model.weight_params
-    if params and not model.tied_embeddings:
-        params -= model.vocab * model.hidden
-    return params
+    the LM head, not the input-embedding lookup (a separate table unless tied), and of a mixture
+    of experts only the experts it is routed to (:attr:`simkv.models.ModelSpec.active_params`)."""
+    return model.active_params
+
+
+def expected_experts(experts: int, per_token: int, tokens: Any) -> Any:
+    """Expected distinct experts one MoE layer runs for ``tokens`` tokens, each routed to ``per_token``
+    of ``experts``: ``E · (1 − (1 − k/E)^B)``.
+
+    Assumption: routing is uniform and independent between tokens (each token picks a uniformly random
+    set of k distinct experts). An expert is then in one token's set with probability k/E, in none of B
+    tokens' with (1 − k/E)^B, and the expectation of the count is E times the complement. Real routers
+    are skewed (load-balancing losses only even them out on average), which touches fewer experts for
+    the same B: this is an upper bound of the weights a step reads under skew. B = 1 gives k; B → ∞ gives E."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    return experts * (1.0 - (1.0 - per_token / experts) ** tokens)
+
+
+def weights_read_bytes(model: ModelSpec, weights_bytes: Any, tokens: Any) -> Any:
+    """Bytes of weights a step of ``tokens`` tokens streams, of ``weights_bytes`` for all of them.
+
+    A dense model reads every weight once per step (``weights_bytes`` itself; the input-embedding table
+    included, as the H100 preset's weight-streaming efficiency was derived). A mixture of experts reads its
+    non-expert weights once and, in each MoE layer, only the experts the step's tokens are routed to — the
+    :func:`expected_experts` of E: ``W · (1 − f) + W · f · expected(B) / E``, where ``f`` is the routed experts'
+    share of the parameters (``routed_params / weight_params``; every weight at one precision)."""
+    routed = model.routed_params
+    if not routed:
+        return weights_bytes
+    w = np.asarray(weights_bytes, dtype=np.float64)
+    share = routed / model.weight_params
+    touched = expected_experts(model.experts, model.experts_per_token, tokens)
+    return w * (1.0 - share) + w * share * touched / model.experts
+
+
+def pair_flops_per_model(model: ModelSpec) -> int:
+    """FLOPs of one attended pair summed over every attention layer (:func:`simkv.kvspec.pair_flops`, MLA
+    expanded): ``4 · layers · heads · head_dim`` for a uniform model. What :func:`step_cost` charges per
+    ``attended_pairs`` — right where every attention layer attends the same positions."""
+    return sum(pair_flops(layer, model.heads) for layer in model.kv_layers)
 
 
 def step_cost(
@@ -195,14 +242,20 @@ def step_cost(
     precision: str | None = None,
     logit_tokens: Any = None,
     decode_pairs: Any = 0,
+    attention_flops: Any = 0,
+    decode_flops: Any = 0,
 ) -> StepCost:
     """Time of one step (or of many, when arguments are arrays; they broadcast).
 
-    See the module docstring for the formula. ``precision`` is the compute
+    See the module docstring for the formula. ``weights_bytes``: all the weights (a mixture of experts
+    streams a part, :func:`weights_read_bytes`). ``precision`` is the compute
     precision (a key of ``device.peak_flops``; default ``device.compute_precision``).
     ``logit_tokens``: tokens whose logits the LM head computes (default ``new_tokens``;
     engines compute only each sequence's last prompt token in a prefill).
-    ``decode_pairs``: the part of ``attended_pairs`` that belongs to one-token queries.
+    ``attended_pairs`` are priced as if every attention layer attended them (:func:`pair_flops_per_model`);
+    ``decode_pairs``: the part of them that belongs to one-token queries. A model whose layers attend
+    different positions gives its attention arithmetic as ``attention_flops`` instead (:func:`attention_work`),
+    ``decode_flops`` of it from one-token queries; the two ways add.
     """
     peak = device.peak(precision) * device.flops_efficiency
     decode_rate = device.decode_attention_flops or peak
@@ -210,17 +263,19 @@ def step_cost(
     kv_bw = device.memory_bandwidth * device.kv_efficiency
     logit_tokens = new_tokens if logit_tokens is None else logit_tokens
     args = (weights_bytes, new_tokens, attended_pairs, kv_read_bytes, kv_write_bytes, copy_bytes, logit_tokens,
-            decode_pairs)
+            decode_pairs, attention_flops, decode_flops)
     scalar = all(np.ndim(a) == 0 for a in args)
-    w, n, pairs, kr, kw, cb, logits, dpairs = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in args))
+    w, n, pairs, kr, kw, cb, logits, dpairs, aflops, dflops = np.broadcast_arrays(
+        *(np.asarray(a, dtype=np.float64) for a in args))
+    w = weights_read_bytes(model, w, n)
     nbytes = w + kr + kw
     head = float(model.vocab * model.hidden) if model.weight_params else 0.0
-    per_pair = 4.0 * model.layers * model.heads * model.head_dim
+    per_pair = float(pair_flops_per_model(model))
     matmul_flops = 2.0 * (matmul_params(model) - head) * n + 2.0 * head * logits
-    flops = matmul_flops + per_pair * pairs
+    flops = matmul_flops + per_pair * pairs + aflops
     weights_s, kv_s = w / weights_bw, (kr + kw) / kv_bw
     matmul_compute_s = matmul_flops / peak
-    attention_compute_s = per_pair * (pairs - dpairs) / peak + per_pair * dpairs / decode_rate
+    attention_compute_s = (per_pair * (pairs - dpairs) + (aflops - dflops)) / peak + (per_pair * dpairs + dflops) / decode_rate
     matmul_s = np.maximum(weights_s, matmul_compute_s)
     attention_s = device.attention_time(kv_s, attention_compute_s)
     memory_s, compute_s = weights_s + kv_s, matmul_compute_s + attention_compute_s
@@ -237,21 +292,140 @@ def step_cost(
     return StepCost(seconds, bound, memory_s, compute_s, copy_s, overhead, nbytes, flops, matmul_s, attention_s, terms)
 
 
-def attended_pairs(model: ModelSpec, context: Any, new: Any) -> Any:
-    """Σ over ``new`` tokens appended after ``context`` cached ones of the positions each
-    attends to (itself included), capped by the model's sliding window."""
-    context = np.asarray(context, dtype=np.float64)
-    new = np.asarray(new, dtype=np.float64)
+def _window_pairs(context: Any, new: Any, window: int | None) -> Any:
+    """Σ over ``new`` tokens appended after ``context`` of min(position + 1, window) (floats, exact on integers)."""
     # token i (0-based among the new) attends to context + i + 1 positions
     total = new * context + new * (new + 1) / 2
-    if model.sliding_window is not None:
-        w = float(model.sliding_window)
+    if window is not None:
+        w = float(window)
         # positions beyond the window: Σ_i max(0, context + i + 1 - w)
         first = np.maximum(0.0, w - context)  # new tokens that still fit the window entirely
         over = np.maximum(0.0, new - np.minimum(first, new))
         start = context + np.minimum(first, new) + 1 - w  # excess of the first over-window token
         total = total - over * start - over * (over - 1) / 2
+    return total
+
+
+def _chunk_prefix(n: Any, chunk: int) -> Any:
+    """Σ_{p < n} (p mod C + 1): the pairs of the first n positions under chunked attention of C."""
+    full = np.floor(n / chunk)
+    rest = n - full * chunk
+    return full * (chunk * (chunk + 1) / 2) + rest * (rest + 1) / 2
+
+
+def layer_pairs(layer: LayerKV, context: Any, new: Any) -> Any:
+    """Σ over ``new`` tokens appended after ``context`` cached ones of the positions each attends to in
+    ``layer`` (itself included): all ``context + i + 1`` (full, MLA), at most W (sliding), or those since its
+    chunk's start (chunked of C: the token at position p attends to positions C·⌊p/C⌋ … p, ``p mod C + 1`` of
+    them, so the sum is F(context + new) − F(context) with F(n) = ⌊n/C⌋ · C(C+1)/2 + r(r+1)/2, r = n mod C).
+    0 for a layer without attention."""
+    context = np.asarray(context, dtype=np.float64)
+    new = np.asarray(new, dtype=np.float64)
+    if not layer.caches_tokens:
+        return np.zeros(np.broadcast(context, new).shape)
+    if layer.kind == "chunked":
+        return _chunk_prefix(context + new, layer.window) - _chunk_prefix(context, layer.window)
+    return _window_pairs(context, new, layer.window if layer.kind == "sliding" else None)
+
+
+def read_tokens(layer: LayerKV, context: Any) -> Any:
+    """Cached tokens a step reads from ``layer`` when its sequence has ``context`` of them: all (full, MLA),
+    the last ``min(context, W)`` (sliding), or those of the current chunk, ``context mod C`` (chunked: after the
+    chunk boundary a token attends to nothing before it; over a long decode the mean is (C − 1)/2). Python
+    integers stay integers."""
+    if not layer.caches_tokens:
+        return 0 * context
+    if layer.kind == "sliding":
+        return np.minimum(context, layer.window) if isinstance(context, np.ndarray) else min(context, layer.window)
+    if layer.kind == "chunked":
+        return context % layer.window
+    return context
+
+
+def attended_pairs(model: ModelSpec, context: Any, new: Any) -> Any:
+    """Σ over ``new`` tokens appended after ``context`` cached ones of the positions each
+    attends to (itself included), capped by the model's sliding window (a uniform model)."""
+    context = np.asarray(context, dtype=np.float64)
+    new = np.asarray(new, dtype=np.float64)
+    total = _window_pairs(context, new, model.sliding_window)
     return total if total.ndim else float(total)
+
+
+#: How a runtime computes MLA attention (and so which cache form it reads):
+#: ``latent`` — vLLM (vllm/v1/attention/backends/mla/common.py): a latent cache; one-token queries (decode)
+#: absorbed into the latent, multi-token queries (prefill, chunked prefill) expand the cached latent per head;
+#: ``latent-expand`` — transformers 5.x (``DeepseekV3Attention.expand_kv``): a latent cache, every step expands
+#: all of it; ``decompressed`` — an optimum-intel / OpenVINO export: per-head K and V cached (docs/DESIGN.md §4c).
+MLA_COMPUTE = ("latent", "latent-expand", "decompressed")
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """What one sequence's attention and state layers do in a step (arrays or floats)."""
+
+    #: Attention and state arithmetic, FLOPs; ``decode_flops`` is the part from a one-token query's pairs.
+    flops: Any
+    decode_flops: Any
+    #: Bytes read (the cache the step attends to, linear states, decompressed MLA K/V) and written (the new
+    #: tokens' KV, updated states, decompressed MLA K/V).
+    read_bytes: Any
+    write_bytes: Any
+
+
+def attention_work(model: ModelSpec, kv: Precision, context: Any, new: Any, *, sequences: Any = 1,
+                   mla: str = "latent", recurrent_bytes: float = F32) -> AttentionWork:
+    """The attention work of ``sequences`` sequences, each with ``context`` cached tokens appending ``new``
+    ones, summed over the model's layers by kind (floats; arrays broadcast).
+
+    - Attention layers (full, sliding, chunked, MLA): :func:`layer_pairs` pairs at
+      :func:`simkv.kvspec.pair_flops` each; reads :func:`read_tokens` cached tokens and writes ``new`` at the
+      layer's bytes per token (:func:`simkv.kvspec.token_bytes`: K + V + metadata, MLA in its cached form).
+    - MLA by ``mla`` (:data:`MLA_COMPUTE`): absorbed pairs where vLLM absorbs (``latent``, one-token queries);
+      where a latent cache is expanded, the pairs are the expanded ones, ``kv_b_proj`` runs on every cached
+      position read (:func:`simkv.kvspec.expand_flops`; the new tokens' share is in the weight matmuls) and the
+      decompressed K and V of every attended position are written once and read once (2 × their bytes at the
+      KV precision, no metadata).
+    - Linear-attention layers: O(1) per token — the state (conv + recurrent, :func:`simkv.kvspec.state_bytes`:
+      conv at the KV precision's element size, recurrent at ``recurrent_bytes``, f32 in transformers' torch
+      delta rule) is read once and written once per step whatever ``new`` is, and every new token costs
+      :func:`simkv.kvspec.state_flops`.
+    """
+    if mla not in MLA_COMPUTE:
+        raise ConfigError(f"unknown MLA computation {mla!r}; choose {', '.join(MLA_COMPUTE)}")
+    storage = "decompressed" if mla == "decompressed" else "latent"
+    b = np.asarray(sequences, dtype=np.float64)
+    context = np.asarray(context, dtype=np.float64)
+    new = np.asarray(new, dtype=np.float64)
+    one_token = new == 1
+    flops = decode = read = write = 0.0
+    for layer, ids in model.groups:
+        n = len(ids)
+        if layer.kind == "linear":
+            state = float(sum(state_bytes(layer, kv.bits / 8, recurrent_bytes)))
+            stepped = b * np.where(new > 0, n * state, 0.0)
+            read, write = read + stepped, write + stepped
+            flops = flops + b * new * (n * float(state_flops(layer)))
+            continue
+        if not layer.caches_tokens:
+            continue
+        pairs = b * layer_pairs(layer, context, new)
+        tokens = read_tokens(layer, context)
+        per_token = float(n * token_bytes([layer], kv, mla=storage))
+        read, write = read + b * tokens * per_token, write + b * new * per_token
+        expanded = float(n * pair_flops(layer, model.heads))
+        if layer.latent is not None and mla != "decompressed":
+            absorbed = float(n * pair_flops(layer, model.heads, absorbed=True))
+            expands = ~one_token if mla == "latent" else np.ones(np.shape(one_token), dtype=bool)
+            pair = np.where(expands, expanded, absorbed) * pairs
+            big = float(n * token_bytes([layer], kv, mla="decompressed", meta_per_head=0))
+            flops = flops + np.where(expands, b * tokens * (n * float(expand_flops(layer))), 0.0)
+            moved = np.where(expands, b * (tokens + new) * (2.0 * big), 0.0)
+            read, write = read + moved / 2, write + moved / 2
+        else:
+            pair = expanded * pairs
+        flops = flops + pair
+        decode = decode + np.where(one_token, pair, 0.0)
+    return AttentionWork(flops, decode, read, write)
 
 
 def forward_cost(
@@ -265,29 +439,31 @@ def forward_cost(
     weights_precision: str = "f16",
     copy_bytes: Any = 0,
     precision: str | None = None,
+    mla: str = "latent",
+    recurrent_bytes: float = F32,
 ) -> StepCost:
     """One forward pass of ``batch`` sequences, each with ``context`` cached tokens and
     ``new`` tokens to process: decode is ``new=1``, a prefill is ``context=0, new=prompt``.
-    Reads the attended KV (window-capped), writes the new tokens' KV."""
-    per_token = kv.kv_bytes_per_token(model)
+    Each layer reads what it attends to (window- and chunk-capped; a linear layer its state) and writes
+    the new tokens' KV (:func:`attention_work`; ``mla`` and ``recurrent_bytes`` as there); a mixture of
+    experts reads the experts its ``batch × new`` tokens are routed to (:func:`weights_read_bytes`)."""
     batch = np.asarray(batch, dtype=np.float64)
     context = np.asarray(context, dtype=np.float64)
     new = np.asarray(new, dtype=np.float64)
-    window = model.sliding_window
-    visible = context if window is None else np.minimum(context, float(window))
-    pairs = batch * np.asarray(attended_pairs(model, context, new))
+    work = attention_work(model, kv, context, new, sequences=batch, mla=mla, recurrent_bytes=recurrent_bytes)
     result = step_cost(
         model,
         device,
         weights_bytes=model_weights_bytes(model, weights_precision),
         new_tokens=batch * new,
-        attended_pairs=pairs,
-        kv_read_bytes=batch * visible * per_token,
-        kv_write_bytes=batch * new * per_token,
+        attended_pairs=0,
+        kv_read_bytes=work.read_bytes,
+        kv_write_bytes=work.write_bytes,
         copy_bytes=copy_bytes,
         precision=precision,
         logit_tokens=batch,
-        decode_pairs=np.where(new == 1, pairs, 0.0),  # a one-token query per sequence
+        attention_flops=work.flops,
+        decode_flops=work.decode_flops,  # a one-token query per sequence
     )
     return result
 
@@ -505,18 +681,33 @@ def estimate(
     context: int = 1024,
     prompt: int | None = None,
     weights_precision: str = "f16",
+    mla: str = "latent",
 ) -> dict[str, Any]:
     """The figures of ``simkv cost``: a decode step of ``batch`` sequences with ``context`` cached
     tokens, a prefill of ``prompt`` tokens, the copy time per GiB, and the stateless loop's step
-    (the whole ``context + 1`` tokens recomputed) beside the stateful one."""
+    (the whole ``context + 1`` tokens recomputed) beside the stateful one. The stateful KV is what a
+    runtime that keeps every token holds (OpenVINO's stateful pipeline, docs/DESIGN.md §4c), linear
+    layers' states included. A mixture of experts adds ``moe`` (experts touched, weights read)."""
     for name, value, low in (("batch", batch, 1), ("context", context, 0), ("prompt", prompt, 1)):
         if value is not None and (not isinstance(value, int) or value < low or value > 10**12):
             raise ConfigError(f"--{name} must be an integer in {low}..10^12, got {value!r}")
-    decode = forward_cost(model, device, kv, batch=batch, context=context, new=1, weights_precision=weights_precision)
-    per_token = kv.kv_bytes_per_token(model)
-    window = model.sliding_window
-    kv_read = batch * (context if window is None else min(context, window)) * per_token
-    stateless = forward_cost(model, device, kv, batch=batch, context=0, new=context + 1, weights_precision=weights_precision)
+    if mla not in MLA_COMPUTE:
+        raise ConfigError(f"unknown MLA computation {mla!r}; choose {', '.join(MLA_COMPUTE)}")
+    storage = "decompressed" if mla == "decompressed" else "latent"
+    decode = forward_cost(model, device, kv, batch=batch, context=context, new=1, weights_precision=weights_precision,
+                          mla=mla)
+    work = attention_work(model, kv, context, 1, mla=mla)
+    layers = model.kv_layers
+    # the decode step's bytes per sequence in integers (exact at any size): the cache it reads, the new token's KV,
+    # plus what attention_work adds on top (linear states, expanded MLA K/V; none for plain attention layers)
+    cache_read = sum(read_tokens(layer, context) * token_bytes([layer], kv, mla=storage) for layer in layers)
+    cache_write = token_bytes(layers, kv, mla=storage)
+    kv_read = batch * (cache_read + int(round(float(work.read_bytes) - cache_read)))
+    kv_write = batch * (cache_write + int(round(float(work.write_bytes) - cache_write)))
+    kept = batch * request_bytes(layers, kv, context + 1, mla=storage, windows=False)
+    stateless = forward_cost(model, device, kv, batch=batch, context=0, new=context + 1,
+                             weights_precision=weights_precision, mla=mla)
+    all_weights = model_weights_bytes(model, weights_precision)
     out: dict[str, Any] = {
         "model": model.name,
         "batch": batch,
@@ -526,9 +717,9 @@ def estimate(
         "decode_step_s": decode.seconds,
         "copy_s_per_gib": GIB / device.copy_bandwidth,
         "bound": decode.bound,
-        "weights_bytes": model_weights_bytes(model, weights_precision),
+        "weights_bytes": all_weights,
         "kv_read_bytes": kv_read,
-        "kv_write_bytes": batch * per_token,
+        "kv_write_bytes": kv_write,
         "flops": decode.flops,
         "terms": {"memory_s": decode.memory_s, "compute_s": decode.compute_s, "matmul_s": decode.matmul_s,
                   "attention_s": decode.attention_s, "overhead_s": decode.overhead_s},
@@ -536,15 +727,28 @@ def estimate(
             "decode_step_s": stateless.seconds,
             "bound": stateless.bound,
             "flops": stateless.flops,
-            "kv_peak_bytes": batch * (context + 1) * per_token,
+            "kv_peak_bytes": kept,
             "kv_between_steps_bytes": 0,
             "slowdown": stateless.seconds / decode.seconds,
         },
-        "stateful_kv_bytes": batch * (context + 1) * per_token,
+        "stateful_kv_bytes": kept,
         "device": device_summary(device),
     }
+    if model.routed_params:
+        out["moe"] = {
+            "experts": model.experts,
+            "experts_per_token": model.experts_per_token,
+            "moe_layers": model.moe_layers,
+            "params": model.weight_params,
+            "active_params": model.active_params,
+            "decode_experts_touched": float(expected_experts(model.experts, model.experts_per_token, batch)),
+            "decode_weights_read_bytes": float(weights_read_bytes(model, all_weights, batch)),
+        }
+    if any(layer.latent is not None for layer in layers):
+        out["mla"] = mla
     if prompt is not None:
-        pre = forward_cost(model, device, kv, batch=batch, context=0, new=prompt, weights_precision=weights_precision)
+        pre = forward_cost(model, device, kv, batch=batch, context=0, new=prompt, weights_precision=weights_precision,
+                           mla=mla)
         out["prefill_s"] = pre.seconds
         out["prefill_bound"] = pre.bound
         out["prefill_flops"] = pre.flops

@@ -188,3 +188,47 @@ def widest_row(layers: Sequence[LayerKV], mla: str = "latent") -> int:
     f32 past block ``[B, H_kv, L0, S]`` is one such row per token (for a uniform model, every layer's)."""
     return max((heads * k_dim for heads, k_dim, _ in (layer.cached(mla) for layer in layers if layer.caches_tokens)),
                default=0)
+
+
+# --------------------------------------------------------------------------- the arithmetic of a layer (cost model)
+
+def pair_flops(layer: LayerKV, query_heads: int, absorbed: bool = False) -> int:
+    """FLOPs of one (query token, attended position) pair in an attention layer: QKᵀ and PV, one multiply-add
+    (2 FLOPs) per element of a query head's key and of its value, for each of ``query_heads``:
+    ``2 · query_heads · (k_dim + v_dim)``.
+
+    An MLA layer computes either *expanded* (the latent decompressed per head: keys of qk_head_dim = ``k_dim``,
+    values of ``v_dim``; vLLM's ``_forward_prefill``, transformers' ``DeepseekV3Attention.expand_kv``, a
+    decompressed cache) or, with ``absorbed``, in the latent (vLLM ``_forward_decode``, the "data-movement
+    friendly" path of vllm/v1/attention/backends/mla/common.py: queries absorbed through W_UK, MQA with keys of
+    ``kv_lora_rank + qk_rope_head_dim`` and values of ``kv_lora_rank`` per query head)."""
+    if not layer.caches_tokens:
+        return 0
+    if absorbed and layer.latent is not None:
+        rank, rope = layer.latent
+        return 2 * query_heads * (rank + rope + rank)
+    return 2 * query_heads * (layer.k_dim + layer.v_dim)
+
+
+def expand_flops(layer: LayerKV) -> int:
+    """FLOPs of decompressing one cached position of an MLA layer (``kv_b_proj``: kv_lora_rank →
+    heads × (qk_nope_head_dim + v_head_dim), one multiply-add per weight); 0 for other layers."""
+    if layer.latent is None or not layer.caches_tokens:
+        return 0
+    rank, rope = layer.latent
+    return 2 * rank * layer.kv_heads * (layer.k_dim - rope + layer.v_dim)
+
+
+#: FLOPs per recurrent-state element per token of a gated delta rule step (transformers
+#: ``torch_recurrent_gated_delta_rule``, per value head on its dk × dv state S): decay ``S·g`` (1), ``kv_mem =
+#: Σ_k S·k`` (2), ``S += k ⊗ delta`` (2), ``out = Σ_k S·q`` (2); the O(dk + dv) vector work is left out.
+DELTA_RULE_FLOPS = 7
+
+
+def state_flops(layer: LayerKV) -> int:
+    """FLOPs a linear-attention layer spends per token on its state: :data:`DELTA_RULE_FLOPS` per recurrent
+    element, and one multiply-add per conv-state element (the depthwise causal conv1d, ``causal_conv1d_update``).
+    The recurrent form for every token (a prefill's chunked kernel does more work per token: not modelled)."""
+    if layer.kind != "linear":
+        return 0
+    return DELTA_RULE_FLOPS * layer.recurrent_elements + 2 * layer.conv_elements

@@ -81,9 +81,11 @@ def session_times(result, device: Device, weights_precision: str | None = None, 
     new = np.maximum(tokens - before, 0.0)
     if scenario.policy.stateless:  # the whole history is recomputed every step
         new, before = np.where(new > 0, tokens, 0.0), np.zeros_like(tokens)
+    # an MLA model's attention reads the form the policy caches (the latent, or OpenVINO's decompressed K and V)
     cost = forward_cost(
         model or scenario.model, device, scenario.precision, batch=steps["batch"].astype(np.float64), context=before, new=new,
         weights_precision=weights_precision, copy_bytes=copy_bytes_per_step(result), precision=precision,
+        mla=scenario.policy.mla_form,
     )
     idle = (steps["phase"] == PHASE_CODE["reset"]) | (new == 0)
     seconds = np.where(idle, 0.0, np.broadcast_to(cost.seconds, tokens.shape))

@@ -74,6 +74,22 @@ class ModelSpec:
             raise ConfigError("no layer keeps a cache: there is no KV memory to simulate")
         if self.layer_kv and self.sliding_window is not None:
             raise ConfigError("give a window per layer (layer_kv) or one for every layer (sliding_window), not both")
+        for field in ("experts", "experts_per_token", "expert_intermediate", "shared_intermediate", "dense_layers",
+                      "q_lora_rank"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"model {field} must be a non-negative integer, got {value!r}")
+        if self.experts and not (0 < self.experts_per_token <= self.experts and self.expert_intermediate
+                                 and self.dense_layers <= self.layers):
+            raise ConfigError(f"a mixture of {self.experts} experts needs experts_per_token in 1..{self.experts}, a "
+                              f"positive expert_intermediate and dense_layers <= layers (got {self.experts_per_token}, "
+                              f"{self.expert_intermediate}, {self.dense_layers})")
+        if not self.experts and self.experts_per_token:
+            raise ConfigError(f"experts_per_token {self.experts_per_token} without experts")
+        if self.linear_dims is not None and (len(self.linear_dims) != 5 or not all(
+                isinstance(v, int) and v > 0 for v in self.linear_dims)):
+            raise ConfigError("linear_dims are five positive integers (key heads, value heads, key head size, "
+                              f"value head size, conv kernel), got {self.linear_dims!r}")
 
     @property
     def kv_layers(self) -> tuple[LayerKV, ...]:
@@ -100,17 +116,100 @@ class ModelSpec:
         return 2 * sum(layer.caches_tokens for layer in self.kv_layers)
 
     @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts: every layer after the ``dense_layers`` first (0 if dense)."""
+        return self.layers - self.dense_layers if self.experts else 0
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert: ``mlp_matrices`` matrices of hidden x expert_intermediate
+        (gate, up and down of a gated MLP; gpt-oss fuses gate and up into one ``gate_up_proj``)."""
+        return self.mlp_matrices * self.hidden * self.expert_intermediate
+
+    def layer_params(self, index: int) -> int:
+        """Weight-matrix parameters of decoder layer ``index`` (biases and norms left out).
+
+        Attention, by the layer's kind (``kv_layers[index]``):
+
+        - full / sliding / chunked (Llama, Qwen, Gemma, gpt-oss ``q_proj k_proj v_proj o_proj``):
+          ``hidden x heads x k_dim`` (q) + ``hidden x kv_heads x (k_dim + v_dim)`` (k, v) +
+          ``heads x v_dim x hidden`` (o);
+        - MLA (``latent`` set; transformers ``DeepseekV3Attention``): q is ``q_a_proj`` hidden x q_lora_rank +
+          ``q_b_proj`` q_lora_rank x heads x qk_head_dim (or one ``q_proj`` hidden x heads x qk_head_dim when
+          ``q_lora_rank`` is 0), ``kv_a_proj_with_mqa`` hidden x (kv_lora_rank + qk_rope_head_dim), ``kv_b_proj``
+          kv_lora_rank x heads x (qk_nope_head_dim + v_head_dim), ``o_proj`` heads x v_head_dim x hidden, with
+          qk_head_dim = ``k_dim`` and qk_nope_head_dim = k_dim - qk_rope_head_dim;
+        - linear attention (Qwen3-Next Gated DeltaNet, transformers ``Qwen3NextGatedDeltaNet``, ``linear_dims``
+          = (key heads kh, value heads vh, dk, dv, conv kernel K)): ``in_proj_qkvz`` hidden x (2 kh dk + 2 vh dv),
+          ``in_proj_ba`` hidden x 2 vh, the depthwise ``conv1d`` (2 kh dk + vh dv) x K, ``out_proj`` vh dv x hidden;
+          no q/k/v/o of attention;
+        - none: a layer that reads another layer's KV (``reuses``) has that layer's projections; one without
+          attention has none.
+
+        MLP: ``mlp_matrices x hidden x intermediate`` for a dense layer (every layer of a dense model, the first
+        ``dense_layers`` of a MoE); a MoE layer has ``experts`` routed experts (:attr:`expert_params` each), the
+        shared experts (``mlp_matrices x hidden x shared_intermediate``) and the router (hidden x experts).
+        """
+        layer = self.kv_layers[index]
+        if layer.kind == "none" and layer.reuses is not None:
+            layer = self.kv_layers[layer.reuses]
+        h = self.hidden
+        if layer.kind == "linear":
+            if self.linear_dims is None:
+                raise ConfigError(f"model {self.name}: a linear-attention layer's weights need linear_dims "
+                                  "(key heads, value heads, key and value head sizes, conv kernel)")
+            kh, vh, dk, dv, kernel = self.linear_dims
+            attention = h * (2 * kh * dk + 2 * vh * dv) + h * 2 * vh + (2 * kh * dk + vh * dv) * kernel + vh * dv * h
+        elif layer.kind == "none":
+            attention = 0
+        elif layer.latent is not None:
+            rank, rope = layer.latent
+            heads = layer.kv_heads
+            q = (h * self.q_lora_rank + self.q_lora_rank * heads * layer.k_dim if self.q_lora_rank
+                 else h * heads * layer.k_dim)
+            attention = q + h * (rank + rope) + rank * heads * (layer.k_dim - rope + layer.v_dim) + heads * layer.v_dim * h
+        else:
+            attention = (h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)
+                         + self.heads * layer.v_dim * h)
+        if index < self.layers - self.moe_layers:
+            return attention + self.mlp_matrices * h * self.intermediate
+        shared = self.mlp_matrices * h * self.shared_intermediate
+        return attention + self.experts * self.expert_params + shared + h * self.experts
+
+    @property
     def weight_params(self) -> int:
-        """Parameters of the weight matrices and embeddings, from the config's dimensions
-        (biases and norms, under 0.1 %, are left out); 0 when the shape is only the attention
-        geometry (a custom model without hidden/intermediate/vocab)."""
-        if not (self.hidden and self.intermediate and self.vocab):
+        """Parameters of the weight matrices and embeddings, from the config's dimensions: every
+        layer's :meth:`layer_params` (all experts of a MoE) + the embedding table and the LM head
+        (one matrix when tied). Biases and norms (under 0.1 %) are left out. 0 when the shape is only
+        the attention geometry (a custom model without hidden/intermediate/vocab)."""
+        if not (self.hidden and (self.intermediate or self.experts) and self.vocab):
             return 0
-        q_o = 2 * self.hidden * self.heads * self.head_dim
-        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
-        mlp = self.mlp_matrices * self.hidden * self.intermediate
+        if self.layer_kv or self.experts:
+            layers = sum(self.layer_params(i) for i in range(self.layers))
+        else:  # a uniform dense model: every layer alike
+            layers = self.layers * self.layer_params(0)
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * (q_o + k_v + mlp) + embeddings
+        return layers + embeddings
+
+    @property
+    def routed_params(self) -> int:
+        """Parameters of all routed experts (0 for a dense model): what a step reads only in part."""
+        return self.moe_layers * self.experts * self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token multiplies by: every weight matrix except the routed experts it is not
+        sent to (``experts - experts_per_token`` per MoE layer) and the input-embedding table, a lookup
+        (the LM head is counted; a tied table once). A dense model's are its weight matrices and LM head.
+
+        Published "active" counts differ in that lookup: gpt-oss's (3.61 B of 20.9 B) leave it out as this
+        does; Qwen's (3.3 B for Qwen3-30B-A3B) count it."""
+        params = self.weight_params
+        if not params:
+            return 0
+        if not self.tied_embeddings:
+            params -= self.vocab * self.hidden
+        return params - self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params
 
     def describe(self) -> str:
         if not self.layer_kv:

@@ -59,6 +59,10 @@ def main(args: argparse.Namespace) -> int:
         f"  {'  memory term':<22}{ms(t['memory_s'])}: weights {format_bytes(out['weights_bytes'])}, KV read "
         f"{format_bytes(out['kv_read_bytes'])}, written {format_bytes(out['kv_write_bytes'])}",
         f"  {'  compute term':<22}{ms(t['compute_s'])}: {out['flops']:.4g} FLOPs",
+        *([] if "moe" not in out else [
+            f"  {'  experts':<22}{out['moe']['decode_experts_touched']:,.1f} of {out['moe']['experts']} per MoE layer "
+            f"({out['moe']['experts_per_token']} per token, {out['batch']} tokens): weights read "
+            f"{format_bytes(out['moe']['decode_weights_read_bytes'])} of {format_bytes(out['weights_bytes'])}"]),
         f"  {'  rooflines':<22}matmuls {ms(t['matmul_s'])} + attention {ms(t['attention_s'])}"
         + ("" if device.attention_overlap else " (attention: its reads and arithmetic added)"),
         f"  {'  overhead':<22}{ms(t['overhead_s'])}",

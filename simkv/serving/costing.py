@@ -9,6 +9,12 @@ coefficients from one vectorised call on probe inputs and evaluates the roofline
 with them per step. :meth:`StepTimer.official` then evaluates ``step_cost`` on
 every recorded step at once, and the run stops with an error if the two differ —
 the reported times are always ``step_cost``'s own.
+
+One term is not affine: a mixture of experts streams the experts its tokens are
+routed to, ``E · (1 − (1 − k/E)^B)`` per MoE layer for B tokens
+(:func:`simkv.cost.weights_read_bytes`). The timer evaluates that term itself,
+with the powers of ``1 − k/E`` from one table, so a step's time is the same
+number whether it is asked alone or in a planned run.
 """
 
 from __future__ import annotations
@@ -62,8 +68,18 @@ class StepTimer:
         # the weights are fixed for a run: folded into the constants
         self.terms = [affine(t) for t in c.terms]  # weights, matmul FLOPs, KV bytes, attention FLOPs
         self.copy = affine(c.copy_s)
-        #: A lower bound of any step's time (every coefficient is non-negative).
+        #: A mixture of experts: the weights term is a function of the step's tokens (None: a constant).
+        self._moe = None
+        if model.routed_params:
+            self._moe = (float(weights_bytes), device.memory_bandwidth * device.bandwidth_efficiency,
+                         1.0 - model.experts_per_token / model.experts, model.routed_params / model.weight_params,
+                         model.experts)
+            self._powers = np.ones(1)
+            self.terms[0] = (0.0, [0.0] * self.INPUTS)
+        #: A lower bound of any step's time (every coefficient is non-negative; a step that runs has a token).
         (w0, _), (mm0, _), (kv0, _), (at0, _) = self.terms
+        if self._moe:
+            w0 = float(self._weights_s(1))
         self.min_seconds = max(w0, mm0) + float(device.attention_time(kv0, at0)) + self.copy[0] + self._ovh
         #: Whether one-token queries cost differently from others (else the loop need not count them).
         self.decode_rate_differs = any(coef[5] for _, coef in self.terms)
@@ -80,7 +96,20 @@ class StepTimer:
     def _eval(self, x):
         """The rooflines with the probed coefficients; scalars or arrays, the same operations in the same order."""
         w, mm, kv, at, cp = (self._affine(t, x) for t in self._nonzero)
+        if self._moe:
+            w = self._weights_s(x[0])
         return np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
+
+    def _weights_s(self, new_tokens):
+        """Seconds of a MoE step's weight streaming for ``new_tokens`` tokens (an integer count, or an array of
+        them): :func:`simkv.cost.weights_read_bytes` with ``(1 - k/E)^B`` read from a table of powers."""
+        weights, bandwidth, q, share, experts = self._moe
+        b = np.asarray(new_tokens, dtype=np.int64)
+        top = int(b.max()) if b.size else 0
+        if top >= len(self._powers):  # grow the table: q^0 .. q^(2 top)
+            self._powers = q ** np.arange(2 * top + 1, dtype=np.float64)
+        touched = experts * (1.0 - self._powers[b])
+        return (weights * (1.0 - share) + weights * share * touched / experts) / bandwidth
 
     @staticmethod
     def _affine(term, x):
