@@ -72,3 +72,26 @@ def test_states_are_double_buffered_grown_one_inference_apart_and_never_shrunk(h
     assert states == MEASURED  # nothing while decoding, on the select, the reset or the new prompt
     kv_layers = {e.layer for e in obs.kv_events() if e.kind in ("k", "v")}
     assert kv_layers == {1, 3}  # KV events carry the model's layer numbers
+
+
+def test_ir_with_a_window_in_its_config_validates_exactly_as_sliding_layers(tmp_path):
+    """A stateful export keeps every token of a sliding layer (the window is only in the mask): an IR whose
+    config.json names its layers sliding (window 8) and full is simulated with those kinds, and a decode far
+    past the window matches event for event (docs/DESIGN.md §4c)."""
+    import json
+
+    import openvino as ov
+
+    from simkv.validate.openvino.cleanrun import ValidateConfig
+    from simkv.validate.openvino.runner import run_validation
+
+    ov.save_model(build_stateful_decoder(ToyDecoderSpec(layers=2, heads=4, kv_heads=2, head_dim=32)),
+                  str(tmp_path / "openvino_model.xml"))
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8}))
+    data = run_validation(ValidateConfig(workload="prefill:24,decode:40", ir=str(tmp_path), clean_run=False,
+                                         progress=False))
+    assert data["scenario"]["layer_kinds"] == ("ir: 2 layers (1 x sliding, window 8: 2 kv heads x 32; "
+                                               "1 x full: 2 kv heads x 32)")
+    assert data["events_missing"] == data["events_unexpected"] == 0 and data["events_matched"] > 20
+    assert data["past_view"]["note"] == "exact"
