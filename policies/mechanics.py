@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from policies.base import Policy, option
+from simkv.errors import ConfigError
 
 _HELP = {f.name: f.metadata["help"] for f in fields(Policy)}
+#: Bytes per element of a linear-attention state in each precision a plugin computes in.
+STATE_PRECISIONS = {"bf16": 2, "f16": 2, "f32": 4}
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,21 @@ class GPUMechanics(Policy):
       new is regrown when its element count < B × L, to ``[B, L + P_id]`` (prev too the first
       time); the replaced table is freed at once. Greedy batch-1 decoding keeps the two
       prompt-sized tables forever; they survive ``reset`` (the kernel keeps them).
+    * Linear-attention states (read in source, not run; docs/DESIGN.md §4c): a conv or recurrent state
+      is a plain ReadValue/Assign variable, not a kv_cache: one ``ov::intel_gpu::VariableState``
+      (``plugin/variable_state.cpp``) with **one** device buffer, allocated by
+      ``update_device_buffer()`` only when the layout outgrows it (``actual_size <
+      m_layout.bytes_count()``; ``predict_shape`` adds nothing to a shape that does not grow) and
+      reinterpreted otherwise. ``primitive_inst::update_shape`` sets the layout from the read_value
+      (its initializer's shape until the state is set); the Assign's cpu impl copies its input into
+      that buffer (``impls/cpu/assign.cpp``, ``copy_from``), and the fused ``causal_conv1d`` /
+      ``fused_conv`` kernels write the new conv state straight into it
+      (``impls/ocl_v2/causal_conv1d_ref.cpp``, ``fused_conv_ref.cpp``: ``args.outputs[1] =
+      variable.get_memory()``). So: one buffer per state, in the plugin's inference precision
+      (``state_element_bytes``: f16 unless ``inference_precision`` says f32), grown only when the
+      batch grows, never shrunk — simkv's state unit. ``VariableState::reset()`` sets the initial
+      (dynamic) layout, whose ``update_device_buffer`` drops the buffer (``m_memory.reset()``):
+      released by a reset like the KV (``reset=free``), allocated again by the next prompt.
     """
 
     headroom_buffer = "data"
@@ -59,6 +77,11 @@ class GPUMechanics(Policy):
     headroom_limit: float = option(0.9, _HELP["headroom_limit"])
     max_alloc_bytes: int = option(4 * 2**30 - 8 * 2**10, _HELP["max_alloc_bytes"])
     carry_padding: bool = option(True, _HELP["carry_padding"])
+
+    def state_element_bytes(self, precision) -> tuple[float, float]:
+        """Both states in the inference precision (f16 on GPU unless a policy says f32; class docstring)."""
+        size = float(STATE_PRECISIONS[getattr(self, "inference_precision", "f16")])
+        return size, size
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,18 @@ class CPUMechanics(Policy):
     0.04 % (Llama-3-8B shape). Small scale buffers and beam tables land in
     glibc's heap, where writes to recycled memory and frees do not move RSS, so
     on small models measured RSS drifts from it (README, Validation).
+
+    Linear-attention states (measured, a tiny optimum-intel Qwen3-Next export, openvino 2026.4.1;
+    docs/DESIGN.md §4c): each conv and recurrent state is a plain ReadValue/Assign variable, not
+    fused into anything that owns it (``VariableStateDoubleBuffer``, ``memory_state.cpp``; made by
+    ``MemoryInput::makeState``, ``nodes/memory.cpp``). Its element type is the plugin's *inference*
+    precision for both states — bf16 here, f32 under ``INFERENCE_PRECISION_HINT=f32`` — whatever the
+    KV precision (``state_precision``; transformers keeps the recurrent state in f32). It holds **two**
+    buffers (the ReadValue reads one, the Assign writes the other; ``commit`` swaps them), each
+    ``B × state bytes``, allocated in the first inference, grown only when the batch grows (the
+    written buffer in that inference, the other in the next one), never shrunk, kept by
+    ``reset_state()``. simkv's state unit has one buffer: the second one and its order within the
+    step are not modelled yet (a state's bytes are half the plugin's).
     """
 
     unit = "layer"
@@ -98,3 +133,15 @@ class CPUMechanics(Policy):
     beam_tables: int = option(1, _HELP["beam_tables"])
     reset_adopts_batch: bool = option(True, _HELP["reset_adopts_batch"])
     past_view: bool = option(True, _HELP["past_view"])
+    state_precision: str = option("bf16", "element type of linear-attention states (conv and recurrent): the "
+                                  "plugin's inference precision, bf16 with AVX512-BF16/AMX, else f32 (bf16 | f16 | f32)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.state_precision not in STATE_PRECISIONS:
+            raise ConfigError(f"state_precision must be one of {', '.join(STATE_PRECISIONS)}, got {self.state_precision!r}")
+
+    def state_element_bytes(self, precision) -> tuple[float, float]:
+        """Both states in the inference precision, whatever the KV precision (class docstring)."""
+        size = float(STATE_PRECISIONS[self.state_precision])
+        return size, size

@@ -17,7 +17,10 @@ every rule below was observed allocation by allocation on openvino 2026.4.1
 * ``reset_state()`` frees nothing; the next prompt reuses the buffers if its rows
   fit, whatever its batch, and grows them in another order if not;
 * one model-wide f32 ``[B, H, L0, S]`` block backs the fused node's past inputs:
-  grow-only, exact size, allocated before layer 0 (address space only).
+  grow-only, exact size, allocated before layer 0 (address space only);
+* a sliding-window layer keeps every token (the window is only in the mask); a hybrid
+  model's linear-attention states are plain double-buffered variables in the inference
+  precision (``state_precision``; :class:`policies.mechanics.CPUMechanics`, docs/DESIGN.md §4c).
 """
 
 from __future__ import annotations

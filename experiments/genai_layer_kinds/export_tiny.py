@@ -11,7 +11,13 @@ MODELS = {
   "gptoss": ("GptOssConfig", dict(C, num_hidden_layers=4, sliding_window=64, num_local_experts=4, num_experts_per_tok=2,
                                    layer_types=["sliding_attention", "full_attention"] * 2)),
   "mistral": ("MistralConfig", dict(C, num_hidden_layers=2, sliding_window=64)),
+  "qwen3": ("Qwen3Config", dict(C, num_hidden_layers=2)),  # uniform full attention (q/k norms)
   "qwen3next": ("Qwen3NextConfig", dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                 linear_conv_kernel_dim=4, full_attention_interval=4, num_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=64, shared_expert_intermediate_size=64, decoder_sparse_step=1)),
+  "qwen3next8": ("Qwen3NextConfig", dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=8,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
                  linear_conv_kernel_dim=4, full_attention_interval=4, num_experts=4, num_experts_per_tok=2,

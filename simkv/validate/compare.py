@@ -623,6 +623,11 @@ def summary_lines(data: dict) -> list[str]:
         f"  {'KV events':<22}{data['events_observed']:,} observed, {data['events_predicted']:,} predicted: "
         f"{data['events_matched']:,} matched, {data['events_missing']:,} missing, {data['events_unexpected']:,} unexpected",
     ]
+    pv = data.get("past_view")  # an IR's past block, compared apart from the cache (openvino/runner.py)
+    if pv:
+        lines.append(f"  {'past view (not KV)':<22}{pv['observed']:,} observed, {pv['predicted']:,} predicted: "
+                     f"{pv['matched']:,} matched, {pv['missing']:,} missing, {pv['unexpected']:,} unexpected "
+                     f"({pv['note']})")
     ap = data.get("alloc_peak") or {}
     if ap:
         lines.append(f"  {'allocated KV peak':<22}measured {_mib(ap.get('measured_bytes'))} (memray), predicted "

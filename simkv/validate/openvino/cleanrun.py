@@ -103,7 +103,10 @@ def build_and_compile(cfg: ValidateConfig):
                            hidden=cfg.hidden, vocab=cfg.vocab, seed=cfg.seed)
         )
     compiled, inspection = compile_checked(model, cfg.kv_cache_precision, cfg.inference_precision)
-    dims = kv_dims_from_model(model, inspection.kv_cache_precision or "u8")
+    try:
+        dims = kv_dims_from_model(model, inspection.kv_cache_precision or "u8")
+    except ValueError as err:  # a state simkv does not model (e.g. LFM2's conv-only layers)
+        raise ConfigError(f"{cfg.ir or 'the model'}: {err}") from None
     return model, compiled, inspection, dims
 
 

@@ -92,10 +92,17 @@ def element_bits(precision: str) -> int:
 class KVDims:
     """What the classifier must know about the model (not about the cache policy)."""
 
-    layers: int
+    layers: int  # attention layers (the ones with a KV cache)
     kv_heads: int
     head_dim: int
     precision: str  # effective kv_cache_precision, e.g. "u8"
+    #: Model layer of each attention layer, in order (a hybrid model's linear-attention layers have no
+    #: KV cache); empty: attention layer j is model layer j.
+    layer_ids: tuple[int, ...] = ()
+
+    def model_layer(self, j: int) -> int:
+        """Model layer of the j-th attention layer."""
+        return self.layer_ids[j] if self.layer_ids else j
 
     @property
     def bits(self) -> int:
@@ -279,7 +286,7 @@ def classify(records: Sequence[RawRecord], contexts: Iterable[OpContext], dims: 
             kind = sites[rec.site].kind
             key = (rec.seq, rec.site)
             if per_seq_site_total[key] == dims.layers:
-                layer = per_seq_site_count[key]
+                layer = dims.model_layer(per_seq_site_count[key])
             per_seq_site_count[key] += 1
             cap = _capacity(kind, rec.size, c, dims)
         elif (

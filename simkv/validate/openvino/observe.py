@@ -6,8 +6,9 @@ simulator's ledger is compared with, event by event.  For every scenario operati
 
 * every allocator call the process made during that operation (memray; see
   :mod:`..memtrace`), with exact size and address, classified as K / V data,
-  K / V scale-zero-point, K / V beam table, ``past_view`` or ``other``, with the layer
-  when it can be inferred (see :mod:`.kvclassify`);
+  K / V scale-zero-point, K / V beam table, ``past_view``, a linear-attention layer's
+  ``conv_state`` / ``recurrent_state`` buffer, or ``other``, with the layer when it can be
+  inferred (see :mod:`.kvclassify`, :mod:`.statebufs`);
 * RSS, VmSize and the RSS high-water mark of the operation (``/proc/self/status``;
   VmHWM is reset before each operation by writing "5" to ``/proc/self/clear_refs``);
 * the operation's wall-clock latency.
@@ -44,6 +45,10 @@ from ..memtrace import proc_status as _proc_status
 from ..memtrace import reset_hwm as _reset_hwm
 from .kvclassify import KV_KINDS, Classification, KVDims, OpContext, classify
 from .ovmodel import RuntimeInspection, inspect_runtime, require_fused
+from .statebufs import STATE_KINDS, StateVar, buffer_signature, identify, value_signature
+
+#: Kinds of cache events: KV buffers and a hybrid model's linear-attention state buffers.
+CACHE_KINDS = KV_KINDS + STATE_KINDS
 
 __all__ = [
     "Op",
@@ -160,7 +165,7 @@ class AllocEvent:
     op: str  # "alloc" | "free"
     bytes: int
     address: int
-    kind: str  # k v k_scale v_scale k_beam v_beam past_view other
+    kind: str  # k v k_scale v_scale k_beam v_beam conv_state recurrent_state past_view other
     layer: int | None
     capacity: int | None  # tokens the buffer holds (KV allocations and their frees)
     site: int  # memray native_stack_id of the allocation (call-site fingerprint)
@@ -169,7 +174,8 @@ class AllocEvent:
 
     @property
     def is_kv(self) -> bool:
-        return self.kind in KV_KINDS
+        """A cache buffer: K/V data, scales, beam tables, or a linear-attention state."""
+        return self.kind in CACHE_KINDS
 
 
 @dataclass(frozen=True)
@@ -219,7 +225,7 @@ class Observation:
     facts: RunFacts
 
     def kv_events(self, include_view: bool = False) -> list[AllocEvent]:
-        keep = set(KV_KINDS) | ({"past_view"} if include_view else set())
+        keep = set(CACHE_KINDS) | ({"past_view"} if include_view else set())
         return [e for e in self.events if e.kind in keep]
 
     def events_by_seq(self, kv_only: bool = True) -> dict[int, list[AllocEvent]]:
@@ -264,22 +270,39 @@ def cpu_flags() -> tuple[str, dict[str, bool]]:
 
 
 def kv_dims_from_model(model: ov.Model, kv_cache_precision: str) -> KVDims:
-    """Layers, KV heads and head size read from the model's state variables.
+    """Attention layers, KV heads and head size read from the model's KV state variables
+    (:func:`~.irspec.read_ir_layers`: ``[B, H_kv, L, S]`` with static H_kv and S; a hybrid model's
+    linear-attention states are not KV), with each attention layer's model layer."""
+    from simkv.errors import ConfigError
 
-    Variables are expected as optimum-intel names them (``past_key_values.N.key`` /
-    ``.value``, or anything whose shape is [B, H_kv, L, S] with static H_kv and S).
-    """
-    shapes = []
-    for var in model.get_variables():
-        shape = var.get_info().data_shape
-        if shape.rank.is_static and shape.rank.get_length() == 4 and shape[1].is_static and shape[3].is_static:
-            shapes.append((shape[1].get_length(), shape[3].get_length()))
-    if not shapes or len(shapes) % 2:
-        raise ValueError("cannot read [B, H_kv, L, S] state variables from the model")
-    if len(set(shapes)) != 1:
-        raise ValueError(f"state variables differ in shape: {sorted(set(shapes))}")
-    h, s = shapes[0]
-    return KVDims(layers=len(shapes) // 2, kv_heads=h, head_dim=s, precision=kv_cache_precision)
+    from .irspec import read_ir_layers
+
+    try:
+        layers = read_ir_layers(model)
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+    attention = layers.attention_layers
+    shapes = {(layers.layer_kv[i].kv_heads, layers.layer_kv[i].k_dim, layers.layer_kv[i].v_dim) for i in attention}
+    if len(shapes) != 1 or len({d for _, k, v in shapes for d in (k, v)}) != 1:
+        raise ValueError(f"KV state variables differ in shape: {sorted(shapes)}")
+    h, s, _ = shapes.pop()
+    ids = tuple(attention) if attention != list(range(len(attention))) else ()
+    return KVDims(layers=len(attention), kv_heads=h, head_dim=s, precision=kv_cache_precision, layer_ids=ids)
+
+
+def state_vars_from_model(model: ov.Model, precision: str | None) -> list[StateVar]:
+    """The linear-attention state variables of ``model`` with their row bytes in ``precision`` (the
+    element type the plugin keeps them in: :attr:`~.ovmodel.RuntimeInspection.state_precision`)."""
+    from .irspec import read_ir_layers
+
+    variables = [v for v in read_ir_layers(model).variables if v.role in ("conv", "recurrent")]
+    if not variables:
+        return []
+    size = {"bf16": 2, "f16": 2, "f32": 4}.get(precision or "")
+    if size is None:
+        raise ValueError(f"linear-attention states kept in {precision!r}: simkv reads bf16, f16 or f32")
+    return [StateVar(v.variable_id, v.layer, "conv_state" if v.role == "conv" else "recurrent_state",
+                     v.elements * size) for v in variables]
 
 
 def query_heads_from_model(model: ov.Model) -> int:
@@ -304,8 +327,9 @@ class _Feeder:
     nothing to do with the KV cache.
     """
 
-    def __init__(self, vocab: int, seed: int, ops: Sequence[Op] = ()) -> None:
+    def __init__(self, vocab: int, seed: int, ops: Sequence[Op] = (), position_ids: bool = True) -> None:
         self.vocab = vocab
+        self.position_ids = position_ids  # Qwen3-Next's export computes positions from the mask
         self.rng = np.random.default_rng(seed)
         self.batch = 1
         self.length = 0
@@ -353,7 +377,10 @@ class _Feeder:
         mask[...] = 1
         beam = self._view(self._beam, (b,))
         beam[...] = np.asarray(beam_idx, dtype=np.int32)
-        return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "beam_idx": beam}
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "beam_idx": beam}
+        if not self.position_ids:
+            del feed["position_ids"]
+        return feed
 
     def advance(self, op: Op, batch: int) -> None:
         if op.phase == "reset":
@@ -378,6 +405,7 @@ def observe(
     seed: int = 0,
     progress: bool = True,
     inspection: RuntimeInspection | None = None,
+    states: Sequence[StateVar] | None = None,
 ) -> Observation:
     """Run ``scenario`` on ``compiled`` (one infer request) and return what happened.
 
@@ -389,6 +417,9 @@ def observe(
     ``posix_memalign`` call is still read, because the classifier needs them all.
     ``inspection``: the result of :func:`~simkv.validate.openvino.ovmodel.compile_checked`
     (keeps the requested hints in the facts); re-read from ``compiled`` when omitted.
+    ``states``: a hybrid model's linear-attention state variables (default: read from ``model``).
+    Their buffers are found by content (:mod:`.statebufs`): after the scenario, two more one-token
+    inferences run untracked and every live buffer is compared with the states' values.
     Raises :class:`~simkv.validate.openvino.ovmodel.NotFusedError` if the model is not fused.
     """
     if tracker not in ("memray", "none"):
@@ -402,7 +433,10 @@ def observe(
         vocab = _vocab_of(compiled)
 
     request = compiled.create_infer_request()
-    feeder = _Feeder(vocab, seed, scenario.ops)
+    feeder = _Feeder(vocab, seed, scenario.ops,
+                     position_ids=any("position_ids" in i.get_names() for i in compiled.inputs))
+    if states is None:
+        states = state_vars_from_model(model, inspection.state_precision) if model is not None else []
     # Per-operation bookkeeping goes into one array allocated and written *before* the
     # run: appending a Python dict per step (~700 B) would itself grow RSS by ~700 B per
     # token, which on a small model is a sizeable share of the KV growth being measured.
@@ -458,8 +492,11 @@ def observe(
         ]
         events, summary, classification = [], TraceSummary(), None
         if tracker == "memray":
+            snapshots = _state_snapshots(request, feeder, states) if states else []
             records, summary = read_segments(recorder.path, len(scenario.ops), keep_min_bytes=other_min_bytes)
             classification = classify(records, contexts, dims)
+            if states:
+                _label_states(records, classification, states, snapshots, state_precision=inspection.state_precision)
             events = _events(records, classification, raw_samples, other_min_bytes)
     finally:
         recorder.cleanup()
@@ -468,6 +505,48 @@ def observe(
     facts = _facts(inspection, dims, tracker, scenario, summary, classification)
     return Observation(events, samples, facts)
 
+
+
+def _state_snapshots(request, feeder: "_Feeder", states: Sequence[StateVar]) -> list[dict[str, np.ndarray]]:
+    """Two more one-token inferences, untracked, each followed by the states' values: afterwards one of a
+    state's two buffers holds the second value, the other the first (docs/DESIGN.md §4c)."""
+    wanted = {s.name for s in states}
+    out = []
+    for _ in range(2):
+        op = Op("decode", 1) if feeder.length else Op("prefill", 1)
+        arrays = feeder.inputs(op)
+        for name, value in arrays.items():  # fresh tensors: the scenario's shared views may be too small
+            request.set_tensor(name, ov.Tensor(np.array(value)))
+        request.infer()
+        feeder.advance(op, arrays["input_ids"].shape[0])
+        out.append({st.name: np.array(st.state.data) for st in request.query_state() if st.name in wanted})
+    return out
+
+
+def _label_states(records, classification: Classification, states: Sequence[StateVar],
+                  snapshots: list[dict[str, np.ndarray]], state_precision: str | None) -> None:
+    """Mark the state buffers among ``records`` in ``classification`` (kind, model layer), in place."""
+    import ctypes
+
+    signatures = [(name, len(value_signature(value, state_precision or "f32")), value_signature(value, state_precision or "f32"))
+                  for snap in snapshots for name, value in snap.items()]
+
+    def matcher(address: int, size: int) -> set[str]:
+        names = set()
+        for name, nbytes, sig in signatures:
+            if nbytes <= size and buffer_signature(ctypes.string_at(address, nbytes), state_precision or "f32") == sig:
+                names.add(name)
+        return names
+
+    found = identify(records, states, matcher)
+    for i, (kind, layer) in found.labels.items():
+        if classification.kinds[i] not in ("other", "past_view", kind):  # content outranks size
+            classification.warnings.append(f"record {i}: a {classification.kinds[i]} buffer holds state {kind} of layer {layer}")
+            continue
+        classification.kinds[i] = kind
+        classification.layers[i] = layer
+        classification.capacities[i] = None
+    classification.warnings.extend(found.warnings)
 
 
 _SAMPLE_DTYPE = np.dtype(

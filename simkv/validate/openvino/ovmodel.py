@@ -93,6 +93,10 @@ class RuntimeInspection:
     layer_type_counts: dict[str, int]
     runtime_rt_info: dict[str, str] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    #: Plain state variables (linear-attention conv / recurrent states): MemoryInput nodes that feed no
+    #: fused SDPA, and the element type the plugin keeps them in (its inference precision; None: none).
+    n_state_variables: int = 0
+    state_precision: str | None = None
 
 
 # --------------------------------------------------------------------------- build
@@ -213,6 +217,9 @@ def build_stateful_decoder(spec: ToyDecoderSpec = ToyDecoderSpec()) -> ov.Model:
 
     sinks: list[ov.Node] = []
     for layer in range(spec.layers):
+        if layer in spec.linear_layers:
+            x = _linear_attention_layer(x, layer, spec, weight, beam_idx, batch, sinks)
+            continue
         hn = _rms_norm(x, d).output(0)
         q = _apply_rope(_project_heads(hn, weight(h * s, d), h, s).output(0), cos, sin)
         k = _apply_rope(_project_heads(hn, weight(hk * s, d), hk, s).output(0), cos, sin)
@@ -228,6 +235,8 @@ def build_stateful_decoder(spec: ToyDecoderSpec = ToyDecoderSpec()) -> ov.Model:
             init = ops.broadcast(_const(0.0), init_shape)
             past = ov.opset6.read_value(init, var)
             gathered = ops.gather(past, beam_idx, _const(0, np.int64))
+            if spec.linear_layers:  # names a hybrid's layers, as an export's module paths do (irspec)
+                gathered.set_friendly_name(f"model.layers.{layer}.self_attn.{kind}_gather")
             cat = ops.concat([gathered, new], 2)
             sinks.append(ov.opset6.assign(cat, var))
             present.append(_repeat_kv(cat.output(0), spec.n_rep, h, s, spec.gqa_broadcast))
@@ -242,6 +251,43 @@ def build_stateful_decoder(spec: ToyDecoderSpec = ToyDecoderSpec()) -> ov.Model:
     result = ops.result(logits)
     model = ov.Model([result], sinks, params, "simkv_toy_stateful_decoder")
     return model
+
+
+def _state(name: str, layer: int, shape: list[int], init_shape: ov.Output, beam_idx) -> tuple:
+    """A plain state variable ``[B, *shape]``: ReadValue (zeros of the batch) -> Gather(beam_idx)."""
+    info = ov.op.util.VariableInfo()
+    info.data_shape = ov.PartialShape([-1, *shape])
+    info.data_type = ov.Type.f32
+    info.variable_id = f"cache_params.past.{name}.{layer}"
+    var = ov.op.util.Variable(info)
+    past = ov.opset6.read_value(ops.broadcast(_const(0.0), init_shape), var)
+    gathered = ops.gather(past, beam_idx, _const(0, np.int64))
+    gathered.set_friendly_name(f"model.layers.{layer}.linear_attn.{name}_gather")
+    return var, gathered
+
+
+def _linear_attention_layer(x, layer: int, spec: ToyDecoderSpec, weight, beam_idx, batch, sinks: list) -> ov.Output:
+    """A toy linear-attention block with the two states of a Qwen3-Next layer, as plain variables:
+    conv ``[B, D, K]`` (the last K inputs: Concat then Slice, like the export's causal-conv cache) and
+    recurrent ``[B, H, S, S]`` (decayed sum of k^T v, read by q)."""
+    d, h, s, kk = spec.hidden_size, spec.heads, spec.head_dim, spec.conv_kernel
+    hn = _rms_norm(x, d).output(0)
+    conv_var, conv_past = _state("conv", layer, [d, kk], ops.concat([batch, _const([d, kk], np.int64)], 0), beam_idx)
+    cat = ops.concat([conv_past, ops.transpose(hn, _const([0, 2, 1], np.int64))], 2)  # [B, D, K + T]
+    new_conv = ops.slice(cat, _const([-kk], np.int64), _const([np.iinfo(np.int64).max], np.int64),
+                         _const([1], np.int64), _const([2], np.int64))
+    sinks.append(ov.opset6.assign(new_conv, conv_var))
+    conv_out = ops.reduce_sum(ops.multiply(new_conv, _const(weight(d, kk))), _const([2], np.int64), keep_dims=False)
+    q = _project_heads(hn, weight(h * s, d), h, s)
+    k = _project_heads(hn, weight(h * s, d), h, s)
+    v = _project_heads(hn, weight(h * s, d), h, s)
+    rec_var, rec_past = _state("ssm", layer, [h, s, s], ops.concat([batch, _const([h, s, s], np.int64)], 0), beam_idx)
+    new_rec = ops.add(ops.multiply(rec_past, _const(0.9)), ops.matmul(k, v, transpose_a=True, transpose_b=False))
+    sinks.append(ov.opset6.assign(new_rec, rec_var))
+    out = ops.transpose(ops.matmul(q, new_rec, False, False), _const([0, 2, 1, 3], np.int64))
+    out = ops.reshape(out, _const([0, 0, h * s], np.int64), special_zero=True)
+    y = ops.add(ops.matmul(out, _const(weight(d, h * s)), False, True), ops.unsqueeze(conv_out, _const([1], np.int64)))
+    return ops.add(x, y).output(0)
 
 
 def load_ir(path: str | Path, core: ov.Core | None = None) -> ov.Model:
@@ -314,13 +360,30 @@ def inspect_runtime(
       ``StatefulSDPAFusion`` appends beam_idx and the two ReadValue outputs to the
       opset13 inputs, and the node gets 3 outputs (attention, present K, present V).
       An unfused opset13 SDPA has at most 5 inputs and 1 output.
-    * Each state variable is one ``MemoryInput`` node (present whether fused or not),
-      so ``#MemoryInput == 2 * #fused SDPA`` is required.
+    * Each state variable is one ``MemoryInput`` node (present whether fused or not). A KV variable's
+      feeds a fused SDPA; the others are plain states (a hybrid model's conv and recurrent states,
+      double-buffered by the plugin, docs/DESIGN.md §4c). ``#KV MemoryInput == 2 * #fused SDPA`` is
+      required; a model with only plain states (or an unfused KV cache) is refused.
     * The effective KV precision is the rt_info key ``kv_cache_precision`` of the
       fused SDPA nodes (e.g. ``"u8"``); the runtime *model* rt_info is empty and the
       ``KV_CACHE_PRECISION`` property only echoes the request.
     """
     runtime = compiled.get_runtime_model()
+    n_kv_vars, state_types = 0, set()
+    for op in runtime.get_ordered_ops():
+        rt = op.get_rt_info()
+        if "layerType" not in rt or _rt_str(rt["layerType"]) != "MemoryInput":
+            continue
+        feeds_sdpa = any(
+            "layerType" in t.get_node().get_rt_info()
+            and _rt_str(t.get_node().get_rt_info()["layerType"]) == FUSED_SDPA_LAYER_TYPE
+            and t.get_node().get_input_size() >= 7
+            for out in op.outputs() for t in out.get_target_inputs()
+        )
+        if feeds_sdpa:
+            n_kv_vars += 1
+        else:
+            state_types.add(op.get_output_element_type(0).get_type_name())
     counts: dict[str, int] = {}
     fused_names: list[str] = []
     kv_precisions: list[str] = []
@@ -344,14 +407,16 @@ def inspect_runtime(
     model_rt = runtime.get_rt_info()
     rt_info = {str(k): _rt_str(model_rt[k]) for k in model_rt}
     n_vars = counts.get("MemoryInput", 0)
+    n_states = n_vars - n_kv_vars
+    n_kv_expected = n_vars if not fused_names else n_kv_vars  # unfused: every variable counts as KV
 
     reasons: list[str] = []
     if n_vars == 0:
         reasons.append("model has no state variables (no MemoryInput node: not a stateful model)")
-    elif n_vars % 2:
-        reasons.append(f"odd number of state variables ({n_vars}); expected K/V pairs")
-    if len(fused_names) != n_vars // 2:
-        reasons.append(f"{len(fused_names)} fused stateful SDPA node(s) for {n_vars // 2} K/V variable pair(s)")
+    elif n_kv_expected % 2:
+        reasons.append(f"odd number of KV state variables ({n_kv_expected}); expected K/V pairs")
+    if len(fused_names) != n_kv_expected // 2 or (n_vars and not fused_names):
+        reasons.append(f"{len(fused_names)} fused stateful SDPA node(s) for {n_kv_expected // 2} K/V variable pair(s)")
     if n_unfused:
         reasons.append(f"{n_unfused} SDPA node(s) without KV-cache inputs (StatefulSDPAFusion did not match)")
     if len(set(kv_precisions)) > 1:
@@ -371,7 +436,16 @@ def inspect_runtime(
         layer_type_counts=counts,
         runtime_rt_info=rt_info,
         reasons=reasons,
+        n_state_variables=n_states if fused_names else 0,
+        state_precision=_precision_name(state_types) if fused_names and n_states else None,
     )
+
+
+def _precision_name(types: set[str]) -> str | None:
+    """One OpenVINO element type name (``bf16``, ``f32`` …) for a set, or ``mixed`` / None."""
+    if not types:
+        return None
+    return next(iter(types)) if len(types) == 1 else "mixed"
 
 
 def require_fused(inspection: RuntimeInspection) -> RuntimeInspection:

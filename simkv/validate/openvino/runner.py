@@ -1,7 +1,9 @@
 """``simkv validate``: run a scenario on the real OpenVINO CPU plugin and on the simulator, compare.
 
 1. Model (:func:`.cleanrun.build_and_compile`): the toy stateful decoder of :mod:`.ovmodel`
-   (any shape), or an exported IR (``--ir``: dimensions read from its state variables).
+   (any shape), or an exported IR (``--ir``: the per-layer model read from its state variables and,
+   for windows, its ``config.json``: :mod:`.irspec`; a hybrid model's linear-attention layers are
+   state units, their element type read from the runtime model).
    Compiled on CPU with the requested hints; refused unless every layer's KV cache is a
    fused stateful SDPA. The *effective* KV precision is read from the runtime model.
 2. Real run with memray (:func:`.observe.observe`): every KV allocation and free.
@@ -9,7 +11,11 @@
    with ``MALLOC_MMAP_THRESHOLD_`` in its environment (:func:`.cleanrun.run_clean`):
    RSS, VmSize, VmHWM, latency.
 3. Prediction: the same workload through :func:`simkv.simulate` with policy
-   ``openvino-cpu``, the effective precision and the model's dimensions.
+   ``openvino-cpu``, the effective precision and the model's dimensions. For an IR the CPU
+   plugin's past block (``past_view``, address space only) is compared on its own: whether the
+   plugin gives it a block of its own or pools it with activations is its memory solver's choice
+   for that graph (a gpt-oss or Qwen3-Next export pools it), which simkv does not model; the
+   verdict covers the cache (K/V data, scales, beam tables, states).
 4. :func:`simkv.validate.compare.compare` aligns the events and compares the memory and
    latency; :mod:`.latency` prices the steps with the cost model.
 
@@ -94,6 +100,11 @@ def run_validation(cfg: ValidateConfig) -> dict:
     effective = inspection.kv_cache_precision
     if effective not in PRECISIONS:
         raise ConfigError(f"the plugin runs the KV cache in {effective!r}, which simkv does not model")
+    ir_layers = None
+    if cfg.ir:  # the model simkv simulates comes from the IR (irspec): per-layer kinds, heads, states
+        from .irspec import read_ir_layers
+
+        ir_layers = read_ir_layers(model, cfg.ir)
     try:  # --ir: query heads as read from the model (KV heads come from its state variables)
         heads = cfg.heads if not cfg.ir else query_heads_from_model(model)
     except ValueError as err:
@@ -105,6 +116,7 @@ def run_validation(cfg: ValidateConfig) -> dict:
                   other_min_bytes=1 << 62, progress=cfg.progress, inspection=inspection, seed=cfg.seed)
     observed = [{"step": e.seq, "layer": e.layer, "tensor": e.kind, "op": e.op, "bytes": e.bytes}
                 for e in obs.kv_events(include_view=True)]
+
     from .observe import _vocab_of
 
     vocab = _vocab_of(compiled)
@@ -127,6 +139,8 @@ def run_validation(cfg: ValidateConfig) -> dict:
     # 3. prediction
     scenario = build_scenario(model=None, layers=dims.layers, heads=heads, kv_heads=dims.kv_heads,
                               head_dim=dims.head_dim, precision=effective, policy="openvino-cpu", ops=cfg.workload)
+    if ir_layers is not None:
+        scenario = _ir_scenario(scenario, ir_layers, inspection)
     result = simulate(scenario)
     if len(result.steps) != len(obs.samples):
         raise RuntimeError(f"simulator has {len(result.steps)} steps, the real run {len(obs.samples)} operations")
@@ -134,6 +148,7 @@ def run_validation(cfg: ValidateConfig) -> dict:
     # 4. compare
     data = compare(observed, clean["samples"] if clean else None, result, min_tokens=cfg.slope_min_tokens,
                    mmap_threshold=cfg.mmap_threshold)
+    view = _split_view(data, observed, result) if ir_layers is not None else None
     f = obs.facts
     head = {
         "events_total": data.pop("events_total"),
@@ -148,7 +163,12 @@ def run_validation(cfg: ValidateConfig) -> dict:
         "scenario": {
             "model": cfg.model_name if not cfg.ir else "ir",
             "ir": cfg.ir,
-            "layers": dims.layers,
+            "layers": dims.layers if ir_layers is None else len(ir_layers.layer_kv),
+            "attention_layers": dims.layers,
+            "layer_kinds": scenario.model.describe(),
+            "model_source": None if ir_layers is None else ir_layers.source,
+            "state_variables": inspection.n_state_variables,
+            "state_precision": inspection.state_precision,
             "heads": heads,
             "kv_heads": dims.kv_heads,
             "head_dim": dims.head_dim,
@@ -167,6 +187,8 @@ def run_validation(cfg: ValidateConfig) -> dict:
         "versions": versions(cfg.mmap_threshold if cfg.clean_run else None, f.memray_version),
     }
     head["versions"]["clean_run_malloc_env"] = clean["malloc_env"] if clean else None
+    if view is not None:
+        head["past_view"] = view
     head["clean_run_error"] = clean_error
     head.update(data)
     if clean is not None:
@@ -175,6 +197,52 @@ def run_validation(cfg: ValidateConfig) -> dict:
     head["observer"] = {"trace": f.trace, "warnings": f.warnings, "kv_sites": {str(k): v for k, v in f.kv_sites.items()}}
     head["elapsed_s"] = time.perf_counter() - t0
     return head
+
+
+def _ir_scenario(scenario, ir_layers, inspection):
+    """An IR's scenario: its per-layer model (:mod:`.irspec`), states in the element type the plugin keeps
+    them in (read from the runtime model)."""
+    from dataclasses import replace
+
+    from policies import get_policy
+    from policies.mechanics import STATE_PRECISIONS
+
+    options = {}
+    if inspection.n_state_variables:
+        if inspection.state_precision not in STATE_PRECISIONS:
+            raise ConfigError(f"the plugin keeps the linear-attention states in {inspection.state_precision!r}, "
+                              "which simkv does not model")
+        options["state_precision"] = inspection.state_precision
+    return replace(scenario, model=ir_layers.model_spec(), policy=get_policy("openvino-cpu", options))
+
+
+def _split_view(data: dict, observed: list[dict], result) -> dict:
+    """For an IR: the event verdict over the cache alone (K/V data, scales, beam tables, states), and the
+    past view compared on its own (module docstring). Rewrites ``data``'s event fields in place and
+    returns the past view's comparison. Memory figures keep the past view on both sides."""
+    from ..compare import align_events, predicted_events
+
+    predicted = predicted_events(result)
+    split = {}
+    for name, keep in (("cache", lambda e: e["tensor"] != "past_view"), ("view", lambda e: e["tensor"] == "past_view")):
+        obs, pred = [e for e in observed if keep(e)], [e for e in predicted if keep(e)]
+        aligned = align_events(obs, pred)
+        counts = {k: sum(e["status"] == k for e in aligned) for k in ("matched", "missing", "unexpected")}
+        split[name] = (obs, pred, aligned, counts)
+    obs, pred, aligned, counts = split["cache"]
+    data.update(events=aligned, events_observed=len(obs), events_predicted=len(pred), events_total=len(aligned),
+                events_matched=counts["matched"], events_missing=counts["missing"],
+                events_unexpected=counts["unexpected"])
+    obs, pred, aligned, counts = split["view"]
+    exact = counts["missing"] == counts["unexpected"] == 0
+    return {"observed": len(obs), "predicted": len(pred), **counts,
+            "first_observed_step": next((e["step"] for e in obs if e["op"] == "alloc"), None),
+            "first_predicted_step": next((e["step"] for e in pred if e["op"] == "alloc"), None),
+            "note": "exact" if exact else (
+                "pooled with activations by the plugin's memory solver (not modelled)"
+                + (f" until step {obs[0]['step']}, exact from there" if obs and not counts["unexpected"]
+                   and all(e["step"] < obs[0]["step"] for e in aligned if e["status"] == "missing") else "")),
+            "events": [e for e in aligned if e["status"] != "matched"][:50]}
 
 
 def _predicted_latency(cfg: ValidateConfig, result, samples, observed, vocab, inference_precision) -> dict:

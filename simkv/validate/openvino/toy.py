@@ -37,10 +37,19 @@ class ToyDecoderSpec:
     #: explicit target shape: NOT matched by StatefulSDPAFusion; only for testing that
     #: unfused models are refused).  Ignored for MHA.
     gqa_broadcast: str = "bidirectional"
+    #: Layers that are linear attention instead (a hybrid model): each keeps a conv state
+    #: ``[B, hidden, conv_kernel]`` and a recurrent state ``[B, heads, head_dim, head_dim]`` as plain
+    #: ReadValue/Assign variables, as a Qwen3-Next export does (a toy delta-rule, not Gated DeltaNet).
+    linear_layers: tuple[int, ...] = ()
+    conv_kernel: int = 4
 
     def __post_init__(self) -> None:
         if self.gqa_broadcast not in ("bidirectional", "numpy"):
             raise ValueError("gqa_broadcast must be 'bidirectional' or 'numpy'")
+        if any(not 0 <= i < self.layers for i in self.linear_layers) or len(set(self.linear_layers)) == self.layers:
+            raise ValueError("linear_layers must be distinct layers, and at least one layer must be attention")
+        if self.conv_kernel < 1:
+            raise ValueError("conv_kernel must be >= 1")
         if self.layers < 1 or self.heads < 1 or self.kv_heads < 1:
             raise ValueError("layers, heads and kv_heads must be >= 1")
         if self.heads % self.kv_heads:
