@@ -391,6 +391,21 @@ def test_paged_serving_refuses_layer_groups(capsys):
     assert json.loads(capsys.readouterr().out)["requests_finished"] == 2
 
 
+def test_dashboard_picker_lists_every_preset_and_keys_reshape_errors():
+    from simkv.dashboard import compute, layout
+    from simkv.dashboard import state as st
+
+    options = {o["value"]: o["label"] for o in layout.model_options()}
+    assert list(options) == [*hfconfig.preset_names(), st.CUSTOM]
+    assert options["gemma-3-27b"] == "gemma-3-27b  (62 L: 52 sliding 1024, 10 full)"
+    assert options["llama-2-7b"] == "llama-2-7b  (32 L, 32/32 heads × 128)"  # a built-in preset's label as before
+    view = compute.main_view({**st.DEFAULTS, "model": "gemma-3-4b", "head_dim": "64"})
+    assert list(view.errors) == ["head_dim"] and "--head-dim would reshape" in view.errors["head_dim"]
+    # the dashboard takes preset names only: a URL cannot make the server read a file
+    view = compute.main_view({**st.DEFAULTS, "model": "data/configs/gemma-3-4b.json"})
+    assert view.errors == {"model": "model: unknown preset 'data/configs/gemma-3-4b.json'"}
+
+
 # -- every shipped config runs --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", FULL + TINY, ids=lambda p: p.relative_to(CONFIGS).as_posix())

@@ -162,6 +162,8 @@ def build(kwargs: dict) -> Scenario:
             key = "kv_heads" if kwargs.get("kv_heads") is not None else "heads"
         elif "custom model needs" in msg:
             key = "layers"
+        elif msg.startswith("--"):  # a dimension that would reshape a model given layer by layer: the first one
+            key = msg.split()[0][2:].replace("-", "_")
         raise st.Invalid({key: msg}) from None
     try:
         policy = get_policy(kwargs["policy"], kwargs["policy_options"])
