@@ -41,8 +41,10 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The model flags (a preset, optionally with dimensions overridden) and the KV precision."""
-    m = p.add_argument_group("model (a preset, optionally with some dimensions overridden)")
-    m.add_argument("--model", default=sc.DEFAULT_MODEL, help=f"preset name, or 'custom' (default {sc.DEFAULT_MODEL}; see `simkv models`)")
+    m = p.add_argument_group("model (a preset or a config.json; the dimension flags reshape a uniform one)")
+    m.add_argument("--model", metavar="NAME|PATH", default=sc.DEFAULT_MODEL,
+                   help=f"preset name, a Hugging Face config.json or its folder, or 'custom' (default {sc.DEFAULT_MODEL}; "
+                   "see `simkv models`)")
     m.add_argument("--layers", type=int, help="attention layers")
     m.add_argument("--heads", type=int, help="query heads")
     m.add_argument("--kv-heads", type=int, help="key/value heads (fewer than heads: GQA)")

@@ -1,4 +1,4 @@
-"""Upper bounds of ``simkv run`` (README "simkv run", "Limits"), checked before anything runs.
+"""Upper bounds of ``simkv run`` (README "simkv run", "Limits") and of a model config, checked before anything runs.
 
 Beyond them a run would take minutes or gigabytes (or is no model anyone runs): the
 command refuses with one line and exit code 2. The dashboard has tighter limits of its
@@ -22,6 +22,11 @@ MAX_TURNS = 100_000
 MAX_BEAM = 4_096
 MAX_STEPS = 10_000_000  # simulated steps before memory certainly runs out
 MAX_DEVICE_BYTES = 1 << 50  # 1 PiB
+#: A model config (simkv.hfconfig): hidden, MLP, vocabulary and state widths at most as wide as the widest
+#: attention the limits above allow; experts; the file itself.
+MAX_WIDTH = MAX_HEADS * MAX_HEAD_DIM
+MAX_EXPERTS = 65_536
+MAX_CONFIG_BYTES = 16 << 20  # 16 MiB, far above a real config.json
 #: Ledger rows (allocations, copies, frees) a single-session run may record: 51 bytes each,
 #: so about 0.4 GB of ledger, and a run that reaches it peaks near 0.6 GB RSS (README, Limits).
 #: A run that would pass it stops there with one line, exit 2 (simkv.ledger.TooManyEvents).

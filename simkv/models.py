@@ -37,8 +37,9 @@ class ModelSpec:
     #: One KV spec per layer (simkv.kvspec); empty: every layer alike, from the fields above.
     layer_kv: tuple[LayerKV, ...] = ()
     #: Mixture of experts (0: a dense MLP): routed experts, experts each token is routed to, each
-    #: expert's intermediate size, the shared experts' intermediate size in all, and how many first
-    #: layers are dense (their MLP has ``intermediate``).
+    #: expert's intermediate size, the shared experts' intermediate size in all, and how many layers
+    #: are dense (their MLP has ``intermediate``): DeepSeek-V3's first 3, Llama-4 Maverick's every other
+    #: one (only the count matters to weights and FLOPs).
     experts: int = 0
     experts_per_token: int = 0
     expert_intermediate: int = 0
@@ -52,6 +53,8 @@ class ModelSpec:
     dtype: str = ""
     #: Where the numbers come from (a config file, a published config).
     source: str = ""
+    #: The context the model was trained for (``max_position_embeddings``); 0: not given.
+    context: int = 0
 
     def __post_init__(self) -> None:
         for field in ("layers", "heads", "kv_heads", "head_dim"):
@@ -282,6 +285,11 @@ def custom_model(
         for k, v in (("layers", layers), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim))
         if v is not None
     }
+    flags = [f"--{k.replace('_', '-')}" for k, v in changed.items() if v != getattr(base, k)]
+    flags += ["--sliding-window"] * (sliding_window is not None)
+    if base.layer_kv and flags:  # the dimensions describe a uniform model; each of these layers has its own
+        raise ConfigError(f"{' '.join(flags)} would reshape a model described layer by layer "
+                          f"({base.describe()}); edit a copy of its config.json instead")
     if not changed and not window:
         return base
     if "heads" in changed and "kv_heads" not in changed and base.kv_heads == base.heads:

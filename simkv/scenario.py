@@ -16,7 +16,8 @@ from simkv.errors import ConfigError
 from simkv.kvspec import token_bytes
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
-from simkv.models import WEIGHT_BYTES, ModelSpec, custom_model, get_model, weights_bytes
+from simkv.hfconfig import resolve_model
+from simkv.models import WEIGHT_BYTES, ModelSpec, weights_bytes
 from simkv.precision import Precision, get_precision
 from simkv.units import parse_bytes
 from simkv.workload import Workload, chat_session, parse_ops
@@ -151,8 +152,8 @@ def build_scenario(
 ) -> Scenario:
     """A scenario from plain values (what a CLI flag or a dashboard control holds).
 
-    ``model=None`` with all four dimensions gives a custom shape; a preset with
-    some dimensions overrides those; ``sliding_window`` N sets a window (0 removes a preset's,
+    ``model``: a preset name or a ``config.json`` path (simkv.hfconfig); ``None`` with all four dimensions
+    gives a custom shape; a preset with some dimensions overrides those (a uniform model's only); ``sliding_window`` N sets a window (0 removes a preset's,
     None keeps it; only policies that model windows use it). ``ops`` (e.g. ``"prefill:32,decode:100,reset"``)
     replaces the prompt/decode/turns/beam description of the workload.
 
@@ -162,9 +163,8 @@ def build_scenario(
     """
     from policies import get_policy
 
-    base = get_model(model) if model else None
-    spec = custom_model(base, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                        sliding_window=sliding_window)
+    spec = resolve_model(model, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                         sliding_window=sliding_window)
     pol = get_policy(policy, policy_options)
     prec = get_precision(precision or pol.default_precision)
     if pol.accepted_precisions and prec.name not in pol.accepted_precisions:

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("specs", ("simkv.errors", "simkv.units", "simkv.jsonout", "simkv.version", "simkv.ledger", "simkv.kvspec", "simkv.models",
-               "simkv.precision", "simkv.workload", "simkv.cost")),
+               "simkv.hfconfig", "simkv.precision", "simkv.workload", "simkv.cost", "simkv.limits")),
     ("policies", ("policies",)),
     ("engines", ("simkv.layout", "simkv.engine", "simkv.reference", "simkv.chains", "simkv.steps",
-                 "simkv.memory", "simkv.limits", "simkv.metrics", "simkv.latency")),
+                 "simkv.memory", "simkv.metrics", "simkv.latency")),
     ("scenario", ("simkv.scenario", "simkv.figures", "simkv.flags")),
     ("serving", ("simkv.serving",)),
     ("lab and validate", ("simkv.lab", "simkv.validate")),

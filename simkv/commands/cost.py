@@ -35,11 +35,11 @@ def main(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from simkv.cost import estimate, get_device
-    from simkv.models import custom_model, get_model
+    from simkv.hfconfig import resolve_model
     from simkv.precision import get_precision
 
-    base = None if args.model == "custom" else get_model(args.model)
-    model = custom_model(base, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
+    model = resolve_model(args.model, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+                          head_dim=args.head_dim)
     extra = {k: getattr(args, k) for k in ("hidden", "intermediate", "vocab") if getattr(args, k) is not None}
     if extra:
         model = replace(model, **extra)

@@ -29,7 +29,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_scenario_arguments(p)
     p.set_defaults(**VALIDATE_DEFAULTS)
     helps = {
-        "model": "preset whose dimensions the toy model takes, or 'custom' (default custom)",
+        "model": "preset or config.json whose dimensions the toy model takes (one of identical plain "
+                 "attention layers), or 'custom' (default custom)",
         "layers": "attention layers (default 4)",
         "heads": "query heads (default 8)",
         "kv_heads": "key/value heads (default: --heads, MHA; fewer: GQA)",
@@ -97,6 +98,14 @@ def main(args: argparse.Namespace) -> int:
     from simkv.validate import model_dims
 
     check_flags(args)
+    if args.model != "custom" and not args.ir:  # both runtimes build a toy decoder of identical plain layers
+        from simkv.hfconfig import get_model
+
+        m = get_model(args.model)
+        if m.layer_kv:
+            runtime = {"openvino": "OpenVINO"}.get(args.runtime, args.runtime)
+            raise SimkvError(f"the {runtime} run builds a decoder of identical plain attention layers, which "
+                             f"{m.name}'s are not ({m.describe().split(': ', 1)[1]})")
     if args.runtime == "transformers":  # Hugging Face caches on torch CPU (simkv/validate/transformers/)
         from simkv.validate.transformers.runner import command
 

@@ -316,13 +316,15 @@ def register(app) -> None:
         Input("model", "value"),
     )
     def model_changed(model):
-        from simkv.models import PRESETS
+        from simkv.hfconfig import all_presets
 
-        preset = PRESETS.get(model)
+        preset = all_presets().get(model)
         if preset is None:
             return ["required", "heads or KV heads", "heads or KV heads", "required",
                     "Custom model: enter layers, head size and heads (KV heads)"]
-        return [str(getattr(preset, d)) for d in st.DIMS] + [f"Dimensions (empty = {preset.name}'s)"]
+        hint = (f"Dimensions: {preset.name}'s layers differ; leave these empty" if preset.layer_kv
+                else f"Dimensions (empty = {preset.name}'s)")
+        return [str(getattr(preset, d)) for d in st.DIMS] + [hint]
 
     @app.callback(
         [Output(k, "disabled") for k in st.WORKLOAD_FIELDS] + [Output("ops-note", "children"), Output("ops-details", "open")],

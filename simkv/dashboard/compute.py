@@ -21,7 +21,7 @@ from policies import get_policy
 from simkv import figures
 from simkv.errors import PolicyError, SimkvError
 from simkv.ledger import COLUMNS, OPS, PHASES, TENSORS
-from simkv.models import custom_model, get_model
+from simkv.hfconfig import resolve_model
 from simkv.precision import get_precision
 from simkv.scenario import Result, Scenario, build_scenario, simulate
 from simkv.units import format_bytes
@@ -154,8 +154,7 @@ def build(kwargs: dict) -> Scenario:
     message is shown), then the whole through :func:`simkv.build_scenario`.
     """
     try:
-        base = get_model(kwargs["model"]) if kwargs["model"] else None
-        spec = custom_model(base, **{d: kwargs[d] for d in st.DIMS})
+        spec = resolve_model(kwargs["model"], **{d: kwargs[d] for d in st.DIMS})
     except SimkvError as err:
         msg = str(err)
         key = "model"
@@ -163,6 +162,8 @@ def build(kwargs: dict) -> Scenario:
             key = "kv_heads" if kwargs.get("kv_heads") is not None else "heads"
         elif "custom model needs" in msg:
             key = "layers"
+        elif msg.startswith("--"):  # a dimension that would reshape a model given layer by layer: the first one
+            key = msg.split()[0][2:].replace("-", "_")
         raise st.Invalid({key: msg}) from None
     try:
         policy = get_policy(kwargs["policy"], kwargs["policy_options"])

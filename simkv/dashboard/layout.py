@@ -13,7 +13,7 @@ from dash import dcc, html
 from policies import REGISTRY
 from simkv.figures import COLORS
 from simkv.ledger import COLUMNS
-from simkv.models import PRESETS
+from simkv.hfconfig import all_presets
 from simkv.precision import PRECISIONS
 
 from simkv.dashboard import state as st
@@ -40,10 +40,15 @@ def field(key: str, control, label: str | None = None, hint: str | None = None, 
 
 
 def model_options() -> list[dict]:
-    opts = [
-        {"label": f"{m.name}  ({m.layers} L, {m.heads}/{m.kv_heads} heads × {m.head_dim})", "value": m.name}
-        for m in PRESETS.values()
-    ]
+    """Every preset (simkv.hfconfig.all_presets), a model whose layers differ labelled by its groups, then custom."""
+    def label(m) -> str:
+        if not m.layer_kv:
+            return f"{m.name}  ({m.layers} L, {m.heads}/{m.kv_heads} heads × {m.head_dim})"
+        kinds = ", ".join(f"{len(ids)} {spec.kind}" + (f" {spec.window}" if spec.window else "")
+                          + (" MLA" if spec.latent else "") for spec, ids in m.groups)
+        return f"{m.name}  ({m.layers} L: {kinds})"
+
+    opts = [{"label": label(m), "value": m.name} for m in all_presets().values()]
     return opts + [{"label": "custom (enter all dimensions)", "value": st.CUSTOM}]
 
 
@@ -109,7 +114,7 @@ def policy_block(name: str, visible: bool, values: dict | None = None) -> html.D
 
 
 def sidebar(d: dict) -> html.Div:
-    preset = PRESETS.get(d["model"])
+    preset = all_presets().get(d["model"])
     dims = html.Div(className="grid2", children=[
         field(k, text_input(k, d[k], placeholder=str(getattr(preset, k)) if preset else "required", inputMode="numeric"))
         for k in st.DIMS

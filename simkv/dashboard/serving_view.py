@@ -140,7 +140,7 @@ def command(values: dict) -> list[str]:
     """The ``simkv run`` arguments (after ``run``) of the form's values; :class:`st.Invalid` names the bad fields."""
     from policies import REGISTRY
     from simkv.cost import DEVICES
-    from simkv.models import PRESETS
+    from simkv.hfconfig import preset_names
     from simkv.precision import PRECISIONS
 
     v = {**st.SERVING_DEFAULTS, **{k: values.get(k) for k in KEYS if values.get(k) is not None}}
@@ -153,7 +153,7 @@ def command(values: dict) -> list[str]:
         except ValueError as err:
             errors[key] = str(err)
 
-    choices = {"sv_workload": ("trace", "synthetic"), "sv_model": tuple(PRESETS), "sv_memory": ("paged", "contiguous"),
+    choices = {"sv_workload": ("trace", "synthetic"), "sv_model": preset_names(), "sv_memory": ("paged", "contiguous"),
                "sv_scheduler": ("continuous", "static", "sequential"), "sv_pool": ("dynamic", "blocks", "gib"),
                "sv_device": tuple(DEVICES), "sv_precision": (st.DEFAULT, *PRECISIONS), "sv_policy": tuple(REGISTRY)}
     for key, allowed in choices.items():
@@ -401,7 +401,7 @@ def _field(key: str, control, hint: str | None = None) -> html.Div:
 def serving_tab(d: dict) -> html.Div:
     from policies import REGISTRY
     from simkv.cost import DEVICES
-    from simkv.models import PRESETS
+    from simkv.hfconfig import preset_names
     from simkv.precision import PRECISIONS
 
     def opts(values, labels=None):
@@ -422,7 +422,7 @@ def serving_tab(d: dict) -> html.Div:
             text("sv_prompt_dist", "fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA"),
             text("sv_output_dist", "same forms"),
             text("sv_seed", "synthetic", inputMode="numeric"),
-            choice("sv_model", [{"label": m, "value": m} for m in PRESETS]),
+            choice("sv_model", [{"label": m, "value": m} for m in preset_names()]),
             choice("sv_precision", [{"label": "default", "value": st.DEFAULT}, *opts(tuple(PRECISIONS))],
                    "default: u8 paged, else the policy's"),
             choice("sv_device", opts(tuple(DEVICES))),

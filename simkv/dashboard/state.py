@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, urlencode
 from policies import REGISTRY
 from policies.base import Policy
 from simkv.errors import SimkvError
-from simkv.models import PRESETS
+from simkv.hfconfig import preset_names
 from simkv.precision import PRECISIONS
 from simkv.scenario import DEFAULT_DECODE, DEFAULT_DEVICE_MEMORY, DEFAULT_MODEL, DEFAULT_POLICY, DEFAULT_PROMPT
 from simkv.units import parse_bytes
@@ -255,7 +255,7 @@ def scenario_kwargs(state: dict) -> dict:
             errors["kv_heads"] = "KV heads: a custom model needs query heads or KV heads"
     if not model:
         errors["model"] = "model: choose a preset or custom"
-    elif model != CUSTOM and model not in PRESETS:
+    elif model != CUSTOM and model not in preset_names():
         errors["model"] = f"model: unknown preset {model!r}"
     device = state.get("device_memory") or ""
     try:

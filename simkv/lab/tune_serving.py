@@ -123,11 +123,11 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
                  head_dim=None, precision: str | None, device: str | None, device_memory, weights_memory,
                  weights_precision, max_context: int | None, max_preemptions: int | None) -> ServingTarget:
     """A target from the flag values of ``simkv tune --serving`` (the same meaning as ``simkv run --trace``)."""
-    from simkv.models import custom_model, get_model
+    from simkv.hfconfig import resolve_model
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving import SchedulerConfig, ServingSpec, load_trace
-    from simkv.serving.run import CONTEXT, DEFAULT_DEVICE, check_spec
+    from simkv.serving.run import DEFAULT_DEVICE, check_spec, context_of
     from simkv.units import parse_bytes
 
     limit = DEFAULT_LIMIT if limit is None else limit
@@ -135,15 +135,14 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
         raise ConfigError(f"--limit must be in 1..{MAX_REQUESTS:,}, got {limit}")
     if max_preemptions is not None and max_preemptions < 0:
         raise ConfigError(f"--max-preemptions must be >= 0, got {max_preemptions}")
-    base = get_model(model) if model else None
-    spec_model = custom_model(base, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    spec_model = resolve_model(model, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     prec = get_precision(precision or "u8")  # GenAI's CPU default for the paged cache
     prec.check(spec_model)
     requests = load_trace(trace, limit=limit)
     device = device or DEFAULT_DEVICE
     memory = None if device_memory in (None, DEFAULT_DEVICE_MEMORY) else parse_bytes(device_memory)
     weights = resolve_weights_memory(spec_model, weights_memory, weights_precision)
-    context = max_context if max_context is not None else CONTEXT.get(spec_model.name)
+    context = max_context if max_context is not None else context_of(spec_model)
     cap = len(requests) if max_preemptions is None else max_preemptions
     template = ServingSpec(requests, spec_model, prec, "continuous", "paged", SchedulerConfig(), device=device,
                            device_memory=memory, weights_bytes=weights, max_context=context, max_preemptions=cap)

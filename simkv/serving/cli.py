@@ -66,7 +66,7 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
                    "(default preempt: by recompute, GenAI's victim rule)")
     g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
     g.add_argument("--max-context", type=int, help="reject prompts at or above this many tokens (default: the "
-                   "preset's context length; 0 = no limit)")
+                   "model's context length, its config's max_position_embeddings; 0 = no limit)")
     g.add_argument("--steps", metavar="PATH.csv", help="write the step table")
 
 
@@ -90,11 +90,11 @@ def _requests_flags(values: list[str] | None) -> tuple[int, str | None]:
 
 def spec_from_args(args):
     from policies import get_policy, parse_policy_opts
-    from simkv.models import custom_model, get_model
+    from simkv.hfconfig import resolve_model
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
-    from simkv.serving.run import CONTEXT, DEFAULT_DEVICE, ServingSpec
+    from simkv.serving.run import DEFAULT_DEVICE, ServingSpec, context_of
     from simkv.serving.scheduler import SchedulerConfig
 
     if args.trace and args.synthetic:
@@ -104,12 +104,12 @@ def spec_from_args(args):
     count, _ = _requests_flags(args.requests)
     if args.limit is not None and args.limit <= 0:
         raise ConfigError("--limit must be positive")
-    base = get_model(args.model) if args.model != "custom" else None
-    model = custom_model(base, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
+    model = resolve_model(args.model, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+                          head_dim=args.head_dim)
     if args.trace:
         requests = load_trace(args.trace, limit=args.limit)
     else:
-        context = args.max_context if args.max_context is not None else CONTEXT.get(model.name)
+        context = args.max_context if args.max_context is not None else context_of(model)
         requests = synthetic(count, args.rate, args.prompt_dist, args.output_dist, arrivals=args.arrivals,
                              seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))

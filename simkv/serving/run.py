@@ -29,6 +29,12 @@ CONTEXT = {"gpt2": 1024, "tinyllama-1.1b": 2048, "qwen2.5-0.5b": 32768, "phi-3.5
            "llama-2-13b": 4096, "llama-3-8b": 8192, "mistral-7b": 32768, "qwen2.5-7b": 32768, "llama-3-70b": 8192}
 
 
+def context_of(model) -> int | None:
+    """The context a model takes by default: :data:`CONTEXT` for the built-in presets, else the
+    ``max_position_embeddings`` of its config (simkv.hfconfig); None: no limit (a custom shape)."""
+    return CONTEXT.get(model.name) or model.context or None
+
+
 @dataclass
 class ServingSpec:
     """Everything a serving run needs (plain values; see :func:`serve`)."""
@@ -250,7 +256,10 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("num_kv_blocks and cache_size must be >= 0")
     if cfg.num_kv_blocks and cfg.cache_size:
         raise ConfigError("give num_kv_blocks or cache_size, not both")
-    context = spec.max_context if spec.max_context is not None else CONTEXT.get(spec.model.name)
+    if spec.memory == "paged" and len(spec.model.groups) > 1:  # engine.genai_block_bytes: one pool of like layers
+        raise ConfigError(f"paged memory keeps one block pool of identical layers; {spec.model.name} has "
+                          f"{len(spec.model.groups)} layer groups: serve it with contiguous memory (simkv run --memory contiguous)")
+    context = spec.max_context if spec.max_context is not None else context_of(spec.model)
     check_workload(spec.requests, context)
     device = get_device(spec.device)
     if spec.device_memory is None:
