@@ -4,7 +4,7 @@ A newcomer is last in the queue: it takes only the budget the others leave and c
 nobody's tokens (prompts complete in request order, so it never decodes ahead of an
 earlier prompt); its row is planned like any prompt's, from its step on, and added to the
 run's per-step sums. The run ends at an arrival the reference treats otherwise: dynamic
-pool growth, forked samples, a sliding window, no one else present (a jump in time), or a
+pool growth, forked samples, no one else present (a jump in time), or a
 run that must end there.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simkv.serving.planned_run import KMAX, Run, pairs_and_reads, prompt_share
+from simkv.serving.planned_run import KMAX, Run, prompt_share
 from simkv.serving.scheduler import Group
 
 
@@ -33,8 +33,9 @@ def join(eng, run: Run, live: list[Group], pending: int) -> list[Group]:
         if k >= run.K:
             break  # arrives after the run
         g = Group(req, index, eng.prompts[index])
+        sched.init_side(g)
         here = [h for h, f in zip(live + joined, run.fin) if f >= k]  # present at step k
-        if (index >= ahead or g.n > 1 or not here or (eng.window_blocks and g.P + g.G > eng.window)
+        if (index >= ahead or g.n > 1 or not here
                 or (sched.dynamic and min(sched._target_blocks(here + [g]), sched.max_blocks) > total)):
             run.cut(k)
             break
@@ -74,7 +75,7 @@ def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
         K = min(K, int(bad.argmax()))
     if K <= k:
         return False
-    pairs, seen = pairs_and_reads(tok, ctx, eng.window)
+    pairs, seen = eng.work.arrays(tok, ctx)
     sampled = (tok > 0) & (ctx >= g.P)
     run.add_row(tok, ctx, held, alive, sampled, fin, start)
     run.nd, run.taken, run.used = nd, run.taken + got, used

@@ -39,19 +39,6 @@ def prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple
     return got, (kc + 1, kc + G - 1)  # first token at kc, G - 1 more
 
 
-def pairs_and_reads(tok: np.ndarray, ctx: np.ndarray, window: int | None):
-    """Attended pairs and KV tokens read of each entry of ``tok`` (tokens scheduled, window-capped)."""
-    prev = ctx - tok
-    if window is None:
-        return tok * prev + tok * (tok + 1) // 2, np.where(tok > 0, ctx, 0)
-    first = np.maximum(0, window - prev)
-    fit = np.minimum(first, tok)
-    over_w = tok - fit
-    st_ = prev + fit + 1 - window
-    pairs = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
-    return pairs, np.where(tok > 0, np.minimum(ctx, window), 0)
-
-
 @dataclass
 class Run:
     """A planned run of ``K`` steps: per-request rows (lists, one entry per request) and per-step sums."""
@@ -132,7 +119,7 @@ def plan(eng, live: list, pending: int) -> Run | None:
         K = int(bad.argmax())
         if K < 2:
             return None
-    pairs_m, seen = pairs_and_reads(tok, ctx, eng.window)
+    pairs_m, seen = eng.work.arrays(tok, ctx)
     sampled = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
     run = Run(K=K, tok=[tok[:, :K]], ctx=[ctx[:, :K]], held=[held[:, :K]], alive=[alive[:, :K]], sampled=[sampled[:, :K]],
               nb=nb.tolist(), fin=fin.tolist(), start=start.tolist(), dec=dec.tolist(), nd=nd[:K], taken=taken[:K],
@@ -153,8 +140,8 @@ def _present(eng, live: list):
         return None
     if not sched.initialized or pool.total != eng.tensors.total:
         return None  # the pool's tensors are (re)allocated in this step
-    if eng.window_blocks and any(g.P + g.G > eng.window for g in live):
-        return None  # blocks leave the window: step by step
+    if not sched.simple:
+        return None  # several block groups (simkv.serving.kv_groups): step by step
     n = len(live)
     proc = np.empty(n, dtype=np.int64)
     P = np.empty(n, dtype=np.int64)
@@ -253,7 +240,8 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
         "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
         "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
         "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * block_bytes,
-        "internal_bytes": used * block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
+        "internal_bytes": used * block_bytes - used_b, "copy_bytes": 0, "preemptions": 0,
+        "state_blocks_used": 0, "state_blocks_total": 0, "_n": K,
     }
     timer.record(new, pairs, kvr, logits, 0 if run.decode_pairs is None else run.decode_pairs[:K])
     return table, n_sampled
