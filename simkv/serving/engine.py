@@ -142,6 +142,8 @@ class PagedServing:
         self.timer = self.work.timer(model, device, weights_bytes)
         #: Blocks leave windows (vLLM's manager): freed after each step, and no planned runs over them.
         self.window_blocks = self.sched.windowed
+        #: Steps the next planned run may take (a layout of several groups; planned_run._horizon).
+        self.horizon = planned_run.KMAX
         self.max_steps = max_steps
         self.stall_steps = stall_steps
         #: Stop once more preemptions than this happened (a bound for searches: such runs take the slow path).
@@ -303,6 +305,7 @@ class PagedServing:
                 peak = max(peak, self.pool.total * self.block_bytes + state_peak)
             copied += self.sched.state_copies * self.state_bytes
         blocks_used = self.pool.used()
+        state_used = state.used() if state is not None else 0
         if self.sched.simple:
             internal = internal_slack(live, self.pool, self.bs)
             used_b = (blocks_used * self.bs - internal) * self.block_bytes // self.bs
@@ -335,9 +338,9 @@ class PagedServing:
             self.sched.free_group(g)
         allocated = self.pool.total * self.block_bytes
         in_use = blocks_used * self.block_bytes
-        state_used = state_total = 0
+        state_total = 0
         if state is not None:
-            state_used, state_total = state.used(), state.total
+            state_total = state.total
             allocated += state_total * self.state_bytes
             in_use += state_used * self.state_bytes
         self.rows.append((step, t, n_live, len(scheduled), blocks_used, self.pool.total, allocated, used_b, dt, total,
@@ -353,6 +356,8 @@ class PagedServing:
         Returns how many joined (they are appended to ``live``), or None when the present state does
         not allow a run of at least two steps."""
         run = planned_run.plan(self, live, pending)
+        if not self.sched.simple:  # the next plan's horizon follows this one's length
+            self.horizon = min(planned_run.KMAX, max(64, 2 * (run.K if run is not None else 0)))
         if run is None:
             return None
         joined = join(self, run, live, pending)
@@ -361,7 +366,7 @@ class PagedServing:
         self.groups.extend(joined)
         live.extend(joined)
         table, sampled = planned_run.commit(run, live, self.pool, self.sched.free_group, self.timer, self.block_bytes,
-                                            self.bs, self.step)
+                                            self.bs, self.step, self)
         self.sampled += sampled
         self.rows.append(table)
         self.est.append(table["step_s"])

@@ -247,7 +247,9 @@ class ContinuousScheduler:
 
         if fits(want):
             return want
-        lo, hi = 0, want  # fits(lo) (no new block for 0 tokens), not fits(hi)
+        if not fits(1):  # (a full pool: the common case)
+            return 0
+        lo, hi = 1, want  # fits(lo), not fits(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if fits(mid):
@@ -351,18 +353,19 @@ class ContinuousScheduler:
             if g.side:
                 g.side = [[[]] for _ in self.side]
 
-    def drop_skipped(self, g: Group) -> None:
-        """Free the leading blocks no window needs any more, now that ``g.processed`` tokens are computed
-        (vLLM's ``remove_skipped_blocks``: a null placeholder stays in the table)."""
+    def drop_skipped(self, g: Group, computed: int | None = None) -> None:
+        """Free the leading blocks no window needs any more, now that ``computed`` (default ``g.processed``)
+        tokens are computed (vLLM's ``remove_skipped_blocks``: a null placeholder stays in the table)."""
+        computed = g.processed if computed is None else computed
         if self.windowed0:
-            drop = self.group0.skipped(g.processed)
+            drop = self.group0.skipped(computed)
             if drop > g.dropped:
                 for table in g.tables:
                     _drop(table, drop, self.pool)
                 g.dropped = drop
         for grp, tables in zip(self.side, g.side or ()):
             if grp.kind in ("sliding", "chunked"):
-                drop = grp.skipped(g.processed)
+                drop = grp.skipped(computed)
                 pool = self.pools[grp.pool]
                 for table in tables:
                     _drop(table, drop, pool)
