@@ -22,7 +22,7 @@ from simkv.errors import ConfigError
 from simkv.serving import planned_run
 from simkv.serving.costing import Work
 from simkv.serving.joins import join
-from simkv.serving.kv_groups import genai_tensor_bytes, overridden, paged_kv
+from simkv.serving.kv_groups import overridden, paged_kv
 from simkv.serving.paged import BlockPool
 from simkv.serving.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
@@ -86,13 +86,6 @@ def prompt_token_ids(requests: list[Request]) -> list[list]:
             history[r.session] = toks + [(3, r.id, 0, i) for i in range(r.max_new_tokens)]
         out.append(toks)
     return out
-
-
-def genai_block_bytes(model, precision, block_size: int) -> tuple[int, int]:
-    """Bytes of one block in one layer's key and value cache tensors of a uniform model (every attention layer
-    alike; :func:`simkv.serving.kv_groups.genai_tensor_bytes`, which the per-layer layout uses for each layer)."""
-    layer = next(layer for layer in model.kv_layers if layer.caches_tokens)
-    return genai_tensor_bytes(layer, precision, block_size)
 
 
 class PagedServing:
