@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simkv.errors import ConfigError
-from simkv.kvspec import LayerKV, cached_heads, k_v_bytes, state_bytes, token_bytes
+from simkv.kvspec import LayerKV, k_v_bytes, state_bytes, token_bytes
 
 KV_MANAGERS = ("genai", "vllm")
 #: Bytes per element of GenAI's linear-attention state tables: bf16, as compiled on this CPU for both the conv
@@ -308,9 +308,3 @@ def overridden(kv: PagedKV, block_bytes: int | None, tensor_block_bytes) -> Page
         tensors = tensors[:-1] + ((last[0], last[1], last[2] + total - sum(t[2] for t in tensors)),)
     return replace(kv, block_bytes=total, tensors=tensors, groups=(replace(kv.groups[0], real_bytes=total),))
 
-
-def cached_token_bytes(layer: LayerKV, precision, mla: str, meta_per_head: int | None = None) -> int:
-    """Bytes one token takes in one attention layer (K + V and their metadata)."""
-    meta = precision.meta_bytes_per_head if meta_per_head is None else meta_per_head
-    k, v = k_v_bytes(layer, precision, mla)
-    return k + v + 2 * cached_heads(layer, mla) * meta
