@@ -286,18 +286,31 @@ def test_fast_equals_reference_on_a_trace_slice(decode_attention, overlap):
         assert b[2]["time_s"][-1] > run(reqs, fast=True, block_size=32, num_kv_blocks=400)[2]["time_s"][-1]
 
 
-def test_sliding_window_keeps_only_the_window():
-    # Window 64, blocks of 16: P=40, G=60. Blocks wholly before position ctx-64 are released after each
-    # step, so the pool holds ceil(ctx/16) - floor((ctx_before - 64)/16) blocks at step k (ctx = 40+k,
-    # ctx_before = 39+k): k 0..8 -> 3, k 9..24 -> 4 (ctx 49..64), then 5 = 64/16 + 1 for good.
+def test_sliding_window_blocks_genai_keeps_all_vllm_frees_behind_the_window():
+    # Window 64, blocks of 16: P=40, G=60; the context after step k is 40 + k.
+    # GenAI (docs/DESIGN.md §4c: no freeing behind a window): ceil((40 + k) / 16) blocks, 3 .. 7.
+    # vLLM (SlidingWindowManager): after step k the blocks before max(0, c - 64 + 1) // 16 are freed, c = 40 + k;
+    # so at step k: ceil((40 + k) / 16) - max(0, k - 24) // 16 blocks: k 0..8 -> 3, k 9..24 -> 4 (ctx 49..64),
+    # then with k = 24 + m: 4 + (1 if m % 16 else 0) -> 5, except 4 at m = 16, 32 (k = 40, 56): the window's
+    # 63 kept tokens and the new one span 4 blocks exactly when the new token starts a block.
     from dataclasses import replace
 
     model = replace(MODEL, sliding_window=64)
-    eng = PagedServing([Request(0, 40, 60, arrival_step=0)], model, PREC, SchedulerConfig(block_size=16, num_kv_blocks=20),
-                       device=DEVICE, weights_bytes=0, device_memory=10**12, block_bytes=1000)
-    _, steps, _, _ = eng.run(fast=False)
-    assert steps["blocks_used"].tolist() == [3] * 9 + [4] * 16 + [5] * 35
-    assert list(eng.pool.free)[-5:] != [] and eng.pool.used() == 0
+    out = {}
+    for manager in ("genai", "vllm"):
+        eng = PagedServing([Request(0, 40, 60, arrival_step=0)], model, PREC,
+                           SchedulerConfig(block_size=16, num_kv_blocks=20, kv_manager=manager),
+                           device=DEVICE, weights_bytes=0, device_memory=10**12, block_bytes=1000 if manager == "genai" else None)
+        _, steps, _, _ = eng.run(fast=False)
+        _, fast, _, _ = PagedServing([Request(0, 40, 60, arrival_step=0)], model, PREC,
+                                     SchedulerConfig(block_size=16, num_kv_blocks=20, kv_manager=manager), device=DEVICE,
+                                     weights_bytes=0, device_memory=10**12,
+                                     block_bytes=1000 if manager == "genai" else None).run(fast=True)
+        assert np.array_equal(steps, fast)
+        assert eng.pool.used() == 0
+        out[manager] = steps["blocks_used"].tolist()
+    assert out["genai"] == [-(-(40 + k) // 16) for k in range(60)]
+    assert out["vllm"] == [3] * 9 + [4] * 16 + [5] * 15 + [4] + [5] * 15 + [4] + [5] * 3
 
 
 def test_vllm_prompt_in_a_shared_restored_block_waits_for_its_copy():

@@ -62,6 +62,10 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step (default 256)")
     g.add_argument("--no-dynamic-split-fuse", action="store_true", help="paged: vLLM mode (whole prompts first)")
     g.add_argument("--prefix-caching", action="store_true", help="paged: enable_prefix_caching")
+    g.add_argument("--kv-manager", default="genai", help="paged: genai (one block spans every attention layer, "
+                   "windows keep every block, linear-attention states in a pool of their own) | vllm (vLLM's hybrid "
+                   "manager: a block table per group of layers, windows and chunks free blocks, MLA as its latent, a "
+                   "state block per running request; GenAI's scheduling either way; default genai)")
     g.add_argument("--on-oom", default="preempt", help=f"when a request's memory does not fit: {' | '.join(ON_OOM)} "
                    "(default preempt: by recompute, GenAI's victim rule)")
     g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
@@ -118,7 +122,7 @@ def spec_from_args(args):
     cfg = SchedulerConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
-                          on_oom=args.on_oom)
+                          on_oom=args.on_oom, kv_manager=args.kv_manager)
     device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(model, args.weights_memory, args.weights_precision)
     if args.static_batch <= 0:
@@ -165,7 +169,8 @@ def render(result) -> str:
 
     mem = (f"paged, block {sp.paged.block_size}" + (f", {sp.paged.num_kv_blocks} blocks" if sp.paged.num_kv_blocks else
            f", {sp.paged.cache_size} GiB" if sp.paged.cache_size else ", dynamic pool")
-           + (", prefix caching" if sp.paged.enable_prefix_caching else "")) if sp.memory == "paged" else \
+           + (", prefix caching" if sp.paged.enable_prefix_caching else "")
+           + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")) if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"
     alloc = m["mean_allocated_bytes"] or 1
     lines = [

@@ -47,7 +47,7 @@ import numpy as np
 from simkv.errors import ConfigError, PolicyError
 from simkv.ledger import ALLOC, COPY, FREE, ROW, Ledger
 from simkv.limits import MAX_SERVING_LEDGER_ROWS
-from simkv.serving.costing import StepTimer, attended_pairs
+from simkv.serving.costing import Work as StepWork
 from simkv.serving.engine import PROGRESS, STEP_TABLE, session_prompts
 from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, RUNNING, Group
 
@@ -109,9 +109,9 @@ class ContiguousServing:
         self.scheduler = scheduler
         self.static_batch = static_batch
         self.budget = device_memory - weights_bytes
-        self.kv_token = precision.kv_bytes_per_token(model)
-        self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
-        self.window = model.sliding_window
+        self.work, self._per_layer = request_work(model, precision, policy)
+        self.kv_token = self.work.kv_token
+        self.timer = self.work.timer(model, device, weights_bytes)
         self.trace_requests = trace_requests
         self.progress = progress
         self.max_steps = max_steps
@@ -205,7 +205,7 @@ class ContiguousServing:
                                   for g in list(running) + list(waiting)]
             running = self._retire(finished, running, step)
             rows.append((step, t, n_live, len(stepped), 0, 0, allocated, used, dt, work.new, allocated + spike,
-                         reserved, internal, work.copied, preempted))
+                         reserved, internal, work.copied, preempted, 0, 0))
             step += 1
             if bar is not None and not by_step:
                 bar(pending)
@@ -298,12 +298,11 @@ class ContiguousServing:
         """The request's next local step, on this engine step: its ledger rows, and it advances. Returns what the
         forward pass computes for it: its tokens (the prompt, then one), the pairs they attend, the KV tokens
         read, and whether it samples a token of its own (a static batch pads shorter answers to the longest)."""
-        l, window = g.local, self.window
+        l = g.local
         self._emit(g.traj.rows_of(l), g, step)
         tokens = g.run_P if l == 0 else 1
         ctx = 0 if l == 0 else g.run_P + l - 1
-        attended = attended_pairs(ctx, tokens, window)
-        seen = ctx + tokens if window is None else min(ctx + tokens, window)
+        attended, seen = self.work.seq(ctx, tokens)
         g.local = l + 1
         g.processed = g.run_P + l
         return tokens, attended, seen, g.generated < g.G
@@ -323,6 +322,8 @@ class ContiguousServing:
         """The step's KV bytes, after it: allocated, used (the requests' tokens), reserved (the headroom their
         own later tokens will fill: the vLLM paper's "reservation") and internal (the rest of allocated − used,
         never filled: "internal fragmentation")."""
+        if self._per_layer is not None:
+            return self._accounting_per_layer(running)
         used_tokens = reserved = 0
         for g in running:
             if g.held:
@@ -333,6 +334,27 @@ class ContiguousServing:
         allocated = sum(g.held for g in running)
         internal = allocated - used_tokens * self.kv_token - reserved
         return allocated, used_tokens * self.kv_token, reserved, internal
+
+    def _accounting_per_layer(self, running: list) -> tuple[int, int, int, int]:
+        """:meth:`_accounting` for a model whose layers differ: a request's tokens cost what its runtime keeps of
+        them per layer (a window's part where the policy keeps one, a linear layer's state once)."""
+        used = reserved = 0
+        of = self._used_of
+        for g in running:
+            if g.held:
+                own = of(min(g.P + g.generated, g.processed))
+                used += own
+                final = min(g.P + g.G, g.run_P + g.run_G - 1)
+                reserved += max(0, min(g.held, of(final)) - own)
+        allocated = sum(g.held for g in running)
+        return allocated, used, reserved, allocated - used - reserved
+
+    def _used_of(self, tokens: int) -> int:
+        """Bytes a request of ``tokens`` tokens holds of its own (per layer: its kept tokens; states once)."""
+        if tokens <= 0:
+            return 0
+        per_token, state = self._per_layer
+        return sum(b * (tokens if kept is None else min(tokens, kept)) for b, kept in per_token) + state
 
     def _retire(self, finished: list, running: list, step: int) -> list:
         """Free the requests that ran their last local step; returns those still running."""
@@ -376,6 +398,40 @@ class ContiguousServing:
             out.append(g)
             used_now += int(g.traj.allocated[0])
         return out
+
+
+def request_work(model, precision, policy):
+    """What a request's steps compute (:class:`simkv.serving.costing.Work`, ``StepWork`` here) and, for a model whose layers
+    differ, its bytes per layer: ((bytes per token, tokens kept or None) per attention layer, state bytes).
+
+    A model whose layers are all alike keeps its former rule: the precision's bytes per token and the model's
+    window caps the attention cost. Otherwise each layer as the policy's runtime stores it (its MLA form,
+    metadata and state element sizes, simkv.kvspec), and a layer's window caps its cost and its bytes only where
+    the policy keeps just the window (``kept_tokens``; OpenVINO's stateful caches keep every token and attend
+    to all of them under a mask, docs/DESIGN.md §4c)."""
+    from simkv.kvspec import state_bytes, token_bytes
+
+    layers = model.kv_layers
+    if not model.layer_kv or (model.uniform and layers[0].caches_tokens and layers[0].latent is None
+                              and layers[0].kind != "chunked"):
+        window = layers[0].window or 0
+        return StepWork(((model.layers, precision.kv_bytes_per_token(model) // model.layers, window,
+                      "sliding" if window else "full"),), model.layers), None
+    meta, mla = policy.meta_bytes_per_head(precision), policy.mla_form
+    conv_el, rec_el = policy.state_element_bytes(precision)
+    classes: dict[tuple, int] = {}
+    per_token, state = [], 0
+    for layer in layers:
+        if layer.caches_tokens:
+            b = token_bytes((layer,), precision, meta_per_head=meta, mla=mla)
+            kept = policy.kept_tokens(layer)
+            per_token.append((b, kept))
+            key = (b, layer.window, layer.kind) if kept is not None and layer.window else (b, 0, "full")
+            classes[key] = classes.get(key, 0) + 1
+        elif layer.kind == "linear":
+            state += sum(state_bytes(layer, conv_el, rec_el))
+    work = StepWork(tuple((n, b, w, kind) for (b, w, kind), n in classes.items()), model.layers, state)
+    return work, (tuple(per_token), state)
 
 
 class Work(NamedTuple):

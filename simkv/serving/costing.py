@@ -28,6 +28,15 @@ _ARGS = ("weights_bytes", "new_tokens", "attended_pairs", "kv_read_bytes", "kv_w
          "decode_pairs")
 
 
+def chunk_pairs(context: int, new: int, chunk: int) -> int:
+    """Σ over ``new`` tokens after ``context`` of the positions each attends to under chunked local attention
+    (a token at position p attends to the positions of its own chunk up to itself: ``p mod chunk + 1``)."""
+    def below(n):  # Σ_{p < n} p mod chunk
+        q, r = divmod(n, chunk)
+        return q * (chunk * (chunk - 1) // 2) + r * (r - 1) // 2
+    return below(context + new) - below(context) + new
+
+
 def attended_pairs(context: int, new: int, window: int | None) -> int:
     """Σ over ``new`` tokens after ``context`` of the positions each attends to, capped by a window
     (the same sum as :func:`simkv.cost.attended_pairs`, in integers)."""
@@ -47,23 +56,32 @@ class StepTimer:
     #: attended pairs of one-token queries.
     INPUTS = 6
 
-    def __init__(self, model, device, weights_bytes: int, kv_token_bytes: int) -> None:
+    def __init__(self, model, device, weights_bytes: int, kv_token_bytes: int, *, read_unit: int | None = None,
+                 pairs_div: int = 1) -> None:
+        """``kv_token_bytes``: KV bytes one new token writes; ``read_unit``: bytes per unit of the loop's KV-read
+        input (default ``kv_token_bytes``: tokens read); ``pairs_div``: what the loop's attended pairs are
+        divided by before :func:`simkv.cost.step_cost` prices them (:class:`Work`)."""
         self.model, self.device, self.weights = model, device, weights_bytes
         self.kv_token = kv_token_bytes
+        self.read_unit = kv_token_bytes if read_unit is None else read_unit
+        self.pairs_div = pairs_div
         k = len(_ARGS)
         probe = np.zeros((k + 1, k))
         probe[1:] = np.eye(k) * 1e6
         c = step_cost(model, device, **{a: probe[:, i] for i, a in enumerate(_ARGS)})
         self._ovh = float(c.overhead_s[0])
-        kvt = float(kv_token_bytes)
+        kvt, unit = float(kv_token_bytes), float(self.read_unit)
+        div = pairs_div
 
         def affine(term):
             """(constant with this run's weights, coefficients of the loop's inputs) of one affine term."""
             at0 = float(term[0])
             a = [float(v) for v in (np.asarray(term[1:]) - at0) / 1e6]
             # step_cost's (weights, new, pairs, kv_read, kv_write, copy, logits, decode pairs) -> the loop's inputs
-            # (KV bytes written = new tokens x bytes per token; read = tokens read x bytes per token)
-            return at0 + a[0] * weights_bytes, [a[1] + a[4] * kvt, a[2], a[3] * kvt, a[5], a[6], a[7]]
+            # (KV bytes written = new tokens x bytes per token; read = units read x bytes per unit)
+            if div == 1:
+                return at0 + a[0] * weights_bytes, [a[1] + a[4] * kvt, a[2], a[3] * unit, a[5], a[6], a[7]]
+            return at0 + a[0] * weights_bytes, [a[1] + a[4] * kvt, a[2] / div, a[3] * unit, a[5], a[6], a[7] / div]
 
         # the weights are fixed for a run: folded into the constants
         self.terms = [affine(t) for t in c.terms]  # weights, matmul FLOPs, KV bytes, attention FLOPs
@@ -150,12 +168,96 @@ class StepTimer:
             return np.zeros(0), None
         a = np.stack([np.concatenate([np.asarray(c[i], dtype=np.float64) for c in self.chunks])
                       for i in range(self.INPUTS)], axis=1)
-        c = step_cost(self.model, self.device, weights_bytes=self.weights, new_tokens=a[:, 0], attended_pairs=a[:, 1],
-                      kv_read_bytes=a[:, 2] * self.kv_token, kv_write_bytes=a[:, 0] * self.kv_token,
-                      copy_bytes=a[:, 3], logit_tokens=a[:, 4], decode_pairs=a[:, 5])
+        div = self.pairs_div
+        c = step_cost(self.model, self.device, weights_bytes=self.weights, new_tokens=a[:, 0],
+                      attended_pairs=a[:, 1] if div == 1 else a[:, 1] / div,
+                      kv_read_bytes=a[:, 2] * self.read_unit, kv_write_bytes=a[:, 0] * self.kv_token,
+                      copy_bytes=a[:, 3], logit_tokens=a[:, 4], decode_pairs=a[:, 5] if div == 1 else a[:, 5] / div)
         seconds = np.asarray(c.seconds, dtype=np.float64)
         ran = estimated > 0
         if not np.allclose(seconds[ran], estimated[ran], rtol=1e-9, atol=1e-15):
             raise SimkvError("the cost model is not affine in its inputs; serving time needs an update of "
                              "simkv/serving/costing.py")
         return np.where(ran, seconds, 0.0), c
+
+
+class Work:
+    """What a step's forward pass computes for the cost model, per sequence: attended pairs and KV read, by the
+    kinds of its attention layers (``PagedKV.token_classes``: (count, bytes per token, window, kind)).
+
+    Attention layers all alike (one class, full or sliding) and no state: as for a uniform model — tokens read
+    (window-capped) at ``kv_token`` bytes each, pairs of one layer (:func:`simkv.cost.step_cost` multiplies by
+    the layers). Otherwise pairs are summed over the attention layers and divided by the model's layers before
+    pricing, and reads are bytes: per class ``min(context, W)`` tokens (sliding), the tokens of the chunks the
+    new tokens fall in (chunked), every token (full); each scheduled sequence also reads and writes its linear
+    state (``state`` bytes) once. Integer sums, so planned runs and the reference add them up exactly alike.
+    """
+
+    def __init__(self, classes, layers: int, state: int = 0) -> None:
+        self.classes = tuple(classes)
+        self.state = state
+        self.uniform = len(self.classes) == 1 and self.classes[0][3] in ("full", "sliding") and not state
+        self.kv_token = sum(count * nbytes for count, nbytes, _, _ in self.classes)
+        if self.uniform:
+            self.window = self.classes[0][2] or None
+            self.read_unit, self.pairs_div = self.kv_token, 1
+        else:
+            self.window = None
+            self.read_unit, self.pairs_div = 1, layers
+
+    def timer(self, model, device, weights_bytes: int) -> StepTimer:
+        return StepTimer(model, device, weights_bytes, self.kv_token, read_unit=self.read_unit, pairs_div=self.pairs_div)
+
+    def seq(self, prev: int, new: int) -> tuple[int, int]:
+        """(attended pairs, KV read) of ``new`` tokens after ``prev`` cached ones, one sequence."""
+        ctx = prev + new
+        if self.uniform:
+            w = self.window
+            return attended_pairs(prev, new, w), (ctx if w is None else min(ctx, w))
+        pairs = reads = 0
+        for count, nbytes, w, kind in self.classes:
+            if kind == "chunked":
+                p, r = chunk_pairs(prev, new, w), ctx - prev // w * w
+            elif kind == "sliding":
+                p, r = attended_pairs(prev, new, w), min(ctx, w)
+            else:
+                p, r = new * prev + new * (new + 1) // 2, ctx
+            pairs += count * p
+            reads += count * nbytes * r
+        return pairs, reads + (2 * self.state if new else 0)
+
+    def arrays(self, tok: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`seq` of every entry (``tok`` new tokens ending at ``ctx``), 0 where ``tok`` is 0."""
+        prev = ctx - tok
+        live = tok > 0
+        if self.uniform:
+            w = self.window
+            if w is None:
+                return tok * prev + tok * (tok + 1) // 2, np.where(live, ctx, 0)
+            first = np.maximum(0, w - prev)
+            fit = np.minimum(first, tok)
+            over_w = tok - fit
+            st_ = prev + fit + 1 - w
+            pairs = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
+            return pairs, np.where(live, np.minimum(ctx, w), 0)
+        pairs = np.zeros_like(tok)
+        reads = np.zeros_like(tok)
+        full = tok * prev + tok * (tok + 1) // 2
+        for count, nbytes, w, kind in self.classes:
+            if kind == "chunked":
+                def below(n):
+                    q, r = np.divmod(n, w)
+                    return q * (w * (w - 1) // 2) + r * (r - 1) // 2
+                p, r = below(ctx) - below(prev) + tok, ctx - prev // w * w
+            elif kind == "sliding":
+                first = np.maximum(0, w - prev)
+                fit = np.minimum(first, tok)
+                over_w = tok - fit
+                st_ = prev + fit + 1 - w
+                p = full - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
+                r = np.minimum(ctx, w)
+            else:
+                p, r = full, ctx
+            pairs += count * p
+            reads += count * nbytes * r
+        return pairs, np.where(live, reads + 2 * self.state, 0)

@@ -19,16 +19,16 @@ from __future__ import annotations
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.kvspec import k_v_bytes
 from simkv.serving import planned_run
-from simkv.serving.costing import StepTimer
+from simkv.serving.costing import Work
 from simkv.serving.joins import join
+from simkv.serving.kv_groups import overridden, paged_kv
 from simkv.serving.paged import BlockPool
 from simkv.serving.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
 from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, Group, SchedulerConfig,
                                      prepare_tokens)
-from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work
+from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
 #: A run stops when no token has been generated for this many steps (or 4x the longest request):
@@ -44,6 +44,8 @@ STEP_TABLE = np.dtype([
     # extras (library only)
     ("step_s", np.float64), ("scheduled_tokens", np.int64), ("peak_bytes", np.int64), ("reserved_bytes", np.int64),
     ("internal_bytes", np.int64), ("copy_bytes", np.int64), ("preemptions", np.int64),
+    # GenAI's linear-attention pool (hybrid models): its blocks in use and in all (bytes are in the columns above)
+    ("state_blocks_used", np.int64), ("state_blocks_total", np.int64),
 ])
 #: Per-request progress (``trace_requests=True``): one row per live request per step.
 PROGRESS = np.dtype([("step", np.int64), ("request", np.int64), ("generated", np.int64), ("processed", np.int64),
@@ -86,24 +88,6 @@ def prompt_token_ids(requests: list[Request]) -> list[list]:
     return out
 
 
-def genai_block_bytes(model, precision, block_size: int) -> tuple[int, int]:
-    """Bytes of one block in one layer's key and value cache tensors.
-
-    u8 on the CPU plugin (shapes of the compiled paged model's ``key_cache.N`` / ``value_cache.N``
-    inputs, read by ``simkv validate --paged``): keys are quantised by channel —
-    ``[blocks, H_kv, block + 8, S]`` (an f32 scale and zero point per channel and block) — values
-    by token — ``[blocks, H_kv, block, S + 8]``. Other precisions: ``block`` tokens of K or V data
-    (and metadata per token, if the precision has any).
-    """
-    (layer, _), = model.groups  # one group: a uniform model (per-group pools: issue #19)
-    heads, k_dim, v_dim = layer.cached("decompressed")
-    if precision.name == "u8":
-        return heads * (block_size + 8) * k_dim, heads * block_size * (v_dim + 8)
-    k, v = k_v_bytes(layer, precision, "decompressed")
-    meta = heads * precision.meta_bytes_per_head
-    return block_size * (k + meta), block_size * (v + meta)
-
-
 class PagedServing:
     """Continuous batching over a paged pool, step by step (GenAI's rules; see :mod:`.scheduler`)."""
 
@@ -114,37 +98,45 @@ class PagedServing:
                  max_preemptions: int | None = None) -> None:
         self.requests = requests
         self.model, self.cfg = model, config
-        self.bs = config.block_size
-        self.kv_token = precision.kv_bytes_per_token(model)
-        if tensor_block_bytes is None and block_bytes:
-            per = int(block_bytes) // (2 * model.layers)
-            tensor_block_bytes = (per, int(block_bytes) // model.layers - per)
-        self.k_block, self.v_block = tensor_block_bytes or genai_block_bytes(model, precision, self.bs)
-        self.block_bytes = int(block_bytes) if block_bytes else model.layers * (self.k_block + self.v_block)
+        if config.block_size <= 0:
+            raise ConfigError("block size and block bytes must be positive")
+        kv = paged_kv(model, precision, config.block_size, config.kv_manager,
+                      prefix_caching=config.enable_prefix_caching)
+        if config.kv_manager == "vllm" and config.enable_prefix_caching:
+            raise ConfigError("prefix caching under --kv-manager vllm is not modelled (vLLM's hit rules per group: "
+                              "sliding windows scanned from the right, Mamba states at block boundaries); use the "
+                              "GenAI manager or drop --prefix-caching")
+        if block_bytes or tensor_block_bytes is not None:
+            if not kv.plain or kv.manager != "genai":
+                raise ConfigError("bytes per block given by hand need a model whose attention layers are all alike "
+                                  "under the GenAI manager")
+            kv = overridden(kv, block_bytes, tensor_block_bytes)
+        #: The paged memory's layout (simkv.serving.kv_groups): groups, block bytes, tensors.
+        self.kv = kv
+        self.bs = kv.block_size
+        self.block_bytes = kv.block_bytes
+        self.state_bytes = kv.state_bytes
         if self.bs <= 0 or self.block_bytes <= 0:
             raise ConfigError("block size and block bytes must be positive")
         budget = device_memory - weights_bytes
-        if budget < self.block_bytes:
+        if budget < self.block_bytes + self.state_bytes:
             raise ConfigError(f"no room for even one KV block: {device_memory:,} B device memory, "
                               f"{weights_bytes:,} B weights")
         self.max_blocks = budget // self.block_bytes
-        if config.num_kv_blocks:
-            fixed = config.num_kv_blocks
-        elif config.cache_size:
-            fixed = int(config.cache_size * GIB // self.block_bytes)
-            if fixed <= 0:
-                raise ConfigError(f"cache size {config.cache_size} GiB holds no {self.block_bytes:,}-byte block")
-        else:
-            fixed = 0
-        if fixed > self.max_blocks:
-            raise ConfigError(f"a pool of {fixed:,} blocks ({fixed * self.block_bytes / GIB:.2f} GiB) does not fit "
-                              f"the {budget / GIB:.2f} GiB the device has besides the weights")
+        fixed, state_fixed = self._pool_sizes(config, kv, budget)
         self.pool = BlockPool(fixed, config.enable_prefix_caching)
-        self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks)
-        self.timer = StepTimer(model, device, weights_bytes, self.kv_token)
-        self.window = model.sliding_window
-        #: Sliding-window models keep only the blocks of their window (SchedulerConfig.window_blocks).
-        self.window_blocks = self.window is not None and config.window_blocks
+        self.state_pool = BlockPool(state_fixed, config.enable_prefix_caching) if kv.state_bytes else None
+        self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks, kv=kv,
+                                         state_pool=self.state_pool, budget=budget)
+        self.side_pools = [self.sched.pools[grp.pool] for grp in kv.side]
+        #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
+        self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
+        self.kv_token = self.work.kv_token
+        self.timer = self.work.timer(model, device, weights_bytes)
+        #: Blocks leave windows (vLLM's manager): freed after each step, and no planned runs over them.
+        self.window_blocks = self.sched.windowed
+        #: Steps the next planned run may take (a layout of several groups; planned_run._horizon).
+        self.horizon = planned_run.KMAX
         self.max_steps = max_steps
         self.stall_steps = stall_steps
         #: Stop once more preemptions than this happened (a bound for searches: such runs take the slow path).
@@ -154,9 +146,55 @@ class PagedServing:
         #: ``observe(step, engine, live)`` after each reference step's sampling, before finished
         #: requests are freed (tests; the planned runs skip it: use ``run(fast=False)``).
         self.observe = observe
-        self.tensors = PoolTensors(model.layers, self.k_block, self.v_block, self.block_bytes, self.bs,
-                                   config.transient_buffers)
+        self.tensors = PoolTensors(kv.tensors, self.block_bytes, self.bs,
+                                   config.transient_buffers and kv.transient, kv.state_tensors,
+                                   by_layer=kv.manager == "genai")
         self.ledger = self.tensors.ledger
+
+    @staticmethod
+    def _pool_sizes(config: SchedulerConfig, kv, budget: int) -> tuple[int, int]:
+        """Blocks of the KV pool and of the state pool when they are fixed (``num_kv_blocks`` or
+        ``cache_size``), GenAI's ``CacheOrchestrator::normalize_block_counts``: without prefix caching the
+        state pool has ``max_num_seqs`` blocks, reserved first out of ``cache_size``; with it, one checkpoint
+        per interval of the KV pool's tokens (``num_kv_blocks``), or the largest token target whose KV blocks and
+        checkpoints fit ``cache_size`` (binary search). (0, 0): a dynamic pool."""
+        state_group = kv.side[-1] if kv.state_bytes else None
+        bb, sb = kv.block_bytes, kv.state_bytes
+        state = 0
+        if config.num_kv_blocks:
+            fixed = config.num_kv_blocks
+            if state_group is not None:
+                state = (config.max_num_seqs if state_group.kind == "state"
+                         else -(-fixed * kv.block_size // state_group.block_size))
+        elif config.cache_size:
+            cache = int(config.cache_size * GIB)
+            if state_group is None:
+                fixed = cache // bb
+            elif state_group.kind == "state":
+                state = config.max_num_seqs
+                if state * sb > cache:
+                    raise ConfigError(f"{state} linear-attention state blocks of {sb:,} B (max_num_seqs) exceed the "
+                                      f"{config.cache_size} GiB cache size (GenAI: \"Requested linear attention cache "
+                                      "allocation exceeds the configured cache size.\")")
+                fixed = (cache - state * sb) // bb
+            else:
+                interval, bs = state_group.block_size, kv.block_size
+                lo, hi = 0, cache // bb * bs
+                while lo < hi:
+                    mid = lo + (hi - lo + 1) // 2
+                    if -(-mid // bs) * bb + -(-mid // interval) * sb <= cache:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                fixed, state = -(-lo // bs), -(-lo // interval)
+            if fixed <= 0:
+                raise ConfigError(f"cache size {config.cache_size} GiB holds no {bb:,}-byte block")
+        else:
+            return 0, 0
+        if fixed * bb + state * sb > budget:
+            raise ConfigError(f"a pool of {fixed:,} blocks ({(fixed * bb + state * sb) / GIB:.2f} GiB) does not fit "
+                              f"the {budget / GIB:.2f} GiB the device has besides the weights")
+        return fixed, state
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -250,8 +288,23 @@ class PagedServing:
         if self.pool.total != self.tensors.total:
             copied, peak = self.tensors.resize(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
+        state = self.state_pool
+        if state is not None:
+            state_before = self.tensors.state_total * self.state_bytes
+            peak += state_before
+            if state.total != self.tensors.state_total:
+                moved, state_peak = self.tensors.resize_state(step, state.total)
+                copied += moved
+                peak = max(peak, self.pool.total * self.block_bytes + state_peak)
+            copied += self.sched.state_copies * self.state_bytes
         blocks_used = self.pool.used()
-        internal = internal_slack(live, self.pool, self.bs)
+        state_used = state.used() if state is not None else 0
+        if self.sched.simple:
+            internal = internal_slack(live, self.pool, self.bs)
+            used_b = (blocks_used * self.bs - internal) * self.block_bytes // self.bs
+        else:
+            used0, used1 = used_bytes(live, self.sched)
+            used_b = used0 + used1
         n_live = len(live)
         if total == 0:
             self.sampled += 1  # an outcome: progress
@@ -259,12 +312,11 @@ class PagedServing:
             dt = 0.0
             self.timer.record_idle()
         else:
-            new, pairs, kv_read, logits, decode_pairs = step_work(scheduled, self.window)
+            new, pairs, kv_read, logits, decode_pairs = step_work(scheduled, self.work)
             dt = self.timer.step(new, pairs, kv_read, copied, logits, decode_pairs)
         t += dt
         self.est.append(dt)
-        used_tokens = blocks_used * self.bs - internal
-        finished, sampled = sample(scheduled, self.pool, t, step)
+        finished, sampled = sample(scheduled, self.pool, t, step, self.side_pools)
         self.sampled += sampled
         if self.trace_requests:
             for g in live:
@@ -272,15 +324,20 @@ class PagedServing:
         if self.window_blocks:
             for g in scheduled:
                 if g.status == RUNNING:
-                    self.sched.drop_outside_window(g, self.window)
+                    self.sched.drop_skipped(g)
         if self.observe is not None:
             self.observe(step, self, live)
         for g in finished:
             self.sched.free_group(g)
-        self.rows.append((step, t, n_live, len(scheduled), blocks_used, self.pool.total,
-                          self.pool.total * self.block_bytes, used_tokens * self.block_bytes // self.bs,
-                          dt, total, peak, (self.pool.total - blocks_used) * self.block_bytes,
-                          blocks_used * self.block_bytes - used_tokens * self.block_bytes // self.bs, copied, preempted))
+        allocated = self.pool.total * self.block_bytes
+        in_use = blocks_used * self.block_bytes
+        state_total = 0
+        if state is not None:
+            state_total = state.total
+            allocated += state_total * self.state_bytes
+            in_use += state_used * self.state_bytes
+        self.rows.append((step, t, n_live, len(scheduled), blocks_used, self.pool.total, allocated, used_b, dt, total,
+                          peak, allocated - in_use, in_use - used_b, copied, preempted, state_used, state_total))
         self.t = t
         self.step = step + 1
 
@@ -292,6 +349,8 @@ class PagedServing:
         Returns how many joined (they are appended to ``live``), or None when the present state does
         not allow a run of at least two steps."""
         run = planned_run.plan(self, live, pending)
+        if not self.sched.simple:  # the next plan's horizon follows this one's length
+            self.horizon = min(planned_run.KMAX, max(64, 2 * (run.K if run is not None else 0)))
         if run is None:
             return None
         joined = join(self, run, live, pending)
@@ -300,7 +359,7 @@ class PagedServing:
         self.groups.extend(joined)
         live.extend(joined)
         table, sampled = planned_run.commit(run, live, self.pool, self.sched.free_group, self.timer, self.block_bytes,
-                                            self.bs, self.step)
+                                            self.bs, self.step, self)
         self.sampled += sampled
         self.rows.append(table)
         self.est.append(table["step_s"])
@@ -310,6 +369,7 @@ class PagedServing:
 
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])
+        self.sched.init_side(g)
         g.added_s, g.added_step = (req.arrival_s if req.arrival_s is not None else self.t), self.step
         if self.tokens is not None:
             prepare_tokens(g, self.tokens[index], self.bs)

@@ -45,10 +45,11 @@ def with_pool(fig, result):
     top = float(s["peak_bytes"].max()) / GIB if len(s) else 0.0
     if sp.memory == "paged" and result.block_bytes and len(s):
         total = s["blocks_total"]
-        change = np.flatnonzero(np.diff(total)) + 1  # the pool only changes size at a few steps
+        pool = s["allocated_bytes"]  # the KV pool's blocks (and a hybrid model's state pool)
+        change = np.flatnonzero(np.diff(pool)) + 1  # the pool only changes size at a few steps
         idx = np.concatenate([[0], change, [len(s) - 1]])
         fixed = not sp.paged.dynamic
-        fig.add_trace(go.Scatter(x=s["time_s"][idx], y=total[idx] * result.block_bytes / GIB, mode="lines",
+        fig.add_trace(go.Scatter(x=s["time_s"][idx], y=pool[idx] / GIB, mode="lines",
                                    line=dict(shape="hv", color="black", width=1),
                                    name=f"pool ({'fixed' if fixed else 'dynamic'}, {int(total[-1]):,} blocks)"), 1, 1)
     budget = (sp.device_memory - sp.weights_bytes) / GIB

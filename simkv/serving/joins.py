@@ -4,7 +4,7 @@ A newcomer is last in the queue: it takes only the budget the others leave and c
 nobody's tokens (prompts complete in request order, so it never decodes ahead of an
 earlier prompt); its row is planned like any prompt's, from its step on, and added to the
 run's per-step sums. The run ends at an arrival the reference treats otherwise: dynamic
-pool growth, forked samples, a sliding window, no one else present (a jump in time), or a
+pool growth, forked samples, no one else present (a jump in time), or a
 run that must end there.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simkv.serving.planned_run import KMAX, Run, pairs_and_reads, prompt_share
+from simkv.serving.planned_run import KMAX, Run, blocks, prompt_share, reserves
 from simkv.serving.scheduler import Group
 
 
@@ -33,9 +33,10 @@ def join(eng, run: Run, live: list[Group], pending: int) -> list[Group]:
         if k >= run.K:
             break  # arrives after the run
         g = Group(req, index, eng.prompts[index])
+        sched.init_side(g)
         here = [h for h, f in zip(live + joined, run.fin) if f >= k]  # present at step k
-        if (index >= ahead or g.n > 1 or not here or (eng.window_blocks and g.P + g.G > eng.window)
-                or (sched.dynamic and min(sched._target_blocks(here + [g]), sched.max_blocks) > total)):
+        if (index >= ahead or g.n > 1 or not here
+                or (sched.dynamic and reserves(sched, here + [g]))):
             run.cut(k)
             break
         if not _add_newcomer(eng, run, g, k):
@@ -67,17 +68,30 @@ def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
     tok = got + decoding
     ctx = np.cumsum(tok)
     alive = (ks >= k) & (ks <= fin)
-    held = (ctx + (bs - 1)) // bs * alive
-    used = run.used + held
-    bad = used > total
+    used1 = None
+    if eng.sched.simple:
+        held = (ctx + (bs - 1)) // bs * alive
+        used = run.used + held
+        bad = used > total
+    else:  # the newcomer's blocks in every group (its tables start empty)
+        per_pool = blocks(eng, ctx[None, :], (ctx - tok)[None, :], alive[None, :],
+                          [np.zeros(1, dtype=np.int64)] * len(eng.kv.groups))[0]
+        held = np.zeros_like(ctx)
+        used = run.used + per_pool[0]
+        bad = used > total
+        if run.used1 is not None:
+            used1 = run.used1 + per_pool[1]
+            bad |= used1 > eng.state_pool.total
     if bad.any():
         K = min(K, int(bad.argmax()))
     if K <= k:
         return False
-    pairs, seen = pairs_and_reads(tok, ctx, eng.window)
+    pairs, seen = eng.work.arrays(tok, ctx)
     sampled = (tok > 0) & (ctx >= g.P)
     run.add_row(tok, ctx, held, alive, sampled, fin, start)
     run.nd, run.taken, run.used = nd, run.taken + got, used
+    if used1 is not None:
+        run.used1 = used1
     run.new, run.pairs, run.kvr, run.logits = run.new + tok, run.pairs + pairs, run.kvr + seen, run.logits + sampled
     if run.decode_pairs is not None:
         run.decode_pairs = run.decode_pairs + np.where(tok == 1, pairs, 0)

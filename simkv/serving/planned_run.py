@@ -39,19 +39,6 @@ def prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple
     return got, (kc + 1, kc + G - 1)  # first token at kc, G - 1 more
 
 
-def pairs_and_reads(tok: np.ndarray, ctx: np.ndarray, window: int | None):
-    """Attended pairs and KV tokens read of each entry of ``tok`` (tokens scheduled, window-capped)."""
-    prev = ctx - tok
-    if window is None:
-        return tok * prev + tok * (tok + 1) // 2, np.where(tok > 0, ctx, 0)
-    first = np.maximum(0, window - prev)
-    fit = np.minimum(first, tok)
-    over_w = tok - fit
-    st_ = prev + fit + 1 - window
-    pairs = tok * prev + tok * (tok + 1) // 2 - np.where(over_w > 0, over_w * st_ + over_w * (over_w - 1) // 2, 0)
-    return pairs, np.where(tok > 0, np.minimum(ctx, window), 0)
-
-
 @dataclass
 class Run:
     """A planned run of ``K`` steps: per-request rows (lists, one entry per request) and per-step sums."""
@@ -77,13 +64,17 @@ class Run:
     ahead: int  # the run ends before the arrival of requests[ahead] at the latest
     sec: np.ndarray | None = None
     times: np.ndarray | None = None
+    #: A layout of several groups (simkv.serving.kv_groups): the state pool's blocks in use per step, and per
+    #: group the present requests' table lengths at the start (newcomers start empty).
+    used1: np.ndarray | None = None
+    nbg: list | None = None
 
     def cut(self, k: int) -> None:
         """Keep the first ``k`` steps (or fewer): the per-step arrays now, the rows when committed."""
         if k >= self.K:
             return
         self.K = k
-        for name in ("nd", "taken", "used", "new", "pairs", "kvr", "logits", "decode_pairs", "sec", "times"):
+        for name in ("nd", "taken", "used", "new", "pairs", "kvr", "logits", "decode_pairs", "sec", "times", "used1"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value[:k])
@@ -124,24 +115,96 @@ def plan(eng, live: list, pending: int) -> Run | None:
     ks = np.arange(K, dtype=np.int64)
     ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
     alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
-    held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
-    base = pool.used() - int(nb.sum())
-    used = base + held.sum(axis=0)
-    bad = used > pool.total
+    used1 = nbg = None
+    if eng.sched.simple:
+        held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
+        base = pool.used() - int(nb.sum())
+        used = base + held.sum(axis=0)
+        bad = used > pool.total
+    else:  # every group's blocks: the KV pool's and the state pool's in use per step
+        nbg, start_held = _tables_at_start(eng, live)
+        per_pool = blocks(eng, ctx, _before(ctx, proc), alive, nbg)[0]
+        used = pool.used() - start_held[0] + per_pool[0]
+        bad = used > pool.total
+        if eng.state_pool is not None:
+            used1 = eng.state_pool.used() - start_held[1] + per_pool[1]
+            bad |= used1 > eng.state_pool.total
+        held = np.zeros_like(ctx)  # (per request only for one group: the groups are counted again at the commit)
     if bad.any():
         K = int(bad.argmax())
         if K < 2:
             return None
-    pairs_m, seen = pairs_and_reads(tok, ctx, eng.window)
+    pairs_m, seen = eng.work.arrays(tok, ctx)
     sampled = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
     run = Run(K=K, tok=[tok[:, :K]], ctx=[ctx[:, :K]], held=[held[:, :K]], alive=[alive[:, :K]], sampled=[sampled[:, :K]],
               nb=nb.tolist(), fin=fin.tolist(), start=start.tolist(), dec=dec.tolist(), nd=nd[:K], taken=taken[:K],
               used=used[:K], new=tok.sum(axis=0)[:K], pairs=pairs_m.sum(axis=0)[:K], kvr=seen.sum(axis=0)[:K],
               logits=sampled.sum(axis=0)[:K],
               decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
-                            if eng.timer.decode_rate_differs else None), ahead=ahead)
+                            if eng.timer.decode_rate_differs else None), ahead=ahead,
+              used1=None if used1 is None else used1[:K], nbg=nbg)
     run.time(eng.timer, eng.t)
     return run
+
+
+def _before(ctx: np.ndarray, proc) -> np.ndarray:
+    """Tokens processed before each step (``proc`` before the first)."""
+    prev = np.empty_like(ctx)
+    prev[:, 0] = proc
+    prev[:, 1:] = ctx[:, :-1]
+    return prev
+
+
+def _tables_at_start(eng, live: list):
+    """Per group, each present request's table length; and per pool, the blocks they hold."""
+    groups = eng.kv.groups
+    nbg, held = [], [0, 0]
+    for gi, grp in enumerate(groups):
+        if gi == 0:
+            lens = [len(g.tables[0]) for g in live]
+            lead = [g.dropped for g in live]
+        else:
+            lens = [len(g.side[gi - 1][0]) for g in live]
+            lead = [min(grp.skipped(g.processed), n) for g, n in zip(live, lens)]
+        nbg.append(np.array(lens, dtype=np.int64))
+        held[grp.pool] += sum(lens) - sum(lead)
+    return nbg, held
+
+
+def _skipped(grp, tokens: np.ndarray) -> np.ndarray:
+    """:meth:`BlockGroup.skipped` of every entry."""
+    if grp.kind == "sliding":
+        return np.maximum(0, tokens - grp.window + 1) // grp.block_size
+    return tokens // grp.window * grp.window // grp.block_size
+
+
+def blocks(eng, ctx: np.ndarray, prev: np.ndarray, alive: np.ndarray, nbg: list):
+    """A layout of several groups over planned steps (``ctx``/``prev``: tokens processed after/before each step;
+    ``nbg``: per group the table lengths at the start). Returns per pool the blocks held per step, per group the
+    table entries per request and step, where a window drops blocks at the end of a step, and the bytes of data
+    the blocks hold per step (:func:`simkv.serving.slow_path.used_bytes`)."""
+    n, K = ctx.shape
+    per_pool = [np.zeros(K, dtype=np.int64), np.zeros(K, dtype=np.int64)]
+    entries, used_b = [], np.zeros(K, dtype=np.int64)
+    drops = np.zeros((n, K), dtype=bool)
+    for grp, nb in zip(eng.kv.groups, nbg):
+        if grp.block_size == 0:  # a state: one block once the sequence started
+            e = ((ctx > 0) | (nb[:, None] > 0)).astype(np.int64)
+        else:
+            e = np.maximum((ctx + (grp.block_size - 1)) // grp.block_size, nb[:, None])
+        lead = 0
+        if grp.kind in ("sliding", "chunked"):
+            lead = _skipped(grp, prev)
+            drops |= _skipped(grp, ctx) > lead
+        held = (e - lead) * alive
+        per_pool[grp.pool] += held.sum(axis=0)
+        if grp.block_size and grp.kind != "checkpoint":
+            tokens = np.where(alive & (e > 0), ctx - lead * grp.block_size, 0).sum(axis=0)
+            used_b += tokens * grp.real_bytes // grp.block_size
+        else:
+            used_b += held.sum(axis=0) * grp.real_bytes
+        entries.append(e)
+    return per_pool, entries, drops, used_b
 
 
 def _present(eng, live: list):
@@ -151,10 +214,9 @@ def _present(eng, live: list):
     cfg, sched, pool = eng.cfg, eng.sched, eng.pool
     if cfg.enable_prefix_caching or eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
         return None
-    if not sched.initialized or pool.total != eng.tensors.total:
+    if not sched.initialized or pool.total != eng.tensors.total or (
+            eng.state_pool is not None and eng.state_pool.total != eng.tensors.state_total):
         return None  # the pool's tensors are (re)allocated in this step
-    if eng.window_blocks and any(g.P + g.G > eng.window for g in live):
-        return None  # blocks leave the window: step by step
     n = len(live)
     proc = np.empty(n, dtype=np.int64)
     P = np.empty(n, dtype=np.int64)
@@ -173,15 +235,27 @@ def _present(eng, live: list):
                 return None  # forks at the end of its prompt
             prompt_phase = True
         proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
-    if sched.dynamic and prompt_phase and min(sched._target_blocks(live), sched.max_blocks) > pool.total:
+    if sched.dynamic and prompt_phase and reserves(sched, live):
         return None  # the reference step raises the dynamic pool first
     return proc, P, G, gen, nb
 
 
+def reserves(sched, groups) -> bool:
+    """Whether a step with a prompt among ``groups`` grows a dynamic pool first (``_reserve``)."""
+    if sched.simple:
+        return min(sched._target_blocks(groups), sched.max_blocks) > sched.pool.total
+    kv, state = sched._targets(groups)
+    if min(kv, sched.max_kv_blocks()) > sched.pool.total:
+        return True
+    return (sched.state_pool is not None and not sched.state_fixed
+            and min(state, sched.max_state_blocks()) > sched.state_pool.total)
+
+
 def _horizon(eng, ahead: int) -> int:
-    """Steps a run may take: at most KMAX, ending before the arrival of ``requests[ahead]``."""
+    """Steps a run may take: at most KMAX (a layout of several groups: twice the last run's, at least 64, as its
+    matrices have a row per request and group), ending before the arrival of ``requests[ahead]``."""
     reqs = eng.requests
-    K = KMAX
+    K = KMAX if eng.sched.simple else eng.horizon
     if ahead < len(reqs):
         if eng.by_step:
             K = min(K, reqs[ahead].arrival_step - eng.step)
@@ -234,7 +308,7 @@ def _schedule(proc, P, G, gen, budget: int, K: int):
     return tok[:, :K], dec, start, fin, nd, taken, K
 
 
-def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: int, step0: int):
+def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: int, step0: int, eng=None):
     """Carry out the run from step ``step0`` on: hand out and free blocks in the reference order,
     advance the requests ``live`` (the run's rows, joiners last), record the steps' work with the
     ``timer``. Returns the run's step-table columns (``_n``: its steps) and the tokens it sampled."""
@@ -243,17 +317,27 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
                                       for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled))
     used, sec, times = run.used[:K], run.sec[:K], run.times[:K]
     new, pairs, kvr, logits = run.new[:K], run.pairs[:K], run.kvr[:K], run.logits[:K]
-    _hand_out_blocks(held, nb, run.start, run.fin, K, live, pool, free_group)
-    n_sampled = _advance(live, ctx, sampled, np.array(run.dec), np.array(run.fin), times, K, step0)
-    ctx_total = np.where(alive, ctx, 0).sum(axis=0)
-    used_b = ctx_total * block_bytes // bs
     alloc_b = pool.total * block_bytes
+    in_use = used * block_bytes
+    state_used = state_total = 0
+    if eng is None or eng.sched.simple:
+        _hand_out_blocks(held, nb, run.start, run.fin, K, live, pool, free_group)
+        ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+        used_b = ctx_total * block_bytes // bs
+    else:
+        used_b = _hand_out_groups(eng, run, ctx, alive, K, live)
+        if eng.state_pool is not None:
+            state_used, state_total = run.used1[:K], eng.state_pool.total
+            alloc_b = alloc_b + state_total * eng.state_bytes
+            in_use = in_use + state_used * eng.state_bytes
+    n_sampled = _advance(live, ctx, sampled, np.array(run.dec), np.array(run.fin), times, K, step0)
     table = {
         "step": step0 + np.arange(K), "time_s": times, "requests": alive.sum(axis=0),
         "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
         "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
-        "peak_bytes": alloc_b, "reserved_bytes": (pool.total - used) * block_bytes,
-        "internal_bytes": used * block_bytes - used_b, "copy_bytes": 0, "preemptions": 0, "_n": K,
+        "peak_bytes": alloc_b, "reserved_bytes": alloc_b - in_use,
+        "internal_bytes": in_use - used_b, "copy_bytes": 0, "preemptions": 0,
+        "state_blocks_used": state_used, "state_blocks_total": state_total, "_n": K,
     }
     timer.record(new, pairs, kvr, logits, 0 if run.decode_pairs is None else run.decode_pairs[:K])
     return table, n_sampled
@@ -279,6 +363,49 @@ def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group)
             free_group(g)
         else:
             g.tables[0].extend(alloc_many(c))
+
+
+def _hand_out_groups(eng, run: Run, ctx, alive, K: int, live: list) -> np.ndarray:
+    """:func:`_hand_out_blocks` for a layout of several groups: per step, each decoder's blocks (group by group),
+    then each prompt chunk's, then the blocks windows leave at the end of the step (decoders, then prompts),
+    then the frees of the requests that finished. Returns the bytes of data held per step."""
+    n = ctx.shape[0]
+    nbg = [np.concatenate([nb, np.zeros(n - len(nb), dtype=np.int64)]) for nb in run.nbg]
+    proc = np.array([g.processed for g in live], dtype=np.int64)
+    _, entries, drops, used_b = blocks(eng, ctx, _before(ctx, proc), alive, nbg)
+    start, fin = run.start, run.fin
+    fin_a = np.array(fin, dtype=np.int64)
+    incs = []
+    for e, nb in zip(entries, nbg):
+        inc = e.copy()
+        inc[:, 1:] -= e[:, :-1]
+        inc[:, 0] -= nb
+        incs.append(inc)
+    any_inc = np.zeros_like(alive)
+    for inc in incs:
+        any_inc |= inc > 0
+    kk, jj = np.nonzero(any_inc.T)
+    events = [(k, 0 if k >= start[j] else 1, 0, j, 0) for k, j in zip(kk.tolist(), jj.tolist())]
+    dk, dj = np.nonzero((drops & alive & (np.arange(K)[None, :] < fin_a[:, None])).T)
+    events += [(k, 2, 0 if k >= start[j] else 1, j, 1) for k, j in zip(dk.tolist(), dj.tolist())]
+    events += [(f, 3, 0 if f >= start[j] else 1, j, 2) for j, f in enumerate(fin) if f < K]
+    events.sort()
+    sched = eng.sched
+    groups = eng.kv.groups
+    pools = [sched.pools[grp.pool] for grp in groups]
+    for k, _, _, j, what in events:
+        g = live[j]
+        if what == 0:
+            for gi, inc in enumerate(incs):
+                c = int(inc[j, k])
+                if c > 0:
+                    table = g.tables[0] if gi == 0 else g.side[gi - 1][0]
+                    table.extend(pools[gi].allocate_many(c))
+        elif what == 1:
+            sched.drop_skipped(g, int(ctx[j, k]))
+        else:
+            sched.free_group(g)
+    return used_b
 
 
 def _advance(live: list, ctx, sampled, dec, fin, times, K: int, step0: int) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
+from simkv.serving.kv_groups import KV_MANAGERS
 from simkv.serving.requests import Request, check_workload
 from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
 
@@ -248,6 +249,8 @@ def check_spec(spec: ServingSpec):
         raise ConfigError(f"unknown memory {spec.memory!r}; choose {', '.join(MEMORIES)}")
     if spec.paged.on_oom not in ON_OOM:
         raise ConfigError(f"unknown --on-oom {spec.paged.on_oom!r}; choose {', '.join(ON_OOM)}")
+    if spec.paged.kv_manager not in KV_MANAGERS:
+        raise ConfigError(f"unknown --kv-manager {spec.paged.kv_manager!r}; choose {', '.join(KV_MANAGERS)}")
     cfg = spec.paged
     for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
         if getattr(cfg, name) <= 0:

@@ -77,8 +77,11 @@ class SchedulerConfig:
     #: simkv extension: the CPU plugin allocates and frees 2·L scratch buffers of the new pool tensors' sizes
     #: at every pool (re)allocation (measured by ``simkv validate --paged``): the in-step peak is twice the pool.
     transient_buffers: bool = True
-    #: simkv extension: sliding-window models (``ModelSpec.sliding_window``) release blocks that left the window.
-    window_blocks: bool = True
+    #: simkv extension: the KV-cache manager (simkv.serving.kv_groups): "genai" (one block spans every
+    #: attention layer, windows keep every block, linear-attention state in a pool of its own, MLA decompressed)
+    #: or "vllm" (vLLM's hybrid manager: a block table per group of layers, windows and chunks free blocks, MLA as
+    #: its latent, a Mamba state block per running request). The scheduling rules stay GenAI's.
+    kv_manager: str = "genai"
 
     @property
     def dynamic(self) -> bool:
@@ -100,7 +103,8 @@ class Group:
 
     __slots__ = ("req", "index", "P", "G", "n", "processed", "maxc", "generated", "scheduled", "waiting",
                  "tables", "status", "tokens", "full_hashes", "preemptions", "prefix_hit", "first_token_s",
-                 "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens", "dropped")
+                 "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens", "dropped",
+                 "side")
 
     def __init__(self, req, index: int, prompt_tokens: int) -> None:
         self.req = req
@@ -125,6 +129,9 @@ class Group:
         self.added_step = 0
         self.first_token_step = self.finish_step = None
         self.dropped = 0  # leading blocks released because they left a sliding window (None in the tables)
+        #: The side groups' tables (simkv.serving.kv_groups: vLLM's other groups, GenAI's linear-attention
+        #: pool): per side group, one table per running sequence; None for a layout with one group.
+        self.side: list[list[list]] | None = None
 
     # sequence_group.hpp
     def can_generate(self) -> bool:
@@ -138,15 +145,38 @@ class Group:
 
 
 class ContinuousScheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, *, dynamic: bool, max_blocks: int) -> None:
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, *, dynamic: bool, max_blocks: int, kv=None,
+                 state_pool: BlockPool | None = None, budget: int = 0) -> None:
+        """``kv``: the paged layout (:class:`simkv.serving.kv_groups.PagedKV`; None: one full group of
+        ``config.block_size``). ``state_pool``: GenAI's linear-attention pool; ``budget``: the device's bytes for
+        both pools (with a state pool: the KV pool's ``max_blocks`` then depends on the state pool's size)."""
         self.cfg = config
         self.pool = pool
-        self.bs = config.block_size
+        self.bs = config.block_size if kv is None else kv.block_size
         self.dynamic = dynamic
         self.initialized = not dynamic
         self.max_blocks = max_blocks  # the device's byte budget, in blocks
         self.copies = 0  # copy-on-write block copies this step
         self.pool_limited = False  # the pool could not grow when asked to this step
+        # the layout's groups beyond one plain full table (simkv.serving.kv_groups)
+        self.kv = kv
+        self.group0 = None if kv is None else kv.groups[0]
+        self.side = () if kv is None else kv.side
+        self.windowed0 = self.group0 is not None and self.group0.kind in ("sliding", "chunked")
+        self.windowed = self.windowed0 or any(grp.kind in ("sliding", "chunked") for grp in self.side)
+        #: One plain full table per sequence: the scheduler's own rules and nothing else.
+        self.simple = not self.side and not self.windowed0
+        #: vLLM frees a request's blocks tail first (``SingleTypeKVCacheManager.free``), and a window's leading
+        #: blocks last index first (``remove_skipped_blocks``); GenAI first to last.
+        self.reverse_free = kv is not None and kv.manager == "vllm"
+        self.state_pool = state_pool
+        self.pools = (pool, state_pool)
+        self.block_bytes = 0 if kv is None else kv.block_bytes
+        self.state_bytes = 0 if kv is None else kv.state_bytes
+        self.budget = budget
+        #: GenAI's linear-attention pool without prefix caching: one block per sequence, sized by sequences.
+        self.state_fixed = any(grp.kind == "state" and grp.pool == 1 for grp in self.side)
+        self.state_copies = 0  # copy-on-write copies in the state pool this step
 
     # -- blocks of a group ------------------------------------------------------------------
 
@@ -167,8 +197,11 @@ class ContinuousScheduler:
             last = table[-1]
             if last in seen:
                 continue
-            seen.add(last)
             extra = need - len(table)
+            if last is None:  # a window dropped every block: only new ones
+                count += extra
+                continue
+            seen.add(last)
             refs = self.pool.ref[last]
             if refs > 1:
                 count += refs - 1 if extra == 0 else extra * refs
@@ -177,7 +210,53 @@ class ContinuousScheduler:
         return count
 
     def can_append(self, g: Group) -> bool:
-        return self.required_blocks(g) <= self.pool.num_free()
+        if self.simple:
+            return self.required_blocks(g) <= self.pool.num_free()
+        kv, state = self.required(g)
+        return kv <= self.pool.num_free() and (not state or state <= self.state_pool.num_free())
+
+    def required(self, g: Group) -> tuple[int, int]:
+        """Blocks the scheduled tokens need in the KV pool and in the state pool, every group
+        (``required_blocks_count`` of each block manager: a shared last block is copied)."""
+        counts = [self.required_blocks(g), 0]
+        if self.side:
+            content = g.processed + g.scheduled
+            for grp, tables in zip(self.side, g.side or ()):
+                counts[grp.pool] += _required(tables, grp.needed(content), self.pools[grp.pool].ref)
+        return counts[0], counts[1]
+
+    def _new_blocks(self, g: Group, tokens: int) -> tuple[int, int]:
+        """Blocks a one-sequence group needs in each pool to hold ``tokens`` more (a prompt chunk: no copy)."""
+        if tokens <= 0:
+            return 0, 0
+        content = g.processed + tokens
+        counts = [max(0, self._need(g, tokens) - len(g.tables[0])), 0]
+        for grp, tables in zip(self.side, g.side or ()):
+            counts[grp.pool] += max(0, grp.needed(content) - len(tables[0]))
+        return counts[0], counts[1]
+
+    def _slots(self, g: Group, want: int) -> int:
+        """The most of ``want`` tokens whose blocks fit the free blocks (``available_token_slots``, the minimum
+        over the pools), for a one-sequence group."""
+        free0 = self.pool.num_free()
+        free1 = self.state_pool.num_free() if self.state_pool is not None else 0
+
+        def fits(t):
+            a, b = self._new_blocks(g, t)
+            return a <= free0 and b <= free1
+
+        if fits(want):
+            return want
+        if not fits(1):  # (a full pool: the common case)
+            return 0
+        lo, hi = 1, want  # fits(lo), not fits(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _hash(self, g: Group, seq: int, length: int):
         toks = g.seq_tokens[seq]
@@ -210,7 +289,7 @@ class ContinuousScheduler:
                 for k in range(len(table), need):
                     h = self._hash(g, s, min((k + 1) * bs, known)) if prefix else None
                     table.append(pool.allocate(h))
-            elif table and copy_on_write:  # (a prompt chunk that needs no new block changes nothing)
+            elif table and copy_on_write and table[-1] is not None:  # (a prompt chunk needing no block: nothing)
                 last = table[-1]
                 if pool.ref[last] > 1:
                     h = self._hash(g, s, content) if prefix else None
@@ -219,15 +298,82 @@ class ContinuousScheduler:
                     self.copies += 1
                 elif prefix:
                     pool.rehash(last, self._hash(g, s, content))
+        if self.side:
+            self._append_side(g, content, copy_on_write)
+
+    def _append_side(self, g: Group, content: int, copy_on_write: bool) -> None:
+        """The side groups' blocks for ``content`` tokens (no prefix hashes: prefix caching keeps to one
+        group), group by group; a shared last block is copied before a sequence writes into it."""
+        for grp, tables in zip(self.side, g.side or ()):
+            pool = self.pools[grp.pool]
+            need = grp.needed(content)
+            for table in tables:
+                if need > len(table):
+                    table.extend(pool.allocate_many(need - len(table)))
+                elif table and copy_on_write and table[-1] is not None and pool.ref[table[-1]] > 1:
+                    last = table[-1]
+                    table[-1] = pool.allocate(None)
+                    pool.release(last)
+                    if grp.pool:
+                        self.state_copies += 1
+                    else:
+                        self.copies += 1
 
     def free_group(self, g: Group) -> None:
-        """``BlockManager::free_sequence``: each sequence's blocks, first to last."""
+        """``BlockManager::free_sequence``: each sequence's blocks, first to last (vLLM's manager: last to
+        first, group by group)."""
+        if self.reverse_free:
+            self._free_reversed(g)
+            return
         for table in g.tables:
             self.pool.release_many(table if not g.dropped else table[g.dropped:])
             table.clear()
         g.dropped = 0
+        if g.side:
+            for grp, tables in zip(self.side, g.side or ()):
+                for table in tables:
+                    self.pools[grp.pool].release_many(table)
+                    table.clear()
         if len(g.tables) > 1 and not g.can_generate():
             g.tables = [[]]
+            if g.side:
+                g.side = [[[]] for _ in self.side]
+
+    def _free_reversed(self, g: Group) -> None:
+        for s, table in enumerate(g.tables):
+            self.pool.release_many(table[::-1])
+            table.clear()
+            if g.side:
+                for grp, tables in zip(self.side, g.side or ()):
+                    self.pools[grp.pool].release_many(tables[s][::-1])
+                    tables[s].clear()
+        g.dropped = 0
+        if len(g.tables) > 1 and not g.can_generate():
+            g.tables = [[]]
+            if g.side:
+                g.side = [[[]] for _ in self.side]
+
+    def drop_skipped(self, g: Group, computed: int | None = None) -> None:
+        """Free the leading blocks no window needs any more, now that ``computed`` (default ``g.processed``)
+        tokens are computed (vLLM's ``remove_skipped_blocks``: a null placeholder stays in the table)."""
+        computed = g.processed if computed is None else computed
+        if self.windowed0:
+            drop = self.group0.skipped(computed)
+            if drop > g.dropped:
+                for table in g.tables:
+                    _drop(table, drop, self.pool)
+                g.dropped = drop
+        for grp, tables in zip(self.side, g.side or ()):
+            if grp.kind in ("sliding", "chunked"):
+                drop = grp.skipped(computed)
+                pool = self.pools[grp.pool]
+                for table in tables:
+                    _drop(table, drop, pool)
+
+    def init_side(self, g: Group) -> None:
+        """Empty side tables for a new group (one sequence)."""
+        if self.side:
+            g.side = [[[]] for _ in self.side]
 
     # -- restore (add_request with prefix caching) --------------------------------------------
 
@@ -235,8 +381,8 @@ class ContinuousScheduler:
         """``get_full_prefix_restore_plan`` + ``restore_cached_blocks``: full blocks while cached,
         then the shortest cached partial tail of the first missing one; a fully restored
         prompt recomputes its last token."""
-        if not self.pool.prefix_caching:
-            return
+        if not self.pool.prefix_caching or self.side:
+            return  # (a hybrid model's prompts are computed whole: simkv.serving.kv_groups)
         plan, content = [], 0
         while content < g.P:
             prev, nxt = content, min(content + self.bs, g.P)
@@ -264,50 +410,112 @@ class ContinuousScheduler:
     # -- the dynamic pool ----------------------------------------------------------------------
 
     def _target_blocks(self, groups) -> int:
-        return sum(-(-min(g.P * INITIAL_MULTIPLIER, g.P + g.G) // self.bs) * g.n for g in groups)
+        if self.simple:
+            return sum(-(-min(g.P * INITIAL_MULTIPLIER, g.P + g.G) // self.bs) * g.n for g in groups)
+        return self._targets(groups)[0]
+
+    def _targets(self, groups) -> tuple[int, int]:
+        """``ensure_sequence_token_capacity`` of every group of each pool: blocks for min(2P, P + max_new) tokens
+        per sequence (a state group of the KV pool: its one block; GenAI's fixed state pool: none). A window's
+        group counts what it can hold at most: vLLM's ``max_memory_usage_bytes`` of a sliding window,
+        ``cdiv(min(W - 1 + max_num_batched_tokens, n), block) + 1``, of a chunk ``cdiv(min(C +
+        max_num_batched_tokens, n), block)``."""
+        counts = [0, 0]
+        batch = self.cfg.max_num_batched_tokens
+        for g in groups:
+            target = min(g.P * INITIAL_MULTIPLIER, g.P + g.G)
+            for grp in (self.group0,) + self.side:
+                if grp.pool == 1 and grp.kind == "state":
+                    continue
+                need = grp.needed(target)
+                if grp.kind == "sliding":
+                    need = min(need, grp.needed(min(grp.window - 1 + batch, target)) + 1)
+                elif grp.kind == "chunked":
+                    need = min(need, grp.needed(min(grp.window + batch, target)))
+                counts[grp.pool] += need * g.n
+        return counts[0], counts[1]
+
+    def max_kv_blocks(self) -> int:
+        """The KV pool's device limit in blocks (beside the state pool, if any)."""
+        if self.state_pool is None:
+            return self.max_blocks
+        return (self.budget - self.state_pool.total * self.state_bytes) // self.block_bytes
+
+    def max_state_blocks(self) -> int:
+        return (self.budget - self.pool.total * self.block_bytes) // self.state_bytes
 
     def _ensure(self, blocks: int) -> None:
+        limit = self.max_kv_blocks()
         if blocks > self.pool.total:
-            self.pool.grow(min(blocks, self.max_blocks))
-            if blocks > self.max_blocks:
+            self.pool.grow(min(blocks, limit))
+            if blocks > limit:
                 self.pool_limited = True
 
-    def drop_outside_window(self, g: Group, window: int) -> None:
-        """Release the leading blocks that hold no position of the last ``window`` ones (sliding-window
-        attention never reads them again)."""
-        drop = max(0, g.processed - window) // self.bs
-        if drop <= g.dropped:
-            return
-        for table in g.tables:
-            for i in range(g.dropped, min(drop, len(table))):
-                if table[i] is not None:
-                    self.pool.release(table[i])
-                    table[i] = None
-        g.dropped = drop
+    def _ensure_state(self, blocks: int) -> None:
+        if blocks > self.state_pool.total:
+            limit = self.max_state_blocks()
+            self.state_pool.grow(max(self.state_pool.total, min(blocks, limit)))
+            if blocks > limit:
+                self.pool_limited = True
 
-    def try_increase(self) -> bool:
+    def _reserve(self, groups, first: bool) -> None:
+        """Size the dynamic pools for ``groups``: at the first step (``_initialize_cache``, which also grows a
+        fixed state pool by one block per sequence: ``grow_fixed_size_capacity``), or when a prompt arrives
+        (``_reserve_dynamic_capacity_for_active_sequences``: variable-size pools only)."""
+        if self.simple:
+            self._ensure(self._target_blocks(groups))
+            return
+        kv, state = self._targets(groups)
+        self._ensure(kv)
+        if self.state_pool is not None:
+            if self.state_fixed:
+                if first:
+                    self._ensure_state(self.state_pool.total + sum(g.n for g in groups))
+            else:
+                self._ensure_state(state)
+
+    def try_increase(self, g: Group | None = None) -> bool:
+        """``_try_increase_cache``: a fixed state pool first grows by the blocks ``g`` lacks
+        (``ensure_sequence_capacity``), then every variable-size pool by 256 tokens' worth of blocks (CPU: no
+        memory check in GenAI; here the device budget)."""
         if not self.dynamic:
             return False
+        grew = False
+        if self.state_fixed and g is not None:
+            lack = self.required(g)[1] - self.state_pool.num_free()
+            if lack > 0:
+                if self.state_pool.total + lack > self.max_state_blocks():
+                    self.pool_limited = True
+                else:
+                    self.state_pool.grow(self.state_pool.total + lack)
+                    grew = True
         new = self.pool.total + -(-GROWTH_TOKENS // self.bs)
-        if new > self.max_blocks:
+        if new > self.max_kv_blocks():
             self.pool_limited = True
-            return False
+            return grew
         self.pool.grow(new)
+        if self.state_pool is not None and not self.state_fixed:
+            interval = self.side[-1].block_size
+            new = self.state_pool.total + -(-GROWTH_TOKENS // interval)
+            if new > self.max_state_blocks():
+                self.pool_limited = True
+            else:
+                self.state_pool.grow(new)
         return True
 
     # -- one schedule() --------------------------------------------------------------------------
 
     def schedule(self, groups: list[Group]) -> tuple[int, list[Group]]:
         """Schedule one step. Returns the tokens scheduled and the groups scheduled, in order."""
-        self.copies = 0
+        self.copies = self.state_copies = 0
         self.pool_limited = False
         if not self.initialized:
-            self._ensure(self._target_blocks(groups))
+            self._reserve(groups, True)
             self.initialized = True
         elif self.dynamic:
             active = [g for g in groups if not g.waiting]
             if any(not g.can_generate() for g in active):
-                self._ensure(self._target_blocks(active))
+                self._reserve(active, False)
         scheduled: list[Group] = []
         total = 0
         if self.cfg.dynamic_split_fuse:
@@ -332,7 +540,7 @@ class ContinuousScheduler:
                 continue
             g.scheduled = min(per_seq, g.available())
             while not self.can_append(g):
-                if not self.try_increase():
+                if not self.try_increase(g):
                     break
             if self.cfg.on_oom == "preempt":
                 self._apply_preemption(i, groups)
@@ -362,15 +570,23 @@ class ContinuousScheduler:
     def _occupied(self, g: Group) -> int:
         return len({b for t in g.tables for b in t if b is not None})
 
+    def _num_free(self) -> int:
+        """``CacheOrchestrator::num_free_blocks``: the fewest free blocks of any pool."""
+        if self.state_pool is None:
+            return self.pool.num_free()
+        return min(self.pool.num_free(), self.state_pool.num_free())
+
     def _preempt(self, victim: Group, target: Group) -> bool:
-        before = self.pool.num_free()
+        before = self._num_free()
         needed = self.required_blocks(target)
         victim.preemptions += 1
-        if not (needed == 0 or self._occupied(victim) > needed):
+        # Partial preemption rewinds to a block boundary: not with windows (the blocks it would need again are
+        # gone) nor with states (``can_partially_preempt`` is false for a victim holding a linear-attention block)
+        if not self.simple or not (needed == 0 or self._occupied(victim) > needed):
             self.free_group(victim)
             victim.processed = 0
             victim.waiting = True
-            return self.pool.num_free() > before
+            return self._num_free() > before
         n = len(victim.tables)
         per_seq = -(-needed // n)
         for table in victim.tables:
@@ -391,6 +607,19 @@ class ContinuousScheduler:
             if g.status != RUNNING or g.can_generate() or g.waiting:
                 continue
             tokens = min(budget - total, g.available())
+            if not self.simple:
+                while self._slots(g, tokens) < tokens:
+                    if not self.try_increase(g):
+                        break
+                tokens = self._slots(g, tokens)
+                if tokens > 0:
+                    g.scheduled = tokens
+                    self.append_slots(g, copy_on_write=False)
+                    scheduled.append(g)
+                    total += tokens
+                if total == budget:
+                    break
+                continue
             table = g.tables[0]
             while len(table) * self.bs - g.processed + self.pool.num_free() * self.bs < tokens:
                 if not self.try_increase():
@@ -421,6 +650,19 @@ class ContinuousScheduler:
                 break
             # BlockManager::can_allocate_tokens: new blocks for the tokens beyond the free slots of the
             # last block (restored, possibly shared, blocks are not counted again)
+            if not self.simple:  # can_allocate_tokens of every pool
+                while self._slots(g, length) < length:
+                    if not self.try_increase(g):
+                        break
+                if self._slots(g, length) < length:
+                    break
+                g.scheduled = length
+                self.append_slots(g)
+                scheduled.append(g)
+                total += length
+                is_prompt = True
+                running += 1
+                continue
             unused = (self.bs - g.processed % self.bs) % self.bs
             blocks = -(-max(0, length - unused) // self.bs)
             while blocks > self.pool.num_free():
@@ -443,8 +685,9 @@ class ContinuousScheduler:
         return total, is_prompt
 
 
-def fork_samples(pool: BlockPool, g: Group) -> None:
-    """After the prompt, a group with n samples or beams runs n sequences sharing the prompt's blocks."""
+def fork_samples(pool: BlockPool, g: Group, pools=()) -> None:
+    """After the prompt, a group with n samples or beams runs n sequences sharing the prompt's blocks (every
+    group's: ``pools`` are the side groups' pools, in their order)."""
     if g.n > 1 and len(g.tables) == 1:
         base = g.tables[0]
         for _ in range(g.n - 1):
@@ -452,9 +695,51 @@ def fork_samples(pool: BlockPool, g: Group) -> None:
                 if b is not None:
                     pool.share(b)
             g.tables.append(list(base))
+        for side_pool, tables in zip(pools, g.side or ()):
+            for _ in range(g.n - 1):
+                for b in tables[0]:
+                    if b is not None:
+                        side_pool.share(b)
+                tables.append(list(tables[0]))
         if g.seq_tokens is not None:
             g.seq_tokens = [list(g.seq_tokens[0]) for _ in range(g.n)]
             g.full_hashes = [list(g.full_hashes[0]) for _ in range(g.n)]
+
+
+def _required(tables: list, need: int, ref: list) -> int:
+    """``required_blocks_count`` of one group's tables (one per running sequence) for ``need`` blocks each."""
+    count, seen = 0, set()
+    for table in tables:
+        if not table:
+            count += need
+            continue
+        if len(table) > need:
+            continue
+        last = table[-1]
+        extra = need - len(table)
+        if last is None:
+            count += extra
+            continue
+        if last in seen:
+            continue
+        seen.add(last)
+        refs = ref[last]
+        if refs > 1:
+            count += refs - 1 if extra == 0 else extra * refs
+        else:
+            count += extra
+    return count
+
+
+def _drop(table: list, stop: int, pool: BlockPool) -> None:
+    """Free the entries before ``stop`` that still hold a block, last index first, down to the first null
+    placeholder (``remove_skipped_blocks``: the blocks before it were freed by earlier calls)."""
+    for i in range(min(stop, len(table)) - 1, -1, -1):
+        b = table[i]
+        if b is None:
+            break
+        pool.release(b)
+        table[i] = None
 
 
 def prepare_tokens(g: Group, tokens: list, block_size: int) -> None:
