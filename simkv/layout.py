@@ -50,6 +50,8 @@ class Layout:
     unit_keep: np.ndarray | None = None
     #: Per unit: a linear-attention state (one row per sequence, capacity 1).
     unit_state: np.ndarray | None = None
+    #: Per unit: tokens of its fixed ring buffer (policy.ring_tokens; its keep too), -1: none.
+    unit_ring: np.ndarray | None = None
     #: Per unit and row-order kind, an index into :attr:`templates` (None: every unit alike).
     unit_template: np.ndarray | None = None
     #: The policy's row orders, one dict per distinct layer kind (policy.orders).
@@ -134,7 +136,7 @@ class Layout:
         prims = [0] if policy.unit == "layer" else [0, 1]
         templates: list[dict] = []
         layer, tensor, role, row = [], [], [], []
-        unit_layer, unit_prim, unit_keep, unit_state, unit_template = [], [], [], [], []
+        unit_layer, unit_prim, unit_keep, unit_state, unit_template, unit_ring = [], [], [], [], [], []
         kv_id = 0  # kv_cache primitives are counted over the attention layers only
         for index, spec in enumerate(model.kv_layers):
             if spec.kind == "none":
@@ -173,8 +175,10 @@ class Layout:
                     row.append(nbytes)
                 unit_layer.append(index)
                 unit_prim.append(2 * kv_id + prim if spec.caches_tokens else -1)
-                kept = policy.kept_tokens(spec) if spec.caches_tokens else 1
+                ring = policy.ring_tokens(spec) if spec.caches_tokens else None
+                kept = ring or (policy.kept_tokens(spec) if spec.caches_tokens else 1)
                 unit_keep.append(-1 if kept is None else kept)
+                unit_ring.append(-1 if ring is None else ring)
                 unit_state.append(not spec.caches_tokens)
                 unit_template.append(templates.index(orders))
             kv_id += spec.caches_tokens
@@ -191,6 +195,7 @@ class Layout:
             unit_prim=np.asarray(unit_prim, dtype=np.int64),
             unit_keep=np.asarray(unit_keep, dtype=np.int64),
             unit_state=np.asarray(unit_state, dtype=bool),
+            unit_ring=np.asarray(unit_ring, dtype=np.int64),
             unit_template=None if len(templates) == 1 else np.asarray(unit_template, dtype=np.int64),
             templates=tuple(templates),
             role=None if (role_codes == tensor_codes).all() else role_codes,
