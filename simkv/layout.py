@@ -11,7 +11,9 @@ in that slot holds ``capacity × batch × row_bytes`` bytes. Layers differ
 (:mod:`simkv.kvspec`): each slot's bytes are its layer's, a window is kept per
 unit (``unit_keep``), and a linear-attention layer is a *state* unit: its conv and
 recurrent states take the places of K and V, hold one row per sequence
-(capacity 1, whatever the tokens) and are sized by no policy. Units are equally
+(capacity 1, whatever the tokens) and are sized by no policy. A *ring* unit
+(``unit_ring``, transformers' static sliding layer) has one fixed size and is
+rebuilt at it whenever a step appends to it full. Units are equally
 wide; a place a unit lacks (a state unit has no scales or beam tables) is an
 *absent* slot of 0 bytes that never emits a row. A layer that caches nothing has
 no unit.
