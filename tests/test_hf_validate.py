@@ -93,6 +93,7 @@ OPS = "prefill:7,decode:6,fork:3,decode:2,reorder,select:2,decode:1,reset,prefil
     ("hf-dynamic", None, 2, "f16"),  # GQA 4/2
     ("hf-dynamic", 5, 4, "bf16"),  # sliding window shorter than the session
     ("hf-static", None, 4, "f32"),
+    ("hf-static", 5, 4, "bf16"),  # StaticSlidingWindowLayer: a 5-token ring, rolled once full
 ])
 def test_real_run_matches_event_by_event(hf, policy, window, kv_heads, dtype):
     cfg = HFValidateConfig(workload=OPS, layers=2, heads=4, kv_heads=kv_heads, head_dim=8, vocab=64, dtype=dtype,
@@ -103,8 +104,8 @@ def test_real_run_matches_event_by_event(hf, policy, window, kv_heads, dtype):
     assert data["alloc_peak"]["measured_bytes"] == data["alloc_peak"]["predicted_bytes"]
     inc = data["in_step_increase"]
     assert inc["steps_equal"] == inc["steps"] == 16
-    assert data["scenario"]["layer_classes"] == [
-        {"hf-dynamic": "DynamicSlidingWindowLayer" if window else "DynamicLayer", "hf-static": "StaticLayer"}[policy]]
+    assert data["scenario"]["layer_classes"] == [("Static" if policy == "hf-static" else "Dynamic")
+                                                 + ("SlidingWindowLayer" if window else "Layer")]
 
 
 @pytest.mark.transformers
