@@ -106,6 +106,9 @@ class Policy:
     #: How the runtime caches an MLA layer (simkv.kvspec.MLA_FORMS): the compressed ``latent``
     #: (transformers 5.x, vLLM) or ``decompressed`` per-head K and V (an optimum-intel export).
     mla_form: ClassVar[str] = "latent"
+    #: A reset under ``reset="free"`` keeps linear-attention states (zeroed in place, as transformers'
+    #: ``LinearAttentionCacheLayerMixin.reset`` does) instead of freeing them with the KV buffers.
+    reset_keeps_states: ClassVar[bool] = False
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")
@@ -161,6 +164,13 @@ class Policy:
 
         With a limit (>= 1), a step appending ``L1`` tokens needs ``min(stored, kept) + L1``. The default
         keeps everything, windows included: OpenVINO's stateful caches do (docs/DESIGN.md §4c)."""
+        return None
+
+    def ring_tokens(self, layer: LayerKV) -> int | None:
+        """Tokens of the fixed *ring* buffer a layer keeps (transformers' ``StaticSlidingWindowLayer``:
+        ``min(W, max_cache_len)``), or None. A ring is allocated at exactly that size whatever
+        :meth:`capacity` says, keeps its last tokens, and each inference that appends to a full ring
+        rebuilds it at the same size (the roll's copy: new buffers, old freed)."""
         return None
 
     def orders(self, layer: LayerKV) -> dict[str, str] | None:

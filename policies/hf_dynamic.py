@@ -23,6 +23,22 @@ the layers in order. Observed allocation by allocation with memray on torch 2.13
   (transformers 5.17 zeroed and kept them instead; the next prompt then concatenated onto the
   old length — measured on CUDA, docs/DESIGN.md §3b).
 
+Per layer kind (``DYNAMIC_LAYER_TYPE_MAPPING``, ``get_layer_types_and_kwargs``; measured on tiny
+Gemma-3, gpt-oss, Llama-4, Qwen3-Next and DeepSeek-V3 configs, docs/DESIGN.md §3c and
+``experiments/hf_layer_kinds/README.md``; ``simkv validate --runtime transformers --arch ...``):
+
+* sliding **and chunked** layers are ``DynamicSlidingWindowLayer`` with W = ``sliding_window`` or
+  ``attention_chunk_size``: the rule above per layer (P tokens held after a prefill of P, then W per
+  step); nothing happens at a chunk boundary (chunking lives in the mask);
+* MLA layers (DeepSeek-V3) are plain ``DynamicLayer``s caching the latent: keys
+  ``[B, 1, L, kv_lora_rank]``, values ``[B, 1, L, qk_rope_head_dim]``, model dtype;
+* linear-attention layers are ``LinearAttentionLayer``: at the first update ``torch.zeros`` of the
+  conv state ``[B, conv_dim, K]`` (model dtype, ``lazy_initialization``), then ``zeros_like`` of the
+  recurrent state ``[B, Hv, dk, dv]`` (f32, the torch delta rule's dtype) — updated in place after
+  (``copy_``), nothing allocated while decoding; ``reorder_cache`` replaces each with an
+  ``index_select`` (``+conv -conv +rec -rec``); ``reset()`` zeroes them and keeps them
+  (``LinearAttentionCacheLayerMixin.reset``), so a reset frees only the attention layers.
+
 The same sequences were measured on CUDA (H100, torch 2.11, transformers 5.17) from torch's
 allocator history (``experiments/hf_cuda_trace.py``).
 """
@@ -34,6 +50,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from policies.base import Policy, option
+from simkv.errors import PolicyError
+from simkv.workload import Fork, Reset, Select
 
 _HELP = {f.name: f.metadata["help"] for f in fields(Policy)}
 _PER_LAYER = "+k =k -k +v =v -v"  # one tensor replaced at a time
@@ -49,6 +67,8 @@ class HFDynamic(Policy):
     reset: str = option("free", _HELP["reset"])
     first_touch: bool = option(False, "resident only once written (off: torch writes each new tensor whole, resident = allocated)")
     beam_gather: bool = option(True, _HELP["beam_gather"])
+
+    reset_keeps_states = True  # LinearAttentionCacheLayerMixin.reset zeroes the states in place
 
     def capacity(self, needed, prim):
         return needed
@@ -67,3 +87,16 @@ class HFDynamic(Policy):
         if layer.window:  # both cats before either old tensor is dropped
             return {**self.row_orders, "grow": "+k =k +v =v -k -v"}
         return self.row_orders
+
+    def check(self, model, workload) -> None:
+        if any(layer.kind == "linear" for layer in model.kv_layers):
+            check_reset_batch(self.name, workload, "linear-attention states are zeroed and kept at their batch")
+
+
+def check_reset_batch(policy: str, workload, why: str) -> None:
+    """Refuse a reset while several beams are live: what transformers keeps across a reset keeps its batch."""
+    batch = 1
+    for op in workload.ops:
+        if isinstance(op, Reset) and batch > 1:
+            raise PolicyError(f"{policy}: reset keeps the cache's batch of beams ({why}); select one beam before resetting")
+        batch = op.width if isinstance(op, Fork) else 1 if isinstance(op, (Select, Reset)) else batch

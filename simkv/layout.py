@@ -11,7 +11,9 @@ in that slot holds ``capacity × batch × row_bytes`` bytes. Layers differ
 (:mod:`simkv.kvspec`): each slot's bytes are its layer's, a window is kept per
 unit (``unit_keep``), and a linear-attention layer is a *state* unit: its conv and
 recurrent states take the places of K and V, hold one row per sequence
-(capacity 1, whatever the tokens) and are sized by no policy. Units are equally
+(capacity 1, whatever the tokens) and are sized by no policy. A *ring* unit
+(``unit_ring``, transformers' static sliding layer) has one fixed size and is
+rebuilt at it whenever a step appends to it full. Units are equally
 wide; a place a unit lacks (a state unit has no scales or beam tables) is an
 *absent* slot of 0 bytes that never emits a row. A layer that caches nothing has
 no unit.
@@ -50,6 +52,8 @@ class Layout:
     unit_keep: np.ndarray | None = None
     #: Per unit: a linear-attention state (one row per sequence, capacity 1).
     unit_state: np.ndarray | None = None
+    #: Per unit: tokens of its fixed ring buffer (policy.ring_tokens; its keep too), -1: none.
+    unit_ring: np.ndarray | None = None
     #: Per unit and row-order kind, an index into :attr:`templates` (None: every unit alike).
     unit_template: np.ndarray | None = None
     #: The policy's row orders, one dict per distinct layer kind (policy.orders).
@@ -134,7 +138,7 @@ class Layout:
         prims = [0] if policy.unit == "layer" else [0, 1]
         templates: list[dict] = []
         layer, tensor, role, row = [], [], [], []
-        unit_layer, unit_prim, unit_keep, unit_state, unit_template = [], [], [], [], []
+        unit_layer, unit_prim, unit_keep, unit_state, unit_template, unit_ring = [], [], [], [], [], []
         kv_id = 0  # kv_cache primitives are counted over the attention layers only
         for index, spec in enumerate(model.kv_layers):
             if spec.kind == "none":
@@ -173,8 +177,10 @@ class Layout:
                     row.append(nbytes)
                 unit_layer.append(index)
                 unit_prim.append(2 * kv_id + prim if spec.caches_tokens else -1)
-                kept = policy.kept_tokens(spec) if spec.caches_tokens else 1
+                ring = policy.ring_tokens(spec) if spec.caches_tokens else None
+                kept = ring or (policy.kept_tokens(spec) if spec.caches_tokens else 1)
                 unit_keep.append(-1 if kept is None else kept)
+                unit_ring.append(-1 if ring is None else ring)
                 unit_state.append(not spec.caches_tokens)
                 unit_template.append(templates.index(orders))
             kv_id += spec.caches_tokens
@@ -191,6 +197,7 @@ class Layout:
             unit_prim=np.asarray(unit_prim, dtype=np.int64),
             unit_keep=np.asarray(unit_keep, dtype=np.int64),
             unit_state=np.asarray(unit_state, dtype=bool),
+            unit_ring=np.asarray(unit_ring, dtype=np.int64),
             unit_template=None if len(templates) == 1 else np.asarray(unit_template, dtype=np.int64),
             templates=tuple(templates) or ({},),
             role=None if (role_codes == tensor_codes).all() else role_codes,

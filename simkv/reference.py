@@ -46,6 +46,7 @@ class ReferenceEngine:
         # linear-attention state (one row per sequence, never resized by the policy).
         self.keep = [int(k) for k in lay.unit_keep]
         self.state = [bool(x) for x in lay.unit_state]
+        self.ring = [int(r) for r in lay.unit_ring]  # per unit: a fixed ring buffer's tokens, or -1
         self.unit_of = np.repeat(np.arange(lay.units), lay.unit_slots.shape[1])  # per slot
 
     def run(self) -> None:
@@ -68,7 +69,7 @@ class ReferenceEngine:
                 if inf.phase == "reset":
                     if policy.reset == "free":
                         for slot, buf in enumerate(self.current):
-                            if buf is not None:
+                            if buf is not None and not (policy.reset_keeps_states and self.state[self.unit_of[slot]]):
                                 mem.free(*where, buf)
                                 self.current[slot] = None
                         batch = 1
@@ -91,14 +92,16 @@ class ReferenceEngine:
                         self._replace(where, unit, cap, inf.batch, held[unit], held[unit], self._order(orders, unit),
                                       immediate=True)
                     batch = inf.batch
-                needed = [1 if self.state[u] else held[u] + inf.tokens for u in range(lay.units)]
+                needed = [1 if self.state[u] else held[u] + inf.tokens if self.ring[u] < 0
+                          else min(held[u] + inf.tokens, self.ring[u]) for u in range(lay.units)]
                 if self._live() and inf.batch != batch and policy.reset_adopts_batch and after_reset:
                     batch = inf.batch  # the buffers now hold rows of the new batch width
                     for buf in self.current:
                         if buf is not None:  # an absent slot holds nothing
                             buf.batch = batch
                 padded = {u: needed[u] + self._room(u, held[u]) for u in range(lay.units)}
-                todo = [u for u in range(lay.units) if not self._fits(u, needed[u], inf.batch, batch, padded[u])]
+                todo = [u for u in range(lay.units) if not self._fits(u, needed[u], inf.batch, batch, padded[u])
+                        or 0 <= self.ring[u] <= held[u]]  # a full ring is rebuilt
                 orders = lay.orders(self._situation(todo, inf.batch, batch, stored))
                 later: list[Buffer] = []
                 kernels = 0  # units whose kernel ran this step (the GPU beam tables come after the unit's buffers)
@@ -118,7 +121,7 @@ class ReferenceEngine:
                 for _token in range(inf.tokens):
                     for slot, buf in live:
                         if not self.state[self.unit_of[slot]]:
-                            buf.used += 1
+                            buf.used = min(buf.used + 1, buf.capacity)  # a full ring overwrites its oldest
                             mem.write(buf, buf.used)
                 for slot, buf in live:
                     keep = self.keep[self.unit_of[slot]]
@@ -244,6 +247,8 @@ class ReferenceEngine:
         """The capacity the policy gives a unit that must hold ``tokens``; a state holds one row."""
         if self.state[unit]:
             return 1
+        if self.ring[unit] >= 0:
+            return self.ring[unit]
         return int(self.policy.capacity(np.array([tokens], dtype=np.int64), self.layout.unit_prim[unit : unit + 1])[0])
 
     @staticmethod

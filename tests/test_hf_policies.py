@@ -126,8 +126,9 @@ def test_static_allocates_max_cache_len_once():
 def test_static_refuses_what_transformers_cannot_run():
     with pytest.raises(PolicyError, match="max_cache_len"):
         run("prefill:30,decode:20", policy="hf-static", policy_options={"max_cache_len": 40})
+    # A chat turn overflowing a non-empty StaticSlidingWindowLayer concatenates temporaries (not modelled).
     with pytest.raises(PolicyError, match="StaticSlidingWindowLayer"):
-        run("prefill:8", policy="hf-static", sliding_window=4)
+        run("prefill:3,prefill:2", policy="hf-static", sliding_window=4, policy_options={"max_cache_len": 40})
     with pytest.raises(PolicyError, match="select one beam"):
         run("prefill:8,fork:2,reset,prefill:4", policy="hf-static", policy_options={"max_cache_len": 40})
 
@@ -160,7 +161,7 @@ def hf_scenarios(draw):
         opts["free_old"] = draw(st.sampled_from(["immediate", "end_of_step", "next_inference"]))
     if draw(st.booleans()):
         opts["first_touch"] = draw(st.booleans())
-    window = None if policy == "hf-static" else draw(st.sampled_from([None, 1, 2, 7, 30, 200]))
+    window = draw(st.sampled_from([None, 1, 2, 7, 30, 200]))
     try:
         return build_scenario(model=None, layers=draw(st.integers(1, 3)), kv_heads=draw(st.sampled_from([1, 2])),
                               head_dim=16, precision=draw(st.sampled_from(["f32", "f16", "bf16"])), policy=policy,

@@ -65,7 +65,10 @@ def test_cli_rejects_bad_input_in_one_line():
                  ["--runtime", "transformers", "--policy", "hf-static", "--policy-opt", "max_cache_len=10"],
                  ["--sliding-window", "8"],
                  ["--runtime", "transformers", "--prompt", "100000"],
-                 ["--runtime", "transformers", "--model", "llama-3-70b", "--prompt", "4000"]):
+                 ["--runtime", "transformers", "--model", "llama-3-70b", "--prompt", "4000"],
+                 ["--runtime", "transformers", "--arch", "gemma3", "--layers", "3"],  # the config gives the shape
+                 ["--runtime", "transformers", "--model", "no/such/config.json"],
+                 ["--arch", "gemma3"]):
         out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--prompt", "4", "--decode", "20", *argv],
                              capture_output=True, text=True)
         assert out.returncode == 2, argv
@@ -90,6 +93,7 @@ OPS = "prefill:7,decode:6,fork:3,decode:2,reorder,select:2,decode:1,reset,prefil
     ("hf-dynamic", None, 2, "f16"),  # GQA 4/2
     ("hf-dynamic", 5, 4, "bf16"),  # sliding window shorter than the session
     ("hf-static", None, 4, "f32"),
+    ("hf-static", 5, 4, "bf16"),  # StaticSlidingWindowLayer: a 5-token ring, rolled once full
 ])
 def test_real_run_matches_event_by_event(hf, policy, window, kv_heads, dtype):
     cfg = HFValidateConfig(workload=OPS, layers=2, heads=4, kv_heads=kv_heads, head_dim=8, vocab=64, dtype=dtype,
@@ -100,8 +104,8 @@ def test_real_run_matches_event_by_event(hf, policy, window, kv_heads, dtype):
     assert data["alloc_peak"]["measured_bytes"] == data["alloc_peak"]["predicted_bytes"]
     inc = data["in_step_increase"]
     assert inc["steps_equal"] == inc["steps"] == 16
-    assert data["scenario"]["layer_classes"] == [
-        {"hf-dynamic": "DynamicSlidingWindowLayer" if window else "DynamicLayer", "hf-static": "StaticLayer"}[policy]]
+    assert data["scenario"]["layer_classes"] == [("Static" if policy == "hf-static" else "Dynamic")
+                                                 + ("SlidingWindowLayer" if window else "Layer")]
 
 
 @pytest.mark.transformers
@@ -119,3 +123,71 @@ def test_cli_end_to_end_json_and_report(tmp_path):
     assert data["events_matched"] == data["events_total"] == 2 + 4 * 3 + 8 + 8
     assert data["versions"]["transformers"] and data["steps"][-1]["measured_rss_bytes"] > 0
     assert "transformers" in report.read_text()
+
+
+# Today's architectures (the tiny configs of experiments/hf_layer_kinds; window / chunk 4): prefills shorter
+# and longer than the window, decode across window and chunk boundaries, a chat turn, beam fork / reorder /
+# select, reset. StaticCache: a turn that fits the sliding rings (one that overflows them is refused).
+ARCH_OPS = {
+    "hf-dynamic": "prefill:6,decode:7,prefill:5,decode:2,fork:3,decode:2,reorder,select:1,decode:1,reset,prefill:2,decode:4",
+    "hf-static": "prefill:1,prefill:2,decode:7,fork:3,decode:2,reorder,select:1,decode:1,reset,prefill:6,decode:4",
+}
+ARCH_CLASSES = {
+    "gemma3": {"DynamicSlidingWindowLayer", "DynamicLayer"}, "gpt_oss": {"DynamicSlidingWindowLayer", "DynamicLayer"},
+    "llama4": {"DynamicSlidingWindowLayer", "DynamicLayer"}, "qwen3_next": {"LinearAttentionLayer", "DynamicLayer"},
+    "deepseek_v3": {"DynamicLayer"},
+}
+
+
+@pytest.mark.transformers
+@needs_hf
+@pytest.mark.parametrize("policy", ["hf-dynamic", "hf-static"])
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "llama4", "qwen3_next", "deepseek_v3"])
+def test_tiny_architectures_match_event_by_event(hf, arch, policy, tmp_path):
+    """Five architectures x DynamicCache / StaticCache: every cache allocation and free (K, V, linear-attention
+    conv and recurrent states) matched in order and size. hf-dynamic reads the config from a config.json (what
+    --model PATH does), hf-static from the tiny config object (--arch)."""
+    from simkv.validate.transformers.archs import tiny_config
+
+    source = {"arch": arch}
+    if policy == "hf-dynamic":
+        path = tmp_path / f"{arch}.json"
+        tiny_config(arch).to_json_file(str(path))
+        source = {"config_path": str(path)}
+    cfg = HFValidateConfig(workload=ARCH_OPS[policy], policy=policy, clean_run=False, model_name=arch, **source)
+    data = hf.run_validation(cfg)
+    assert data["events_missing"] == data["events_unexpected"] == 0
+    assert data["events_matched"] == data["events_total"] > 0
+    assert data["alloc_peak"]["measured_bytes"] == data["alloc_peak"]["predicted_bytes"]
+    inc, pointers = data["in_step_increase"], data["observer"]["pointer_check"]
+    assert inc["steps_equal"] == inc["steps"] == pointers["steps_equal"] == pointers["steps"]
+    classes = {c.replace("Dynamic", "Static") if policy == "hf-static" and c != "LinearAttentionLayer" else c
+               for c in ARCH_CLASSES[arch]}
+    assert set(data["scenario"]["layer_classes"]) == classes
+    assert data["observer"]["warnings"] == []
+
+
+@pytest.mark.transformers
+@needs_hf
+def test_cli_model_path_of_a_config(tmp_path):
+    """--model PATH: a config.json, read by transformers, run and predicted per layer; a bad one is one line."""
+    from simkv.validate.transformers.archs import tiny_config
+
+    path = tmp_path / "config.json"
+    tiny_config("qwen3_next").to_json_file(str(path))
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--runtime", "transformers", "--model",
+                          str(tmp_path), "--precision", "bf16", "--ops", "prefill:3,decode:2,fork:2,select:1,reset,prefill:2",
+                          "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    # 3 linear layers x (conv + recurrent), allocated once, gathered at fork and select (4 events each);
+    # the full layer: prefill 2, decode 2 x 4, fork 8, select 8, reset 2, prefill 2.
+    assert data["events_matched"] == data["events_total"] == 3 * (2 + 4 + 4) + 2 + 8 + 8 + 8 + 2 + 2
+    assert "3 x linear state" in data["scenario"]["layer_kv"] and data["scenario"]["config"] == str(tmp_path)
+    (tmp_path / "bad.json").write_text('{"model_type": "no_such_model"}')
+    bad = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--runtime", "transformers", "--model",
+                          str(tmp_path / "bad.json")], capture_output=True, text=True)
+    assert bad.returncode == 2
+    [line] = bad.stderr.strip().splitlines()
+    assert line.startswith(f"simkv validate: error: transformers cannot read {tmp_path / 'bad.json'}: ")
+    assert "no_such_model" in line

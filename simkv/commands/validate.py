@@ -57,6 +57,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino",
                    help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
                    "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32)")
+    from simkv.validate.transformers.archs import ARCHS  # imports no runtime
+
+    r.add_argument("--arch", choices=tuple(ARCHS),
+                   help="--runtime transformers: a tiny random config of this architecture (per-layer sliding, "
+                   "chunked, linear-attention and MLA caches) instead of the Llama shape; --model PATH takes any "
+                   "config.json (or its folder) the same way")
     r.add_argument("--policy", choices=("hf-dynamic", "hf-static"),
                    help="--runtime transformers: DynamicCache (hf-dynamic, default) or StaticCache (hf-static)")
     r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE",
@@ -110,8 +116,8 @@ def main(args: argparse.Namespace) -> int:
         from simkv.validate.transformers.runner import command
 
         return command(args)
-    if args.sliding_window or args.policy or args.policy_opt:
-        raise SimkvError("--sliding-window, --policy and --policy-opt need --runtime transformers")
+    if args.sliding_window or args.policy or args.policy_opt or args.arch:
+        raise SimkvError("--sliding-window, --arch, --policy and --policy-opt need --runtime transformers")
 
     given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden")
              if getattr(args, k) is not None] + (["--model"] if args.model != "custom" else [])

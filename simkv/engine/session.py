@@ -60,6 +60,8 @@ class FastEngine:
         self.orders = {kind: lay.orders(kind) for kind in ("grow", "grow_empty", "rebatch", "gather")}
         self.keep = lay.unit_keep  # per unit: a window's kept tokens (a state: 1), or -1: the whole history
         self.state = lay.unit_state  # per unit: a linear-attention state (one row per sequence)
+        self.ring = lay.unit_ring  # per unit: a fixed ring buffer's tokens (policy.ring_tokens), or -1
+        self.rings = bool((self.ring >= 0).any())
         # Live state, as arrays over units and slots.
         self.budget = np.zeros(lay.units, dtype=np.int64)  # rows per unit; 0 = no buffers
         self.buf = np.full(len(lay.layer), -1, dtype=np.int64)  # live buffer id per slot
@@ -226,7 +228,7 @@ class FastEngine:
         beam; ``keep`` keeps them for the next prompt. Appends its rows."""
         if self.policy.reset == "free":
             if self.budget.any():
-                free, released = self._free_live(step, phase)
+                free, released = self._free_live(step, phase, keep_states=self.policy.reset_keeps_states)
                 rows.append(free)
                 resident_delta.append(-released)
             self.batch = 1  # also with nothing live (a stateless policy)
@@ -270,6 +272,8 @@ class FastEngine:
         fits = has & ~rebatch & (inf.batch * needed <= self.budget)
         padded = needed + self._room()
         fits &= ~self._reclaimed(padded)
+        if self.rings:  # a full ring is rebuilt (policy.ring_tokens)
+            fits &= ~((self.ring >= 0) & (self._held() >= self.ring))
         units = np.flatnonzero(~fits)
         id_start = self.next_id
         tables, table_unit, table_delta, self.next_id = self.tables.step(step, phase, self.stored + inf.tokens,
@@ -346,13 +350,16 @@ class FastEngine:
             self.resident -= int(released.sum())
         self._record(step, phase, peak, resident_peak)
 
-    def _free_live(self, step: int, phase: int):
-        """Free every live K/V buffer: their rows, and the resident bytes they release."""
-        slots = self.layout.unit_slots[np.flatnonzero(self.budget)].ravel()
+    def _free_live(self, step: int, phase: int, keep_states: bool = False):
+        """Free every live K/V buffer (``keep_states``: not the linear-attention states): their rows,
+        and the resident bytes they release."""
+        units = np.flatnonzero((self.budget > 0) & ~(self.state & keep_states))
+        slots = self.layout.unit_slots[units].ravel()
         slots = slots[self.layout.row_bytes[slots] > 0]  # absent slots hold nothing
         free = self._live_rows(slots, step, phase)
         released = self._live_resident(slots) if self.first_touch else free["bytes"]
-        self.budget[:], self.buf[:], self.written[:] = 0, -1, 0
+        self.budget[units], self.written[slots] = 0, 0
+        self.buf[self.layout.unit_slots[units].ravel()] = -1
         return free, released
 
     def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind, padded, tables_before, immediate=None):
@@ -365,6 +372,8 @@ class FastEngine:
         if caps.shape != units.shape or (caps < needed).any():
             raise SimkvError(f"policy {policy.name} returned a capacity below the {needed.max()} tokens needed")
         caps = np.where(self.state[units], 1, caps)  # a state is one row per sequence, whatever the policy
+        if self.rings:  # a ring has its one size
+            caps = np.where(self.ring[units] >= 0, self.ring[units], caps)
         old_rows = self.budget[units]
         old_unit_bytes = old_rows * self.unit_row[units]
         start = self.allocated + sum(int(alloc_delta(r).sum()) for r in rows_so_far)
@@ -445,8 +454,12 @@ class FastEngine:
         return np.where(self.keep < 0, self.stored, np.minimum(self.stored, self.keep))
 
     def _needed(self, tokens: int) -> np.ndarray:
-        """Per unit, tokens per beam its buffers must hold for an inference of ``tokens`` more (a state: one)."""
-        return np.where(self.state, 1, self._held() + tokens)
+        """Per unit, tokens per beam its buffers must hold for an inference of ``tokens`` more (a state: one,
+        a ring: at most its size)."""
+        wanted = self._held() + tokens
+        if self.rings:
+            wanted = np.where(self.ring >= 0, np.minimum(wanted, self.ring), wanted)
+        return np.where(self.state, 1, wanted)
 
     def _record(self, step, phase, peak, resident_peak, tokens=None, batch=None, steady=None, used=None) -> None:
         self.steps.add(

@@ -617,9 +617,10 @@ def summary_lines(data: dict) -> list[str]:
     else:
         runtime = (f"KV {data.get('effective_kv_precision')} (requested {sc.get('requested_kv_precision') or 'default'}, "
                    f"inference {sc.get('inference_precision')}); fused {data.get('fused')}")
+    shape = (sc["layer_kv"] if sc.get("arch") or sc.get("config") else
+             f"{sc.get('layers')} layers, {sc.get('heads')}/{sc.get('kv_heads')} heads x {sc.get('head_dim')}")
     lines = [
-        f"simkv validate: {sc.get('layers')} layers, {sc.get('heads')}/{sc.get('kv_heads')} heads x "
-        f"{sc.get('head_dim')}; {runtime}; workload {sc.get('workload')}",
+        f"simkv validate: {shape}; {runtime}; workload {sc.get('workload')}",
         f"  {'KV events':<22}{data['events_observed']:,} observed, {data['events_predicted']:,} predicted: "
         f"{data['events_matched']:,} matched, {data['events_missing']:,} missing, {data['events_unexpected']:,} unexpected",
     ]

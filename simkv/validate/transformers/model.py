@@ -1,6 +1,9 @@
 """The transformers side of ``simkv validate --runtime transformers``: what to run (:class:`HFValidateConfig`),
 the random-weight model and its cache, and the driver that runs the workload one bracketed operation per
 simkv step (steps 1-2 of :mod:`.runner`'s docstring). Imports torch and transformers lazily.
+
+The model is a Llama (Mistral with a sliding window) of the configured shape, or — ``arch`` /
+``config_path`` — one of the tiny architectures of :mod:`.archs` or any ``config.json``.
 """
 
 from __future__ import annotations
@@ -40,8 +43,12 @@ class HFValidateConfig:
     clean_run: bool = True
     progress: bool = False
     model_name: str = "custom"
+    arch: str | None = None  # a tiny architecture of .archs (its config gives the shape)
+    config_path: str | None = None  # a config.json or its folder (idem)
 
     def __post_init__(self) -> None:
+        if self.arch and self.config_path:
+            raise ConfigError("give a tiny architecture or a config, not both")
         if self.dtype not in DTYPES:
             raise ConfigError(f"the transformers runtime keeps the KV cache in the model's dtype: choose one of "
                               f"{', '.join(DTYPES)}, not {self.dtype!r}")
@@ -53,9 +60,25 @@ class HFValidateConfig:
         return self.max_cache_len or parse_ops(self.workload).max_tokens
 
 
+def transformers_config(cfg: HFValidateConfig):
+    """The transformers config object of an ``arch`` / ``config_path`` run (None for the Llama shape)."""
+    from .archs import load_config, tiny_config
+
+    if cfg.arch:
+        return tiny_config(cfg.arch)
+    return load_config(cfg.config_path) if cfg.config_path else None
+
+
 def build_model(cfg: HFValidateConfig):
-    """Random-weight Llama (or Mistral, with a sliding window) of the configured shape, in eval mode."""
+    """Random-weight Llama (or Mistral, with a sliding window) of the configured shape, or the model of an
+    ``arch`` / ``config_path``, in eval mode."""
     import torch
+
+    config = transformers_config(cfg)
+    if config is not None:
+        from .archs import build_model as from_config
+
+        return from_config(config, cfg.dtype, cfg.seed)
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     hidden = cfg.hidden or cfg.heads * cfg.head_dim
@@ -89,13 +112,14 @@ def drive(model, cache, cfg: HFValidateConfig, recorder, on_step=None) -> int:
     from tqdm import tqdm
 
     gen = torch.Generator().manual_seed(cfg.seed)
+    vocab = model.config.vocab_size
     seq, batch = 0, 1
     bar = tqdm(total=parse_ops(cfg.workload).steps, unit="step", desc="transformers run", leave=False,
                disable=not cfg.progress)
 
     def step(tokens: int, beam_idx=None, reset: bool = False) -> None:
         nonlocal seq
-        ids = torch.randint(0, cfg.vocab, (batch, tokens), generator=gen).to(model.device) if tokens else None
+        ids = torch.randint(0, vocab, (batch, tokens), generator=gen).to(model.device) if tokens else None
         index = torch.tensor(beam_idx, dtype=torch.long).to(model.device) if beam_idx is not None else None
         t0 = time.perf_counter()
         with recorder.operation(seq):

@@ -2,21 +2,26 @@
 
 1. Model (:mod:`.model`): a random-weight ``LlamaForCausalLM`` of the requested shape (MHA or GQA), or a
    ``MistralForCausalLM`` when a sliding window is asked for (every layer then gets a
-   ``DynamicSlidingWindowLayer``), built from a config — offline, no hub — in f32, f16
-   or bf16 (the KV precision is the model's dtype).
+   ``DynamicSlidingWindowLayer``), or — ``--arch`` / ``--model PATH`` — a tiny Gemma-3, gpt-oss,
+   Llama-4, Qwen3-Next or DeepSeek-V3 (:mod:`.archs`) or any ``config.json``, whose layers get the
+   cache class of their kind; built from a config — offline, no hub — in f32, f16 or bf16 (the KV
+   precision is the model's dtype; a linear-attention recurrent state is f32).
 2. Real run under memray (Python stacks): the workload drives
    ``model(input_ids, past_key_values=cache, use_cache=True)`` one operation at a time —
    prefill, decode, chat turn; fork / reorder / select call ``cache.reorder_cache(beam_idx)``
    first, then the forward; reset calls ``cache.reset()``. Each operation is bracketed by
    the same in-stream markers as the OpenVINO validator (:mod:`simkv.validate.memtrace`).
-3. KV events (:mod:`.events`): torch allocates every CPU tensor with ``posix_memalign`` of its exact size.
-   An allocation is a K (or V) cache tensor when the innermost frame of
-   ``transformers/cache_utils.py`` on its Python stack is a line that names keys (or
-   values) only — the ``torch.cat``, ``torch.zeros`` and ``index_select`` lines of
-   ``DynamicLayer``, ``DynamicSlidingWindowLayer``, ``StaticLayer`` and ``reorder_cache``;
-   index tensors and other temporaries there name neither. Its layer is its rank among the
-   operation's allocations from the same function and tensor (``Cache`` visits the layers
-   in order); a free is matched to its allocation by address.
+3. Cache events (:mod:`.events`): torch allocates every CPU tensor with ``posix_memalign`` of its exact
+   size, but so do oneDNN's scratch buffers (bf16 matmuls, ``conv1d``): only allocations made by
+   ``transformers/cache_utils.py`` count. An allocation is a K (or V) cache tensor when the innermost
+   frame of that file on its Python stack is a line that names keys (or values) only — the
+   ``torch.cat``, ``torch.zeros``, ``roll`` and ``index_select`` lines of ``DynamicLayer``,
+   ``DynamicSlidingWindowLayer``, ``StaticLayer``, ``StaticSlidingWindowLayer`` and ``reorder_cache`` —,
+   a conv or recurrent state when it is ``LinearAttentionLayer``'s ``lazy_initialization`` or
+   ``reorder_cache``; index tensors, the 8-byte counters and other temporaries name neither. Its layer
+   is the cache layer whose (wrapped) method made it; a free is matched to its allocation by address.
+   After each operation the live cache tensors are held against the data pointers the cache object
+   holds (``pointer_check``).
 4. A clean run in a subprocess without the tracker (``MALLOC_MMAP_THRESHOLD_`` set, as
    for OpenVINO) measures RSS, VmSize, VmHWM and latency per operation.
 5. Prediction with ``hf-dynamic`` / ``hf-static``; :func:`simkv.validate.compare.compare` aligns the
@@ -40,8 +45,8 @@ from pathlib import Path
 from simkv.workload import Prefill, parse_ops
 
 from ..child import child_env
-from .events import kv_events, kv_site_of
-from .model import HFValidateConfig, build_model, drive, make_cache
+from .events import cache_storages, kv_events, kv_site_of, label_layers, pointer_check
+from .model import HFValidateConfig, build_model, drive, make_cache, transformers_config
 
 __all__ = ["MISSING_DEPS", "check_dependencies", "run_validation", "in_step_increase", "command"]
 
@@ -98,18 +103,43 @@ def _observe(cfg: HFValidateConfig) -> tuple[list[dict], int, dict]:
     torch.set_num_threads(1)  # one thread: small runs, and the allocation order never depends on a pool
     model = build_model(cfg)
     cache = make_cache(model, cfg)
+    classes = [type(layer).__name__ for layer in cache.layers]
+    label_layers(cache)
+    snapshots: list[dict] = []
     rec = Recorder(native_traces=False)
     try:
         with rec:
-            steps = drive(model, cache, cfg, rec)
+            steps = drive(model, cache, cfg, rec, on_step=lambda seq, _: snapshots.append(cache_storages(cache)))
         sites: dict = {}
         records, summary = read_segments(rec.path, steps, keep_min_bytes=1 << 62, site_of=kv_site_of(sites))
     finally:
         rec.cleanup()
-    events, warnings = kv_events(records, cfg.layers)
+    events, warnings = kv_events(records, model.config.num_hidden_layers)
+    pointers = pointer_check(records, snapshots)
+    if pointers["first_difference"]:
+        warnings.append(f"cache tensors by stack and by data pointer differ at {pointers['first_difference']}")
     facts = {"trace": asdict(summary), "warnings": warnings[:20], "cache": type(cache).__name__,
-             "layer_classes": sorted({type(layer).__name__ for layer in cache.layers})}
+             "layer_classes": sorted(set(classes)), "cache_layers": classes, "pointer_check": pointers}
     return events, steps, facts
+
+
+def scenario_of(cfg: HFValidateConfig):
+    """simkv's scenario of the run: the Llama / Mistral shape, or the model of an ``arch`` / ``config_path``
+    (:func:`.archs.model_spec`); raises what the policy refuses."""
+    from policies import get_policy
+    from simkv.precision import get_precision
+    from simkv.scenario import Scenario, build_scenario
+
+    from .archs import model_spec
+
+    options = {"max_cache_len": cfg.cache_len} if cfg.policy == "hf-static" else {}
+    config = transformers_config(cfg)
+    if config is None:
+        return build_scenario(model=None, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                              head_dim=cfg.head_dim, sliding_window=cfg.sliding_window or 0, precision=cfg.dtype,
+                              policy=cfg.policy, policy_options=options, ops=cfg.workload)
+    return Scenario(model_spec(config, cfg.model_name), get_precision(cfg.dtype), get_policy(cfg.policy, options),
+                    parse_ops(cfg.workload), weights_memory=0)
 
 
 def _clean_child(config_path: str, out_path: str) -> int:
@@ -170,16 +200,14 @@ def versions(mmap_threshold: int | None) -> dict:
 def run_validation(cfg: HFValidateConfig) -> dict:
     """Steps 1-5 of the module docstring; returns the ``simkv validate --json`` dict."""
     check_dependencies()
-    from simkv.scenario import build_scenario, simulate
+    from simkv.scenario import simulate
 
     from ..compare import compare
 
     t0 = time.perf_counter()
     workload = parse_ops(cfg.workload)
-    options = {"max_cache_len": cfg.cache_len} if cfg.policy == "hf-static" else {}
-    scenario = build_scenario(model=None, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
-                              head_dim=cfg.head_dim, sliding_window=cfg.sliding_window or 0, precision=cfg.dtype,
-                              policy=cfg.policy, policy_options=options, ops=cfg.workload)  # refuses what HF cannot run
+    scenario = scenario_of(cfg)  # refuses what HF cannot run
+    m = scenario.model
     observed, steps, facts = _observe(cfg)
     clean = _clean_run(cfg) if cfg.clean_run else None
     result = simulate(scenario)
@@ -205,13 +233,15 @@ def run_validation(cfg: HFValidateConfig) -> dict:
                         for s in sorted({e["step"] for e in observed if e.get("via") == "reorder_cache"})],
         "scenario": {
             "model": cfg.model_name, "runtime": "transformers", "cache": facts["cache"],
-            "layer_classes": facts["layer_classes"], "layers": cfg.layers, "heads": cfg.heads,
-            "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden or cfg.heads * cfg.head_dim,
-            "vocab": cfg.vocab, "seed": cfg.seed, "sliding_window": cfg.sliding_window,
+            "layer_classes": facts["layer_classes"], "cache_layers": facts["cache_layers"],
+            "layer_kv": m.describe(), "arch": cfg.arch, "config": cfg.config_path, "layers": m.layers,
+            "heads": m.heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim,
+            "hidden": (m.hidden or m.heads * m.head_dim) if cfg.arch or cfg.config_path else cfg.hidden or cfg.heads * cfg.head_dim,
+            "vocab": m.vocab or cfg.vocab, "seed": cfg.seed, "sliding_window": cfg.sliding_window,
             "max_cache_len": cfg.cache_len if cfg.policy == "hf-static" else None,
             "workload": str(workload), "steps": steps, "requested_kv_precision": cfg.dtype,
             "inference_precision": cfg.dtype, "policy": cfg.policy,
-            "kv_bytes_per_token": scenario.precision.kv_bytes_per_token(scenario.model),
+            "kv_bytes_per_token": scenario.kv_bytes_per_token,
             "slope_min_tokens": cfg.slope_min_tokens,
         },
         "versions": versions(cfg.mmap_threshold if cfg.clean_run else None),
@@ -219,12 +249,58 @@ def run_validation(cfg: HFValidateConfig) -> dict:
     head["versions"]["clean_run_malloc_env"] = clean["malloc_env"] if clean else None
     head["clean_run_error"] = None
     head.update(data)
-    head["observer"] = {"trace": facts["trace"], "warnings": facts["warnings"]}
+    head["observer"] = {"trace": facts["trace"], "warnings": facts["warnings"], "pointer_check": facts["pointer_check"]}
     head["elapsed_s"] = time.perf_counter() - t0
     return head
 
 
 # --------------------------------------------------------------------------- command
+
+
+def _config_source(args) -> tuple[str | None, str | None]:
+    """``(arch, config path)`` of the command line: ``--arch NAME`` or ``--model PATH`` (a config.json or a
+    folder holding one; not a preset name), else ``(None, None)``: the Llama / Mistral shape."""
+    from simkv.errors import SimkvError
+    from simkv.models import PRESETS
+
+    arch = getattr(args, "arch", None)
+    path = args.model if args.model not in ("custom", *PRESETS) and (
+        Path(args.model).exists() or args.model.endswith(".json")) else None
+    if arch and args.model != "custom":
+        raise SimkvError("give --arch or --model, not both")
+    if path and not Path(path).exists():
+        raise SimkvError(f"no such config: {path}")
+    given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden", "sliding_window")
+             if getattr(args, k) is not None]
+    if (arch or path) and given:
+        raise SimkvError(f"{'--arch' if arch else '--model PATH'} takes the shape from the config: drop {', '.join(given)}")
+    return arch, path
+
+
+#: A config's ``dtype`` (``torch_dtype``) as a --precision: the run's default.
+_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _config_scenario(args, arch: str | None, path: str | None, policy: str, opts: dict):
+    """The scenario of an ``--arch`` / ``--model PATH`` run: simkv's model of the transformers config."""
+    from policies import get_policy
+    from simkv.precision import get_precision
+    from simkv.scenario import Scenario
+    from simkv.workload import chat_session
+
+    from .archs import model_spec
+
+    name = arch or (Path(path).stem if Path(path).suffix == ".json" else Path(path).name)
+    config = transformers_config(HFValidateConfig(workload="prefill:1", arch=arch, config_path=path))
+    workload = parse_ops(args.ops) if args.ops else chat_session(
+        args.prompt, args.decode, turns=args.turns, turn_tokens=args.turn_tokens, turn_decode=args.turn_decode,
+        beam=args.beam)
+    if policy == "hf-static":
+        opts.setdefault("max_cache_len", str(workload.max_tokens))
+    precision = args.precision or _DTYPES.get(str(getattr(config, "dtype", None)).removeprefix("torch."), "f32")
+    HFValidateConfig(workload=str(workload), dtype=precision)  # refuses a dtype the model cannot have
+    return Scenario(model_spec(config, name), get_precision(precision), get_policy(policy, opts), workload,
+                    weights_memory=0)
 
 
 def command(args) -> int:
@@ -243,17 +319,26 @@ def command(args) -> int:
     opts = parse_policy_opts(args.policy_opt)
     if set(opts) - {"max_cache_len"}:
         raise SimkvError(f"--runtime transformers takes --policy-opt max_cache_len only, not {', '.join(opts)}")
-    model = None if args.model == "custom" else args.model
-    dims = model_dims(args)
-    # Validates the shape, the workload and the policy's limits before anything slow happens.
-    scenario = dict(model=model, **dims, sliding_window=args.sliding_window, precision=args.precision or "f32",
-                    prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
-                    turn_decode=args.turn_decode, beam=args.beam, ops=args.ops,
-                    weights_memory=0)  # a host run: only the KV cache is predicted and bounded
-    sc = build_scenario(**scenario, policy="hf-dynamic")
-    if policy == "hf-static":
-        opts.setdefault("max_cache_len", str(sc.workload.max_tokens))
-        sc = build_scenario(**scenario, policy=policy, policy_options=opts)
+    arch, path = _config_source(args)
+    if arch or path:
+        try:  # reading the config needs transformers
+            check_dependencies()
+        except ImportError:
+            print(f"simkv validate: error: {MISSING_DEPS}", file=sys.stderr)
+            return 2
+        sc = _config_scenario(args, arch, path, policy, opts)
+    else:
+        model = None if args.model == "custom" else args.model
+        dims = model_dims(args)
+        # Validates the shape, the workload and the policy's limits before anything slow happens.
+        scenario = dict(model=model, **dims, sliding_window=args.sliding_window, precision=args.precision or "f32",
+                        prompt=args.prompt, decode=args.decode, turns=args.turns, turn_tokens=args.turn_tokens,
+                        turn_decode=args.turn_decode, beam=args.beam, ops=args.ops,
+                        weights_memory=0)  # a host run: only the KV cache is predicted and bounded
+        sc = build_scenario(**scenario, policy="hf-dynamic")
+        if policy == "hf-static":
+            opts.setdefault("max_cache_len", str(sc.workload.max_tokens))
+            sc = build_scenario(**scenario, policy=policy, policy_options=opts)
     m = sc.model
     longest_input = max((op.tokens for op in sc.workload.ops if isinstance(op, Prefill)), default=0)
     if longest_input > MAX_INPUT_TOKENS or sc.workload.steps > MAX_STEPS:
@@ -267,10 +352,10 @@ def command(args) -> int:
                          f"{MAX_KV_BYTES / 2**30:.0f} GiB (fewer layers, heads or tokens)")
     cfg = HFValidateConfig(
         workload=str(sc.workload), layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
-        hidden=args.hidden, vocab=args.vocab, seed=args.seed, dtype=sc.precision.name, policy=policy,
+        hidden=args.hidden, vocab=m.vocab if arch or path else args.vocab, seed=args.seed, dtype=sc.precision.name, policy=policy,
         max_cache_len=getattr(sc.policy, "max_cache_len", None), sliding_window=m.sliding_window,
         mmap_threshold=args.mmap_threshold, slope_min_tokens=args.slope_min_tokens, model_name=m.name,
-        progress=sys.stderr.isatty(),
+        progress=sys.stderr.isatty(), arch=arch, config_path=str(Path(path).resolve()) if path else None,
     )
     try:
         check_dependencies()
