@@ -189,5 +189,6 @@ def test_cli_model_path_of_a_config(tmp_path):
                           str(tmp_path / "bad.json")], capture_output=True, text=True)
     assert bad.returncode == 2
     [line] = bad.stderr.strip().splitlines()
-    assert line.startswith(f"simkv validate: error: transformers cannot read {tmp_path / 'bad.json'}: ")
-    assert "no_such_model" in line
+    # simkv's own loader reads the config first (simkv/hfconfig.py) and names what is missing.
+    assert line == (f"simkv validate: error: model config {tmp_path / 'bad.json'}: missing num_hidden_layers, "
+                    "hidden_size, num_attention_heads (model_type no_such_model)")

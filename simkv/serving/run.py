@@ -259,9 +259,6 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("num_kv_blocks and cache_size must be >= 0")
     if cfg.num_kv_blocks and cfg.cache_size:
         raise ConfigError("give num_kv_blocks or cache_size, not both")
-    if spec.memory == "paged" and len(spec.model.groups) > 1:  # engine.genai_block_bytes: one pool of like layers
-        raise ConfigError(f"paged memory keeps one block pool of identical layers; {spec.model.name} has "
-                          f"{len(spec.model.groups)} layer groups: serve it with contiguous memory (simkv run --memory contiguous)")
     context = spec.max_context if spec.max_context is not None else context_of(spec.model)
     check_workload(spec.requests, context)
     device = get_device(spec.device)
