@@ -147,6 +147,21 @@ def test_gemma_3_27b_32k_request_vllm_vs_genai():
     assert 2_432 * 1_310_720 / 2**30 == pytest.approx(2.97, abs=0.005) and 2_048 * 8_126_464 / 2**30 == 15.5
 
 
+def test_request_bytes_is_what_the_engine_holds_for_one_request():
+    # PagedKV.request_bytes (experiments/layer_kinds.py) is the engine's count for a lone request: the same
+    # Gemma-3-27B shape at 32,768 tokens (the test above: 2,432 x 1.25 MiB under vLLM, 2,048 x 7.75 MiB under
+    # GenAI); a hybrid adds one state block (GenAI) or one Mamba page per group (vLLM).
+    sw, full = LayerKV("sliding", 16, 128, 128, 1024), LayerKV("full", 16, 128, 128)
+    g27 = ModelSpec("gemma-3-27b", 62, 32, 16, 128, layer_kv=tuple(full if i % 6 == 5 else sw for i in range(62)))
+    assert paged_kv(g27, BF16, 16, "vllm").request_bytes(32_768) == 2_432 * 1_310_720
+    assert paged_kv(g27, BF16, 16, "genai").request_bytes(32_768) == 2_048 * 8_126_464
+    # Qwen3-Next tiny (4 layers, 3 linear): GenAI holds ceil(140 / 32) = 5 KV blocks and 1 state block.
+    linear = LayerKV("linear", conv_elements=80 * 4, recurrent_elements=4 * 8 * 12)
+    hybrid = ModelSpec("hybrid", 4, 4, 2, 16, layer_kv=(linear, linear, linear, LayerKV("full", 2, 16, 16)))
+    kv = paged_kv(hybrid, BF16, 32, "genai")
+    assert kv.request_bytes(140) == 5 * kv.block_bytes + kv.state_bytes
+
+
 def test_chunked_group_frees_at_a_chunk_boundary():
     # Llama-4-like, vLLM, blocks of 16: 3 chunked layers (C 64) -> 3 chunked groups, 1 full. P = 40, G = 100;
     # after step k the context is n = 40 + k, and a chunked group has freed the blocks before (c // 64) x 64 with

@@ -145,6 +145,15 @@ class PagedKV:
     def side(self) -> tuple[BlockGroup, ...]:
         return self.groups[1:]
 
+    def request_bytes(self, tokens: int) -> int:
+        """Bytes of the blocks one sequence of ``tokens`` computed tokens holds: each group's live entries
+        (a window's freed ones excluded) × its pool's block bytes."""
+        total = 0
+        for g in self.groups:
+            live = g.needed(tokens) - g.skipped(tokens)
+            total += live * (self.state_bytes if g.pool else self.block_bytes)
+        return total
+
     def describe(self) -> str:
         parts = "; ".join(g.describe() for g in self.groups)
         state = f", state block {self.state_bytes:,} B" if self.state_bytes else ""
