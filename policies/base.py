@@ -106,6 +106,10 @@ class Policy:
     #: How the runtime caches an MLA layer (simkv.kvspec.MLA_FORMS): the compressed ``latent``
     #: (transformers 5.x, vLLM) or ``decompressed`` per-head K and V (an optimum-intel export).
     mla_form: ClassVar[str] = "latent"
+    #: How its attention computes over an MLA cache, for the cost model (simkv.cost.MLA_COMPUTE): ``latent``
+    #: (vLLM absorbs the up-projections for one-token queries), ``latent-expand`` (transformers 5.x
+    #: decompresses every cached token each step), ``decompressed``.
+    mla_compute: ClassVar[str] = "latent"
     #: A reset under ``reset="free"`` keeps linear-attention states (zeroed in place, as transformers'
     #: ``LinearAttentionCacheLayerMixin.reset`` does) instead of freeing them with the KV buffers.
     reset_keeps_states: ClassVar[bool] = False

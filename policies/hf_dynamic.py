@@ -62,6 +62,8 @@ class HFDynamic(Policy):
     name = "hf-dynamic"
     summary = "transformers DynamicCache: exact-size torch.cat per layer every step (+K -K +V -V), gather on beam_idx"
     unit = "layer"
+    # DeepseekV3Attention decompresses every cached latent each step (expand_kv; docs/DESIGN.md §3c).
+    mla_compute = "latent-expand"
     row_orders = {"grow": _PER_LAYER, "gather": _PER_LAYER}
 
     reset: str = option("free", _HELP["reset"])

@@ -54,6 +54,8 @@ class HFStatic(Policy):
     name = "hf-static"
     summary = "transformers StaticCache: max_cache_len tokens per layer on the first forward, in place after"
     unit = "layer"
+    # DeepseekV3Attention decompresses every cached latent each step (expand_kv; docs/DESIGN.md §3c).
+    mla_compute = "latent-expand"
     row_orders = {"grow": _PER_LAYER, "gather": _PER_LAYER}
 
     max_cache_len: int = option(4096, "tokens each layer's K and V tensors hold (StaticCache max_cache_len)")

@@ -69,6 +69,7 @@ class GPUMechanics(Policy):
     headroom_buffer = "data"
     kernel_beam_tables = True
     mla_form = "decompressed"  # OpenVINO has no latent cache: optimum-intel exports per-head K and V (DESIGN §4c)
+    mla_compute = "decompressed"
 
     free_old: str = option("next_inference", _HELP["free_old"])
     reset: str = option("free", _HELP["reset"])
@@ -121,6 +122,7 @@ class CPUMechanics(Policy):
 
     unit = "layer"
     mla_form = "decompressed"  # OpenVINO has no latent cache: optimum-intel exports per-head K and V (DESIGN §4c)
+    mla_compute = "decompressed"
     row_orders = {
         "grow": "+k_beam +v_beam =k_beam =v_beam -v_beam -k_beam "
         "+k +v +k_scale +v_scale =k =v =k_scale =v_scale -k_scale -v_scale -v -k",

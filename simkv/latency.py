@@ -85,7 +85,7 @@ def session_times(result, device: Device, weights_precision: str | None = None, 
     cost = forward_cost(
         model or scenario.model, device, scenario.precision, batch=steps["batch"].astype(np.float64), context=before, new=new,
         weights_precision=weights_precision, copy_bytes=copy_bytes_per_step(result), precision=precision,
-        mla=scenario.policy.mla_form,
+        mla=scenario.policy.mla_compute,
     )
     idle = (steps["phase"] == PHASE_CODE["reset"]) | (new == 0)
     seconds = np.where(idle, 0.0, np.broadcast_to(cost.seconds, tokens.shape))
