@@ -7,7 +7,7 @@ reorder / select) and random mechanics options.
 """
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import assert_same_run, rows_of
@@ -20,7 +20,7 @@ from simkv.precision import get_precision
 from simkv.scenario import Scenario, simulate
 from simkv.units import parse_bytes
 from simkv.workload import parse_ops
-from test_properties import workloads
+from test_properties import SETTINGS, workloads
 
 POLICIES = ["openvino-gpu", "openvino-cpu", "fixed", "geometric", "exact", "static", "stateless", "hf-dynamic"]
 
@@ -65,9 +65,6 @@ def scenarios(draw):
                         parse_bytes(draw(st.sampled_from(["16GiB", "4MiB", "1MiB"]))), 0)
     except SimkvError:
         return draw(st.nothing())
-
-
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
