@@ -30,7 +30,7 @@ def run(requests, device, fast=True):
     model = get_model("llama-2-7b")
     dev = get_device(device)
     eng = PagedServing(requests, model, get_precision("u8"), SchedulerConfig(), device=dev,
-                       weights_bytes=resolve_weights_memory(model, None, None), device_memory=dev.memory_bytes)
+                       weights_bytes=resolve_weights_memory(model, None, None, dev), device_memory=dev.memory_bytes)
     wall, cpu = time.perf_counter(), time.process_time()
     groups, steps, _, _ = eng.run(fast=fast)
     return time.perf_counter() - wall, time.process_time() - cpu, eng, groups, steps

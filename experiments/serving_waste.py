@@ -39,6 +39,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from simkv.cost import get_device
 from simkv.lab.output import main_for, save_figure, write_csv
 from simkv.lab.palette import policy_color
 from simkv.lab.traces import AZURE_CODE, AZURE_CONV
@@ -71,7 +72,7 @@ def measure(trace: str, requests: list, mode: str) -> tuple[dict, float]:
     memory, policy, options = MODES[mode]
     model = get_model(MODEL)
     spec = ServingSpec(requests, model, get_precision(PRECISION), memory=memory, device=DEVICE,
-                       weights_bytes=resolve_weights_memory(model, None, None), max_context=0,
+                       weights_bytes=resolve_weights_memory(model, None, None, get_device(DEVICE)), max_context=0,
                        **({"policy": policy, "policy_options": options} if policy else {}))
     t0 = time.process_time()
     m = serve(spec).metrics

@@ -12,6 +12,7 @@ is their sum plus two separate terms::
           (or their sum, where the device's attention does not overlap its reads: see below)
         + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
         + step_overhead_s + layers · layer_overhead_s   # runtime/framework fixed cost per step
+        + R · (α(n) + 2(n − 1)/n · new_tokens · hidden · 2 B / busbw(n))   # tensor parallelism of n > 1 devices
 
     weights_bytes read = weights_bytes                                       (dense)
                        = W · (1 − f) + W · f · E · (1 − (1 − k/E)^B) / E      (mixture of experts, B = new_tokens)
@@ -21,6 +22,12 @@ is their sum plus two separate terms::
                                                                (= 4 · layers · heads · head_dim, uniform)
     attention time = (P · (pairs - decode_pairs) + attention_flops - decode_flops) / (peak · η_flops)
                      + (P · decode_pairs + decode_flops) / decode_attention_flops   (default: peak · η_flops too)
+
+Under tensor parallelism (``model.tp = n > 1``, :func:`simkv.models.tp_shard`) the model is one device's share,
+so weights, FLOPs and KV above are already divided; each step adds ``R`` all-reduces of the step's activations
+(:func:`allreduces_per_step`: vLLM's ``o_proj`` and ``down_proj`` row-parallel linears in every layer and the
+vocab-parallel embedding, ``2 · L + 1`` for a dense model; bf16/f16 activations, 2 B per element), each timed
+by the device's :class:`Interconnect` (docs/research/plan-facts.md §2.2, §3).
 
 ``active_layer_params`` are the parameters of the matrices a token multiplies by in the
 transformer layers (``ModelSpec.active_params`` without the LM head: of a mixture of
@@ -64,10 +71,68 @@ import numpy as np
 
 from simkv.errors import ConfigError
 from simkv.kvspec import F32, LayerKV, expand_flops, pair_flops, request_bytes, state_bytes, state_flops, token_bytes
-from simkv.models import ModelSpec, weights_bytes as model_weights_bytes
+from simkv.models import (ModelSpec, checkpoint_weights_precision, optimum_intel_weights_precision,
+                          weights_bytes as model_weights_bytes)
 from simkv.precision import Precision
 
 GIB = 1024**3
+
+#: Bytes per activation element in an all-reduce: vLLM runs bf16/f16 activations (Vidur converts all-reduce
+#: sizes to tokens with ``size / embedding_dim / 2``, vidur sklearn_execution_time_predictor.py; plan-facts §2.2).
+ACTIVATION_BYTES = 2
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """How long an all-reduce of S bytes over n devices takes: ``α(n) + 2(n − 1)/n · S / busbw(n)``
+    (NCCL's bus-bandwidth definition, nccl-tests doc/PERFORMANCE.md: ``busbw = algbw · 2(n − 1)/n``; its tuner's
+    ``time = latency + bytes / bw``, nccl src/graph/tuning.cc; docs/research/plan-facts.md §3.1).
+
+    ``fits`` holds (α seconds, busbw bytes/s) per device count n; ``None`` as a key: any n."""
+
+    name: str
+    description: str
+    fits: Mapping[int | None, tuple[float, float]]
+    source: str
+
+    def fit(self, n: int) -> tuple[float, float]:
+        if n in self.fits:
+            return self.fits[n]
+        if None in self.fits:
+            return self.fits[None]
+        raise ConfigError(f"no all-reduce figures for {n} devices over {self.name} (measured: "
+                          f"{', '.join(str(k) for k in self.fits)}); use --tp {' or '.join(str(k) for k in self.fits)}")
+
+    def allreduce_s(self, nbytes: Any, n: int) -> Any:
+        """Seconds of one all-reduce of ``nbytes`` bytes over ``n`` devices."""
+        alpha, busbw = self.fit(n)
+        return alpha + 2.0 * (n - 1) / n * nbytes / busbw
+
+
+_VIDUR_FIT = ("fitted here by least squares of t = α + 2(n−1)/n · S / busbw on every size (2 KiB – 64 MiB) of "
+              "microsoft/vidur data/profiling/network/{}/all_reduce.csv @ 7d475133 (torch.distributed all-reduce, "
+              "rank 0, median time; one node, devices_per_node = n); a fit to published measurements, "
+              "docs/research/plan-facts.md §3.3")
+
+#: Interconnect presets by name (what ``Device.interconnect`` names).
+INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in (
+    Interconnect("nvlink4", "NVLink 4 through NVSwitch (H100 SXM, DGX H100; 18 links, 900 GB/s per GPU)",
+                 {2: (24.00e-6, 305.0e9), 4: (27.90e-6, 353.4e9), 8: (34.74e-6, 365.9e9)},
+                 _VIDUR_FIT.format("h100_dgx") + "; median relative error 7.2 / 4.4 / 3.1 % for n = 2 / 4 / 8"),
+    Interconnect("nvlink3", "NVLink 3 through NVSwitch (A100 SXM, DGX A100; 12 links, 600 GB/s per GPU)",
+                 {2: (45.44e-6, 171.7e9), 4: (54.42e-6, 182.6e9), 8: (70.44e-6, 181.2e9)},
+                 _VIDUR_FIT.format("a100_dgx") + "; median relative error 1.9 / 3.6 / 7.8 % for n = 2 / 4 / 8"),
+    Interconnect("pcie", "PCIe Gen4 x16 between devices (no NVLink)",
+                 {None: (72.61e-6, 23.7e9)},
+                 "assumed for any n: the n = 4 fit of Vidur's a100_pairwise_nvlink profile, whose pairs talk over "
+                 "PCIe Gen4 (" + _VIDUR_FIT.format("a100_pairwise_nvlink") + "; median relative error 0.6 %); "
+                 "23.7 GB/s is 0.74 of PCIe Gen4 x16's 32 GB/s per direction"),
+)}
+
+#: The runtimes a device preset's usual engine is: ``vllm`` (CUDA GPUs) or ``openvino`` (Intel devices,
+#: OpenVINO GenAI over an optimum-intel export). It decides the default weights precision and whether
+#: tensor parallelism is offered.
+RUNTIMES = ("vllm", "openvino")
 
 
 @dataclass(frozen=True)
@@ -107,8 +172,18 @@ class Device:
     #: Whether attention's KV reads overlap its arithmetic (a roofline: the larger term counts). False
     #: where a per-row loop reads and computes in turn (the CPU plugin's one-token attention): they add up.
     attention_overlap: bool = True
+    #: The usual serving runtime on this device (:data:`RUNTIMES`): what weights precision it loads by
+    #: default (:meth:`default_weights_precision`) and whether ``--tp`` is offered.
+    runtime: str = "openvino"
+    #: How the devices of a tensor-parallel group talk (a key of :data:`INTERCONNECTS`).
+    interconnect: str = "pcie"
 
     def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"device {self.name}: runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
+        if self.interconnect not in INTERCONNECTS:
+            raise ConfigError(f"device {self.name}: interconnect must be one of {', '.join(INTERCONNECTS)}, "
+                              f"got {self.interconnect!r}")
         for name in ("memory_bytes", "memory_bandwidth", "copy_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"device {self.name}: {name} must be positive")
@@ -131,6 +206,28 @@ class Device:
     def attention_time(self, kv_s: Any, compute_s: Any) -> Any:
         """Attention's time from its two terms: the larger (a roofline) or, without overlap, their sum."""
         return (np.maximum if self.attention_overlap else np.add)(kv_s, compute_s)
+
+    def default_weights_precision(self, model: ModelSpec) -> str:
+        """The weights precision this device's usual runtime loads when none is given
+        (docs/research/plan-facts.md §4): vLLM (``runtime == "vllm"``: h100-sxm, a100-80gb) the checkpoint's dtype,
+        :func:`simkv.models.checkpoint_weights_precision` (2 B per parameter); OpenVINO (the Intel presets, ``host``)
+        what an optimum-intel export holds, :func:`simkv.models.optimum_intel_weights_precision` (int8 from 10^9
+        parameters, else f16)."""
+        if self.runtime == "vllm":
+            return checkpoint_weights_precision(model)
+        return optimum_intel_weights_precision(model)
+
+    def check_tp(self, tp: int) -> None:
+        """Refuse tensor parallelism this device's runtime does not offer, or a size its interconnect has no
+        figures for (one line)."""
+        if tp == 1:
+            return
+        if self.runtime == "openvino":
+            raise ConfigError(f"--tp {tp}: device {self.name} runs OpenVINO, which has no tensor parallelism to model "
+                              "here: its GPU plugin has none (multi-GPU is HETERO pipeline parallelism) and the CPU "
+                              "plugin's socket split (model_distribution_policy TENSOR_PARALLEL) splits the "
+                              "fully-connected weights, not the KV cache (docs/research/plan-facts.md §2.3)")
+        INTERCONNECTS[self.interconnect].fit(tp)
 
     @property
     def kv_efficiency(self) -> float:
@@ -183,6 +280,8 @@ class StepCost:
     attention_s: Any = 0.0
     #: The four affine terms behind the rooflines: (weights streaming, matmul FLOPs, KV bytes, attention FLOPs).
     terms: Any = None
+    #: Tensor parallelism: the step's all-reduces (0 on one device; :func:`allreduce_s`).
+    allreduce_s: Any = 0.0
 
 
 def matmul_params(model: ModelSpec) -> int:
@@ -227,6 +326,28 @@ def pair_flops_per_model(model: ModelSpec) -> int:
     expanded): ``4 · layers · heads · head_dim`` for a uniform model. What :func:`step_cost` charges per
     ``attended_pairs`` — right where every attention layer attends the same positions."""
     return sum(pair_flops(layer, model.heads) for layer in model.kv_layers)
+
+
+def allreduces_per_step(model: ModelSpec) -> int:
+    """All-reduces one tensor-parallel step runs (docs/research/plan-facts.md §2.1–2.2): in each decoder layer one
+    after attention (``o_proj``, a linear-attention ``out_proj``: ``RowParallelLinear``) when the layer has
+    attention projections, one after the MLP or MoE (``down_proj``), and one after the vocab-parallel input
+    embedding (``VocabParallelEmbedding.forward``): ``2 · L + 1`` for a dense model (vllm/model_executor/models/
+    llama.py; Vidur adds the same two per layer, vidur/entities/execution_time.py). The LM head's logits gather
+    is left out."""
+    projections = sum(layer.kind != "none" or layer.reuses is not None for layer in model.kv_layers)
+    return projections + model.layers + 1
+
+
+def allreduce_s(model: ModelSpec, device: Device, new_tokens: Any) -> Any:
+    """Seconds of a step's all-reduces under tensor parallelism (0 when ``model.tp`` is 1): :func:`allreduces_per_step`
+    all-reduces of ``new_tokens · hidden · 2 B`` each over ``model.tp`` devices (:class:`Interconnect`)."""
+    n = model.tp
+    if n == 1:
+        return 0.0 * np.asarray(new_tokens, dtype=np.float64)
+    link = INTERCONNECTS[device.interconnect]
+    nbytes = np.asarray(new_tokens, dtype=np.float64) * float(model.hidden * ACTIVATION_BYTES)
+    return allreduces_per_step(model) * link.allreduce_s(nbytes, n)
 
 
 def step_cost(
@@ -282,14 +403,18 @@ def step_cost(
     copy_s = cb / device.copy_bandwidth
     overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)
     seconds = matmul_s + attention_s + copy_s + overhead
+    reduce_s = allreduce_s(model, device, n)
+    if model.tp > 1:
+        seconds = seconds + reduce_s
     longer_is_compute = np.where(matmul_s >= attention_s, matmul_compute_s > weights_s, attention_compute_s > kv_s)
     bound = np.where(longer_is_compute, "compute", "memory")
     terms = (weights_s, matmul_compute_s, kv_s, attention_compute_s)
     if scalar:
         return StepCost(float(seconds), str(bound), float(memory_s), float(compute_s), float(copy_s),
                         float(overhead), float(nbytes), float(flops), float(matmul_s), float(attention_s),
-                        tuple(float(t) for t in terms))
-    return StepCost(seconds, bound, memory_s, compute_s, copy_s, overhead, nbytes, flops, matmul_s, attention_s, terms)
+                        tuple(float(t) for t in terms), float(reduce_s))
+    return StepCost(seconds, bound, memory_s, compute_s, copy_s, overhead, nbytes, flops, matmul_s, attention_s, terms,
+                    reduce_s)
 
 
 def _window_pairs(context: Any, new: Any, window: int | None) -> Any:
@@ -537,7 +662,13 @@ _register(Device(
     step_overhead_s=0.0,
     copy_bandwidth=1.493 * T,
     compute_precision="bf16",
+    runtime="vllm",
+    interconnect="nvlink4",
     sources={
+        "runtime": "an H100 serves with vLLM (or a CUDA engine like it): weights at the checkpoint's dtype, "
+                   "vLLM --dtype auto (docs/research/plan-facts.md §4)",
+        "interconnect": "NVLink 4 (H100 SXM5: 18 links, 900 GB/s per GPU, nvidia.com Hopper architecture page); "
+                        "all-reduce times: " + _VIDUR_FIT.format("h100_dgx"),
         "memory_bandwidth": "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 3.35 TB/s HBM3, 80 GB)",
         "peak_flops": "NVIDIA H100 datasheet, dense (half the with-sparsity figures)",
         "kv_bandwidth_efficiency": "measured: 2 GiB device-to-device copy, 2.99 TB/s read+written = 0.892 of peak; " + _H100,
@@ -563,7 +694,13 @@ _register(Device(
     step_overhead_s=0.0,
     copy_bandwidth=2.039 * T * 0.88 / 2,
     compute_precision="bf16",
+    runtime="vllm",
+    interconnect="nvlink3",
     sources={
+        "runtime": "an A100 serves with vLLM: weights at the checkpoint's dtype, vLLM --dtype auto "
+                   "(docs/research/plan-facts.md §4)",
+        "interconnect": "NVLink 3 (A100 SXM4: 12 links, 600 GB/s, nvidia.com NVLink page); all-reduce times: "
+                        + _VIDUR_FIT.format("a100_dgx"),
         "memory_bandwidth": "NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM: 2,039 GB/s)",
         "peak_flops": "NVIDIA A100 datasheet, dense (half the with-sparsity figures)",
         "kv_bandwidth_efficiency": "published: a DRAM read kernel reaches 1.80 TB/s = 88 % on an A100 80GB SXM, Nsight "
@@ -578,6 +715,8 @@ _register(Device(
 #: The Intel presets' efficiencies, overhead and copy rate: no public measurement of these runtimes on
 #: these devices was found, so they are assumptions, and say so.
 _INTEL_ASSUMED = {
+        "runtime": "OpenVINO GenAI over an optimum-intel export: int8 weights from 10^9 parameters, else f16 "
+                   "(optimum-intel, docs/research/plan-facts.md §4); no tensor parallelism (§2.3)",
         "bandwidth_efficiency": "assumed, not measured: no public measurement of this runtime on this device was found; "
                                 "0.8, between the H100's measured GEMV (0.69) and stream (0.89) fractions",
         "flops_efficiency": "assumed, not measured: 0.5 of the matrix-engine peak (the H100's measured prefill fraction is 0.56)",
@@ -668,6 +807,8 @@ def device_summary(device: Device) -> dict[str, Any]:
         "copy_bandwidth": device.copy_bandwidth,
         "decode_attention_flops": device.decode_attention_flops,
         "attention_overlap": device.attention_overlap,
+        "runtime": device.runtime,
+        "interconnect": device.interconnect,
         "sources": dict(device.sources),
     }
 

@@ -65,7 +65,9 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                    "models), e.g. 8GiB or 0; counts toward the headroom limit and out of memory (default: the "
                    "preset's weights at --weights-precision; 0 for a custom shape)")
     g.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), help="precision of the weights for the default "
-                   "--weights-memory (default: as optimum-intel exports: int8 from 1e9 parameters, else f16)")
+                   "--weights-memory (default: what the device's usual runtime loads: serving on h100-sxm / a100-80gb the "
+                   "checkpoint's 2-byte dtype, as vLLM does; on the OpenVINO presets, and for a single session, an "
+                   "optimum-intel export's int8 from 1e9 parameters, else f16)")
 
 
 def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None) -> None:

@@ -18,7 +18,7 @@ and the dashboard ask this one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from simkv.errors import ConfigError
@@ -232,3 +232,53 @@ def state_flops(layer: LayerKV) -> int:
     if layer.kind != "linear":
         return 0
     return DELTA_RULE_FLOPS * layer.recurrent_elements + 2 * layer.conv_elements
+
+
+# --------------------------------------------------------------------------- tensor parallelism (one device's share)
+
+def tp_kv_heads(kv_heads: int, tp: int) -> int:
+    """KV heads one of ``tp`` tensor-parallel devices caches: ``max(1, kv_heads // tp)`` — vLLM's
+    ``ModelConfig.get_num_kv_heads`` ("replicate the KV heads in the case where the number of KV heads is smaller
+    than the tensor parallel size"; ``QKVParallelLinear``: ``num_kv_heads = divide(total_kv_heads, tp)``, or 1 with
+    ``num_kv_head_replicas = divide(tp, total_kv_heads)`` when ``tp >= total_kv_heads``; docs/research/plan-facts.md
+    §2.1). Refused (one line) where vLLM's ``divide`` would fail: neither divides the other."""
+    if kv_heads % tp and tp % kv_heads:
+        raise ConfigError(f"--tp {tp} does not split {kv_heads} KV heads: vLLM needs the KV heads to be a multiple "
+                          f"of the tensor-parallel size or the size a multiple of them (then each head is replicated)")
+    return max(1, kv_heads // tp)
+
+
+def _split(value: int, tp: int, what: str) -> int:
+    if value % tp:
+        raise ConfigError(f"--tp {tp} does not divide {what} ({value}): vLLM splits it evenly across the devices")
+    return value // tp
+
+
+def tp_layers(layers: Sequence[LayerKV], tp: int) -> tuple[LayerKV, ...]:
+    """What one of ``tp`` tensor-parallel devices keeps of each layer (vLLM's sharding, plan-facts §2.1):
+
+    - full / sliding / chunked attention: :func:`tp_kv_heads` KV heads (replicated when ``kv_heads < tp``);
+    - MLA: the latent is **not** divided — ``get_num_kv_heads`` is 1 for MLA and ``MLAAttentionSpec`` stores one
+      ``kv_lora_rank + qk_rope_head_dim`` latent per token on every rank; the decompressed per-head form
+      (``kv_heads``, the query heads) is split like the query heads (``kv_heads / tp``);
+    - linear attention (Gated DeltaNet): the conv state and the recurrent state are split by heads — vLLM
+      ``MambaStateShapeCalculator.gated_delta_net_state_shape``: conv ``(divide(conv_dim, tp), kernel − 1)``,
+      recurrent ``(divide(num_v_heads, tp), head_v_dim, head_k_dim)``
+      (vllm/model_executor/layers/mamba/mamba_utils.py @ 02d71083), so each is ``/ tp``;
+    - none: unchanged (nothing kept).
+    ``tp = 1`` gives the layers themselves."""
+    if tp == 1:
+        return tuple(layers)
+    out: dict[LayerKV, LayerKV] = {}
+    for layer in set(layers):
+        if layer.kind == "linear":
+            out[layer] = replace(layer, conv_elements=_split(layer.conv_elements, tp, "a linear layer's conv state"),
+                                 recurrent_elements=_split(layer.recurrent_elements, tp,
+                                                           "a linear layer's recurrent state"))
+        elif layer.latent is not None:
+            out[layer] = replace(layer, kv_heads=_split(layer.kv_heads, tp, "an MLA layer's heads"))
+        elif layer.caches_tokens:
+            out[layer] = replace(layer, kv_heads=tp_kv_heads(layer.kv_heads, tp))
+        else:
+            out[layer] = layer
+    return tuple(out[layer] for layer in layers)

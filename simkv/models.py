@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from simkv.errors import ConfigError
-from simkv.kvspec import LayerKV, groups
+from simkv.kvspec import LayerKV, groups, tp_kv_heads, tp_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,9 @@ class ModelSpec:
     source: str = ""
     #: The context the model was trained for (``max_position_embeddings``); 0: not given.
     context: int = 0
+    #: Tensor parallelism: this spec is one of ``tp`` devices' shares of the model (:func:`tp_shard`; 1: the
+    #: whole model on one device). The cost model adds the step's all-reduces when it is above 1.
+    tp: int = 1
 
     def __post_init__(self) -> None:
         for field in ("layers", "heads", "kv_heads", "head_dim"):
@@ -89,6 +92,8 @@ class ModelSpec:
                               f"{self.expert_intermediate}, {self.dense_layers})")
         if not self.experts and self.experts_per_token:
             raise ConfigError(f"experts_per_token {self.experts_per_token} without experts")
+        if not isinstance(self.tp, int) or isinstance(self.tp, bool) or self.tp < 1:
+            raise ConfigError(f"model tp must be a positive integer, got {self.tp!r}")
         if self.linear_dims is not None and (len(self.linear_dims) != 5 or not all(
                 isinstance(v, int) and v > 0 for v in self.linear_dims)):
             raise ConfigError("linear_dims are five positive integers (key heads, value heads, key head size, "
@@ -308,3 +313,75 @@ def weights_bytes(model: ModelSpec, precision: str = "f16") -> int:
     except KeyError:
         raise ConfigError(f"unknown weight precision {precision!r}; choose {', '.join(WEIGHT_BYTES)}") from None
     return int(model.weight_params * per)
+
+
+#: optimum-intel's export compresses the weights of a model with at least 10^9 parameters to int8
+#: (asymmetric) unless told otherwise, and saves smaller models' weights as f16
+#: (huggingface/optimum-intel at e1de5bee: ``_MAX_UNCOMPRESSED_SIZE = 1e9`` in
+#: optimum/exporters/openvino/utils.py, compared with the model's f16/f32/bf16 constants in
+#: ``_apply_model_size_based_quantization``, optimum/exporters/openvino/__main__.py → int8_asym;
+#: docs/source/openvino/export.mdx: "Models larger than 1 billion parameters are exported to the OpenVINO
+#: format with 8-bit weights by default").
+INT8_WEIGHTS_FROM_PARAMS = 10**9
+
+
+def optimum_intel_weights_precision(model: ModelSpec) -> str:
+    """The weight precision an optimum-intel export gives a model: int8 from 10^9 parameters, else f16."""
+    return "int8" if model.weight_params >= INT8_WEIGHTS_FROM_PARAMS else "f16"
+
+
+def checkpoint_weights_precision(model: ModelSpec) -> str:
+    """The precision vLLM loads a checkpoint in with ``--dtype auto`` (its default): "FP16 precision for FP32 and
+    FP16 models, and BF16 precision for BF16 models" (vllm/config/model.py, ``ModelConfig.dtype`` docstring,
+    docs/research/plan-facts.md §4): bf16 where the config's ``torch_dtype`` is bfloat16, else f16 (a preset
+    without a dtype: f16; 2 B per parameter either way)."""
+    return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
+
+
+#: vLLM pads the vocabulary to a multiple of this before splitting the embedding and the LM head across
+#: tensor-parallel devices (``DEFAULT_VOCAB_PADDING_SIZE = 64``, vllm/model_executor/layers/vocab_parallel_embedding.py).
+VOCAB_PADDING = 64
+
+
+def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
+    """One device's share of ``model`` under tensor parallelism of ``tp`` devices, as vLLM splits it
+    (docs/research/plan-facts.md §2.1): a spec whose weights, FLOPs and KV are one device's, with ``tp`` set.
+
+    - query heads ``heads / tp`` (vLLM ``verify_with_parallel_config`` refuses a ``tp`` that does not divide them);
+      KV heads :func:`simkv.kvspec.tp_kv_heads` (``max(1, kv_heads // tp)``: replicated when fewer than ``tp``),
+      per layer :func:`simkv.kvspec.tp_layers` (MLA latent not divided, linear-attention states by heads);
+    - q/k/v and gate/up projections column-parallel, o and down row-parallel (``ColumnParallelLinear``,
+      ``RowParallelLinear``): ``intermediate / tp`` (dense, every expert's and the shared experts' intermediate:
+      MoE without expert parallelism shards each expert like the MLP), key and value heads of linear attention
+      ``/ tp``; MLA's ``q_a_proj`` and ``kv_a_proj_with_mqa`` and a MoE router are replicated (``ReplicatedLinear``)
+      — :meth:`ModelSpec.layer_params` on the divided dimensions counts exactly that;
+    - embedding and LM head vocab-parallel: the vocabulary padded to a multiple of :data:`VOCAB_PADDING`, then
+      ``/ tp`` rows each (``VocabParallelEmbedding``, ``ParallelLMHead``); norms replicated (not counted).
+    ``hidden`` stays whole (the activations every device holds; the all-reduce message). ``tp = 1``: the model."""
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"--tp must be a positive integer, got {tp!r}")
+    if tp == 1:
+        return model
+    if model.tp != 1:
+        raise ConfigError(f"model {model.name} is already one of {model.tp} tensor-parallel shares")
+
+    def split(value: int, what: str) -> int:
+        if value % tp:
+            raise ConfigError(f"--tp {tp} does not divide {model.name}'s {what} ({value}): vLLM splits them evenly "
+                              "across the devices")
+        return value // tp
+
+    heads = split(model.heads, "attention heads")
+    kv_heads = tp_kv_heads(model.kv_heads, tp)
+    vocab = -(-model.vocab // VOCAB_PADDING) * VOCAB_PADDING // tp if model.vocab else 0
+    linear = model.linear_dims
+    if linear is not None:
+        kh, vh, dk, dv, kernel = linear
+        linear = (split(kh, "linear-attention key heads"), split(vh, "linear-attention value heads"), dk, dv, kernel)
+    return replace(
+        model, heads=heads, kv_heads=kv_heads, hidden=model.hidden or model.heads * model.head_dim,
+        layer_kv=tp_layers(model.layer_kv, tp) if model.layer_kv else (),
+        intermediate=split(model.intermediate, "MLP intermediate size") if model.intermediate else 0,
+        expert_intermediate=split(model.expert_intermediate, "expert intermediate size") if model.experts else 0,
+        shared_intermediate=split(model.shared_intermediate, "shared-expert intermediate size"),
+        vocab=vocab, linear_dims=linear, tp=tp)

@@ -17,7 +17,8 @@ from simkv.kvspec import token_bytes
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
 from simkv.hfconfig import resolve_model
-from simkv.models import WEIGHT_BYTES, ModelSpec, weights_bytes
+from simkv.models import (INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, ModelSpec,  # noqa: F401 (re-exported)
+                          optimum_intel_weights_precision, weights_bytes)
 from simkv.precision import Precision, get_precision
 from simkv.units import parse_bytes
 from simkv.workload import Workload, chat_session, parse_ops
@@ -30,12 +31,6 @@ DEFAULT_POLICY = "openvino-gpu"
 DEFAULT_PROMPT = 1024
 DEFAULT_DECODE = 2048
 DEFAULT_DEVICE_MEMORY = "16GiB"
-#: optimum-intel's export compresses the weights of a model with at least 10^9 parameters to int8
-#: (asymmetric) unless told otherwise, and saves smaller models' weights as f16
-#: (huggingface/optimum-intel at e1de5bee: ``_MAX_UNCOMPRESSED_SIZE = 1e9`` in
-#: optimum/exporters/openvino/utils.py, compared with the model's f16/f32/bf16 constants in
-#: ``_apply_model_size_based_quantization``, optimum/exporters/openvino/__main__.py → int8_asym).
-INT8_WEIGHTS_FROM_PARAMS = 10**9
 ENGINES = ("fast", "reference")
 
 
@@ -180,17 +175,25 @@ def build_scenario(
     return Scenario(spec, prec, pol, workload, parse_bytes(device_memory), weights)
 
 
-def default_weights_precision(model: ModelSpec) -> str:
-    """The weight precision an optimum-intel export gives a model: int8 from 10^9 parameters, else f16."""
-    return "int8" if model.weight_params >= INT8_WEIGHTS_FROM_PARAMS else "f16"
+def default_weights_precision(model: ModelSpec, device=None) -> str:
+    """The weight precision a model is loaded in when none is given: the device's usual runtime's
+    (:meth:`simkv.cost.Device.default_weights_precision`: vLLM the checkpoint dtype on h100-sxm / a100-80gb,
+    optimum-intel's export on the OpenVINO presets); without a device (a single session's memory, which has no
+    device preset) what an optimum-intel export holds: int8 from 10^9 parameters, else f16."""
+    if device is not None:
+        return device.default_weights_precision(model)
+    return optimum_intel_weights_precision(model)
 
 
-def resolve_weights_memory(model: ModelSpec, weights_memory: str | int | None, weights_precision: str | None) -> int:
-    """Bytes besides the KV cache: given explicitly, or the model's weights at a precision."""
+def resolve_weights_memory(model: ModelSpec, weights_memory: str | int | None, weights_precision: str | None,
+                           device=None) -> int:
+    """Bytes besides the KV cache: given explicitly, or the model's weights at a precision (default:
+    :func:`default_weights_precision` on ``device``). ``model`` may be one tensor-parallel device's share
+    (:func:`simkv.models.tp_shard`): its weights are that device's."""
     if weights_memory is not None:
         if weights_precision is not None:
             raise ConfigError("give the weights memory or the weights precision, not both")
         return 0 if weights_memory in (0, "0") else parse_bytes(weights_memory)
     if weights_precision is not None and weights_precision not in WEIGHT_BYTES:
         raise ConfigError(f"unknown weight precision {weights_precision!r}; choose {', '.join(WEIGHT_BYTES)}")
-    return weights_bytes(model, weights_precision or default_weights_precision(model))
+    return weights_bytes(model, weights_precision or default_weights_precision(model, device))

@@ -49,6 +49,9 @@ def main(args: argparse.Namespace) -> int:
         from simkv.serving.cli import run_serving
 
         return run_serving(args)
+    if getattr(args, "pp", 1) != 1 or getattr(args, "tp", 1) != 1:
+        raise SimkvError("--tp/--pp apply to serving (--trace or --synthetic): a single session's memory is not "
+                         "split across devices here")
     limits.check_flags(args)
     if args.ops is not None and not args.ops.strip(" ,"):
         raise SimkvError("--ops is empty: give operations, e.g. prefill:32,decode:100")

@@ -141,7 +141,9 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
     requests = load_trace(trace, limit=limit)
     device = device or DEFAULT_DEVICE
     memory = None if device_memory in (None, DEFAULT_DEVICE_MEMORY) else parse_bytes(device_memory)
-    weights = resolve_weights_memory(spec_model, weights_memory, weights_precision)
+    from simkv.cost import get_device
+
+    weights = resolve_weights_memory(spec_model, weights_memory, weights_precision, get_device(device))
     context = max_context if max_context is not None else context_of(spec_model)
     cap = len(requests) if max_preemptions is None else max_preemptions
     template = ServingSpec(requests, spec_model, prec, "continuous", "paged", SchedulerConfig(), device=device,

@@ -72,6 +72,10 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-context", type=int, help="reject prompts at or above this many tokens (default: the "
                    "model's context length, its config's max_position_embeddings; 0 = no limit)")
     g.add_argument("--steps", metavar="PATH.csv", help="write the step table")
+    g.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallelism: the model split across N "
+                   "devices as vLLM splits it (weights, KV heads, FLOPs per device; each step adds its all-reduces "
+                   "over the device's interconnect); the figures are one device's (default 1)")
+    g.add_argument("--pp", type=int, default=1, metavar="N", help=argparse.SUPPRESS)
 
 
 def run_parser() -> Parser:
@@ -95,6 +99,7 @@ def _requests_flags(values: list[str] | None) -> tuple[int, str | None]:
 def spec_from_args(args):
     from policies import get_policy, parse_policy_opts
     from simkv.hfconfig import resolve_model
+    from simkv.models import tp_shard
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
@@ -110,6 +115,7 @@ def spec_from_args(args):
         raise ConfigError("--limit must be positive")
     model = resolve_model(args.model, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                           head_dim=args.head_dim)
+    device = check_parallel(args)
     if args.trace:
         requests = load_trace(args.trace, limit=args.limit)
     else:
@@ -124,12 +130,28 @@ def spec_from_args(args):
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
                           on_oom=args.on_oom, kv_manager=args.kv_manager)
     device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
-    weights = resolve_weights_memory(model, args.weights_memory, args.weights_precision)
+    weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:
         raise ConfigError("--static-batch must be positive")
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
                        device=args.device or DEFAULT_DEVICE, device_memory=device_memory, weights_bytes=weights, policy=policy,
-                       static_batch=args.static_batch, max_context=args.max_context, engine=args.engine)
+                       static_batch=args.static_batch, max_context=args.max_context, engine=args.engine, tp=args.tp)
+
+
+def check_parallel(args):
+    """The device preset of a serving run, after refusing parallelism it cannot have (one line each): ``--pp``
+    (pipeline parallelism is not modelled), a ``--tp`` below 1 or on an OpenVINO device (simkv.cost.Device.check_tp)."""
+    from simkv.cost import get_device
+    from simkv.serving.run import DEFAULT_DEVICE
+
+    if getattr(args, "pp", 1) != 1:
+        raise ConfigError("--pp: pipeline parallelism is not modelled (each device would hold some of the layers and "
+                          "their KV, with micro-batches in flight between them); use --tp")
+    if args.tp < 1:
+        raise ConfigError(f"--tp must be a positive integer, got {args.tp}")
+    device = get_device(args.device or DEFAULT_DEVICE)
+    device.check_tp(args.tp)
+    return device
 
 
 def run_serving(args) -> int:
@@ -176,7 +198,8 @@ def render(result) -> str:
     lines = [
         f"simkv serving: {sp.model.describe()}; {sp.precision.name} KV; {sp.scheduler} scheduler; {mem}",
         f"  {'device':<24}{result.device_name}, {format_bytes(sp.device_memory)} "
-        f"({format_bytes(sp.weights_bytes)} of it weights)",
+        f"({format_bytes(sp.weights_bytes)} of it weights)"
+        + (f"; one of {sp.tp} tensor-parallel devices (every figure below is one device's)" if sp.tp > 1 else ""),
         f"  {'requests':<24}{m['requests_total']:,}: {m['requests_finished']:,} finished, "
         f"{m['requests_ignored']:,} ignored, {m['requests_rejected']:,} rejected; {m['preemptions']:,} preemptions",
         f"  {'steps':<24}{m['steps']:,} over {m['sim_time_s']:.1f} s simulated",

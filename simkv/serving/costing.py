@@ -10,6 +10,9 @@ with them per step. :meth:`StepTimer.official` then evaluates ``step_cost`` on
 every recorded step at once, and the run stops with an error if the two differ —
 the reported times are always ``step_cost``'s own.
 
+Tensor parallelism (``model.tp > 1``) adds one more affine term, the step's all-reduces
+(:func:`simkv.cost.allreduce_s`, linear in the step's new tokens), probed like the others.
+
 One term is not affine: a mixture of experts streams the experts its tokens are
 routed to, ``E · (1 − (1 − k/E)^B)`` per MoE layer for B tokens
 (:func:`simkv.cost.weights_read_bytes`). The timer evaluates that term itself,
@@ -86,6 +89,8 @@ class StepTimer:
         # the weights are fixed for a run: folded into the constants
         self.terms = [affine(t) for t in c.terms]  # weights, matmul FLOPs, KV bytes, attention FLOPs
         self.copy = affine(c.copy_s)
+        #: Tensor parallelism: the all-reduces' (constant, coefficients) (None on one device: nothing added).
+        self._reduce = affine(c.allreduce_s) if model.tp > 1 else None
         #: A mixture of experts: the weights term is a function of the step's tokens (None: a constant).
         self._moe = None
         if model.routed_params:
@@ -99,15 +104,21 @@ class StepTimer:
         if self._moe:
             w0 = float(self._weights_s(1))
         self.min_seconds = max(w0, mm0) + float(device.attention_time(kv0, at0)) + self.copy[0] + self._ovh
+        if self._reduce:
+            self.min_seconds += self._reduce[0]
         #: Whether one-token queries cost differently from others (else the loop need not count them).
         self.decode_rate_differs = any(coef[5] for _, coef in self.terms)
         # decode pairs are a part of the pairs: their coefficient may be negative, not with the pairs' added
-        nonneg = [v for _, coef in self.terms + [self.copy] for v in coef[:5]]
-        nonneg += [coef[1] + coef[5] for _, coef in self.terms + [self.copy]]
+        extra = [self._reduce] if self._reduce else []
+        nonneg = [v for _, coef in self.terms + [self.copy] + extra for v in coef[:5]]
+        nonneg += [coef[1] + coef[5] for _, coef in self.terms + [self.copy] + extra]
         if min(nonneg) < 0 or self.min_seconds < 0:
             raise SimkvError("the cost model has a negative term")
         # each term as (constant, [(coefficient, input index) for the non-zero coefficients])
         self._nonzero = [(c0, [(c, i) for i, c in enumerate(coef) if c]) for c0, coef in self.terms + [self.copy]]
+        if self._reduce:
+            c0, coef = self._reduce
+            self._reduce_nz = (c0, [(c, i) for i, c in enumerate(coef) if c])
         self.chunks: list = []
         self.pending: list[tuple] = []
 
@@ -116,7 +127,10 @@ class StepTimer:
         w, mm, kv, at, cp = (self._affine(t, x) for t in self._nonzero)
         if self._moe:
             w = self._weights_s(x[0])
-        return np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
+        out = np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
+        if self._reduce:
+            out = out + self._affine(self._reduce_nz, x)
+        return out
 
     def _weights_s(self, new_tokens):
         """Seconds of a MoE step's weight streaming for ``new_tokens`` tokens (an integer count, or an array of

@@ -62,6 +62,17 @@ class ServingSpec:
     max_preemptions: int | None = None
     #: "fast" plans quiet runs of steps at once; "reference" takes every step one by one (paged memory).
     engine: str = "fast"
+    #: Tensor parallelism: devices the model is split across (simkv.models.tp_shard). The run simulates one of
+    #: them — its share of the weights (``weights_bytes`` is per device), of the KV heads, of the FLOPs — and each
+    #: step adds its all-reduces (simkv.cost.allreduce_s); ``device_memory`` is each device's.
+    tp: int = 1
+
+    @property
+    def device_model(self):
+        """The model as one device holds it (the model itself when ``tp`` is 1)."""
+        from simkv.models import tp_shard
+
+        return tp_shard(self.model, self.tp)
 
 
 
@@ -194,10 +205,13 @@ class ServingResult:
             "model": sp.model.name, "layers": sp.model.layers, "heads": sp.model.heads, "kv_heads": sp.model.kv_heads,
             "head_dim": sp.model.head_dim, "precision": sp.precision.name, "scheduler": sp.scheduler,
             "memory": sp.memory, "device": self.device_name, "device_memory_bytes": sp.device_memory,
-            "weights_memory_bytes": sp.weights_bytes, "kv_bytes_per_token": sp.precision.kv_bytes_per_token(sp.model),
+            "weights_memory_bytes": sp.weights_bytes,
+            "kv_bytes_per_token": sp.precision.kv_bytes_per_token(sp.device_model),
             "paged": sp.paged.summary() if sp.memory == "paged" else None,
             "policy": (sp.policy if isinstance(sp.policy, str) else sp.policy.name) if sp.memory == "contiguous" else None,
         }
+        if sp.tp > 1:  # per device: weights, KV bytes per token, device memory
+            out["scenario"]["tp"] = sp.tp
         out["oom"] = None
         out["stopped"] = self.stopped
         out["per_layer"] = self.per_layer()
@@ -262,10 +276,13 @@ def check_spec(spec: ServingSpec):
     context = spec.max_context if spec.max_context is not None else context_of(spec.model)
     check_workload(spec.requests, context)
     device = get_device(spec.device)
+    device.check_tp(spec.tp)
+    spec.device_model  # refuses a --tp that does not split the model, one line
     if spec.device_memory is None:
         spec.device_memory = device.memory_bytes
     if spec.weights_bytes >= spec.device_memory:
-        raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)")
+        raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)"
+                          + ("; --tp N splits them across N devices" if spec.tp == 1 and device.runtime == "vllm" else ""))
     return device
 
 
@@ -286,7 +303,7 @@ def serve(spec: ServingSpec, progress=False) -> ServingResult:
         if spec.scheduler == "continuous" and spec.memory == "paged":
             from simkv.serving.engine import PagedServing
 
-            eng = PagedServing(spec.requests, spec.model, spec.precision, cfg, device=device,
+            eng = PagedServing(spec.requests, spec.device_model, spec.precision, cfg, device=device,
                                weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
                                block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                                trace_requests=spec.trace_requests, max_steps=spec.max_steps,
@@ -303,7 +320,7 @@ def serve(spec: ServingSpec, progress=False) -> ServingResult:
             from simkv.serving.contiguous import ContiguousServing
 
             policy = spec.policy if not isinstance(spec.policy, str) else get_policy(spec.policy, spec.policy_options)
-            eng = ContiguousServing(spec.requests, spec.model, spec.precision, policy, cfg, scheduler=spec.scheduler,
+            eng = ContiguousServing(spec.requests, spec.device_model, spec.precision, policy, cfg, scheduler=spec.scheduler,
                                     static_batch=spec.static_batch, device=device, weights_bytes=spec.weights_bytes,
                                     device_memory=spec.device_memory, trace_requests=spec.trace_requests,
                                     progress=bar.update_to if bar else None)
