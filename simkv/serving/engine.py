@@ -47,6 +47,8 @@ STEP_TABLE = np.dtype([
     # GenAI's linear-attention pool (hybrid models): its blocks in use and in all (bytes are in the columns above)
     ("state_blocks_used", np.int64), ("state_blocks_total", np.int64),
 ])
+#: :meth:`PagedServing._run_of_steps` held its run for a router (:meth:`PagedServing.advance`).
+HELD = -1
 #: Per-request progress (``trace_requests=True``): one row per live request per step.
 PROGRESS = np.dtype([("step", np.int64), ("request", np.int64), ("generated", np.int64), ("processed", np.int64),
                      ("status", "U8")])
@@ -237,6 +239,9 @@ class PagedServing:
         self.progress_mark, self.progress_step = -1, 0
         #: Steps starting at or after this time are not taken (:meth:`advance`).
         self.limit = float("inf")
+        #: A planned run with steps starting at or after ``limit`` and the arrivals that joined it, not yet carried
+        #: out (a router reads it: simkv.serving.router).
+        self.held = None
 
     def add(self, req: Request, prompt: int, tokens=None) -> None:
         """A request routed here (arrivals in seconds, not before those given so far): it joins at the first
@@ -286,6 +291,8 @@ class PagedServing:
             joined = self._run_of_steps(live, pending) if self.fast and live else None
             if joined is None:
                 self._slow_step(live)
+            elif joined == HELD:
+                break
             else:
                 self.pending += joined
             live[:] = [g for g in live if g.status == RUNNING]
@@ -391,18 +398,25 @@ class PagedServing:
         let arrivals join at the step the reference adds them (:mod:`.joins`), and carry the run out.
         Returns how many joined (they are appended to ``live``), or None when the present state does
         not allow a run of at least two steps."""
-        run = planned_run.plan(self, live, pending)
-        if not self.sched.simple:  # the next plan's horizon follows this one's length
-            self.horizon = min(planned_run.KMAX, max(64, 2 * (run.K if run is not None else 0)))
-        if run is None:
-            return None
-        if self.limit < float("inf"):  # a router's next arrival: no step starting then or later
-            late = run.times[:-1] >= self.limit
-            if late.any():
-                run.cut(int(late.argmax()) + 1)
-        joined = join(self, run, live, pending)
+        if self.held is not None:  # a run held for the router: the requests routed here since join it
+            run, joined = self.held
+            self.held = None
+            joined = joined + join(self, run, live, pending + len(joined), joined)
+        else:
+            run = planned_run.plan(self, live, pending)
+            if not self.sched.simple:  # the next plan's horizon follows this one's length
+                self.horizon = min(planned_run.KMAX, max(64, 2 * (run.K if run is not None else 0)))
+            if run is None:
+                return None
+            joined = join(self, run, live, pending)
         if run.K < 2:
             return None
+        if (run.times[:-1] >= self.limit).any():
+            # Steps start at or after a router's next arrival, which may be routed here: the run is held, not
+            # carried out, until the router has routed up to the start of its last step (a request routed
+            # here joins it or cuts it, as an arrival known from the start would).
+            self.held = (run, joined)
+            return HELD
         self.groups.extend(joined)
         live.extend(joined)
         table, sampled = planned_run.commit(run, live, self.pool, self.sched.free_group, self.timer, self.block_bytes,

@@ -261,9 +261,6 @@ def _horizon(eng, ahead: int) -> int:
             K = min(K, reqs[ahead].arrival_step - eng.step)
         elif eng.timer.min_seconds > 0:  # no step is shorter than the weights' streaming
             K = min(K, int((reqs[ahead].arrival_s - eng.t) / eng.timer.min_seconds) + 2)
-    limit = getattr(eng, "limit", float("inf"))  # a router's next arrival (engine.advance)
-    if limit < float("inf") and eng.timer.min_seconds > 0 and not eng.by_step:
-        K = min(K, int((limit - eng.t) / eng.timer.min_seconds) + 2)
     return K
 
 

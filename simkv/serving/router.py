@@ -84,6 +84,7 @@ class Replica:
         self.unseen: list[tuple[int, int]] = []  # (routed position, prompt KV bytes) not yet in a reported step
         self.unseen_bytes = 0
         self.kv = 0  # KV bytes in use the last ended step reports
+        self.held_ended = 0  # ended in the engine's held run by the time of the last view
 
     def prompt_bytes(self, prompt: int) -> int:
         eng = self.eng
@@ -109,11 +110,17 @@ class Replica:
         while self.ends and self.ends[0] <= t:
             heapq.heappop(self.ends)
             self.ended += 1
+        held = getattr(eng, "held", None)  # a planned run not yet carried out (engine.advance): its steps count too
+        self.held_ended = 0
+        if held is not None:
+            run = held[0]
+            self.held_ended = sum(1 for f in run.fin if f < run.K and run.times[f] <= t)
         if kv:
             self.kv, last = _kv_at(eng, t, self.paged)
+            visible = groups + held[1] if held is not None else groups
             keep = []
             for pos, b in self.unseen:
-                if pos < len(groups) and groups[pos].added_step <= last:
+                if pos < len(visible) and visible[pos].added_step <= last:
                     self.unseen_bytes -= b
                 else:
                     keep.append((pos, b))
@@ -121,7 +128,7 @@ class Replica:
 
     @property
     def outstanding(self) -> int:
-        return self.routed - self.ended
+        return self.routed - self.ended - self.held_ended
 
     def assign(self, req, prompt: int, tokens, kv: bool) -> None:
         self.eng.add(req, prompt, tokens)
@@ -136,6 +143,15 @@ def _kv_at(eng, t: float, paged: bool) -> tuple[int, int]:
     """KV bytes in use that the last step ended by ``t`` reports, and that step's number (-1: none yet).
     Rows are single steps (tuples in :data:`~simkv.serving.engine.STEP_TABLE` order) or planned runs
     (column dicts)."""
+    held = getattr(eng, "held", None)
+    if held is not None:  # the held run's steps come after every row
+        run = held[0]
+        i = int(np.searchsorted(run.times[:run.K], t, "right")) - 1
+        if i >= 0:
+            in_use = int(run.used[i]) * eng.block_bytes
+            if run.used1 is not None:
+                in_use += int(run.used1[i]) * eng.state_bytes
+            return in_use, eng.step + i
     for row in reversed(eng.rows):
         if isinstance(row, tuple):
             if row[1] <= t:
