@@ -228,7 +228,10 @@ def spec_of(argv: list[str]):
         if _PARSER is None:
             _PARSER = run_parser()
         args = _PARSER.parse_args([str(TRACE_PATH) if a == TRACE else a for a in argv])
-    return spec_from_args(args)
+    spec = spec_from_args(args)
+    if spec.replicas > 1:
+        raise SimkvError("the Serving view shows one device: run --replicas with simkv run")
+    return spec
 
 
 def check_work(spec) -> None:

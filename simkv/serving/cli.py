@@ -71,7 +71,14 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
     g.add_argument("--max-context", type=int, help="reject prompts at or above this many tokens (default: the "
                    "model's context length, its config's max_position_embeddings; 0 = no limit)")
-    g.add_argument("--steps", metavar="PATH.csv", help="write the step table")
+    g.add_argument("--steps", metavar="PATH.csv", help="write the step table (with --replicas: every replica's, "
+                   "a replica column last)")
+    g.add_argument("--replicas", type=int, default=1, help="engines, each on a device of its own, behind a router "
+                   "(default 1)")
+    g.add_argument("--router", default="round-robin", help="with --replicas: round-robin | least-outstanding | "
+                   "least-kv | session (default round-robin; rules in the README, simkv/serving/router.py)")
+    g.add_argument("--workers", type=int, default=1, help="with --replicas and a router that reads no state "
+                   "(round-robin): run the replicas in this many local processes (default 1: in this process)")
     g.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallelism: the model split across N "
                    "devices as vLLM splits it (weights, KV heads, FLOPs per device; each step adds its all-reduces "
                    "over the device's interconnect); the figures are one device's (default 1)")
@@ -135,7 +142,8 @@ def spec_from_args(args):
         raise ConfigError("--static-batch must be positive")
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
                        device=args.device or DEFAULT_DEVICE, device_memory=device_memory, weights_bytes=weights, policy=policy,
-                       static_batch=args.static_batch, max_context=args.max_context, engine=args.engine, tp=args.tp)
+                       static_batch=args.static_batch, max_context=args.max_context, engine=args.engine, tp=args.tp,
+                       replicas=args.replicas, router=args.router, workers=args.workers)
 
 
 def check_parallel(args):
@@ -158,6 +166,9 @@ def run_serving(args) -> int:
     from simkv.serving.run import serve
 
     spec = spec_from_args(args)
+    if spec.replicas > 1 and (args.ledger or args.timeline):
+        raise ConfigError("--ledger and --timeline show one device; with --replicas use --steps and --requests "
+                          "(a replica column)")
     result = serve(spec, progress=not args.json)
     _, table_path = _requests_flags(args.requests)
     if args.ledger:
@@ -184,6 +195,8 @@ def run_serving(args) -> int:
 
 
 def render(result) -> str:
+    if getattr(result, "assignment", None) is not None:
+        return render_replicas(result)
     m, sp = result.metrics, result.spec
 
     def sec(v):
@@ -222,4 +235,32 @@ def render(result) -> str:
     if result.stopped:
         lines.append(f"  {'NOT FINISHED':<24}{result.stopped}")
     lines.append(f"  {'reallocations':<24}{m['realloc_count']:,}; {format_bytes(m['bytes_copied'])} copied")
+    return "\n".join(lines)
+
+
+def _sec(v) -> str:
+    return "n/a" if v is None else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
+
+
+def render_replicas(result) -> str:
+    """``simkv run --replicas N``: the totals, then one line per replica."""
+    m, sp = result.metrics, result.spec
+    first = render(result.replicas[0]).splitlines()
+    lines = [first[0] + f"; {len(result.replicas)} replicas, router {sp.router}", first[1] + " each",
+             f"  {'requests':<24}{m['requests_total']:,}: {m['requests_finished']:,} finished, "
+             f"{m['requests_ignored']:,} ignored, {m['requests_rejected']:,} rejected; {m['preemptions']:,} preemptions",
+             f"  {'steps':<24}{m['steps']:,} (all replicas) over {m['sim_time_s']:.1f} s simulated",
+             f"  {'throughput':<24}{m['throughput_tokens_per_s']:,.0f} generated tokens/s",
+             f"  {'TTFT p50 / p99':<24}{_sec(m['ttft_p50_s'])} / {_sec(m['ttft_p99_s'])}",
+             f"  {'TPOT p50 / p99':<24}{_sec(m['tpot_p50_s'])} / {_sec(m['tpot_p99_s'])}",
+             f"  {'peak allocated':<24}{format_bytes(m['peak_allocated_bytes'])} (the largest replica's)"]
+    if result.stopped:
+        lines.append(f"  {'NOT FINISHED':<24}{result.stopped}")
+    lines.append(f"  {'replica':>9} {'requests':>9} {'finished':>9} {'preempt':>8} {'steps':>9} {'TTFT p99':>10} "
+                 f"{'TPOT p99':>9} {'peak alloc':>11} {'mean alloc':>11}")
+    for k, res in enumerate(result.replicas):
+        r = res.metrics
+        lines.append(f"  {k:>9} {r['requests_total']:>9,} {r['requests_finished']:>9,} {r['preemptions']:>8,} "
+                     f"{r['steps']:>9,} {_sec(r['ttft_p99_s']):>10} {_sec(r['tpot_p99_s']):>9} "
+                     f"{format_bytes(r['peak_allocated_bytes']):>11} {format_bytes(r['mean_allocated_bytes']):>11}")
     return "\n".join(lines)

@@ -164,30 +164,54 @@ class ContiguousServing:
     def run(self):
         """Serve every request, one engine step at a time; returns the requests (:class:`Seat`), the step
         table and, with ``trace_requests``, every present request's progress per step."""
+        self.start()
+        self.advance()
+        return self.finish()
+
+    # -- the loop in parts: a router (simkv.serving.router) adds requests while the engine runs ----
+
+    def start(self, *, prompts: list[int] | None = None) -> None:
+        """Set up a run over ``self.requests`` (a router starts with none and gives each with :meth:`add`,
+        with the prompt the whole trace gives it)."""
         reqs = self.requests
-        by_step = reqs[0].arrival_step is not None
-        prompts = session_prompts(reqs)
-        groups = []
-        waiting: deque = deque()
-        running: list[Group] = []
-        pending = 0
-        t, step = 0.0, 0
-        rows, progress_rows, est = [], [], []
-        admitted_order = 0
+        self.by_step = bool(reqs) and reqs[0].arrival_step is not None
+        self.prompts = session_prompts(reqs) if prompts is None else list(prompts)
+        self.groups: list = []
+        self.waiting: deque = deque()
+        self.running: list[Group] = []
+        self.pending = 0
+        self.t, self.step = 0.0, 0
+        self.rows, self.progress_rows, self.est = [], [], []
+        self.admitted_order = 0
+
+    def add(self, req, prompt: int, tokens=None) -> None:
+        """A request routed here (arrivals in seconds, in order): it arrives at the first step starting at or
+        after its arrival, as if it had been in ``requests`` from the start."""
+        self.requests.append(req)
+        self.prompts.append(prompt)
+
+    def advance(self, limit: float = float("inf")) -> None:
+        """Take every step that starts before ``limit`` seconds (all of them: to the end)."""
+        reqs = self.requests
+        by_step, prompts = self.by_step, self.prompts
+        waiting, rows, progress_rows, est = self.waiting, self.rows, self.progress_rows, self.est
         bar = self.progress
-        while pending < len(reqs) or waiting or running:
+        while self.pending < len(reqs) or waiting or self.running:
+            t, step, pending, running = self.t, self.step, self.pending, self.running
             if step >= self.max_steps:
                 raise ConfigError(f"stopped after {self.max_steps:,} steps (raise max_steps)")
             if not by_step and not running and not waiting and reqs[pending].arrival_s > t:
                 t = reqs[pending].arrival_s  # an idle device jumps to the next arrival
+            if t >= limit:
+                break
             arrived = self._arrivals(pending, prompts, by_step, t, step)
-            groups += arrived
+            self.groups += arrived
             waiting += arrived
             pending += len(arrived)
             used_now = sum(g.held for g in running)
             for g in self._admit(waiting, running, used_now):
-                admitted_order += 1
-                g.order = admitted_order
+                self.admitted_order += 1
+                g.order = self.admitted_order
             stepped, work, spike, preempted = self._step_running(running, waiting, t, step)
             n_live = len(running) + len(waiting)
             if not stepped:
@@ -203,16 +227,21 @@ class ContiguousServing:
             if self.trace_requests:
                 progress_rows += [(step, g.req.id, g.generated, g.processed, FINISHED if g in finished else g.status)
                                   for g in list(running) + list(waiting)]
-            running = self._retire(finished, running, step)
+            self.running = self._retire(finished, running, step)
             rows.append((step, t, n_live, len(stepped), 0, 0, allocated, used, dt, work.new, allocated + spike,
                          reserved, internal, work.copied, preempted, 0, 0))
-            step += 1
+            self.t, self.step, self.pending = t, step + 1, pending
             if bar is not None and not by_step:
                 bar(pending)
+
+    def finish(self):
+        """The run's results after :meth:`advance` to its end (as :meth:`run` returns them)."""
+        rows = self.rows
         steps = np.array(rows, dtype=STEP_TABLE) if rows else np.zeros(0, dtype=STEP_TABLE)
-        self.timer.official(np.asarray(est))
-        prog = np.array(progress_rows, dtype=PROGRESS) if progress_rows else np.zeros(0, dtype=PROGRESS)
-        return groups, steps, prog
+        self.timer.official(np.asarray(self.est))
+        prog = (np.array(self.progress_rows, dtype=PROGRESS) if self.progress_rows
+                else np.zeros(0, dtype=PROGRESS))
+        return self.groups, steps, prog
 
     def _arrivals(self, pending: int, prompts: list[int], by_step: bool, t: float, step: int) -> list[Seat]:
         """The requests that have arrived by this step (``arrival_step``) or by its start (``arrival_s``)."""

@@ -47,6 +47,8 @@ STEP_TABLE = np.dtype([
     # GenAI's linear-attention pool (hybrid models): its blocks in use and in all (bytes are in the columns above)
     ("state_blocks_used", np.int64), ("state_blocks_total", np.int64),
 ])
+#: :meth:`PagedServing._run_of_steps` held its run for a router (:meth:`PagedServing.advance`).
+HELD = -1
 #: Per-request progress (``trace_requests=True``): one row per live request per step.
 PROGRESS = np.dtype([("step", np.int64), ("request", np.int64), ("generated", np.int64), ("processed", np.int64),
                      ("status", "U8")])
@@ -201,60 +203,108 @@ class PagedServing:
     def run(self, fast: bool = True):
         """Simulate every step. ``fast`` plans quiet runs of steps at once (:meth:`_run_of_steps`);
         ``fast=False`` is the step-by-step reference, and the two give identical results."""
+        self.start(fast)
+        self.advance()
+        return self.finish()
+
+    # -- the loop in parts: a router (simkv.serving.router) adds requests while the engine runs ----
+
+    def start(self, fast: bool = True, *, prompts: list[int] | None = None, tokens: list | None = None,
+              longest: int | None = None) -> None:
+        """Set up a run over ``self.requests``. A router starts with no requests and gives each one with
+        :meth:`add`, with the prompt and token ids the whole trace gives it (``prompts``/``tokens`` for
+        the requests given here; default: computed from them) and the trace's longest request (the stall
+        bound; default: these requests')."""
         reqs = self.requests
+        self.fast = fast
         # arrivals in steps (arrival_step), else in seconds (arrival_s): also the planned runs and joins
-        self.by_step = by_step = reqs[0].arrival_step is not None
-        self.prompts = session_prompts(reqs)
-        self.tokens = prompt_token_ids(reqs) if self.cfg.enable_prefix_caching else None
+        self.by_step = bool(reqs) and reqs[0].arrival_step is not None
+        self.prompts = session_prompts(reqs) if prompts is None else list(prompts)
+        self.tokens = ((prompt_token_ids(reqs) if tokens is None else list(tokens))
+                       if self.cfg.enable_prefix_caching else None)
         self.groups: list[Group] = []
-        live: list[Group] = []
-        pending = 0
+        self.live: list[Group] = []
+        self.pending = 0
         self.t = 0.0
         self.step = 0
         self.rows: list = []
         self.progress_rows: list[tuple] = []
         self.est: list = []
-        bar = self.progress
         self.stopped = None
         self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
         self.preempted_total = 0
-        longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
-        stall_limit = max(self.stall_steps, 4 * longest)
-        progress_mark, progress_step = -1, 0
-        while pending < len(reqs) or live:
-            tokens_out = self.sampled + pending
-            if tokens_out != progress_mark:
-                progress_mark, progress_step = tokens_out, self.step
+        if longest is None:
+            longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
+        self.stall_limit = max(self.stall_steps, 4 * longest)
+        self.progress_mark, self.progress_step = -1, 0
+        #: Steps starting at or after this time are not taken (:meth:`advance`).
+        self.limit = float("inf")
+        #: A planned run with steps starting at or after ``limit`` and the arrivals that joined it, not yet carried
+        #: out (a router reads it: simkv.serving.router).
+        self.held = None
+
+    def add(self, req: Request, prompt: int, tokens=None) -> None:
+        """A request routed here (arrivals in seconds, not before those given so far): it joins at the first
+        step that starts at or after its arrival, as if it had been in ``requests`` from the start."""
+        self.requests.append(req)
+        self.prompts.append(prompt)
+        if self.tokens is not None:
+            self.tokens.append(tokens)
+
+    def advance(self, limit: float = float("inf")) -> None:
+        """Take every step that starts before ``limit`` seconds (all of them: the run to its end). The last
+        step taken may end after ``limit``; a step starting at ``limit`` waits for the requests that arrive
+        then. Idempotent: called again with the same limit and no new request, it takes no step."""
+        reqs = self.requests
+        by_step = self.by_step
+        bar = self.progress
+        live = self.live
+        self.limit = limit
+        while (self.pending < len(reqs) or live) and self.stopped is None:
+            tokens_out = self.sampled + self.pending
+            if tokens_out != self.progress_mark:
+                self.progress_mark, self.progress_step = tokens_out, self.step
             too_many = self.max_preemptions is not None and self.preempted_total > self.max_preemptions
-            if self.step >= self.max_steps or too_many or (live and self.step - progress_step > stall_limit):
+            if self.step >= self.max_steps or too_many or (live and self.step - self.progress_step > self.stall_limit):
                 self.stopped = (f"stopped after {self.step:,} steps: {len(live)} requests never finish "
                                 + ("(the step limit)" if self.step >= self.max_steps else
                                    f"(more than {self.max_preemptions:,} preemptions: the limit)" if too_many else
-                                   f"(no token generated for {self.step - progress_step:,} steps: they keep "
+                                   f"(no token generated for {self.step - self.progress_step:,} steps: they keep "
                                    "preempting each other, as the real pipeline does)"))
                 for g in live:
                     g.status = UNFINISHED
                 break
+            pending = self.pending
             if by_step:
                 while pending < len(reqs) and reqs[pending].arrival_step <= self.step:
                     live.append(self._add(reqs[pending], pending))
                     pending += 1
             else:
-                if not live and reqs[pending].arrival_s > self.t:
-                    self.t = reqs[pending].arrival_s
+                start = reqs[pending].arrival_s if not live and reqs[pending].arrival_s > self.t else self.t
+                if start >= limit:
+                    break
+                self.t = start
                 while pending < len(reqs) and reqs[pending].arrival_s <= self.t:
                     live.append(self._add(reqs[pending], pending))
                     pending += 1
-            joined = self._run_of_steps(live, pending) if fast and live else None
+            self.pending = pending
+            joined = self._run_of_steps(live, pending) if self.fast and live else None
             if joined is None:
                 self._slow_step(live)
+            elif joined == HELD:
+                break
             else:
-                pending += joined
-            live = [g for g in live if g.status == RUNNING]
+                self.pending += joined
+            live[:] = [g for g in live if g.status == RUNNING]
             if bar is not None and not by_step:
-                bar(pending)
+                bar(self.pending)
+
+    def finish(self):
+        """The run's results after :meth:`advance` to its end: the requests, the step table, their
+        progress (``trace_requests``), the official step costs."""
         steps = self._step_table() if self.rows else np.zeros(0, dtype=STEP_TABLE)
-        estimated = np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
+        estimated = (np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
+                     if self.est else np.zeros(0))
         _, cost = self.timer.official(estimated)
         prog = np.array(self.progress_rows, dtype=PROGRESS) if self.progress_rows else np.zeros(0, dtype=PROGRESS)
         return self.groups, steps, prog, cost
@@ -348,14 +398,25 @@ class PagedServing:
         let arrivals join at the step the reference adds them (:mod:`.joins`), and carry the run out.
         Returns how many joined (they are appended to ``live``), or None when the present state does
         not allow a run of at least two steps."""
-        run = planned_run.plan(self, live, pending)
-        if not self.sched.simple:  # the next plan's horizon follows this one's length
-            self.horizon = min(planned_run.KMAX, max(64, 2 * (run.K if run is not None else 0)))
-        if run is None:
-            return None
-        joined = join(self, run, live, pending)
+        if self.held is not None:  # a run held for the router: the requests routed here since join it
+            run, joined = self.held
+            self.held = None
+            joined = joined + join(self, run, live, pending + len(joined), joined)
+        else:
+            run = planned_run.plan(self, live, pending)
+            if not self.sched.simple:  # the next plan's horizon follows this one's length
+                self.horizon = min(planned_run.KMAX, max(64, 2 * (run.K if run is not None else 0)))
+            if run is None:
+                return None
+            joined = join(self, run, live, pending)
         if run.K < 2:
             return None
+        if (run.times[:-1] >= self.limit).any():
+            # Steps start at or after a router's next arrival, which may be routed here: the run is held, not
+            # carried out, until the router has routed up to the start of its last step (a request routed
+            # here joins it or cuts it, as an arrival known from the start would).
+            self.held = (run, joined)
+            return HELD
         self.groups.extend(joined)
         live.extend(joined)
         table, sampled = planned_run.commit(run, live, self.pool, self.sched.free_group, self.timer, self.block_bytes,

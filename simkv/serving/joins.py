@@ -16,9 +16,10 @@ from simkv.serving.planned_run import KMAX, Run, blocks, prompt_share, reserves
 from simkv.serving.scheduler import Group
 
 
-def join(eng, run: Run, live: list[Group], pending: int) -> list[Group]:
+def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()) -> list[Group]:
     """Let the arrivals from ``requests[pending]`` on join ``run``, or end it at the first that cannot.
-    Returns the newcomers (their groups, not yet added to the engine). Reads the engine; changes the run."""
+    Returns the newcomers (their groups, not yet added to the engine). Reads the engine; changes the run.
+    ``prior``: newcomers that joined the run before (a run held for a router, engine.advance)."""
     reqs, sched = eng.requests, eng.sched
     by_step, ahead = eng.by_step, run.ahead
     total = eng.pool.total
@@ -34,7 +35,7 @@ def join(eng, run: Run, live: list[Group], pending: int) -> list[Group]:
             break  # arrives after the run
         g = Group(req, index, eng.prompts[index])
         sched.init_side(g)
-        here = [h for h, f in zip(live + joined, run.fin) if f >= k]  # present at step k
+        here = [h for h, f in zip(live + list(prior) + joined, run.fin) if f >= k]  # present at step k
         if (index >= ahead or g.n > 1 or not here
                 or (sched.dynamic and reserves(sched, here + [g]))):
             run.cut(k)

@@ -62,6 +62,12 @@ class ServingSpec:
     max_preemptions: int | None = None
     #: "fast" plans quiet runs of steps at once; "reference" takes every step one by one (paged memory).
     engine: str = "fast"
+    #: Replicas of the engine, each on a device of its own, and the router that sends each request to one
+    #: (simkv.serving.router: round-robin, least-outstanding, least-kv, session). 1: today's single run.
+    replicas: int = 1
+    router: str = "round-robin"
+    #: Replicas whose router reads no state (round-robin) may run in this many local processes (1: here).
+    workers: int = 1
     #: Tensor parallelism: devices the model is split across (simkv.models.tp_shard). The run simulates one of
     #: them — its share of the weights (``weights_bytes`` is per device), of the KV heads, of the FLOPs — and each
     #: step adds its all-reduces (simkv.cost.allreduce_s); ``device_memory`` is each device's.
@@ -286,55 +292,200 @@ def check_spec(spec: ServingSpec):
     return device
 
 
-def serve(spec: ServingSpec, progress=False) -> ServingResult:
-    """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec.
+def serve(spec: ServingSpec, progress=False):
+    """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec. With
+    ``spec.replicas > 1`` the requests are routed to that many engines (a :class:`ReplicasResult`).
 
     ``progress``: True draws a bar on stderr (after a second); a callable is called with the number of
     requests added so far after every scheduler round (an exception it raises stops the run: the
     dashboard's work limit)."""
+    from simkv.serving.router import check_router
+
     device = check_spec(spec)
-    cfg = spec.paged
+    check_router(spec.replicas, spec.router, spec.requests, spec.workers)
     bar = None
     if callable(progress):
         bar = _Callback(progress)
     elif progress:
         bar = _progress_bar(len(spec.requests))
     try:
-        if spec.scheduler == "continuous" and spec.memory == "paged":
-            from simkv.serving.engine import PagedServing
-
-            eng = PagedServing(spec.requests, spec.device_model, spec.precision, cfg, device=device,
-                               weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
-                               block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
-                               trace_requests=spec.trace_requests, max_steps=spec.max_steps,
-                               max_preemptions=spec.max_preemptions,
-                               progress=bar.update_to if bar else None)
-            if spec.engine not in ("fast", "reference"):
-                raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
-            groups, steps, prog, _ = eng.run(fast=spec.engine == "fast")
-            ledger = eng.ledger
-            stopped = eng.stopped
-            resident, block_bytes = eng.pool.touched, eng.block_bytes
-        elif spec.memory == "contiguous":
-            from policies import get_policy
-            from simkv.serving.contiguous import ContiguousServing
-
-            policy = spec.policy if not isinstance(spec.policy, str) else get_policy(spec.policy, spec.policy_options)
-            eng = ContiguousServing(spec.requests, spec.device_model, spec.precision, policy, cfg, scheduler=spec.scheduler,
-                                    static_batch=spec.static_batch, device=device, weights_bytes=spec.weights_bytes,
-                                    device_memory=spec.device_memory, trace_requests=spec.trace_requests,
-                                    progress=bar.update_to if bar else None)
-            groups, steps, prog = eng.run()
-            ledger = eng.ledger
-            stopped, resident, block_bytes = None, 0, 0
-        else:
-            raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
-                              f"(got {spec.scheduler})")
+        if spec.replicas > 1:
+            return _serve_replicas(spec, device, bar)
+        eng = _engine(spec, device, spec.requests, bar.update_to if bar else None)
+        eng.start(spec.engine == "fast") if spec.memory == "paged" else eng.start()
+        eng.advance()
     finally:
         if bar:
             bar.close()
-    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped, resident, block_bytes)
+    return _result(spec, eng, device)
 
+
+def _engine(spec: ServingSpec, device, requests: list[Request], progress):
+    """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
+    cfg = spec.paged
+    if spec.scheduler == "continuous" and spec.memory == "paged":
+        from simkv.serving.engine import PagedServing
+
+        eng = PagedServing(requests, spec.device_model, spec.precision, cfg, device=device,
+                           weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
+                           block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
+                           trace_requests=spec.trace_requests, max_steps=spec.max_steps,
+                           max_preemptions=spec.max_preemptions, progress=progress)
+        if spec.engine not in ("fast", "reference"):
+            raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
+        return eng
+    if spec.memory == "contiguous":
+        from policies import get_policy
+        from simkv.serving.contiguous import ContiguousServing
+
+        policy = spec.policy if not isinstance(spec.policy, str) else get_policy(spec.policy, spec.policy_options)
+        return ContiguousServing(requests, spec.device_model, spec.precision, policy, cfg, scheduler=spec.scheduler,
+                                 static_batch=spec.static_batch, device=device, weights_bytes=spec.weights_bytes,
+                                 device_memory=spec.device_memory, trace_requests=spec.trace_requests,
+                                 progress=progress)
+    raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
+                      f"(got {spec.scheduler})")
+
+
+def _result(spec: ServingSpec, eng, device) -> ServingResult:
+    """The result of an engine that ran to its end."""
+    out = eng.finish()
+    groups, steps, prog = out[0], out[1], out[2]
+    if spec.memory == "paged":
+        return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, eng.stopped, eng.pool.touched,
+                             eng.block_bytes)
+    return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0)
+
+
+def _serve_replicas(spec: ServingSpec, device, bar) -> ReplicasResult:
+    """``spec.replicas`` engines, each on a device like ``device``, fed by ``spec.router``
+    (:func:`simkv.serving.router.route`); each replica's result is a :class:`ServingResult` of its share."""
+    from dataclasses import replace
+
+    from simkv.serving.engine import prompt_token_ids, session_prompts
+    from simkv.serving.router import STATEFUL, route
+
+    reqs = spec.requests
+    # a session's turn carries its history wherever it runs (the client sends it): prompts from the whole trace
+    prompts = session_prompts(reqs)
+    paged = spec.memory == "paged"
+    tokens = prompt_token_ids(reqs) if paged and spec.paged.enable_prefix_caching else None
+    longest = max(p + r.max_new_tokens for p, r in zip(prompts, reqs))
+    if spec.router not in STATEFUL and spec.workers > 1:  # the replicas need nothing of each other: processes
+        from concurrent.futures import ProcessPoolExecutor
+
+        where = [k % spec.replicas for k in range(len(reqs))]  # round-robin
+        shares = [[i for i, w in enumerate(where) if w == k] for k in range(spec.replicas)]
+        with ProcessPoolExecutor(min(spec.workers, spec.replicas)) as ex:
+            results = list(ex.map(_serve_share, [spec] * spec.replicas, [device] * spec.replicas,
+                                  [[reqs[i] for i in s] for s in shares], [[prompts[i] for i in s] for s in shares],
+                                  [[tokens[i] for i in s] if tokens is not None else None for s in shares],
+                                  [longest] * spec.replicas))
+        return ReplicasResult(spec, results, np.asarray(where, dtype=np.int64))
+    engines = [_engine(spec, device, [], None) for _ in range(spec.replicas)]
+    for eng in engines:
+        _start(spec, eng, [], [] if tokens is not None else None, longest)
+    where = route(engines, reqs, prompts, tokens, spec.router, paged, bar.update_to if bar else None)
+    results = [_result(replace(spec, requests=list(eng.requests), replicas=1), eng, device) for eng in engines]
+    return ReplicasResult(spec, results, np.asarray(where, dtype=np.int64))
+
+
+def _start(spec: ServingSpec, eng, prompts, tokens, longest) -> None:
+    if spec.memory == "paged":
+        eng.start(spec.engine == "fast", prompts=prompts, tokens=tokens, longest=longest)
+    else:
+        eng.start(prompts=prompts)
+
+
+def _serve_share(spec: ServingSpec, device, share: list[Request], prompts, tokens, longest) -> ServingResult:
+    """One replica's share of the requests, alone (in a worker process): its prompts as the whole trace gives
+    them."""
+    from dataclasses import replace
+
+    eng = _engine(spec, device, list(share), None)
+    _start(spec, eng, prompts, tokens, longest)
+    eng.advance()
+    return _result(replace(spec, requests=list(share), replicas=1), eng, device)
+
+
+@dataclass(eq=False)
+class ReplicasResult:
+    """Replicas behind a router: each replica's :class:`ServingResult` (its share of the requests, its own
+    device) and the replica of each request in trace order. Totals add requests, steps, preemptions and
+    copies over the replicas; latency percentiles are over every request; memory keys are the largest
+    replica's (each replica is a device of its own)."""
+
+    spec: ServingSpec
+    replicas: list
+    assignment: np.ndarray
+
+    @property
+    def device_name(self) -> str:
+        return self.replicas[0].device_name
+
+    @property
+    def stopped(self) -> str | None:
+        return next((f"replica {i}: {r.stopped}" for i, r in enumerate(self.replicas) if r.stopped), None)
+
+    def request_rows(self) -> list[tuple]:
+        """The request table of every replica with the replica last, in trace order."""
+        order = {r.id: i for i, r in enumerate(self.spec.requests)}
+        rows = [row + (k,) for k, res in enumerate(self.replicas) for row in res.request_rows()]
+        return sorted(rows, key=lambda row: order[row[0]])
+
+    @cached_property
+    def request_table(self) -> dict[str, np.ndarray]:
+        rows = self.request_rows()
+        names = REQUEST_COLUMNS + ("replica",)
+        cols = list(zip(*rows)) if rows else [[] for _ in names]
+        return {name: np.asarray(col) for name, col in zip(names, cols)}
+
+    def write_requests(self, path: str | Path) -> Path:
+        return _write_csv(path, REQUEST_COLUMNS + ("replica",), self.request_rows())
+
+    def write_steps(self, path: str | Path) -> Path:
+        """Every replica's step table in one file, replica by replica, with the replica last."""
+        from simkv.serving.engine import STEP_COLUMNS
+
+        rows = [row + (k,) for k, res in enumerate(self.replicas)
+                for row in zip(*(res.steps[c].tolist() for c in STEP_COLUMNS))]
+        return _write_csv(path, STEP_COLUMNS + ("replica",), rows)
+
+    @cached_property
+    def metrics(self) -> dict:
+        per = [r.metrics for r in self.replicas]
+        t = self.request_table
+        status = t["status"]
+        ttft, tpot = t["ttft_s"].astype(float), t["tpot_s"].astype(float)
+        prompts, hit = t["prompt"].astype(np.int64), t["prefix_hit_tokens"].astype(np.int64)
+        sim = max(m["sim_time_s"] for m in per)
+        out = {
+            "requests_total": len(status),
+            "requests_finished": int((status == FINISHED).sum()),
+            "requests_ignored": int((status == IGNORED).sum()),
+            "requests_rejected": int((status == REJECTED).sum()),
+            "requests_unfinished": int((status == UNFINISHED).sum()),
+            "preemptions": sum(m["preemptions"] for m in per),
+            "steps": sum(m["steps"] for m in per),
+            "realloc_count": sum(m["realloc_count"] for m in per),
+            "bytes_copied": sum(m["bytes_copied"] for m in per),
+            "prefix_hit_rate": float(hit.sum() / prompts.sum()) if prompts.sum() else 0.0,
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
+            "throughput_tokens_per_s": int(t["generated"].sum()) / sim if sim > 0 else 0.0,
+            "sim_time_s": sim,
+        }
+        for key in ("peak_allocated_bytes", "peak_resident_bytes", "mean_allocated_bytes", "peak_used_bytes"):
+            out[key] = max(m[key] for m in per)
+        return out
+
+    def summary(self) -> dict:
+        out = dict(self.metrics)
+        scenario = self.replicas[0].summary()["scenario"]
+        out["scenario"] = dict(scenario, replicas=len(self.replicas), router=self.spec.router)
+        out["stopped"] = self.stopped
+        out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped) for k, res in enumerate(self.replicas)]
+        return out
 
 class _Callback:
     def __init__(self, fn) -> None:
