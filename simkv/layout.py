@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.kvspec import cached_heads, k_v_bytes, state_bytes
+from simkv.kvspec import LayerKV, cached_heads, k_v_bytes, state_bytes
 from simkv.ledger import ALLOC, COPY, FREE, TENSOR_CODE, TENSORS
 from simkv.models import ModelSpec
 from simkv.precision import Precision
@@ -131,74 +131,86 @@ class Layout:
 
     @classmethod
     def build(cls, model: ModelSpec, precision: Precision, policy: Policy) -> Layout:
-        meta_per_head = policy.meta_bytes_per_head(precision)
-        conv_el, rec_el = policy.state_element_bytes(precision)
-        beams = 0 if policy.kernel_beam_tables else policy.beam_tables  # else the kernel keeps them outside the unit
-        width = 1 + (meta_per_head > 0) + beams  # slots per primitive
-        prims = [0] if policy.unit == "layer" else [0, 1]
+        """Each distinct layer spec is laid out once (:func:`_layer_units`); the layers repeat them in order.
+        kv_cache primitive ids count the attention layers only (a linear-attention state has none: -1)."""
+        layers = model.kv_layers
+        kinds = list(dict.fromkeys(spec for spec in layers if spec.kind != "none"))
+        index = {spec: i for i, spec in enumerate(kinds)}
+        laid = [_layer_units(spec, precision, policy) for spec in kinds]
         templates: list[dict] = []
-        layer, tensor, role, row = [], [], [], []
-        unit_layer, unit_prim, unit_keep, unit_state, unit_template, unit_ring = [], [], [], [], [], []
-        kv_id = 0  # kv_cache primitives are counted over the attention layers only
-        for index, spec in enumerate(model.kv_layers):
-            if spec.kind == "none":
-                continue
-            if spec.caches_tokens:
-                k_bytes, v_bytes = k_v_bytes(spec, precision, policy.mla_form)
-                meta = cached_heads(spec, policy.mla_form) * meta_per_head
-                place = {"k": (k_bytes, "k"), "v": (v_bytes, "v")}
-                metas = {"k": meta, "v": meta}
-                beam_bytes = BEAM_TABLE_BYTES
-            else:  # a linear-attention state: conv in K's place, recurrent in V's, nothing else
-                conv, recurrent = state_bytes(spec, conv_el, rec_el)
-                place = {"k": (conv, "conv_state"), "v": (recurrent, "recurrent_state")}
-                metas = {"k": 0, "v": 0}
-                beam_bytes = 0
-
-            def primitive(kv: str) -> list[tuple[str, str, int]]:
-                nbytes, name = place[kv]
-                slots = [(kv, name, nbytes)]
-                if meta_per_head:
-                    slots.append((f"{kv}_scale", f"{kv}_scale", metas[kv]))
-                slots += [(f"{kv}_beam", f"{kv}_beam", beam_bytes)] * beams
-                return slots
-
-            k, v = primitive("k"), primitive("v")
-            # Grouped by kind for a layer unit: K, V, then K scale, V scale, then beam tables.
-            units = [[s for pair in zip(k, v) for s in pair]] if policy.unit == "layer" else [k, v]
-            orders = policy.orders(spec) or {}
-            if orders not in templates:
-                templates.append(orders)
-            for unit, prim in zip(units, prims):
-                for unit_role, name, nbytes in unit:
-                    layer.append(index)
-                    role.append(TENSOR_CODE[unit_role])
-                    tensor.append(TENSOR_CODE[name])
-                    row.append(nbytes)
-                unit_layer.append(index)
-                unit_prim.append(2 * kv_id + prim if spec.caches_tokens else -1)
-                ring = policy.ring_tokens(spec) if spec.caches_tokens else None
-                kept = ring or (policy.kept_tokens(spec) if spec.caches_tokens else 1)
-                unit_keep.append(-1 if kept is None else kept)
-                unit_ring.append(-1 if ring is None else ring)
-                unit_state.append(not spec.caches_tokens)
-                unit_template.append(templates.index(orders))
-            kv_id += spec.caches_tokens
-        n_units = len(unit_layer)
-        per_unit = width * (2 if policy.unit == "layer" else 1)
-        unit_slots = np.arange(n_units * per_unit, dtype=np.int64).reshape(n_units, per_unit)
-        tensor_codes = np.asarray(tensor, dtype=np.int8)
-        role_codes = np.asarray(role, dtype=np.int8)
+        for one in laid:
+            if one.orders not in templates:
+                templates.append(one.orders)
+        which = np.asarray([index[spec] for spec in layers if spec.kind != "none"], dtype=np.int64)
+        at = np.asarray([i for i, spec in enumerate(layers) if spec.kind != "none"], dtype=np.int64)
+        per_layer_units, per_unit = laid[0].row.shape if laid else (0, 0)
+        stack = lambda name: np.stack([getattr(one, name) for one in laid])[which]  # noqa: E731
+        attention = np.asarray([spec.caches_tokens for spec in kinds], dtype=bool)[which]
+        kv_id = np.cumsum(attention) - attention
+        prims = np.asarray([0] if policy.unit == "layer" else [0, 1], dtype=np.int64)
+        unit_prim = np.where(attention[:, None], 2 * kv_id[:, None] + prims[None, :], -1)
+        tensor_codes, role_codes = stack("tensor").ravel(), stack("role").ravel()
+        n_units = len(at) * per_layer_units
+        template_of = np.asarray([templates.index(one.orders) for one in laid], dtype=np.int64)
         return cls(
-            layer=np.asarray(layer, dtype=np.int32),
+            layer=np.repeat(at, per_layer_units * per_unit).astype(np.int32),
             tensor=tensor_codes,
-            row_bytes=np.asarray(row, dtype=np.int64),
-            unit_slots=unit_slots,
-            unit_prim=np.asarray(unit_prim, dtype=np.int64),
-            unit_keep=np.asarray(unit_keep, dtype=np.int64),
-            unit_state=np.asarray(unit_state, dtype=bool),
-            unit_ring=np.asarray(unit_ring, dtype=np.int64),
-            unit_template=None if len(templates) == 1 else np.asarray(unit_template, dtype=np.int64),
+            row_bytes=stack("row").ravel(),
+            unit_slots=np.arange(n_units * per_unit, dtype=np.int64).reshape(n_units, per_unit),
+            unit_prim=unit_prim.ravel(),
+            unit_keep=np.repeat(np.asarray([one.keep for one in laid], dtype=np.int64)[which], per_layer_units),
+            unit_state=np.repeat(~attention, per_layer_units),
+            unit_ring=np.repeat(np.asarray([one.ring for one in laid], dtype=np.int64)[which], per_layer_units),
+            unit_template=None if len(templates) <= 1 else np.repeat(template_of[which], per_layer_units),
             templates=tuple(templates) or ({},),
             role=None if (role_codes == tensor_codes).all() else role_codes,
         )
+
+
+class _LayerUnits(NamedTuple):
+    """One layer spec's units under a policy: per unit and slot the tensor, role and bytes per row; the
+    tokens kept and the ring size (-1: none); the policy's row orders for the kind."""
+
+    tensor: np.ndarray
+    role: np.ndarray
+    row: np.ndarray
+    keep: int
+    ring: int
+    orders: dict
+
+
+def _layer_units(spec: LayerKV, precision: Precision, policy: Policy) -> _LayerUnits:
+    """A layer's units: K and V primitives (or, for a linear-attention state, conv in K's place and recurrent
+    in V's) of a data slot, a scale slot if the precision has metadata, and the unit's beam tables; a layer
+    unit interleaves them grouped by kind (K, V, then K scale, V scale, then beam tables)."""
+    meta_per_head = policy.meta_bytes_per_head(precision)
+    beams = 0 if policy.kernel_beam_tables else policy.beam_tables  # else the kernel keeps them outside the unit
+    if spec.caches_tokens:
+        k_bytes, v_bytes = k_v_bytes(spec, precision, policy.mla_form)
+        meta = cached_heads(spec, policy.mla_form) * meta_per_head
+        place = {"k": (k_bytes, "k"), "v": (v_bytes, "v")}
+        metas, beam_bytes = {"k": meta, "v": meta}, BEAM_TABLE_BYTES
+        ring = policy.ring_tokens(spec)
+        kept = ring or policy.kept_tokens(spec)
+    else:  # a linear-attention state: absent scale and beam-table places
+        conv, recurrent = state_bytes(spec, *policy.state_element_bytes(precision))
+        place = {"k": (conv, "conv_state"), "v": (recurrent, "recurrent_state")}
+        metas, beam_bytes = {"k": 0, "v": 0}, 0
+        ring, kept = None, 1
+
+    def primitive(kv: str) -> list[tuple[str, str, int]]:
+        nbytes, name = place[kv]
+        slots = [(kv, name, nbytes)]
+        if meta_per_head:
+            slots.append((f"{kv}_scale", f"{kv}_scale", metas[kv]))
+        return slots + [(f"{kv}_beam", f"{kv}_beam", beam_bytes)] * beams
+
+    k, v = primitive("k"), primitive("v")
+    units = [[s for pair in zip(k, v) for s in pair]] if policy.unit == "layer" else [k, v]
+    return _LayerUnits(
+        tensor=np.asarray([[TENSOR_CODE[name] for _, name, _ in unit] for unit in units], dtype=np.int8),
+        role=np.asarray([[TENSOR_CODE[role] for role, _, _ in unit] for unit in units], dtype=np.int8),
+        row=np.asarray([[nbytes for _, _, nbytes in unit] for unit in units], dtype=np.int64),
+        keep=-1 if kept is None else kept, ring=-1 if ring is None else ring,
+        orders=policy.orders(spec) or {},
+    )
