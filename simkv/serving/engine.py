@@ -26,11 +26,22 @@ from simkv.serving.kv_groups import overridden, paged_kv
 from simkv.serving.paged import BlockPool
 from simkv.serving.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, Group, SchedulerConfig,
+from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, GpuCheck, Group, SchedulerConfig,
                                      prepare_tokens)
 from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
+#: Device presets whose dynamic pool follows GenAI's GPU path (a growth check, then preemption or waiting); every
+#: other device (xeon-8480, host, a custom one) follows its CPU path: no check, and an allocation that does not fit
+#: is out of memory. NVIDIA presets have no OpenVINO plugin; they take the GPU path, a device's own memory.
+GPU_DEVICES = frozenset({"h100-sxm", "a100-80gb", "arc-a770", "core-ultra-155h-igpu"})
+
+
+def memory_path(device) -> str:
+    """"gpu" or "cpu": which of GenAI's paths a device's dynamic pool follows (``_try_increase_cache``,
+    scheduler.hpp:769, ``device.find("GPU")``)."""
+    return "gpu" if device.name in GPU_DEVICES else "cpu"
+
 #: A run stops when no token has been generated for this many steps (or 4x the longest request):
 #: requests that keep preempting each other (a sample group larger than the pool) never finish.
 STALL_STEPS = 10_000
@@ -126,8 +137,14 @@ class PagedServing:
         fixed, state_fixed = self._pool_sizes(config, kv, budget)
         self.pool = BlockPool(fixed, config.enable_prefix_caching)
         self.state_pool = BlockPool(state_fixed, config.enable_prefix_caching) if kv.state_bytes else None
+        self.device_memory, self.weights_bytes = device_memory, weights_bytes
+        #: GenAI's path for a dynamic pool on this device (:func:`memory_path`); the largest single allocation is
+        #: taken as the whole device (GenAI reads ``device_max_alloc_mem_size``; no preset has a figure for it).
+        self.memory_path = memory_path(device)
+        gpu = (GpuCheck(device_memory, weights_bytes, device_memory, len(kv.tensors) + len(kv.state_tensors))
+               if self.memory_path == "gpu" else None)
         self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks, kv=kv,
-                                         state_pool=self.state_pool, budget=budget)
+                                         state_pool=self.state_pool, budget=budget, gpu=gpu)
         self.side_pools = [self.sched.pools[grp.pool] for grp in kv.side]
         #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
         self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
@@ -216,6 +233,10 @@ class PagedServing:
         self.est: list = []
         bar = self.progress
         self.stopped = None
+        #: Out of memory: {"step", "reason", ...} of the step whose pool allocation did not fit (the run ends there).
+        self.oom = None
+        #: The largest bytes the pools held inside a (re)allocating step, the CPU plugin's scratch left out.
+        self.resident_peak = 0
         self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
         self.preempted_total = 0
         longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
@@ -248,6 +269,9 @@ class PagedServing:
             joined = self._run_of_steps(live, pending) if fast and live else None
             if joined is None:
                 self._slow_step(live)
+                if self.oom is not None:
+                    self._stop_out_of_memory(live, pending)
+                    break
             else:
                 pending += joined
             live = [g for g in live if g.status == RUNNING]
@@ -284,11 +308,18 @@ class PagedServing:
         total, scheduled = self.sched.schedule(live) if live else (0, [])
         preempted = sum(g.preemptions for g in live) - before_pre
         self.preempted_total += preempted
+        state = self.state_pool
+        new_state = state.total if state is not None else 0
+        if self.pool.total != self.tensors.total or new_state != self.tensors.state_total:
+            held = self.tensors.resident_peak(self.pool.total, new_state)
+            if self.weights_bytes + held > self.device_memory:
+                self.oom = {"step": step, "pool_blocks": self.pool.total, "held_bytes": held}
+                return
+            self.resident_peak = max(self.resident_peak, held)
         copied, peak = 0, self.tensors.total * self.block_bytes
         if self.pool.total != self.tensors.total:
             copied, peak = self.tensors.resize(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
-        state = self.state_pool
         if state is not None:
             state_before = self.tensors.state_total * self.state_bytes
             peak += state_before
@@ -366,6 +397,36 @@ class PagedServing:
         self.t = float(table["time_s"][-1])
         self.step += run.K
         return len(joined)
+
+    def _stop_out_of_memory(self, live: list[Group], pending: int) -> None:
+        """The step ``self.oom`` names could not allocate its pool: GenAI's ``allocate_cache_if_needed`` throws out
+        of ``step()`` (measured on the CPU path: ``std::bad_alloc``, the requests left RUNNING;
+        experiments/genai_layer_kinds/README.md §1.3). The run ends before that step: every request present or still
+        to come is UNFINISHED, and the step and the reason are reported (``simkv run``, ``--json``: ``oom``)."""
+        from simkv.units import format_bytes
+
+        for g in live:
+            g.status = UNFINISHED
+        for index in range(pending, len(self.requests)):
+            req = self.requests[index]
+            g = Group(req, index, self.prompts[index])
+            g.added_s = req.arrival_s if req.arrival_s is not None else self.t
+            g.added_step = req.arrival_step if req.arrival_step is not None else self.step
+            g.status = UNFINISHED
+            self.groups.append(g)
+        o = self.oom
+        left = len(live) + len(self.requests) - pending
+        why = ("GenAI's CPU path grows a dynamic pool with no memory check (scheduler.hpp _try_increase_cache:769, "
+               "_reserve_dynamic_capacity_for_active_sequences)" if self.memory_path == "cpu" else
+               "GenAI reserves for arriving prompts with no memory check (scheduler.hpp "
+               "_reserve_dynamic_capacity_for_active_sequences) and its GPU check bounds only the 256-token growth "
+               "(utils.cpp get_available_gpu_memory, which wraps once 1.1 x used exceeds the total)")
+        o["reason"] = (f"out of memory at step {o['step']:,}: reallocating the pool to {o['pool_blocks']:,} blocks holds "
+                       f"{format_bytes(o['held_bytes'])} (the new tensors beside the old ones not yet freed) beside "
+                       f"{format_bytes(self.weights_bytes)} of weights, more than the device's "
+                       f"{format_bytes(self.device_memory)}; {why}, and the allocation throws out of step() "
+                       f"(std::bad_alloc on Linux); {left:,} requests left unfinished")
+        self.stopped = o["reason"]
 
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])

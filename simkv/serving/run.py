@@ -85,6 +85,10 @@ class ServingResult:
     #: Paged: blocks ever handed out (resident on a CPU: the free list is FIFO).
     resident_blocks: int = 0
     block_bytes: int = 0
+    #: Paged: the step whose pool allocation did not fit the device ({"step", "reason", ...}; the run ended there).
+    oom: dict | None = None
+    #: Paged: the pools' largest in-step bytes without the CPU plugin's scratch buffers (which are never touched).
+    pool_peak: int = 0
 
     def _block_bytes(self) -> int:
         return self.block_bytes
@@ -145,6 +149,10 @@ class ServingResult:
         return {
             # the keys of `simkv run --json`, with their serving meaning
             "peak_allocated_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
+            # what must fit the device beside the weights: paged, the pools' in-step peak without the CPU plugin's
+            # scratch buffers (virtual, never touched); contiguous, the peak allocation
+            "peak_pool_bytes": (max(self.pool_peak, int(s["allocated_bytes"].max()) if len(s) else 0)
+                                if self.spec.memory == "paged" else int(s["peak_bytes"].max()) if len(s) else 0),
             # paged: blocks ever handed out (FIFO free list: written pages stay resident), DESIGN §4b;
             # contiguous: the allocation (no first-touch model across requests)
             "peak_resident_bytes": (self.resident_blocks * self._block_bytes() if self.spec.memory == "paged"
@@ -163,7 +171,7 @@ class ServingResult:
             "bytes_copied": int(s["copy_bytes"].sum()),
             "pool_bytes_copied": copy_rows,
             "steps": len(s),
-            "oom_step": None,
+            "oom_step": self.oom["step"] if self.oom else None,
             "waste_pct": round(100.0 * (tmean("allocated_bytes") - tmean("used_bytes")) / tmean("allocated_bytes"), 3)
             if len(s) and tmean("allocated_bytes") else 0.0,
             "max_spike_bytes": int((s["peak_bytes"] - s["allocated_bytes"]).max()) if len(s) else 0,
@@ -198,7 +206,7 @@ class ServingResult:
             "paged": sp.paged.summary() if sp.memory == "paged" else None,
             "policy": (sp.policy if isinstance(sp.policy, str) else sp.policy.name) if sp.memory == "contiguous" else None,
         }
-        out["oom"] = None
+        out["oom"] = self.oom["reason"] if self.oom else None
         out["stopped"] = self.stopped
         out["per_layer"] = self.per_layer()
         return out
@@ -296,7 +304,7 @@ def serve(spec: ServingSpec, progress=False) -> ServingResult:
                 raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
             groups, steps, prog, _ = eng.run(fast=spec.engine == "fast")
             ledger = eng.ledger
-            stopped = eng.stopped
+            stopped, oom, pool_peak = eng.stopped, eng.oom, eng.resident_peak
             resident, block_bytes = eng.pool.touched, eng.block_bytes
         elif spec.memory == "contiguous":
             from policies import get_policy
@@ -309,14 +317,14 @@ def serve(spec: ServingSpec, progress=False) -> ServingResult:
                                     progress=bar.update_to if bar else None)
             groups, steps, prog = eng.run()
             ledger = eng.ledger
-            stopped, resident, block_bytes = None, 0, 0
+            stopped, resident, block_bytes, oom, pool_peak = None, 0, 0, None, 0
         else:
             raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
                               f"(got {spec.scheduler})")
     finally:
         if bar:
             bar.close()
-    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped, resident, block_bytes)
+    return ServingResult(spec, groups, steps, prog, ledger, device.name, stopped, resident, block_bytes, oom, pool_peak)
 
 
 class _Callback:
