@@ -45,6 +45,8 @@ def memory_path(device) -> str:
 #: A run stops when no token has been generated for this many steps (or 4x the longest request):
 #: requests that keep preempting each other (a sample group larger than the pool) never finish.
 STALL_STEPS = 10_000
+#: The most steps taken the reference way, after failed plans, before planning again (PagedServing.run).
+PLAN_BACKOFF = 32
 
 #: The step table (``--steps``): the issue's contract columns, then extras.
 STEP_COLUMNS = ("step", "time_s", "requests", "scheduled_requests", "blocks_used", "blocks_total",
@@ -242,6 +244,7 @@ class PagedServing:
         longest = max(p + r.max_new_tokens for p, r in zip(self.prompts, reqs))
         stall_limit = max(self.stall_steps, 4 * longest)
         progress_mark, progress_step = -1, 0
+        plan_from, fails = 0, 0  # planned runs: the next step to try one at, failed tries in a row
         while pending < len(reqs) or live:
             tokens_out = self.sampled + pending
             if tokens_out != progress_mark:
@@ -266,7 +269,15 @@ class PagedServing:
                 while pending < len(reqs) and reqs[pending].arrival_s <= self.t:
                     live.append(self._add(reqs[pending], pending))
                     pending += 1
-            joined = self._run_of_steps(live, pending) if fast and live else None
+            joined = None
+            if fast and live and self.step >= plan_from:
+                joined = self._run_of_steps(live, pending)
+                # A failed plan costs more than the step it would have saved (a pool that keeps preempting: every
+                # step the reference way). After f failures in a row, take min(2^(f-1), PLAN_BACKOFF) steps the
+                # reference way before planning again: the same steps (the reference is the reference), cheaper.
+                fails = 0 if joined is not None else fails + 1
+                if fails:
+                    plan_from = self.step + min(1 << min(fails - 1, 16), PLAN_BACKOFF)
             if joined is None:
                 self._slow_step(live)
                 if self.oom is not None:
@@ -287,10 +298,21 @@ class PagedServing:
         """The step table from single-step tuples and planned runs, column by column: a column that is
         constant over a run is one value per run (repeated once at the end), others are arrays."""
         names = STEP_TABLE.names
-        lens = [1 if isinstance(r, tuple) else r["_n"] for r in self.rows]
+        rows, singles = [], []
+        for r in self.rows:  # consecutive single steps become one array (numpy converts the tuples at once)
+            if isinstance(r, tuple):
+                singles.append(r)
+                continue
+            if singles:
+                rows.append(np.array(singles, dtype=STEP_TABLE))
+                singles = []
+            rows.append(r)
+        if singles:
+            rows.append(np.array(singles, dtype=STEP_TABLE))
+        lens = [len(r) if isinstance(r, np.ndarray) else r["_n"] for r in rows]
         table = np.zeros(sum(lens), dtype=STEP_TABLE)
-        for i, name in enumerate(names):
-            vals = [r[i] if isinstance(r, tuple) else r[name] for r in self.rows]
+        for name in names:
+            vals = [r[name] for r in rows]
             if not any(isinstance(v, np.ndarray) for v in vals):
                 table[name] = np.repeat(np.array(vals, dtype=table.dtype[name]), lens)
             else:

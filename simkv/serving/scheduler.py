@@ -581,12 +581,15 @@ class ContinuousScheduler:
             if not per_seq:
                 continue
             g.scheduled = min(per_seq, g.available())
-            while not self.can_append(g):
+            fits = self.can_append(g)  # (asked once per change: growth and preemption are what change it)
+            while not fits:
                 if not self.try_increase(g):
                     break
-            if self.cfg.on_oom == "preempt":
+                fits = self.can_append(g)
+            if not fits and self.cfg.on_oom == "preempt":
                 self._apply_preemption(i, groups)
-            if not self.can_append(g):
+                fits = self.can_append(g)
+            if not fits:
                 g.scheduled = 0
                 if self.cfg.on_oom == "reject":
                     self.free_group(g)
