@@ -72,6 +72,26 @@ def test_gpu_growth_capped_then_ignored(fast):
 
 
 @pytest.mark.parametrize("fast", [False, True])
+def test_gpu_cap_makes_a_request_wait_then_be_preempted(fast):
+    # Device 115,700 B; A (32 + 100) at step 0, B (32 + 100) at step 1. Step 1: B's prompt raises the pool to the
+    # two reservations, 2 + 2 = 4 blocks (unchecked). Step 33: A needs a 3rd block; used 104,000, 1.1 x = 114,400,
+    # available 1,300: one block (pool 5). Step 34: B needs its 3rd; available 115,700 - 1.1 x 105,000 = 200: no
+    # growth, B is the last request (no victim): it waits. Step 65: A needs a 4th block: B, the last request
+    # holding tokens, is preempted partially (it holds 2 blocks, A needs 1). Step 97: A's 5th: B fully
+    # (1 block, not more than needed). A finishes at step 99, then B recomputes and finishes. Never out of memory.
+    eng = PagedServing([Request(0, 32, 100, arrival_step=0), Request(1, 32, 100, arrival_step=1)], MODEL,
+                       get_precision("f16"), SchedulerConfig(), device=get_device("h100-sxm"), weights_bytes=W,
+                       device_memory=115_700, block_bytes=1000, stall_steps=200)
+    groups, steps, _, _ = eng.run(fast=fast)
+    a, b = groups
+    assert eng.oom is None and a.status == b.status == "FINISHED"
+    assert steps["blocks_total"].tolist()[:35] == [2] + [4] * 32 + [5] * 2 and (steps["blocks_total"][33:] == 5).all()
+    assert (steps["scheduled_requests"][34:65] == 1).all()  # B waits
+    assert np.flatnonzero(steps["preemptions"]).tolist() == [65, 97] and b.preemptions == 2 and a.preemptions == 0
+    assert a.finish_step == 99 and (steps["allocated_bytes"] + W <= 115_700).all()
+
+
+@pytest.mark.parametrize("fast", [False, True])
 def test_gpu_check_wraps_then_out_of_memory(fast):
     # Device 117,300 B. Step 33: available 117,300 - 112,200 = 5,100: 5 blocks, pool 7 (held 7,000 + 1,000).
     # Step 193: used 107,000, 1.1 x = 117,700 > 117,300: the unsigned difference wraps, the growth of 8 blocks
