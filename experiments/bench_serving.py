@@ -1,69 +1,143 @@
-"""Serving speed: the Azure conversation trace (19,366 requests, 1 h) through GenAI continuous batching on a
-paged pool, llama-2-7b, every layer's pool tensors in the ledger — at 1/4, 1/2 and all of the trace.
+"""Serving speed in every regime: the Azure conversation trace (19,366 requests, 1 h) through GenAI continuous
+batching on a paged pool, llama-2-7b, u8 KV, GenAI's defaults, every layer's pool tensors in the ledger.
 
-    PYTHONPATH=. python experiments/bench_serving.py [--device h100-sxm] [--reference-slice 300]
+    PYTHONPATH=. python experiments/bench_serving.py [--base TREE] [--only h100,cpu,...] [--small-pool-requests 500]
 
-Prints wall and CPU seconds per size and the ratios between sizes (cost should grow linearly with
-requests), the steps simulated, how many were planned in runs versus taken one by one, and a check
-that the planned runs equal the step-by-step reference on a slice. No timing is asserted anywhere.
+Regimes (issue #21 point 4), each in a fresh process, CPU seconds of the simulation (the trace loaded first):
+
+* ``h100``      the whole hour on the H100 preset (dynamic pool);
+* ``h100-half`` its first half: the cost ratio whole / half should be ~2 (linear in requests);
+* ``cpu``       the whole hour on the default CPU preset (xeon-8480): the device is overloaded, queues grow all hour
+                (since honest memory the dynamic pool runs out of memory part-way: the run ends there);
+* ``cpu-pool``  the whole hour on the CPU preset with a fixed 256 GiB pool: overloaded all hour, no growth (hundreds
+                of requests live per step);
+* ``small-pool`` the H100 preset with a fixed 2 GiB pool (``--cache-size 2``): preemption-heavy, every step the slow
+                path — only the first ``--small-pool-requests`` requests (default 500), to bound it;
+* ``prefix``    the whole hour on the H100 preset with prefix caching.
+
+``--base TREE`` runs every regime against another source tree too (this script's worker, ``PYTHONPATH=TREE``)
+and prints the two side by side. Then (this tree only) a check that the planned runs equal the step-by-step
+reference on a slice. No timing is asserted anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
-
-import numpy as np
-
-from simkv.cost import get_device
-from simkv.models import get_model
-from simkv.precision import get_precision
-from simkv.scenario import resolve_weights_memory
-from simkv.serving import load_trace
-from simkv.serving.engine import PagedServing
-from simkv.serving.scheduler import SchedulerConfig
+from pathlib import Path
 
 TRACE = "data/traces/azure_llm_2023_conv.csv"
+#: regime -> (device, requests: None = all, "half", or "small"; SchedulerConfig fields)
+REGIMES = {
+    "h100": ("h100-sxm", None, {}),
+    "h100-half": ("h100-sxm", "half", {}),
+    "cpu": ("xeon-8480", None, {}),
+    "cpu-pool": ("xeon-8480", None, {"cache_size": 256}),
+    "small-pool": ("h100-sxm", "small", {"cache_size": 2}),
+    "prefix": ("h100-sxm", None, {"enable_prefix_caching": True}),
+}
 
 
-def run(requests, device, fast=True):
+def engine(requests, device, cfg):
+    from simkv.cost import get_device
+    from simkv.models import get_model
+    from simkv.precision import get_precision
+    from simkv.scenario import resolve_weights_memory
+    from simkv.serving.engine import PagedServing
+    from simkv.serving.scheduler import SchedulerConfig
+
     model = get_model("llama-2-7b")
     dev = get_device(device)
-    eng = PagedServing(requests, model, get_precision("u8"), SchedulerConfig(), device=dev,
-                       weights_bytes=resolve_weights_memory(model, None, None, dev), device_memory=dev.memory_bytes)
+    return PagedServing(requests, model, get_precision("u8"), SchedulerConfig(**cfg), device=dev,
+                        # int8 weights (optimum-intel's rule, the H100 preset's default before it took the checkpoint's
+                        # bf16): the same on every tree --base may name, whose resolve_weights_memory takes no device
+                        weights_bytes=resolve_weights_memory(model, None, None), device_memory=dev.memory_bytes)
+
+
+def worker(regime: str, small: int, root: Path) -> dict:
+    """One regime in this process (the tree on PYTHONPATH): its timings and outcome, as JSON."""
+    from simkv.serving import load_trace
+
+    device, size, cfg = REGIMES[regime]
+    reqs = load_trace(root / TRACE)
+    reqs = reqs[: len(reqs) // 2] if size == "half" else reqs[:small] if size == "small" else reqs
+    eng = engine(reqs, device, cfg)
     wall, cpu = time.perf_counter(), time.process_time()
-    groups, steps, _, _ = eng.run(fast=fast)
-    return time.perf_counter() - wall, time.process_time() - cpu, eng, groups, steps
+    groups, steps, _, _ = eng.run(fast=True)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    oom = getattr(eng, "oom", None)
+    return {"regime": regime, "requests": len(reqs), "cpu_s": cpu, "wall_s": wall, "steps": len(steps),
+            "one_by_one": sum(1 for r in eng.rows if isinstance(r, tuple)),
+            "preemptions": int(steps["preemptions"].sum()) if len(steps) else 0,
+            "finished": sum(1 for g in groups if g.status == "FINISHED"),
+            "oom_step": oom["step"] if oom else None, "sim_s": float(steps["time_s"][-1]) if len(steps) else 0.0}
+
+
+def measure(tree: Path, regime: str, small: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, __file__, "--worker", regime, "--small-pool-requests", str(small),
+                          "--root", str(tree)], capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise SystemExit(f"{regime} on {tree} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def describe(r: dict | None) -> str:
+    if r is None:
+        return f"{'':>8} {'':>9} {'':>8} {'':>11}"
+    end = f"OOM@{r['oom_step']:,}" if r["oom_step"] is not None else f"{r['finished']:,} fin"
+    return f"{r['cpu_s']:>8.2f} {r['steps']:>9,} {r['preemptions']:>8,} {end:>11}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="h100-sxm")
+    ap.add_argument("--base", type=Path, help="another source tree to measure side by side")
+    ap.add_argument("--only", help="comma-separated regimes (default: all)")
+    ap.add_argument("--small-pool-requests", type=int, default=500)
     ap.add_argument("--reference-slice", type=int, default=300)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--root", type=Path, default=Path.cwd(), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    all_requests = load_trace(TRACE)
-    n = len(all_requests)
-    print(f"trace {TRACE}: {n:,} requests; llama-2-7b, u8 KV, GenAI defaults (block 32, dynamic pool, "
-          f"256 batched tokens); device {args.device}")
-    print(f"{'requests':>9} {'wall s':>8} {'cpu s':>8} {'steps':>10} {'runs':>7} {'one by one':>11} {'sim s':>8} "
-          f"{'cpu/req ms':>11}")
-    rows = []
-    for frac in (4, 2, 1):
-        reqs = all_requests[: n // frac]
-        wall, cpu, eng, groups, steps = run(reqs, args.device)
-        runs = sum(1 for r in eng.rows if not isinstance(r, tuple))
-        singles = sum(1 for r in eng.rows if isinstance(r, tuple))
-        rows.append((len(reqs), wall, cpu))
-        print(f"{len(reqs):>9,} {wall:>8.2f} {cpu:>8.2f} {len(steps):>10,} {runs:>7,} {singles:>11,} "
-              f"{steps['time_s'][-1]:>8.0f} {1000 * cpu / len(reqs):>11.3f}")
-    (n1, _, c1), (n2, _, c2), (n3, _, c3) = rows
-    print(f"cpu ratios: 1/2 vs 1/4 = {c2 / c1:.2f} (requests x{n2 / n1:.2f}); all vs 1/2 = {c3 / c2:.2f} "
-          f"(requests x{n3 / n2:.2f})")
-    ref = all_requests[: args.reference_slice]
-    a, b = run(ref, args.device, fast=True), run(ref, args.device, fast=False)
-    same = np.array_equal(a[4], b[4]) and a[2].ledger == b[2].ledger
-    print(f"planned runs = step-by-step reference on the first {len(ref)} requests: {same} "
-          f"(reference {b[1]:.2f} s cpu, planned {a[1]:.2f} s)")
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.small_pool_requests, args.root)))
+        return
+    here = Path(__file__).resolve().parent.parent
+    regimes = args.only.split(",") if args.only else list(REGIMES)
+    trees = [("this", here)] + ([("base", args.base.resolve())] if args.base else [])
+    print(f"trace {TRACE}; llama-2-7b, u8 KV, GenAI defaults (block 32, 256 batched tokens); CPU seconds of the "
+          f"simulation, each regime in a fresh process; small-pool: first {args.small_pool_requests} requests")
+    head = f"{'cpu s':>8} {'steps':>9} {'preempt':>8} {'end':>11}"
+    print(f"{'regime':<11} {'device':<10} {'requests':>8} | this: {head}"
+          + (f" | base: {head} | base/this" if args.base else ""))
+    results = {}
+    for regime in regimes:
+        row = {name: measure(tree, regime, args.small_pool_requests) for name, tree in trees}
+        results[regime] = row
+        a, b = row["this"], row.get("base")
+        print(f"{regime:<11} {REGIMES[regime][0]:<10} {a['requests']:>8,} |       {describe(a)}"
+              + (f" |       {describe(b)} | {b['cpu_s'] / a['cpu_s']:>8.2f}x" if b else ""), flush=True)
+    if "h100" in results and "h100-half" in results:
+        for name, _ in trees:
+            whole, half = results["h100"][name], results["h100-half"][name]
+            print(f"{name}: whole / half of the trace = {whole['cpu_s'] / half['cpu_s']:.2f} in CPU seconds for "
+                  f"{whole['requests'] / half['requests']:.2f} times the requests")
+    if args.reference_slice:
+        import numpy as np
+
+        from simkv.serving import load_trace
+
+        ref = load_trace(here / TRACE)[: args.reference_slice]
+        same = True
+        for device, cfg in (("h100-sxm", {}), ("h100-sxm", {"cache_size": 2}), ("xeon-8480", {})):
+            a, b = engine(ref, device, cfg), engine(ref, device, cfg)
+            ra, rb = a.run(fast=True), b.run(fast=False)
+            same &= np.array_equal(ra[1], rb[1]) and a.ledger == b.ledger
+        print(f"planned runs = step-by-step reference on the first {len(ref)} requests (h100, h100 2 GiB, "
+              f"xeon-8480): {same}")
 
 
 if __name__ == "__main__":

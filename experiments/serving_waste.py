@@ -91,7 +91,7 @@ def measure(trace: str, requests: list, mode: str) -> tuple[dict, float]:
            # paged: last-block slack as a share of the blocks in use (the vLLM paper's < 4 %)
            "internal_pct_of_in_use": round(m["waste_internal_pct_of_in_use"], 6) if memory == "paged" else None,
            "peak_allocated_bytes": m["peak_allocated_bytes"], "bytes_copied": m["bytes_copied"],
-           "ttft_p99_s": m["ttft_p99_s"], "tpot_p99_s": m["tpot_p99_s"]}
+           "ttft_p99_s": m["ttft_p99_s"], "tpot_p99_s": m["tpot_p99_s"], "oom_step": m["oom_step"]}
     # conservation: used + reserved + internal = allocated (time-weighted means, each rounded once)
     assert abs(used + row["reserved_bytes"] + row["internal_bytes"] - alloc) <= 2, row
     return row, cpu

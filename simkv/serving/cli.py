@@ -219,7 +219,11 @@ def render(result) -> str:
         f"  {'throughput':<24}{m['throughput_tokens_per_s']:,.0f} generated tokens/s",
         f"  {'TTFT p50 / p99':<24}{sec(m['ttft_p50_s'])} / {sec(m['ttft_p99_s'])}",
         f"  {'TPOT p50 / p99':<24}{sec(m['tpot_p50_s'])} / {sec(m['tpot_p99_s'])}",
-        f"  {'peak allocated':<24}{format_bytes(m['peak_allocated_bytes'])}",
+        f"  {'peak allocated':<24}{format_bytes(m['peak_allocated_bytes'])}"
+        + (f" (more than the device beside the weights only through the CPU plugin's scratch buffers, virtual and "
+           f"never touched; "
+           f"the pool's own peak, {format_bytes(m['peak_pool_bytes'])}, fits)"
+           if m["peak_allocated_bytes"] + sp.weights_bytes > sp.device_memory else ""),
         f"  {'peak resident':<24}{format_bytes(m['peak_resident_bytes'])}"
         + (" (blocks ever handed out: the free list is FIFO)" if sp.memory == "paged" else ""),
         f"  {'mean allocated':<24}{format_bytes(m['mean_allocated_bytes'])} (time-weighted)",
@@ -233,7 +237,7 @@ def render(result) -> str:
                      f"{format_bytes(m['mean_in_use_bytes'])} in blocks in use (last-block slack)")
         lines.append(f"  {'prefix cache hit rate':<24}{100 * m['prefix_hit_rate']:.1f} % of prompt tokens")
     if result.stopped:
-        lines.append(f"  {'NOT FINISHED':<24}{result.stopped}")
+        lines.append(f"  {'OUT OF MEMORY' if result.oom else 'NOT FINISHED':<24}{result.stopped}")
     lines.append(f"  {'reallocations':<24}{m['realloc_count']:,}; {format_bytes(m['bytes_copied'])} copied")
     return "\n".join(lines)
 

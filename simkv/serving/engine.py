@@ -26,14 +26,27 @@ from simkv.serving.kv_groups import overridden, paged_kv
 from simkv.serving.paged import BlockPool
 from simkv.serving.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, Group, SchedulerConfig,
+from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, GpuCheck, Group, SchedulerConfig,
                                      prepare_tokens)
 from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
+#: Device presets whose dynamic pool follows GenAI's GPU path (a growth check, then preemption or waiting); every
+#: other device (xeon-8480, host, a custom one) follows its CPU path: no check, and an allocation that does not fit
+#: is out of memory. NVIDIA presets have no OpenVINO plugin; they take the GPU path, a device's own memory.
+GPU_DEVICES = frozenset({"h100-sxm", "a100-80gb", "arc-a770", "core-ultra-155h-igpu"})
+
+
+def memory_path(device) -> str:
+    """"gpu" or "cpu": which of GenAI's paths a device's dynamic pool follows (``_try_increase_cache``,
+    scheduler.hpp:769, ``device.find("GPU")``)."""
+    return "gpu" if device.name in GPU_DEVICES else "cpu"
+
 #: A run stops when no token has been generated for this many steps (or 4x the longest request):
 #: requests that keep preempting each other (a sample group larger than the pool) never finish.
 STALL_STEPS = 10_000
+#: The most steps taken the reference way, after failed plans, before planning again (PagedServing.run).
+PLAN_BACKOFF = 32
 
 #: The step table (``--steps``): the issue's contract columns, then extras.
 STEP_COLUMNS = ("step", "time_s", "requests", "scheduled_requests", "blocks_used", "blocks_total",
@@ -128,8 +141,14 @@ class PagedServing:
         fixed, state_fixed = self._pool_sizes(config, kv, budget)
         self.pool = BlockPool(fixed, config.enable_prefix_caching)
         self.state_pool = BlockPool(state_fixed, config.enable_prefix_caching) if kv.state_bytes else None
+        self.device_memory, self.weights_bytes = device_memory, weights_bytes
+        #: GenAI's path for a dynamic pool on this device (:func:`memory_path`); the largest single allocation is
+        #: taken as the whole device (GenAI reads ``device_max_alloc_mem_size``; no preset has a figure for it).
+        self.memory_path = memory_path(device)
+        gpu = (GpuCheck(device_memory, weights_bytes, device_memory, len(kv.tensors) + len(kv.state_tensors))
+               if self.memory_path == "gpu" else None)
         self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks, kv=kv,
-                                         state_pool=self.state_pool, budget=budget)
+                                         state_pool=self.state_pool, budget=budget, gpu=gpu)
         self.side_pools = [self.sched.pools[grp.pool] for grp in kv.side]
         #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
         self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
@@ -231,6 +250,10 @@ class PagedServing:
         self.progress_rows: list[tuple] = []
         self.est: list = []
         self.stopped = None
+        #: Out of memory: {"step", "reason", ...} of the step whose pool allocation did not fit (the run ends there).
+        self.oom = None
+        #: The largest bytes the pools held inside a (re)allocating step, the CPU plugin's scratch left out.
+        self.resident_peak = 0
         self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
         self.preempted_total = 0
         if longest is None:
@@ -242,6 +265,7 @@ class PagedServing:
         #: A planned run with steps starting at or after ``limit`` and the arrivals that joined it, not yet carried
         #: out (a router reads it: simkv.serving.router).
         self.held = None
+        self.plan_from, self.fails = 0, 0  # planned runs: the next step to try one at, failed tries in a row
 
     def add(self, req: Request, prompt: int, tokens=None) -> None:
         """A request routed here (arrivals in seconds, not before those given so far): it joins at the first
@@ -260,7 +284,7 @@ class PagedServing:
         bar = self.progress
         live = self.live
         self.limit = limit
-        while (self.pending < len(reqs) or live) and self.stopped is None:
+        while (self.pending < len(reqs) or live) and self.stopped is None and self.oom is None:
             tokens_out = self.sampled + self.pending
             if tokens_out != self.progress_mark:
                 self.progress_mark, self.progress_step = tokens_out, self.step
@@ -288,9 +312,21 @@ class PagedServing:
                     live.append(self._add(reqs[pending], pending))
                     pending += 1
             self.pending = pending
-            joined = self._run_of_steps(live, pending) if self.fast and live else None
+            joined = None
+            if self.fast and live and self.step >= self.plan_from:
+                joined = self._run_of_steps(live, pending)
+                # A failed plan costs more than the step it would have saved (a pool that keeps preempting: every
+                # step the reference way). After f failures in a row, take min(2^(f-1), PLAN_BACKOFF) steps the
+                # reference way before planning again: the same steps (the reference is the reference), cheaper.
+                if joined != HELD:
+                    self.fails = 0 if joined is not None else self.fails + 1
+                    if self.fails:
+                        self.plan_from = self.step + min(1 << min(self.fails - 1, 16), PLAN_BACKOFF)
             if joined is None:
                 self._slow_step(live)
+                if self.oom is not None:
+                    self._stop_out_of_memory(live, self.pending)
+                    break
             elif joined == HELD:
                 break
             else:
@@ -313,10 +349,21 @@ class PagedServing:
         """The step table from single-step tuples and planned runs, column by column: a column that is
         constant over a run is one value per run (repeated once at the end), others are arrays."""
         names = STEP_TABLE.names
-        lens = [1 if isinstance(r, tuple) else r["_n"] for r in self.rows]
+        rows, singles = [], []
+        for r in self.rows:  # consecutive single steps become one array (numpy converts the tuples at once)
+            if isinstance(r, tuple):
+                singles.append(r)
+                continue
+            if singles:
+                rows.append(np.array(singles, dtype=STEP_TABLE))
+                singles = []
+            rows.append(r)
+        if singles:
+            rows.append(np.array(singles, dtype=STEP_TABLE))
+        lens = [len(r) if isinstance(r, np.ndarray) else r["_n"] for r in rows]
         table = np.zeros(sum(lens), dtype=STEP_TABLE)
-        for i, name in enumerate(names):
-            vals = [r[i] if isinstance(r, tuple) else r[name] for r in self.rows]
+        for name in names:
+            vals = [r[name] for r in rows]
             if not any(isinstance(v, np.ndarray) for v in vals):
                 table[name] = np.repeat(np.array(vals, dtype=table.dtype[name]), lens)
             else:
@@ -334,11 +381,18 @@ class PagedServing:
         total, scheduled = self.sched.schedule(live) if live else (0, [])
         preempted = sum(g.preemptions for g in live) - before_pre
         self.preempted_total += preempted
+        state = self.state_pool
+        new_state = state.total if state is not None else 0
+        if self.pool.total != self.tensors.total or new_state != self.tensors.state_total:
+            held = self.tensors.resident_peak(self.pool.total, new_state)
+            if self.weights_bytes + held > self.device_memory:
+                self.oom = {"step": step, "pool_blocks": self.pool.total, "held_bytes": held}
+                return
+            self.resident_peak = max(self.resident_peak, held)
         copied, peak = 0, self.tensors.total * self.block_bytes
         if self.pool.total != self.tensors.total:
             copied, peak = self.tensors.resize(step, self.pool.total, inference=total > 0)
         copied += self.sched.copies * self.block_bytes
-        state = self.state_pool
         if state is not None:
             state_before = self.tensors.state_total * self.state_bytes
             peak += state_before
@@ -427,6 +481,36 @@ class PagedServing:
         self.t = float(table["time_s"][-1])
         self.step += run.K
         return len(joined)
+
+    def _stop_out_of_memory(self, live: list[Group], pending: int) -> None:
+        """The step ``self.oom`` names could not allocate its pool: GenAI's ``allocate_cache_if_needed`` throws out
+        of ``step()`` (measured on the CPU path: ``std::bad_alloc``, the requests left RUNNING;
+        experiments/genai_layer_kinds/README.md §1.3). The run ends before that step: every request present or still
+        to come is UNFINISHED, and the step and the reason are reported (``simkv run``, ``--json``: ``oom``)."""
+        from simkv.units import format_bytes
+
+        for g in live:
+            g.status = UNFINISHED
+        for index in range(pending, len(self.requests)):
+            req = self.requests[index]
+            g = Group(req, index, self.prompts[index])
+            g.added_s = req.arrival_s if req.arrival_s is not None else self.t
+            g.added_step = req.arrival_step if req.arrival_step is not None else self.step
+            g.status = UNFINISHED
+            self.groups.append(g)
+        o = self.oom
+        left = len(live) + len(self.requests) - pending
+        why = ("GenAI's CPU path grows a dynamic pool with no memory check (scheduler.hpp _try_increase_cache:769, "
+               "_reserve_dynamic_capacity_for_active_sequences)" if self.memory_path == "cpu" else
+               "GenAI reserves for arriving prompts with no memory check (scheduler.hpp "
+               "_reserve_dynamic_capacity_for_active_sequences) and its GPU check bounds only the 256-token growth "
+               "(utils.cpp get_available_gpu_memory, which wraps once 1.1 x used exceeds the total)")
+        o["reason"] = (f"out of memory at step {o['step']:,}: reallocating the pool to {o['pool_blocks']:,} blocks holds "
+                       f"{format_bytes(o['held_bytes'])} (the new tensors beside the old ones not yet freed) beside "
+                       f"{format_bytes(self.weights_bytes)} of weights, more than the device's "
+                       f"{format_bytes(self.device_memory)}; {why}, and the allocation throws out of step() "
+                       f"(std::bad_alloc on Linux); {left:,} requests left unfinished")
+        self.stopped = o["reason"]
 
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])

@@ -24,6 +24,7 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
     by_step, ahead = eng.by_step, run.ahead
     total = eng.pool.total
     joined: list[Group] = []
+    last = max(run.fin, default=-1)  # the latest last step of anyone in the run (rows are only appended)
     for index in range(pending, len(reqs)):
         req = reqs[index]
         if by_step:
@@ -35,9 +36,10 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
             break  # arrives after the run
         g = Group(req, index, eng.prompts[index])
         sched.init_side(g)
-        here = [h for h, f in zip(live + list(prior) + joined, run.fin) if f >= k]  # present at step k
-        if (index >= ahead or g.n > 1 or not here
-                or (sched.dynamic and reserves(sched, here + [g]))):
+        # nobody present at step k, or (a dynamic pool) the ones present at step k and g would raise it
+        if (index >= ahead or g.n > 1 or last < k
+                or (sched.dynamic and reserves(sched, [h for h, f in zip(live + list(prior) + joined, run.fin)
+                                                       if f >= k] + [g]))):
             run.cut(k)
             break
         if not _add_newcomer(eng, run, g, k):
@@ -46,6 +48,7 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
         g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
         g.added_step = eng.step + k
         joined.append(g)
+        last = max(last, run.fin[-1])
     return joined
 
 

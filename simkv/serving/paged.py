@@ -27,6 +27,7 @@ instant, where its order falls back to the hash map (not reproducible).
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from simkv.errors import SimkvError
@@ -42,6 +43,9 @@ class BlockPool:
         self.stamp: list[int] = []
         self.cached: dict[object, int] = {}  # hash -> block (live or stored)
         self.stored: dict[object, int] = {}  # the overwritable store: hash -> unreferenced block
+        #: The store's blocks by (stamp, block) — the eviction order — as a heap with stale entries left in
+        #: (a block restored, re-stored with a newer stamp, or pushed out by a collision): skipped when popped.
+        self.lru: list = []
         self.clock = 0
         #: Blocks ever handed out: with a FIFO free list, what is resident on a CPU (written pages stay).
         self.touched = 0
@@ -77,9 +81,14 @@ class BlockPool:
         if self.free:
             b = self.free.popleft()
         elif self.stored:
-            # least recently used stored block; ties (none with a logical clock) by id
-            old = min(self.stored, key=lambda k: (self.stamp[self.stored[k]], self.stored[k]))
-            b = self.stored.pop(old)
+            # least recently used stored block (``get_lru_block_to_overwrite``): the smallest (stamp, id); a
+            # logical clock gives every block its own stamp, so no ties
+            lru, stored, stamp = self.lru, self.stored, self.stamp
+            while True:
+                t, b, old = heapq.heappop(lru)
+                if stored.get(old) == b and stamp[b] == t:
+                    break
+            del stored[old]
             if self.cached.get(old) == b:
                 del self.cached[old]
         else:
@@ -140,6 +149,7 @@ class BlockPool:
                 self.free.append(other)
             self.stored[h] = b
             self.cached[h] = b
+            heapq.heappush(self.lru, (self.stamp[b], b, h))
         else:
             self.free.append(b)
 

@@ -243,12 +243,11 @@ def _present(eng, live: list):
 def reserves(sched, groups) -> bool:
     """Whether a step with a prompt among ``groups`` grows a dynamic pool first (``_reserve``)."""
     if sched.simple:
-        return min(sched._target_blocks(groups), sched.max_blocks) > sched.pool.total
+        return sched._target_blocks(groups) > sched.pool.total
     kv, state = sched._targets(groups)
-    if min(kv, sched.max_kv_blocks()) > sched.pool.total:
+    if kv > sched.pool.total:
         return True
-    return (sched.state_pool is not None and not sched.state_fixed
-            and min(state, sched.max_state_blocks()) > sched.state_pool.total)
+    return sched.state_pool is not None and not sched.state_fixed and state > sched.state_pool.total
 
 
 def _horizon(eng, ahead: int) -> int:

@@ -50,6 +50,29 @@ class PoolTensors:
         self.state_ids: dict = {}
         self.next_buffer = 0
 
+    def resident_peak(self, new_total: int, new_state_total: int) -> int:
+        """Bytes the pools hold at the peak of (re)allocating them to these sizes, the CPU plugin's scratch buffers
+        left out (virtual, never touched: experiments/genai_layer_kinds/README.md §1.4): per KV layer the new
+        tensors beside every old one not yet freed, then per state tensor the same (:meth:`resize`,
+        :meth:`resize_state`)."""
+        old, bb = self.total, self.block_bytes
+        state_old = self.state_total * self.state_bytes
+        peak = running = old * bb
+        if new_total != old:
+            for _, sizes in self.layers:
+                per = sum(p for _, p in sizes)
+                running += new_total * per
+                peak = max(peak, running)
+                running -= old * per
+        peak += state_old
+        if new_state_total != self.state_total:
+            running = new_total * bb + state_old
+            for _, _, per in self.state_tensors:
+                running += new_state_total * per
+                peak = max(peak, running)
+                running -= self.state_total * per
+        return peak
+
     def resize(self, step: int, new_total: int, inference: bool = True) -> tuple[int, int]:
         """(Re)allocate the KV pool's tensors at ``new_total`` blocks. Returns (bytes copied, in-step peak of the
         KV pool)."""

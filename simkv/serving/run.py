@@ -102,6 +102,10 @@ class ServingResult:
     #: Paged: blocks ever handed out (resident on a CPU: the free list is FIFO).
     resident_blocks: int = 0
     block_bytes: int = 0
+    #: Paged: the step whose pool allocation did not fit the device ({"step", "reason", ...}; the run ended there).
+    oom: dict | None = None
+    #: Paged: the pools' largest in-step bytes without the CPU plugin's scratch buffers (which are never touched).
+    pool_peak: int = 0
 
     def _block_bytes(self) -> int:
         return self.block_bytes
@@ -162,6 +166,10 @@ class ServingResult:
         return {
             # the keys of `simkv run --json`, with their serving meaning
             "peak_allocated_bytes": int(s["peak_bytes"].max()) if len(s) else 0,
+            # what must fit the device beside the weights: paged, the pools' in-step peak without the CPU plugin's
+            # scratch buffers (virtual, never touched); contiguous, the peak allocation
+            "peak_pool_bytes": (max(self.pool_peak, int(s["allocated_bytes"].max()) if len(s) else 0)
+                                if self.spec.memory == "paged" else int(s["peak_bytes"].max()) if len(s) else 0),
             # paged: blocks ever handed out (FIFO free list: written pages stay resident), DESIGN §4b;
             # contiguous: the allocation (no first-touch model across requests)
             "peak_resident_bytes": (self.resident_blocks * self._block_bytes() if self.spec.memory == "paged"
@@ -180,7 +188,7 @@ class ServingResult:
             "bytes_copied": int(s["copy_bytes"].sum()),
             "pool_bytes_copied": copy_rows,
             "steps": len(s),
-            "oom_step": None,
+            "oom_step": self.oom["step"] if self.oom else None,
             "waste_pct": round(100.0 * (tmean("allocated_bytes") - tmean("used_bytes")) / tmean("allocated_bytes"), 3)
             if len(s) and tmean("allocated_bytes") else 0.0,
             "max_spike_bytes": int((s["peak_bytes"] - s["allocated_bytes"]).max()) if len(s) else 0,
@@ -218,7 +226,7 @@ class ServingResult:
         }
         if sp.tp > 1:  # per device: weights, KV bytes per token, device memory
             out["scenario"]["tp"] = sp.tp
-        out["oom"] = None
+        out["oom"] = self.oom["reason"] if self.oom else None
         out["stopped"] = self.stopped
         out["per_layer"] = self.per_layer()
         return out
@@ -353,8 +361,8 @@ def _result(spec: ServingSpec, eng, device) -> ServingResult:
     groups, steps, prog = out[0], out[1], out[2]
     if spec.memory == "paged":
         return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, eng.stopped, eng.pool.touched,
-                             eng.block_bytes)
-    return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0)
+                             eng.block_bytes, eng.oom, eng.resident_peak)
+    return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0, None, 0)
 
 
 def _serve_replicas(spec: ServingSpec, device, bar) -> ReplicasResult:

@@ -25,9 +25,12 @@ Rules read in openvinotoolkit/openvino.genai ``src/cpp/src/continuous_batching/s
   (``requires_sampling``); after a preemption it recomputes up to there first.
 * Dynamic pool (``num_kv_blocks = cache_size = 0``): first sized for every request
   present, ``ceil(min(2P, P + max_new) / block)`` blocks per sequence; raised to that
-  sum over active requests whenever one is in its prompt phase; grown by 256 tokens'
-  worth of blocks whenever a sequence needs a block. The tensors are reallocated
-  (and copied) once per step, after scheduling (``allocate_cache_if_needed``).
+  sum over active requests whenever one is in its prompt phase (neither with a memory
+  check, on any device); grown by 256 tokens' worth of blocks whenever a sequence needs
+  a block — on a CPU device unconditionally, on a GPU device only as far as
+  ``total - 1.1 x used`` allows (:func:`gpu_available`), else preemption or waiting.
+  The tensors are reallocated (and copied) once per step, after scheduling
+  (``allocate_cache_if_needed``); one that does not fit the device is out of memory.
 * A step that schedules nothing: every request is marked IGNORED
   (``pipeline_impl.cpp``, ``ContinuousBatchingImpl::step``).
 """
@@ -35,6 +38,9 @@ Rules read in openvinotoolkit/openvino.genai ``src/cpp/src/continuous_batching/s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 from simkv.serving.paged import BlockPool, prefix_hash, token_hashes
 
@@ -98,6 +104,27 @@ class SchedulerConfig:
         return {"cache_size_gib" if name == "cache_size" else name: value for name, value in vars(self).items()}
 
 
+class GpuCheck(NamedTuple):
+    """What GenAI's GPU path reads to decide a growth (``utils::get_available_gpu_memory``): the device's total
+    memory (``device_total_mem_size``), the weights' bytes (besides the pools, what ``memory_statistics`` counts as
+    used; simkv models no other device allocation), the largest single allocation (``device_max_alloc_mem_size``)
+    and the pools' tensors (``num_cache_tensors``)."""
+
+    total: int
+    weights: int
+    max_alloc: int
+    tensors: int
+
+
+def gpu_available(gpu: GpuCheck, used: int) -> int:
+    """``utils::get_available_gpu_memory`` (openvino.genai ``src/cpp/src/utils.cpp:1070-1104``) with ``used`` bytes
+    allocated: ``used *= 1.1f`` (a size_t times a float: a float product, truncated, :1090-1091), then
+    ``min(total - used, max_alloc * num_cache_tensors)`` (:1103) in unsigned 64-bit arithmetic — so once
+    1.1 × used exceeds the total the difference wraps around and only the allocation limit is left."""
+    used11 = int(np.float32(used) * np.float32(1.1))
+    return min((gpu.total - used11) % (1 << 64), gpu.max_alloc * gpu.tensors)
+
+
 class Group:
     """A request in the pipeline (GenAI's ``SequenceGroup``): its sequences' block tables and counters."""
 
@@ -146,10 +173,11 @@ class Group:
 
 class ContinuousScheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool, *, dynamic: bool, max_blocks: int, kv=None,
-                 state_pool: BlockPool | None = None, budget: int = 0) -> None:
+                 state_pool: BlockPool | None = None, budget: int = 0, gpu: GpuCheck | None = None) -> None:
         """``kv``: the paged layout (:class:`simkv.serving.kv_groups.PagedKV`; None: one full group of
-        ``config.block_size``). ``state_pool``: GenAI's linear-attention pool; ``budget``: the device's bytes for
-        both pools (with a state pool: the KV pool's ``max_blocks`` then depends on the state pool's size)."""
+        ``config.block_size``). ``state_pool``: GenAI's linear-attention pool; ``budget``, ``max_blocks``: the device's
+        bytes for both pools, and in KV blocks (a dynamic pool is not capped by them: it is out of memory where it
+        is allocated, docs/DESIGN.md §7); ``gpu``: GenAI's GPU growth check (None: the CPU path, no check)."""
         self.cfg = config
         self.pool = pool
         self.bs = config.block_size if kv is None else kv.block_size
@@ -177,6 +205,10 @@ class ContinuousScheduler:
         #: GenAI's linear-attention pool without prefix caching: one block per sequence, sized by sequences.
         self.state_fixed = any(grp.kind == "state" and grp.pool == 1 for grp in self.side)
         self.state_copies = 0  # copy-on-write copies in the state pool this step
+        #: GenAI's GPU path (:class:`GpuCheck`), or None: the CPU path, where growth is never checked.
+        self.gpu = gpu
+        self.weights_bytes = 0 if gpu is None else gpu.weights
+        self.held_bytes = 0
 
     # -- blocks of a group ------------------------------------------------------------------
 
@@ -435,28 +467,16 @@ class ContinuousScheduler:
                 counts[grp.pool] += need * g.n
         return counts[0], counts[1]
 
-    def max_kv_blocks(self) -> int:
-        """The KV pool's device limit in blocks (beside the state pool, if any)."""
-        if self.state_pool is None:
-            return self.max_blocks
-        return (self.budget - self.state_pool.total * self.state_bytes) // self.block_bytes
-
-    def max_state_blocks(self) -> int:
-        return (self.budget - self.pool.total * self.block_bytes) // self.state_bytes
-
     def _ensure(self, blocks: int) -> None:
-        limit = self.max_kv_blocks()
+        """``ensure_sequence_token_capacity``: no memory check on any device (GenAI checks only
+        ``_try_increase_cache``'s growth, and only on GPU); a pool that cannot be allocated is out of memory
+        where the engine allocates it (:meth:`simkv.serving.engine.PagedServing._slow_step`)."""
         if blocks > self.pool.total:
-            self.pool.grow(min(blocks, limit))
-            if blocks > limit:
-                self.pool_limited = True
+            self.pool.grow(blocks)
 
     def _ensure_state(self, blocks: int) -> None:
         if blocks > self.state_pool.total:
-            limit = self.max_state_blocks()
-            self.state_pool.grow(max(self.state_pool.total, min(blocks, limit)))
-            if blocks > limit:
-                self.pool_limited = True
+            self.state_pool.grow(blocks)
 
     def _reserve(self, groups, first: bool) -> None:
         """Size the dynamic pools for ``groups``: at the first step (``_initialize_cache``, which also grows a
@@ -474,33 +494,51 @@ class ContinuousScheduler:
             else:
                 self._ensure_state(state)
 
+    def _growth_cost(self, tokens: int) -> int:
+        """``CacheOrchestrator::memory_cost_for_additional_tokens`` (cache_orchestrator.hpp:364-374): the new
+        blocks' bytes of every variable-size pool."""
+        cost = -(-tokens // self.bs) * self.block_bytes
+        if self.state_pool is not None and not self.state_fixed:
+            cost += -(-tokens // self.side[-1].block_size) * self.state_bytes
+        return cost
+
+    def _grow_tokens(self, tokens: int) -> None:
+        """``grow_capacity_by_tokens``: every variable-size pool by ``tokens``' worth of its blocks."""
+        self.pool.grow(self.pool.total + -(-tokens // self.bs))
+        if self.state_pool is not None and not self.state_fixed:
+            self.state_pool.grow(self.state_pool.total + -(-tokens // self.side[-1].block_size))
+
     def try_increase(self, g: Group | None = None) -> bool:
-        """``_try_increase_cache``: a fixed state pool first grows by the blocks ``g`` lacks
-        (``ensure_sequence_capacity``), then every variable-size pool by 256 tokens' worth of blocks (CPU: no
-        memory check in GenAI; here the device budget)."""
+        """``_try_increase_cache`` (scheduler.hpp:754-788): a fixed state pool first grows by the blocks ``g``
+        lacks (``ensure_sequence_capacity``, no check), then every variable-size pool by 256 tokens' worth of
+        blocks: unconditionally on a CPU device (:769); on a GPU device (:772-786) by 256 tokens if their bytes fit
+        :func:`gpu_available`, else by the most tokens that fit, else not at all (False, ``pool_limited``)."""
         if not self.dynamic:
             return False
         grew = False
         if self.state_fixed and g is not None:
             lack = self.required(g)[1] - self.state_pool.num_free()
             if lack > 0:
-                if self.state_pool.total + lack > self.max_state_blocks():
+                self.state_pool.grow(self.state_pool.total + lack)
+                grew = True
+        tokens = GROWTH_TOKENS
+        if self.gpu is not None:
+            available = gpu_available(self.gpu, self.held_bytes)
+            if self._growth_cost(tokens) > available:
+                bpt = self.block_bytes // self.bs + (self.state_bytes // self.side[-1].block_size
+                                                     if self.state_pool is not None and not self.state_fixed else 0)
+                lo, hi = 0, available // bpt if bpt else 0  # max_additional_tokens_for_memory (:377-396)
+                while lo < hi:
+                    mid = lo + (hi - lo + 1) // 2
+                    if self._growth_cost(mid) <= available:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                if lo == 0:
                     self.pool_limited = True
-                else:
-                    self.state_pool.grow(self.state_pool.total + lack)
-                    grew = True
-        new = self.pool.total + -(-GROWTH_TOKENS // self.bs)
-        if new > self.max_kv_blocks():
-            self.pool_limited = True
-            return grew
-        self.pool.grow(new)
-        if self.state_pool is not None and not self.state_fixed:
-            interval = self.side[-1].block_size
-            new = self.state_pool.total + -(-GROWTH_TOKENS // interval)
-            if new > self.max_state_blocks():
-                self.pool_limited = True
-            else:
-                self.state_pool.grow(new)
+                    return grew
+                tokens = lo
+        self._grow_tokens(tokens)
         return True
 
     # -- one schedule() --------------------------------------------------------------------------
@@ -509,6 +547,10 @@ class ContinuousScheduler:
         """Schedule one step. Returns the tokens scheduled and the groups scheduled, in order."""
         self.copies = self.state_copies = 0
         self.pool_limited = False
+        # the bytes GenAI's GPU check sees as used: what is physically allocated, i.e. the pools as the last
+        # step's allocate_cache_if_needed left them (growth within this schedule() is logical until its end)
+        self.held_bytes = self.weights_bytes + self.pool.total * self.block_bytes + (
+            self.state_pool.total * self.state_bytes if self.state_pool is not None else 0)
         if not self.initialized:
             self._reserve(groups, True)
             self.initialized = True
@@ -539,12 +581,15 @@ class ContinuousScheduler:
             if not per_seq:
                 continue
             g.scheduled = min(per_seq, g.available())
-            while not self.can_append(g):
+            fits = self.can_append(g)  # (asked once per change: growth and preemption are what change it)
+            while not fits:
                 if not self.try_increase(g):
                     break
-            if self.cfg.on_oom == "preempt":
+                fits = self.can_append(g)
+            if not fits and self.cfg.on_oom == "preempt":
                 self._apply_preemption(i, groups)
-            if not self.can_append(g):
+                fits = self.can_append(g)
+            if not fits:
                 g.scheduled = 0
                 if self.cfg.on_oom == "reject":
                     self.free_group(g)
