@@ -26,7 +26,9 @@ qwen3-next-80b-a3b and llama-3.1-8b under each paged manager, with bf16 KV and 1
 except qwen3-next-80b: at 1 byte its 80 B parameters (74 GiB) leave ~5 GiB of the device for KV, and the first
 1,000 requests alone queue for minutes (TTFT p99 327 s, 2,199 preemptions, measured), so it gets 4-bit weights
 (37 GiB, as AWQ / GPTQ checkpoints serve it on one GPU). Reported: live requests per GiB of KV in use (time-weighted
-over the run's simulated steps), peak allocated, TTFT and TPOT p50 / p99, and preemptions.
+over the run's simulated steps), peak allocated (with the CPU plugin's untouched scratch copies of a growing pool)
+and the pools' own peak, TTFT and TPOT p50 / p99, preemptions, and the step where the device ran out of memory, if it
+did (GenAI reserves room for every queued prompt without a memory check: the run ends there, README "Serving").
 
 Writes ``kv_per_request.csv``, ``azure_hour.csv``, ``wall_times.csv`` (CPU seconds: nondeterministic) and the
 figure ``kv_per_request`` (HTML, PNG, SVG).
@@ -112,6 +114,8 @@ def serve_hour(name: str, manager: str, requests: list) -> tuple[dict, float]:
            "requests_per_kv_gib": round(live / in_use, 6) if in_use else None,
            "mean_in_use_gib": round(m["mean_in_use_bytes"] / GIB, 6),
            "peak_allocated_gib": round(m["peak_allocated_bytes"] / GIB, 6),
+           "peak_pool_gib": round(m["peak_pool_bytes"] / GIB, 6),
+           "oom_step": m["oom_step"],
            "ttft_p50_s": m["ttft_p50_s"], "ttft_p99_s": m["ttft_p99_s"],
            "tpot_p50_s": m["tpot_p50_s"], "tpot_p99_s": m["tpot_p99_s"], "sim_time_s": m["sim_time_s"]}
     return row, cpu

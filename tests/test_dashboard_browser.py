@@ -321,9 +321,11 @@ def test_serving_tab_runs_and_follows_its_inputs(page):
     fig = wait_figure(page, "sv-memory-graph", "memory over time: paged, 40 requests")
     page.wait_for_function("""() => { const gd = document.querySelector('#sv-memory-graph .js-plotly-plot');
         return gd && gd.data.some(t => t.name === 'pool (fixed, 60 blocks)'); }""")
-    expect(page.locator("#card-sv_finished-value")).to_have_text("35 / 40")  # 5 prompts longer than the pool
+    # 5 prompts longer than the pool, and request 14 (389 tokens), waiting beside 13 (2,221) when a step scheduled nothing: GenAI then
+    # marks every waiting request IGNORED (the H100 preset's bf16 weights make the steps slower than its int8 did).
+    expect(page.locator("#card-sv_finished-value")).to_have_text("34 / 40")
     names = figure(page, "sv-requests-graph")["names"]
-    assert "preempted (3)" in names and "ignored / rejected (5)" in names
+    assert "preempted (6)" in names and "ignored / rejected (6)" in names
     assert "sv_pool_size=60" in page.url
     page.locator("#sv-requests-graph").scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "serving.png"))
