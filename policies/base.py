@@ -110,6 +110,10 @@ class Policy:
     #: (vLLM absorbs the up-projections for one-token queries), ``latent-expand`` (transformers 5.x
     #: decompresses every cached token each step), ``decompressed``.
     mla_compute: ClassVar[str] = "latent"
+    #: The cache is kept in the model's own dtype (transformers: the tensors the layers compute): with no
+    #: precision asked for, a model whose config names its dtype runs in it (ModelSpec.dtype), else
+    #: :attr:`default_precision`.
+    kv_in_model_dtype: ClassVar[bool] = False
     #: A reset under ``reset="free"`` keeps linear-attention states (zeroed in place, as transformers'
     #: ``LinearAttentionCacheLayerMixin.reset`` does) instead of freeing them with the KV buffers.
     reset_keeps_states: ClassVar[bool] = False

@@ -64,6 +64,7 @@ class HFDynamic(Policy):
     unit = "layer"
     # DeepseekV3Attention decompresses every cached latent each step (expand_kv; docs/DESIGN.md §3c).
     mla_compute = "latent-expand"
+    kv_in_model_dtype = True
     row_orders = {"grow": _PER_LAYER, "gather": _PER_LAYER}
 
     reset: str = option("free", _HELP["reset"])

@@ -56,6 +56,7 @@ class HFStatic(Policy):
     unit = "layer"
     # DeepseekV3Attention decompresses every cached latent each step (expand_kv; docs/DESIGN.md §3c).
     mla_compute = "latent-expand"
+    kv_in_model_dtype = True
     row_orders = {"grow": _PER_LAYER, "gather": _PER_LAYER}
 
     max_cache_len: int = option(4096, "tokens each layer's K and V tensors hold (StaticCache max_cache_len)")

@@ -583,7 +583,9 @@ def _tied(raw: dict, text: dict, c: _Config) -> bool:
 
 
 def _dtype(raw: dict, text: dict, c: _Config) -> str:
-    """The weights' dtype (``dtype``, or ``torch_dtype`` in files written before transformers 5)."""
+    """The weights' dtype (``dtype``, or ``torch_dtype`` in files written before transformers 5); a file that gives
+    none builds in torch's default float32 (transformers 5.23: ``PreTrainedConfig.dtype`` defaults to None, and
+    ``from_config`` / ``from_pretrained(dtype="auto")`` then keep torch's default dtype)."""
     for where in (text, raw):
         for key in ("dtype", "torch_dtype"):
             value = where.get(key)
@@ -591,7 +593,7 @@ def _dtype(raw: dict, text: dict, c: _Config) -> str:
                 if not isinstance(value, str):
                     raise c.fail(f"{key} must be a string such as \"bfloat16\", got {value!r}")
                 return value
-    return ""
+    return "float32"
 
 
 # -- presets and the one resolver of --model ---------------------------------------------------------------------

@@ -161,7 +161,7 @@ def build_scenario(
     spec = resolve_model(model, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                          sliding_window=sliding_window)
     pol = get_policy(policy, policy_options)
-    prec = get_precision(precision or pol.default_precision)
+    prec = get_precision(precision or default_precision(pol, spec))
     if pol.accepted_precisions and prec.name not in pol.accepted_precisions:
         raise ConfigError(f"policy {pol.name}: the runtime does not accept {prec.name} for the KV cache "
                           f"(it takes {', '.join(pol.accepted_precisions)})")
@@ -173,6 +173,19 @@ def build_scenario(
         )
     weights = resolve_weights_memory(spec, weights_memory, weights_precision)
     return Scenario(spec, prec, pol, workload, parse_bytes(device_memory), weights)
+
+
+#: A config's dtype name → simkv's precision of the same element type.
+DTYPE_PRECISION = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def default_precision(policy, model: ModelSpec) -> str:
+    """The KV precision when none is asked for: the model's own dtype where the runtime keeps its cache in it
+    (``policy.kv_in_model_dtype``: transformers) and the config names one simkv models, else the runtime's
+    default (``policy.default_precision``)."""
+    if policy.kv_in_model_dtype and model.dtype.lower() in DTYPE_PRECISION:
+        return DTYPE_PRECISION[model.dtype.lower()]
+    return policy.default_precision
 
 
 def default_weights_precision(model: ModelSpec, device=None) -> str:

@@ -422,3 +422,15 @@ def test_run_every_shipped_config(path, capsys):
     # the default policy is OpenVINO's GPU plugin, whose exports cache MLA decompressed (docs/DESIGN.md §4c)
     assert out["scenario"]["kv_bytes_per_token"] == token_bytes(model.kv_layers, get_precision("f16"),
                                                                 mla=policy.mla_form)
+
+
+@pytest.mark.parametrize("model, policy, precision", [
+    (str(CONFIGS / "tiny" / "gemma3.json"), "hf-dynamic", "f32"),  # no dtype in the file: torch's float32
+    ("gemma-3-27b", "hf-static", "bf16"),  # "dtype": "bfloat16"
+    ("llama-3-8b", "hf-dynamic", "f16"),  # a built-in preset names no dtype: the policy's default
+    ("gemma-3-27b", "openvino-gpu", "f16"),  # OpenVINO picks its own KV precision
+])
+def test_transformers_keeps_the_cache_in_the_models_dtype(model, policy, precision, capsys):
+    assert cli_main(["run", "--model", model, "--policy", policy, "--prompt", "6", "--decode", "2",
+                     "--weights-memory", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["scenario"]["precision"] == precision
