@@ -271,6 +271,8 @@ class ContinuousScheduler:
         """The most of ``want`` tokens whose blocks fit the free blocks (``available_token_slots``, the minimum
         over the pools), for a one-sequence group."""
         free0 = self.pool.num_free()
+        if self.simple:  # one table of the KV pool: the room in its blocks and in the free ones, in closed form
+            return min(want, (len(g.tables[0]) + free0) * self.bs - g.processed)
         free1 = self.state_pool.num_free() if self.state_pool is not None else 0
 
         def fits(t):
@@ -652,24 +654,10 @@ class ContinuousScheduler:
             if g.status != RUNNING or g.can_generate() or g.waiting:
                 continue
             tokens = min(budget - total, g.available())
-            if not self.simple:
-                while self._slots(g, tokens) < tokens:
-                    if not self.try_increase(g):
-                        break
-                tokens = self._slots(g, tokens)
-                if tokens > 0:
-                    g.scheduled = tokens
-                    self.append_slots(g, copy_on_write=False)
-                    scheduled.append(g)
-                    total += tokens
-                if total == budget:
+            while self._slots(g, tokens) < tokens:
+                if not self.try_increase(g):
                     break
-                continue
-            table = g.tables[0]
-            while len(table) * self.bs - g.processed + self.pool.num_free() * self.bs < tokens:
-                if not self.try_increase():
-                    break
-            tokens = min(tokens, len(table) * self.bs - g.processed + self.pool.num_free() * self.bs)
+            tokens = self._slots(g, tokens)
             if tokens > 0:
                 g.scheduled = tokens
                 self.append_slots(g, copy_on_write=False)
