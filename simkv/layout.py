@@ -49,11 +49,11 @@ class Layout:
     unit_slots: np.ndarray  # (units, slots per unit), in the order rows are emitted
     unit_prim: np.ndarray  # per unit: primitive id handed to the policy (K's id for a layer unit; -1: a state)
     #: Per unit: tokens its buffers keep between inferences (policy.kept_tokens), -1: the whole history.
-    unit_keep: np.ndarray | None = None
+    unit_keep: np.ndarray
     #: Per unit: a linear-attention state (one row per sequence, capacity 1).
-    unit_state: np.ndarray | None = None
+    unit_state: np.ndarray
     #: Per unit: tokens of its fixed ring buffer (policy.ring_tokens; its keep too), -1: none.
-    unit_ring: np.ndarray | None = None
+    unit_ring: np.ndarray
     #: Per unit and row-order kind, an index into :attr:`templates` (None: every unit alike).
     unit_template: np.ndarray | None = None
     #: The policy's row orders, one dict per distinct layer kind (policy.orders).
@@ -68,12 +68,11 @@ class Layout:
     @cached_property
     def uniform(self) -> bool:
         """Every unit alike: no window, no state, one row order (decode runs are planned as a whole)."""
-        return (self.unit_keep is None or not (self.unit_keep >= 0).any()) and not self.has_states \
-            and len(self.templates) == 1
+        return not (self.unit_keep >= 0).any() and not self.has_states and len(self.templates) == 1
 
     @cached_property
     def has_states(self) -> bool:
-        return self.unit_state is not None and bool(self.unit_state.any())
+        return bool(self.unit_state.any())
 
     @cached_property
     def has_absent(self) -> bool:

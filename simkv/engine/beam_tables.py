@@ -44,7 +44,7 @@ class BeamTables:
         self.batch = np.ones((layout.units, 2), dtype=np.int64)
         self.ids = np.full((layout.units, 2), -1, dtype=np.int64)
         # Only attention kernels keep beam tables: a linear-attention state unit has none.
-        self.kept = ~layout.unit_state if layout.unit_state is not None else np.ones(layout.units, dtype=bool)
+        self.kept = ~layout.unit_state
 
     def commit(self, rows: np.ndarray, batch: np.ndarray, ids: np.ndarray) -> None:
         """The pairs' token rows, batch and buffer ids after a decode run (:attr:`TablePlan.state`)."""
