@@ -300,13 +300,15 @@ def check_spec(spec: ServingSpec):
     return device
 
 
-def serve(spec: ServingSpec, progress=False):
+def serve(spec: ServingSpec, progress=False, watch=None):
     """Run a serving workload. Raises :class:`~simkv.errors.ConfigError` for a bad spec. With
     ``spec.replicas > 1`` the requests are routed to that many engines (a :class:`ReplicasResult`).
 
     ``progress``: True draws a bar on stderr (after a second); a callable is called with the number of
     requests added so far after every scheduler round (an exception it raises stops the run: the
-    dashboard's work limit)."""
+    dashboard's work limit). ``watch(replica, engine)`` is called after every scheduler round of every
+    engine (replica index, the engine itself); an exception it raises stops the run (``simkv plan``'s SLO
+    guard, simkv.lab.plan). Replicas then run in this process, whatever ``spec.workers`` says."""
     from simkv.serving.router import check_router
 
     device = check_spec(spec)
@@ -318,14 +320,29 @@ def serve(spec: ServingSpec, progress=False):
         bar = _progress_bar(len(spec.requests))
     try:
         if spec.replicas > 1:
-            return _serve_replicas(spec, device, bar)
-        eng = _engine(spec, device, spec.requests, bar.update_to if bar else None)
+            return _serve_replicas(spec, device, bar, watch)
+        eng = _engine(spec, device, spec.requests, _watched(bar.update_to if bar else None, watch, 0))
         eng.start(spec.engine == "fast") if spec.memory == "paged" else eng.start()
         eng.advance()
     finally:
         if bar:
             bar.close()
     return _result(spec, eng, device)
+
+
+def _watched(progress, watch, replica: int):
+    """The engine's per-round callback: ``progress`` and ``watch`` (:func:`serve`); the engine is bound once
+    it exists (``callback.engine``)."""
+    if watch is None:
+        return progress
+
+    def callback(n):
+        if progress is not None:
+            progress(n)
+        watch(replica, callback.engine)
+
+    callback.engine = None
+    return callback
 
 
 def _engine(spec: ServingSpec, device, requests: list[Request], progress):
@@ -341,18 +358,24 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress):
                            max_preemptions=spec.max_preemptions, progress=progress)
         if spec.engine not in ("fast", "reference"):
             raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
-        return eng
+        return _bind(eng, progress)
     if spec.memory == "contiguous":
         from policies import get_policy
         from simkv.serving.contiguous import ContiguousServing
 
         policy = spec.policy if not isinstance(spec.policy, str) else get_policy(spec.policy, spec.policy_options)
-        return ContiguousServing(requests, spec.device_model, spec.precision, policy, cfg, scheduler=spec.scheduler,
-                                 static_batch=spec.static_batch, device=device, weights_bytes=spec.weights_bytes,
-                                 device_memory=spec.device_memory, trace_requests=spec.trace_requests,
-                                 progress=progress)
+        return _bind(ContiguousServing(requests, spec.device_model, spec.precision, policy, cfg,
+                                       scheduler=spec.scheduler, static_batch=spec.static_batch, device=device,
+                                       weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
+                                       trace_requests=spec.trace_requests, progress=progress), progress)
     raise ConfigError(f"--memory paged models OpenVINO GenAI continuous batching: use --scheduler continuous "
                       f"(got {spec.scheduler})")
+
+
+def _bind(eng, progress):
+    if hasattr(progress, "engine"):
+        progress.engine = eng
+    return eng
 
 
 def _result(spec: ServingSpec, eng, device) -> ServingResult:
@@ -365,7 +388,7 @@ def _result(spec: ServingSpec, eng, device) -> ServingResult:
     return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0, None, 0)
 
 
-def _serve_replicas(spec: ServingSpec, device, bar) -> ReplicasResult:
+def _serve_replicas(spec: ServingSpec, device, bar, watch=None) -> ReplicasResult:
     """``spec.replicas`` engines, each on a device like ``device``, fed by ``spec.router``
     (:func:`simkv.serving.router.route`); each replica's result is a :class:`ServingResult` of its share."""
     from dataclasses import replace
@@ -379,7 +402,7 @@ def _serve_replicas(spec: ServingSpec, device, bar) -> ReplicasResult:
     paged = spec.memory == "paged"
     tokens = prompt_token_ids(reqs) if paged and spec.paged.enable_prefix_caching else None
     longest = max(p + r.max_new_tokens for p, r in zip(prompts, reqs))
-    if spec.router not in STATEFUL and spec.workers > 1:  # the replicas need nothing of each other: processes
+    if spec.router not in STATEFUL and spec.workers > 1 and watch is None:  # the replicas need nothing of each other: processes
         from concurrent.futures import ProcessPoolExecutor
 
         where = [k % spec.replicas for k in range(len(reqs))]  # round-robin
@@ -390,7 +413,7 @@ def _serve_replicas(spec: ServingSpec, device, bar) -> ReplicasResult:
                                   [[tokens[i] for i in s] if tokens is not None else None for s in shares],
                                   [longest] * spec.replicas))
         return ReplicasResult(spec, results, np.asarray(where, dtype=np.int64))
-    engines = [_engine(spec, device, [], None) for _ in range(spec.replicas)]
+    engines = [_engine(spec, device, [], _watched(None, watch, k)) for k in range(spec.replicas)]
     for eng in engines:
         _start(spec, eng, [], [] if tokens is not None else None, longest)
     where = route(engines, reqs, prompts, tokens, spec.router, paged, bar.update_to if bar else None)
