@@ -90,10 +90,10 @@ def _duration(seconds: float) -> str:
 
 
 def _latency(seconds: float | None) -> str:
-    """A measured latency (ms to 0.1 below 10 s)."""
+    """A measured latency (0.1 ms below a second)."""
     if seconds is None:
         return "n/a"
-    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s" if seconds < 100 else f"{seconds:,.0f} s"
 
 
 def parse_slo(text: str) -> tuple[Slo, ...]:
@@ -659,14 +659,33 @@ def render(result: PlanResult, max_rejected: int = 12) -> str:
                          f"{describe(r)}  [{mark}]")
     rejected = [r for r in result.rows if not r["meets_slo"]]
     if rejected:
-        lines.append(f"  Rejected ({len(rejected):,}; every one in --json and --out):")
-        for r in rejected[:max_rejected]:
-            lines.append(f"    {describe(r)}: {r['status']}: {_clip(r['reason'])}")
-        if len(rejected) > max_rejected:
-            lines.append(f"    ... {len(rejected) - max_rejected:,} more")
+        lines.append(f"  Rejected ({len(rejected):,}; each with its reason in --json and --out):")
+        slo = result.target.slo
+        near = sorted((r for r in rejected if r["status"] == "slo"),
+                      key=lambda r: (result.cost(r), max(r[s.name + "_s"] / s.limit_s for s in slo)))
+        for r in near[:max_rejected]:
+            lines.append(f"    {describe(r)}: {_clip(r['reason'])}")
+        if len(near) > max_rejected:
+            lines.append(f"    ... {len(near) - max_rejected:,} more served every request but missed the SLO")
+        for status, what in STATUS_WORDS.items():
+            some = [r for r in rejected if r["status"] == status]
+            if some:
+                lines.append(f"    {len(some):,} {what}, e.g. {describe(some[0])}: {_clip(some[0]['reason'], 200)}")
+    by_device: dict[str, list[str]] = {}
     for line in result.skipped:
-        lines.append(f"  not searched: {_clip(line)}")
+        device, _, rest = line.partition(" tp ")
+        by_device.setdefault(device, []).append(rest)
+    for device, items in by_device.items():
+        tps = ", ".join(i.split(":")[0] for i in items)
+        why = items[0].split(": ", 1)[1] if ": " in items[0] else items[0]
+        lines.append(f"  not searched: {device} at tp {tps}: {_clip(why.split(': ', 1)[-1], 200)}")
     return "\n".join(lines)
+
+
+#: Rejection outcomes other than a latency miss, as the report counts them.
+STATUS_WORDS = {"slo-guard": "stopped by the SLO guard (too many requests already late)",
+                "oom": "out of memory (the weights, or the pool next to them, do not fit)",
+                "unfinished": "left requests unserved", "error": "could not run"}
 
 
 def _money(cost: float, prices) -> str:
