@@ -13,7 +13,7 @@ DEVICE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b
 
 def plan_figure(result) -> go.Figure:
     slo = result.target.slo
-    fig = make_subplots(rows=1, cols=len(slo), subplot_titles=[str(s) for s in slo], horizontal_spacing=0.08)
+    fig = make_subplots(rows=1, cols=len(slo), subplot_titles=[str(s) for s in slo], horizontal_spacing=0.12)
     rec = result.recommended
     devices = list(result.space.devices)
     for col, s in enumerate(slo, start=1):
