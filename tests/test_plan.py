@@ -208,3 +208,32 @@ def test_figure(slow_device, ten_at_once, tmp_path):
     fig = plan_figure(plan.run_plan(_target(ten_at_once), space, workers=1))
     names = [t.name for t in fig.data]
     assert names.count("recommended") == 2 and "Pareto front" in names  # one panel per SLO
+
+
+def test_the_reproduce_line_serves_the_same_run(slow_device, ten_at_once, capsys):
+    import shlex
+
+    space = plan.Space((slow_device,), max_devices=2, tp=(1,), routers=("least-outstanding",),
+                       max_num_batched_tokens=(256,), pools=("0.5",))
+    rec = plan.run_plan(_target(ten_at_once), space, workers=1).recommended
+    line = plan.command(rec)
+    assert "--replicas 2 --router least-outstanding" in line and "--cache-size" in line
+    assert main(shlex.split(line)[1:] + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ttft_p99_s"] == rec["ttft_p99_s"] and out["tpot_p99_s"] == rec["tpot_p99_s"]
+
+
+def test_contiguous_deployments_have_no_blocks_or_pool(ten_at_once):
+    from simkv.hfconfig import resolve_model
+
+    space = plan.Space(("h100-sxm",), max_devices=1, tp=(1,), block_sizes=(16, 32), pools=("dynamic", "0.9"),
+                       max_num_batched_tokens=(256,), policies=("openvino-cpu", "fixed"))
+    cands, _ = plan.candidates(space, resolve_model("llama-3.1-8b"), "contiguous")
+    assert [(c["block_size"], c["pool"], c["policy"]) for c in cands] == [(0, "-", "openvino-cpu"), (0, "-", "fixed")]
+    target = plan.Target({"trace": ten_at_once, "limit": None}, "llama-3.1-8b", plan.parse_slo("ttft_p99=5s"),
+                         memory="contiguous")
+    result = plan.run_plan(target, space, workers=1)
+    assert [r["status"] for r in result.rows] == ["ok", "ok"]
+    assert "contiguous, policy openvino-cpu" in plan.describe(result.rows[0])
+    assert "--memory contiguous --policy openvino-cpu" in plan.command(result.rows[0])
+    assert "--block-size" not in plan.command(result.rows[0])

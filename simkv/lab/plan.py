@@ -225,10 +225,11 @@ def device_defaults(device, model) -> dict:
 # --- candidates ----------------------------------------------------------------------------------
 
 
-def candidates(space: Space, model) -> tuple[list[dict], list[str]]:
+def candidates(space: Space, model, memory: str = "paged") -> tuple[list[dict], list[str]]:
     """Every deployment of the space, in the order the search visits them (device count, then device, tp,
     replicas, router, precision, block size, pool, batched tokens, policy), and a line for each device × tp
-    left out (a runtime without tensor parallelism, a model ``tp`` does not split)."""
+    left out (a runtime without tensor parallelism, a model ``tp`` does not split). Contiguous memory has no
+    blocks or pool: one value each (``block_size`` 0, ``pool`` "-")."""
     from simkv.cost import get_device
     from simkv.models import tp_shard
     from simkv.serving.router import ROUTERS
@@ -256,7 +257,10 @@ def candidates(space: Space, model) -> tuple[list[dict], list[str]]:
                     skipped.append(f"{name} tp {tp}: {err}")
                 continue
             tps.append(tp)
-        kinds.append((name, device, tps, device_defaults(device, model)))
+        default = device_defaults(device, model)
+        if memory == "contiguous":
+            default.update(block_size=0, pool="-")
+        kinds.append((name, device, tps, default))
     out: list[dict] = []
     for count in range(1, space.max_devices + 1):
         for name, device, tps, default in kinds:
@@ -266,8 +270,8 @@ def candidates(space: Space, model) -> tuple[list[dict], list[str]]:
                 replicas = count // tp
                 for router in (space.routers if replicas > 1 else ("-",)):
                     for precision in space.precisions or (default["precision"],):
-                        for block in space.block_sizes or (default["block_size"],):
-                            for pool in space.pools or (default["pool"],):
+                        for block in (space.block_sizes if memory == "paged" else None) or (default["block_size"],):
+                            for pool in (space.pools if memory == "paged" else None) or (default["pool"],):
                                 for mnbt in space.max_num_batched_tokens:
                                     for policy in space.policies:
                                         out.append({"device": name, "devices": count, "tp": tp, "replicas": replicas,
@@ -365,7 +369,7 @@ def spec_of(point: dict):
     precision = get_precision(point["precision"])
     precision.check(model)
     weights = resolve_weights_memory(tp_shard(model, point["tp"]), None, None, device)
-    fraction = _pool_fraction(point["pool"])
+    fraction = _pool_fraction(point["pool"]) if point["memory"] == "paged" else None
     cache = 0.0
     if fraction is not None:
         room = fraction * device.memory_bytes - weights
@@ -373,7 +377,7 @@ def spec_of(point: dict):
             raise ConfigError(f"no room for the KV cache: {fraction:g} of the device is "
                               f"{fraction * device.memory_bytes / GIB:.2f} GiB, the weights alone {weights / GIB:.2f} GiB")
         cache = room / GIB
-    cfg = SchedulerConfig(block_size=point["block_size"], cache_size=cache,
+    cfg = SchedulerConfig(block_size=point["block_size"] or SchedulerConfig.block_size, cache_size=cache,
                           max_num_batched_tokens=point["max_num_batched_tokens"], max_num_seqs=point["max_num_seqs"],
                           enable_prefix_caching=point["prefix_caching"], kv_manager=point["kv_manager"],
                           dynamic_split_fuse=point["dynamic_split_fuse"])
@@ -485,7 +489,7 @@ def run_plan(target: Target, space: Space, prices: dict[str, float] | None = Non
     from simkv.lab.sweep import executor, point_id, read_rows, write_rows
 
     model = resolve_model(target.model)
-    deployments, skipped = candidates(space, model)
+    deployments, skipped = candidates(space, model, target.memory)
     if not deployments:
         raise ConfigError("no deployment to search: " + ("; ".join(skipped) if skipped else "no device given"))
     fixed = target.key()
@@ -554,11 +558,13 @@ def describe(row: dict) -> str:
              f"{row['replicas']} replica{'s' if row['replicas'] > 1 else ''}"]
     if row["replicas"] > 1:
         parts.append(row["router"])
-    parts += [f"{row['precision']} KV", f"block {row['block_size']}",
-              "dynamic pool" if row["pool"] == "dynamic" else f"pool {row['pool']} of memory",
-              f"{row['max_num_batched_tokens']} batched tokens"]
+    parts.append(f"{row['precision']} KV")
     if row.get("memory") == "contiguous":
-        parts.append(f"policy {row['policy']}")
+        parts.append(f"contiguous, policy {row['policy']}")
+    else:
+        parts += [f"block {row['block_size']}",
+                  "dynamic pool" if row["pool"] == "dynamic" else f"pool {row['pool']} of memory"]
+    parts.append(f"{row['max_num_batched_tokens']} batched tokens")
     return ", ".join(parts)
 
 
@@ -574,9 +580,11 @@ def command(row: dict) -> str:
         words += ["--synthetic", "--requests", str(w["requests"]), "--rate", f"{w['rate']:g}", "--arrivals",
                   w["arrivals"], "--prompt-dist", w["prompt_dist"], "--output-dist", w["output_dist"], "--seed",
                   str(w["seed"])]
-    words += ["--model", row["model"], "--device", row["device"], "--precision", row["precision"],
-              "--block-size", str(row["block_size"]), "--max-num-batched-tokens", str(row["max_num_batched_tokens"])]
-    if row["pool"] != "dynamic":
+    words += ["--model", row["model"], "--device", row["device"], "--precision", row["precision"]]
+    if row["memory"] == "paged":
+        words += ["--block-size", str(row["block_size"])]
+    words += ["--max-num-batched-tokens", str(row["max_num_batched_tokens"])]
+    if row["memory"] == "paged" and row["pool"] != "dynamic":
         words += ["--cache-size", _cache_gib(row)]
     if row["tp"] > 1:
         words += ["--tp", str(row["tp"])]
