@@ -3,7 +3,11 @@ own parser, bounded, and never a traceback."""
 
 from __future__ import annotations
 
+import logging
 import shlex
+import shutil
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +156,93 @@ def test_the_default_form_runs_and_its_line_is_shown():
     assert "Recommended: 1 x h100-sxm" in shown and line in shown
     assert "simkv run --trace data/traces/azure_llm_2023_conv.csv --limit 100 " in shown
 
+
+# --- in the browser (the pattern of tests/test_dashboard_browser.py: Debian's Chromium driven by Playwright) ---
+
+CHROMIUM = shutil.which("chromium")
+TIMEOUT = 20_000  # ms, for anything that waits on a callback (a loaded 2-core machine takes seconds)
+SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def app_page():
+    """A page of the dashboard served in-process; the test fails on any browser console error or page error."""
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium); browser tests skipped")
+    from playwright.sync_api import expect, sync_playwright
+    from werkzeug.serving import make_server
+
+    from simkv.dashboard.server import create_app
+
+    expect.set_options(timeout=TIMEOUT)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    srv = make_server("127.0.0.1", 0, create_app().server, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    try:
+        with sync_playwright() as p:
+            chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run"])
+            context = chromium.new_context(viewport={"width": 1280, "height": 800})
+            page = context.new_page()
+            page.set_default_timeout(TIMEOUT)
+            page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+            page.on("pageerror", lambda err: errors.append(f"pageerror: {err}"))
+            page.base = f"http://127.0.0.1:{srv.server_port}"
+            yield page, expect
+            context.close()
+            chromium.close()
+    finally:
+        srv.shutdown()
+        thread.join(timeout=10)
+    assert errors == [], "browser errors:\n" + "\n".join(errors)
+
+
+def _enter(page, selector: str, value: str) -> None:
+    page.fill(selector, value)
+    page.press(selector, "Enter")
+
+
+def _wait_figure(page, graph: str, contains: str) -> list[str]:
+    """The trace names of a dcc.Graph once its title contains ``contains``."""
+    page.wait_for_function(
+        """([id, text]) => { const gd = document.querySelector('#' + id + ' .js-plotly-plot');
+                             return gd && gd.layout && gd.layout.title && (gd.layout.title.text || '').includes(text); }""",
+        arg=[graph, contains])
+    return page.evaluate("id => document.querySelector('#' + id + ' .js-plotly-plot').data.map(t => t.name)", graph)
+
+
+@pytest.mark.browser
+def test_plan_tab_runs_and_shows_the_recommendation(app_page):
+    page, expect = app_page
+    page.goto(page.base + "/?tab=plan")
+    expect(page.locator("#tab .tab--selected")).to_have_text("Plan")
+    cli = page.locator("#pl-cli")
+    expect(cli).to_contain_text("simkv plan --trace data/traces/azure_llm_2023_conv.csv --limit 100")
+    _enter(page, "#pl_requests", "30")
+    _enter(page, "#pl_max_devices", "2")
+    expect(cli).to_contain_text("--limit 30 ")
+    expect(cli).to_contain_text("--max-devices 2")
+    page.click("#pl-run")
+    expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, tp 1, 1 replica")
+    expect(page.locator("#pl-rec-detail")).to_contain_text("ttft_p99")
+    expect(page.locator("#pl-rec-plan")).to_have_text(cli.inner_text())
+    expect(page.locator("#pl-rec-run")).to_contain_text("simkv run --trace data/traces/azure_llm_2023_conv.csv --limit 30")
+    expect(page.locator("#pl-status")).to_contain_text("searched 16 deployments of h100-sxm, a100-80gb")
+    assert {"h100-sxm", "Pareto front", "recommended"} <= set(_wait_figure(page, "pl-graph", "simkv plan: llama-3.1-8b"))
+    assert _wait_figure(page, "pl-memory-graph", "memory of each of its 1 replica") == ["replica 0", "replica 0"]
+    expect(page.locator("#pl-table")).to_contain_text("recommended")
+    expect(page.locator("#pl-table")).to_contain_text("pruned")
+    page.screenshot(path=str(SHOTS / "plan.png"))
+    page.locator("#pl-notes").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "plan-memory-and-table.png"))
+    # a bad SLO: one line, at once under the form and, on Run, in place of the results
+    _enter(page, "#pl_slo", "ttft_p99=fast")
+    expect(page.locator("#pl-input-err")).to_contain_text("Invalid input: SLO: ttft_p99: 'fast' is not a duration")
+    page.click("#pl-run")
+    expect(page.locator("#pl-status")).to_contain_text("Invalid input: SLO")
+    _wait_figure(page, "pl-graph", "no result")
+    expect(page.locator("#pl-recommended")).to_be_empty()
