@@ -44,7 +44,7 @@ def test_the_view_shows_what_the_library_finds():
     assert text["text"] == "Recommended: " + plan.describe(rec)
     assert text["detail"] == f"cost 2 device-hours per hour; ttft_p99 {rec['ttft_p99_s'] * 1000:.1f} ms (limit 1 s)"
     assert text["run"] == plan.command(rec) and text["plan"] == view["cli"]
-    assert view["status"].startswith("searched 8 deployments of a100-80gb (at most 2 devices): 8 served, 6 meet")
+    assert view["status"].startswith("searched 8 deployments of a100-80gb (at most 2 devices each): 8 run, 6 meet")
     # the Pareto figure is plan_figure's
     names = [t.name for t in view["figure"].data]
     assert "Pareto front" in names and "recommended" in names and "a100-80gb" in names
@@ -233,7 +233,7 @@ def test_plan_tab_runs_and_shows_the_recommendation(app_page):
     expect(page.locator("#pl-rec-run")).to_contain_text("simkv run --trace data/traces/azure_llm_2023_conv.csv --limit 30")
     expect(page.locator("#pl-status")).to_contain_text("searched 16 deployments of h100-sxm, a100-80gb")
     assert {"h100-sxm", "Pareto front", "recommended"} <= set(_wait_figure(page, "pl-graph", "simkv plan: llama-3.1-8b"))
-    assert _wait_figure(page, "pl-memory-graph", "memory of each of its 1 replica") == ["replica 0", "replica 0"]
+    assert _wait_figure(page, "pl-memory-graph", "memory over time, 1 replica") == ["replica 0", "replica 0"]
     expect(page.locator("#pl-table")).to_contain_text("recommended")
     expect(page.locator("#pl-table")).to_contain_text("pruned")
     page.screenshot(path=str(SHOTS / "plan.png"))

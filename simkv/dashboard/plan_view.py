@@ -15,9 +15,13 @@ A search runs only when "Run" is pressed, in the server process (``workers=1``: 
 before it starts: at most :data:`MAX_REQUESTS` requests, :data:`MAX_DEVICES` devices a deployment, and
 :data:`MAX_WORK` requests served in all — the deployments of the search space (before pruning, so the bound
 holds whatever is pruned) × the requests. A serving run costs about 0.3 ms (GPU presets) to 0.7 ms (CPU
-presets) per request on a loaded 2-core machine, so a search stays under ~8 s; a run's own work is bounded by
+presets) per request on a loaded 2-core machine: the worst searches within the limit (nothing meets a TPOT-only
+SLO, so nothing is pruned or stopped early) took 7-8 s; a run's own work is bounded by
 ``spec_of``'s preemption limit (as many as requests). Past a limit the page says which, with the ``simkv
 plan`` line to run it in full. Bad input is one line on the page, never a traceback.
+
+The ``simkv plan`` line under the form follows the form as it is typed (and says at once what is wrong with
+it); the last :data:`CACHE_ITEMS` results are kept by that line, so Run again shows them without searching.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import math
 import shlex
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
-from dash import Input, Output, State, dcc, html, no_update
+from dash import Input, Output, State, dcc, html
 
 from simkv.errors import SimkvError
 
@@ -65,11 +70,15 @@ DEPLOYMENT = ("device", "devices", "tp", "replicas", "router", "precision", "blo
               "max_num_batched_tokens", "policy")
 
 
+@dataclass
 class Inputs:
-    """The checked form: what ``simkv plan`` would build from the shown line."""
+    """The checked form: what ``simkv plan`` would build from the shown line (its arguments after ``plan``)."""
 
-    def __init__(self, target, space, prices, argv: list[str], requests: int) -> None:
-        self.target, self.space, self.prices, self.argv, self.requests = target, space, prices, argv, requests
+    target: object  # simkv.lab.plan.Target
+    space: object  # simkv.lab.plan.Space
+    prices: dict[str, float] | None
+    argv: list[str]
+    requests: int
 
     @property
     def line(self) -> str:
@@ -300,7 +309,7 @@ def replica_memory_figure(served, row: dict):
     fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
     n = row["replicas"]
     fig.update_layout(template="plotly_white", margin={"t": 60, "l": 60, "r": 20, "b": 40},
-                      title=f"recommended deployment served again: memory of each of its {n} replica{'s' if n > 1 else ''}"
+                      title=f"recommended deployment served again: memory over time, {n} replica{'s' if n > 1 else ''}"
                             f" ({row['devices']} x {row['device']}, tp {row['tp']})")
     return fig
 
@@ -320,8 +329,9 @@ def recommendation(result, line: str) -> dict:
 
 def summary(result) -> str:
     ok = sum(r["meets_slo"] for r in result.rows)
+    most = result.space.max_devices
     return (f"searched {len(result.rows) + len(result.pruned):,} deployments of {', '.join(result.space.devices)} "
-            f"(at most {result.space.max_devices} devices): {len(result.rows):,} served, {ok:,} meet the SLO, "
+            f"(at most {most} device{'s' if most > 1 else ''} each): {len(result.rows):,} run, {ok:,} meet the SLO, "
             f"{len(result.pruned):,} pruned; cost in {result.unit}")
 
 
@@ -353,16 +363,15 @@ def plan_view(form: dict) -> dict:
     try:
         check_work(i)
         result = plan.run_plan(i.target, i.space, i.prices, workers=1)
+        rec = result.recommended
+        served = serve(plan.spec_of(rec)) if rec is not None else None
     except st.Invalid as err:
         return {"ok": False, "errors": err.errors, "cli": line,
                 "status": "Over the dashboard's limits: " + "; ".join(err.errors.values()) + f". Run it with: {line}"}
     except SimkvError as err:
         return {"ok": False, "errors": {}, "cli": line, "status": f"Cannot plan this: {err}"}
-    rec = result.recommended
     figure = plan_figure(result)
-    memory = None
-    if rec is not None:
-        memory = replica_memory_figure(serve(plan.spec_of(rec)), rec)
+    memory = replica_memory_figure(served, rec) if served is not None else None
     columns, rows = table(result)
     view = {"ok": True, "errors": {}, "cli": line, "status": summary(result),
             "recommended": recommendation(result, line), "figure": figure, "memory": memory,
