@@ -1,8 +1,8 @@
 """The dashboard's page: controls on the left (generated from the policy registry), views on the right.
 
 Sized for a 1280×800 screen: a 310 px control column that scrolls on its own,
-figures that take the rest of the height. The Tune and Serving tabs are their views'
-own (simkv.dashboard.tune_view, serving_view); the pieces every tab is built from are
+figures that take the rest of the height. The Tune, Serving and Plan tabs are their
+views' own (simkv.dashboard.tune_view, serving_view, plan_view); the pieces every tab is built from are
 in simkv.dashboard.components.
 """
 
@@ -19,6 +19,7 @@ from simkv.precision import PRECISIONS
 from simkv.dashboard import state as st
 from simkv.dashboard.components import (DIMMED, data_table, dropdown, graph, popt_id, popt_ids, render_cards,
                                         text_input)
+from simkv.dashboard.plan_view import plan_tab
 from simkv.dashboard.serving_view import serving_tab
 from simkv.dashboard.tune_view import tune_tab
 
@@ -259,6 +260,7 @@ def main_panel(d: dict) -> html.Div:
             dcc.Tab(label="Validation", value="validation", children=validation_tab(d)),
             dcc.Tab(label="Tune", value="tune", children=tune_tab()),
             dcc.Tab(label="Serving", value="serving", children=serving_tab(d)),
+            dcc.Tab(label="Plan", value="plan", children=plan_tab()),
         ]),
     ])
 
@@ -392,6 +394,13 @@ details summary { cursor: pointer; font-size: 12px; color: #0969da; }
 #sv-memory-graph { height: 420px; min-height: 0; }
 .sv-pair { display: grid; grid-template-columns: 3fr 2fr; gap: 8px; }
 #sv-requests-graph, #sv-waste-graph { height: 420px; min-height: 0; }
+.pl-form { display: grid; grid-template-columns: repeat(6, minmax(0, 1fr)); column-gap: 10px; align-items: start; }
+.pl-form .pl-wide { grid-column: span 2; }
+.pl-form .pl-run { align-self: center; }
+.pl-cli, .pl-rec { font-size: 12px; margin: 2px 0; }
+.pl-cli code, .pl-rec code { font-size: 11px; word-break: break-all; }
+.pl-rec-head { font-weight: 600; font-size: 13px; }
+#pl-graph, #pl-memory-graph { height: 430px; min-height: 0; }
 """
 
 

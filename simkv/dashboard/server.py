@@ -16,7 +16,7 @@ def create_app():
     # imported here: every `simkv` command reads this module for the `simkv app` flags, and none needs Dash
     from dash import Dash
 
-    from simkv.dashboard import callbacks, layout, serving_view, tune_view
+    from simkv.dashboard import callbacks, layout, plan_view, serving_view, tune_view
 
     # named for the package: Flask's app name, and where Dash would look for its files
     app = Dash("simkv.dashboard", title="simkv what-if", update_title=None, assets_folder="__no_assets__")
@@ -25,6 +25,7 @@ def create_app():
     callbacks.register(app)
     tune_view.register(app)
     serving_view.register(app)
+    plan_view.register(app)
     return app
 
 

@@ -47,7 +47,7 @@ CUSTOM = "custom"
 #: Precision value meaning "the policy's own default".
 DEFAULT = "default"
 SAME = "same"
-TABS = ("memory", "layers", "compare", "events", "validation", "tune", "serving")
+TABS = ("memory", "layers", "compare", "events", "validation", "tune", "serving", "plan")
 HEAT_VALUES = ("headroom", "capacity")
 QUANTITIES = ("allocated", "resident", "used", "peak")
 

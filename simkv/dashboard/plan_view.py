@@ -1,0 +1,516 @@
+"""The dashboard's Plan view: ``simkv plan`` on the page (simkv.lab.plan; issue #21).
+
+In: the traffic (the first N requests of a bundled Azure trace, or N synthetic requests at a rate), the model,
+the SLO (``ttft_p99=2s,tpot_p99=50ms``), the devices to choose from, the most devices a deployment may use,
+and optionally a price per device-hour. The form's values become the same :class:`~simkv.lab.plan.Target`,
+:class:`~simkv.lab.plan.Space` and prices ``simkv plan`` builds from its flags, and the ``simkv plan`` line
+with those flags is shown (tests/test_dashboard_plan.py parses it with the CLI's own parser and checks it
+builds the same search). Out: the recommended deployment (its cost, its latencies, the ``simkv plan`` line
+that finds it and the ``simkv run`` line that serves it), the Pareto fronts of cost against each SLO latency
+(:func:`simkv.lab.plan_figure.plan_figure`), every deployment with its status and why it was rejected or
+pruned, and the recommended deployment served again (:func:`simkv.lab.plan.spec_of`, ``serve``) with each
+replica's memory over simulated time.
+
+A search runs only when "Run" is pressed, in the server process (``workers=1``: no process pool), bounded
+before it starts: at most :data:`MAX_REQUESTS` requests, :data:`MAX_DEVICES` devices a deployment, and
+:data:`MAX_WORK` requests served in all — the deployments of the search space (before pruning, so the bound
+holds whatever is pruned) × the requests. A serving run costs about 0.3 ms (GPU presets) to 0.7 ms (CPU
+presets) per request on a loaded 2-core machine: the worst searches within the limit (nothing meets a TPOT-only
+SLO, so nothing is pruned or stopped early) took 7-8 s; a run's own work is bounded by
+``spec_of``'s preemption limit (as many as requests). Past a limit the page says which, with the ``simkv
+plan`` line to run it in full. Bad input is one line on the page, never a traceback.
+
+The ``simkv plan`` line under the form follows the form as it is typed (and says at once what is wrong with
+it); the last :data:`CACHE_ITEMS` results are kept by that line, so Run again shows them without searching.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from dash import Input, Output, State, dcc, html
+
+from simkv.errors import SimkvError
+
+from simkv.dashboard import state as st
+from simkv.dashboard.components import data_table, dropdown, graph, internal_error, text_input
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The bundled traces: form value → (path as the command line names it, from the repository root; label).
+TRACES = {
+    "conv": ("data/traces/azure_llm_2023_conv.csv", "Azure conversation trace"),
+    "code": ("data/traces/azure_llm_2023_code.csv", "Azure code trace"),
+}
+SYNTHETIC = "synthetic"
+#: ``simkv plan``'s synthetic defaults (simkv/commands/plan.py): the dashboard asks only requests and rate.
+SYNTHETIC_DEFAULTS = {"arrivals": "poisson", "prompt_dist": "lognormal:1024:1.0", "output_dist": "lognormal:200:1.0",
+                      "seed": 0}
+DEFAULT_SLO = "ttft_p99=2s,tpot_p99=50ms"
+MAX_REQUESTS = 500
+MAX_RATE = 1000.0
+MAX_DEVICES = 8
+#: Requests served in all, at most: deployments searched (before pruning) × requests.
+MAX_WORK = 12_000
+#: Points per line of the memory figure (SVG: drawn fast without a GPU).
+MEMORY_POINTS = 2000
+GIB = 1024**3
+
+DEFAULT_FORM = {"pl_traffic": "conv", "pl_requests": "100", "pl_rate": "5", "pl_model": "llama-3.1-8b",
+                "pl_slo": DEFAULT_SLO, "pl_devices": ["h100-sxm", "a100-80gb"], "pl_max_devices": "4", "pl_prices": ""}
+KEYS = tuple(DEFAULT_FORM)
+LABELS = {"pl_traffic": "traffic", "pl_requests": "requests", "pl_rate": "rate (requests/s)", "pl_model": "model",
+          "pl_slo": "SLO", "pl_devices": "devices", "pl_max_devices": "max devices", "pl_prices": "prices ($/h)"}
+#: What makes a deployment (the columns of a plan row that say which deployment it is).
+DEPLOYMENT = ("device", "devices", "tp", "replicas", "router", "precision", "block_size", "pool",
+              "max_num_batched_tokens", "policy")
+
+
+@dataclass
+class Inputs:
+    """The checked form: what ``simkv plan`` would build from the shown line (its arguments after ``plan``)."""
+
+    target: object  # simkv.lab.plan.Target
+    space: object  # simkv.lab.plan.Space
+    prices: dict[str, float] | None
+    argv: list[str]
+    requests: int
+
+    @property
+    def line(self) -> str:
+        return "simkv plan " + shlex.join(self.argv)
+
+
+# -- the form → a search and its command line ------------------------------------------------------------
+
+def _whole(value, lo: int, hi: int) -> int:
+    text = str(value if value is not None else "").strip().replace("_", "").replace(",", "")
+    if not text:
+        raise ValueError("enter a whole number")
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"{text!r} is not a whole number")
+    if number < lo:
+        raise ValueError(f"must be at least {lo:,}")
+    if number > hi:
+        raise ValueError(f"at most {hi:,} in the dashboard (run the simkv plan line for more)")
+    return int(number)
+
+
+def _rate(value) -> float:
+    text = str(value if value is not None else "").strip()
+    try:
+        number = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number" if text else "enter a number") from None
+    if not math.isfinite(number) or not number > 0:
+        raise ValueError("must be a finite number above 0")
+    if number > MAX_RATE:
+        raise ValueError(f"at most {MAX_RATE:g} in the dashboard")
+    return number
+
+
+def _number_text(x: float) -> str:
+    """A number as the command line should carry it: short, and read back exactly."""
+    text = f"{x:g}"
+    return text if float(text) == x else repr(x)
+
+
+def _flag_message(err: Exception, flag: str) -> str:
+    """The library's message without the command-line flag it starts with (the form's label says it)."""
+    text = str(err)
+    if text.startswith(flag):
+        text = text[len(flag):].lstrip(" :")
+    return text
+
+
+def inputs(form: dict) -> Inputs:
+    """The search of the form's values; :class:`state.Invalid` names every bad field."""
+    from simkv.cost import DEVICES
+    from simkv.hfconfig import preset_names
+    from simkv.lab import plan
+
+    v = {**DEFAULT_FORM, **{k: form.get(k) for k in KEYS if form.get(k) is not None}}
+    errors: dict[str, str] = {}
+    got: dict = {}
+
+    def check(key, fn, *args):
+        try:
+            got[key] = fn(*args)
+        except (ValueError, SimkvError) as err:
+            errors[key] = str(err)
+
+    traffic = v["pl_traffic"]
+    if traffic not in (*TRACES, SYNTHETIC):
+        errors["pl_traffic"] = f"choose one of {', '.join((*TRACES, SYNTHETIC))}"
+    check("pl_requests", _whole, v["pl_requests"], 1, MAX_REQUESTS)
+    if traffic == SYNTHETIC:
+        check("pl_rate", _rate, v["pl_rate"])
+    if v["pl_model"] not in preset_names():
+        errors["pl_model"] = "choose a preset model"
+    slo_text = ",".join(p.strip() for p in str(v["pl_slo"] or "").split(",") if p.strip())
+    try:
+        slo = plan.parse_slo(slo_text)
+    except SimkvError as err:
+        errors["pl_slo"] = _flag_message(err, "--slo")
+    devices = v["pl_devices"] if isinstance(v["pl_devices"], (list, tuple)) else [v["pl_devices"]]
+    devices = list(dict.fromkeys(d for d in devices if d))
+    unknown = [d for d in devices if d not in DEVICES]
+    if not devices:
+        errors["pl_devices"] = "choose at least one device"
+    elif unknown:
+        errors["pl_devices"] = f"unknown device {unknown[0]!r}; choose {', '.join(DEVICES)}"
+    check("pl_max_devices", _whole, v["pl_max_devices"], 1, MAX_DEVICES)
+    price_text = ",".join(p.strip() for p in str(v["pl_prices"] or "").split(",") if p.strip())
+    prices = None
+    if price_text and "pl_devices" not in errors:
+        try:
+            prices = plan.parse_prices([price_text], devices)
+        except SimkvError as err:
+            errors["pl_prices"] = _flag_message(err, "--price")
+    if errors:
+        raise st.Invalid(errors)
+    n = got["pl_requests"]
+    if traffic == SYNTHETIC:
+        workload = {"requests": n, "rate": got["pl_rate"], **SYNTHETIC_DEFAULTS}
+        argv = ["--synthetic", "--requests", str(n), "--rate", _number_text(got["pl_rate"])]
+    else:
+        path = TRACES[traffic][0]
+        workload = {"trace": str(ROOT / path), "limit": n}
+        argv = ["--trace", path, "--limit", str(n)]
+    argv += ["--model", v["pl_model"], "--slo", slo_text, "--devices", ",".join(devices),
+             "--max-devices", str(got["pl_max_devices"])]
+    if prices:
+        argv += ["--price", ",".join(f"{d}={_number_text(prices[d])}" for d in devices)]
+    target = plan.Target(workload, v["pl_model"], slo)
+    space = plan.Space(tuple(devices), got["pl_max_devices"])
+    return Inputs(target, space, prices, argv, n)
+
+
+def check_work(i: Inputs) -> int:
+    """The deployments of the search space (before pruning); :class:`state.Invalid` past :data:`MAX_WORK`."""
+    from simkv.hfconfig import resolve_model
+    from simkv.lab import plan
+
+    deployments, _ = plan.candidates(i.space, resolve_model(i.target.model))
+    work = len(deployments) * i.requests
+    if work > MAX_WORK:
+        raise st.Invalid({"pl_requests": f"{len(deployments):,} deployments to search × {i.requests:,} requests = "
+                                         f"{work:,} requests to serve: at most {MAX_WORK:,} in the dashboard; "
+                                         "fewer requests, devices or max devices"})
+    return len(deployments)
+
+
+def _shown(text: str) -> str:
+    """A line of the library's as it should be shown: the bundled traces by their repository path."""
+    for path, _ in TRACES.values():
+        text = text.replace(shlex.quote(str(ROOT / path)), path)
+    return text
+
+
+# -- the view as data -------------------------------------------------------------------------------------
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds * 1000:,.1f} ms" if seconds < 10 else f"{seconds:,.2f} s"
+
+
+def _limit(seconds: float) -> str:
+    """An SLO limit as one writes it (2 s, 50 ms)."""
+    return f"{seconds * 1000:g} ms" if seconds < 1 else f"{seconds:g} s"
+
+
+def _cost(result, row: dict) -> str:
+    c = result.cost(row)
+    return f"${c:,.2f}/h" if result.prices else f"{c:g} device-hour{'s' if c != 1 else ''} per hour"
+
+
+def _key(d: dict) -> tuple:
+    return tuple(d[k] for k in DEPLOYMENT)
+
+
+def table(result) -> tuple[list[dict], list[dict]]:
+    """Every deployment of the search, run or pruned, in the order the search visits them: (columns, rows).
+    The cost column is in :attr:`~simkv.lab.plan.PlanResult.unit` ($/h with prices, else devices)."""
+    rec = result.recommended
+    cost_name = "cost ($/h)" if result.prices else "cost (devices)"
+    slo = result.target.slo
+    found = [(_key(r), r, r["status"], r["reason"]) for r in result.rows]
+    # a pruned deployment's reason ends with the deployment that met the SLO, in words: the table has it above
+    found += [(_key(d), d, "pruned", why.removeprefix("pruned: ").split(" (")[0]) for d, why in result.pruned]
+    order = {d: i for i, d in enumerate(_candidate_keys(result))}
+    found.sort(key=lambda t: order.get(t[0], len(order)))
+    rows = []
+    for _, r, status, reason in found:
+        row = {"note": "recommended" if rec is not None and r is rec else "", "status": status, "devices": r["devices"],
+               "device": r["device"], "tp": r["tp"], "replicas": r["replicas"], "router": r["router"],
+               "KV": r["precision"], "block": r["block_size"], "pool": r["pool"],
+               "batched tokens": r["max_num_batched_tokens"], cost_name: round(result.cost(r), 4)}
+        for s in slo:
+            value = r.get(s.name + "_s")
+            row[f"{s.name} (ms)"] = None if value is None else round(value * 1000, 1)
+        row["reason"] = reason
+        rows.append(row)
+    numeric = {"devices", "tp", "replicas", "block", "batched tokens", cost_name, *(f"{s.name} (ms)" for s in slo)}
+    short = {"batched tokens": "batched", cost_name: "cost", **{f"{s.name} (ms)": f"{s.name} ms" for s in slo}}
+    columns = [{"name": short.get(k, k), "id": k, "type": "numeric" if k in numeric else "text"}
+               for k in (rows[0] if rows else {})]
+    return columns, rows
+
+
+def _candidate_keys(result) -> list[tuple]:
+    from simkv.hfconfig import resolve_model
+    from simkv.lab import plan
+
+    deployments, _ = plan.candidates(result.space, resolve_model(result.target.model))
+    return [_key(d) for d in deployments]
+
+
+def _thin(t, y, n: int = MEMORY_POINTS):
+    """At most ``n`` points of a line: per bucket of steps, the step with the highest value."""
+    import numpy as np
+
+    if len(y) <= n:
+        return t, y
+    edges = np.linspace(0, len(y), n + 1).astype(np.int64)
+    idx = np.array([a + int(np.argmax(y[a:b])) for a, b in zip(edges[:-1], edges[1:])])
+    return t[idx], y[idx]
+
+
+def replica_memory_figure(served, row: dict):
+    """Each replica's memory over simulated time: the pool allocated (above) and the blocks in use (below)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from simkv.lab.plan_figure import DEVICE_COLORS
+
+    reps = served.replicas if served.spec.replicas > 1 else [served]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.4, 0.6], vertical_spacing=0.1,
+                        subplot_titles=("allocated (the KV pool)", "in use (blocks holding requests' KV)"))
+    for k, rep in enumerate(reps):
+        s = rep.steps
+        color = DEVICE_COLORS[k % len(DEVICE_COLORS)]
+        name = f"replica {k}" + (f" ({len(rep.spec.requests):,} requests)" if len(reps) > 1 else "")
+        t = s["time_s"]
+        for panel, values in ((1, s["allocated_bytes"]), (2, s["allocated_bytes"] - s["reserved_bytes"])):
+            x, y = _thin(t, values / GIB)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, legendgroup=name, showlegend=panel == 1,
+                                     line={"color": color, "width": 1.5}), row=panel, col=1)
+    for panel in (1, 2):
+        fig.update_yaxes(title_text="GiB", rangemode="tozero", row=panel, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
+    n = row["replicas"]
+    fig.update_layout(template="plotly_white", margin={"t": 60, "l": 60, "r": 20, "b": 40},
+                      title=f"recommended deployment served again: memory over time, {n} replica{'s' if n > 1 else ''}"
+                            f" ({row['devices']} x {row['device']}, tp {row['tp']})")
+    return fig
+
+
+def recommendation(result, line: str) -> dict:
+    """The recommended deployment in words (or why there is none) and the command lines."""
+    from simkv.lab import plan
+
+    rec = result.recommended
+    if rec is None:
+        return {"text": "No deployment searched meets the SLO: add devices, raise max devices, or relax the SLO.",
+                "detail": "", "plan": line, "run": ""}
+    got = "; ".join(f"{s.name} {_ms(rec[s.name + '_s'])} (limit {_limit(s.limit_s)})" for s in result.target.slo)
+    return {"text": f"Recommended: {plan.describe(rec)}", "detail": f"cost {_cost(result, rec)}; {got}",
+            "plan": line, "run": _shown(plan.command(rec))}
+
+
+def summary(result) -> str:
+    ok = sum(r["meets_slo"] for r in result.rows)
+    most = result.space.max_devices
+    return (f"searched {len(result.rows) + len(result.pruned):,} deployments of {', '.join(result.space.devices)} "
+            f"(at most {most} device{'s' if most > 1 else ''} each): {len(result.rows):,} run, {ok:,} meet the SLO, "
+            f"{len(result.pruned):,} pruned; cost in {result.unit}")
+
+
+#: The last few views by command line (pressing Run again, or going back to the same inputs, does not re-run).
+_CACHE: OrderedDict[str, dict] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_ITEMS = 4
+
+
+def plan_view(form: dict) -> dict:
+    """The whole view for the form's values (plain data and plotly figures; no Dash).
+
+    ``{"ok", "status", "cli", "errors": {key: message}, "recommended", "figure", "memory", "columns", "rows",
+    "notes"}``; an invalid form or a search that cannot run is ``ok: False`` with a one-line ``status``.
+    """
+    from simkv.lab import plan
+    from simkv.lab.plan_figure import plan_figure
+    from simkv.serving import serve
+
+    try:
+        i = inputs(form)
+    except st.Invalid as err:
+        return {"ok": False, "errors": err.errors, "cli": "", "status": invalid_message(err)}
+    line = i.line
+    with _CACHE_LOCK:
+        if line in _CACHE:
+            _CACHE.move_to_end(line)
+            return _CACHE[line]
+    try:
+        check_work(i)
+        result = plan.run_plan(i.target, i.space, i.prices, workers=1)
+        rec = result.recommended
+        served = serve(plan.spec_of(rec)) if rec is not None else None
+    except st.Invalid as err:
+        return {"ok": False, "errors": err.errors, "cli": line,
+                "status": "Over the dashboard's limits: " + "; ".join(err.errors.values()) + f". Run it with: {line}"}
+    except SimkvError as err:
+        return {"ok": False, "errors": {}, "cli": line, "status": f"Cannot plan this: {err}"}
+    figure = plan_figure(result)
+    memory = replica_memory_figure(served, rec) if served is not None else None
+    columns, rows = table(result)
+    view = {"ok": True, "errors": {}, "cli": line, "status": summary(result),
+            "recommended": recommendation(result, line), "figure": figure, "memory": memory,
+            "columns": columns, "rows": rows, "notes": [f"not searched: {_shown(s)}" for s in result.skipped]}
+    with _CACHE_LOCK:
+        _CACHE[line] = view
+        while len(_CACHE) > CACHE_ITEMS:
+            _CACHE.popitem(last=False)
+    return view
+
+
+def invalid_message(err: st.Invalid) -> str:
+    return "Invalid input: " + "; ".join(f"{LABELS.get(k, k)}: {m}" for k, m in err.errors.items())
+
+
+def cli_text(form: dict) -> tuple[str, str]:
+    """The ``simkv plan`` line of the form as it stands, or the one-line message saying what is wrong."""
+    try:
+        return inputs(form).line, ""
+    except st.Invalid as err:
+        return "", invalid_message(err)
+    except Exception as err:  # noqa: BLE001 - never a traceback in the browser
+        return "", internal_error(err)
+
+
+# -- Dash ------------------------------------------------------------------------------------------------
+
+def _field(key: str, control, hint: str | None = None, grow: bool = False) -> html.Div:
+    return html.Div(className="field" + (" pl-wide" if grow else ""), id=f"{key}-field", children=[
+        html.Label(LABELS[key], htmlFor=key),
+        control,
+        html.Div(hint, className="hint") if hint else None,
+    ])
+
+
+def plan_tab() -> html.Div:
+    from simkv.cost import DEVICES
+    from simkv.hfconfig import preset_names
+
+    d = DEFAULT_FORM
+    traffic = [{"label": f"{label} (first N)", "value": key} for key, (_, label) in TRACES.items()]
+    traffic.append({"label": "synthetic (Poisson)", "value": SYNTHETIC})
+    return html.Div(className="tab-body", children=[
+        html.Div(className="pl-form", children=[
+            _field("pl_traffic", dropdown("pl_traffic", traffic, d["pl_traffic"]), "bundled trace, or Poisson arrivals"),
+            _field("pl_requests", text_input("pl_requests", d["pl_requests"], inputMode="numeric"),
+                   f"≤ {MAX_REQUESTS:,}"),
+            _field("pl_rate", text_input("pl_rate", d["pl_rate"], inputMode="decimal"),
+                   "synthetic; lengths lognormal 1024 / 200"),
+            _field("pl_model", dropdown("pl_model", [{"label": m, "value": m} for m in preset_names()], d["pl_model"])),
+            _field("pl_slo", text_input("pl_slo", d["pl_slo"]), "METRIC_pQ=LIMIT,… ttft/tpot/e2e, p50/90/95/99",
+                   grow=True),
+            _field("pl_devices", dcc.Dropdown(id="pl_devices", options=[{"label": n, "value": n} for n in DEVICES],
+                                              value=d["pl_devices"], multi=True, searchable=False, className="dd"),
+                   grow=True),
+            _field("pl_max_devices", text_input("pl_max_devices", d["pl_max_devices"], inputMode="numeric"),
+                   f"per deployment, ≤ {MAX_DEVICES}"),
+            _field("pl_prices", text_input("pl_prices", d["pl_prices"], placeholder="empty: cost in device-hours"),
+                   "DEVICE=$/h for every device", grow=True),
+            html.Div(className="field pl-run", children=[html.Button("Run", id="pl-run", className="btn")]),
+        ]),
+        html.Div(className="pl-cli", children=["same search: ", html.Code(id="pl-cli")]),
+        html.Div(id="pl-input-err", className="err", role="alert"),
+        dcc.Loading(type="dot", delay_show=80, children=[
+            html.Div(id="pl-status", className="status", role="status"),
+            html.Div(id="pl-recommended", className="pl-rec"),
+        ]),
+        graph("pl-graph", "simkv-plan"),
+        graph("pl-memory-graph", "simkv-plan-memory"),
+        data_table(id="pl-table", columns=[], data=[], page_size=12, sort_action="native", filter_action="native",
+                   style_table={"overflowX": "auto"},
+                   style_cell={"fontFamily": "ui-monospace, monospace", "fontSize": 11, "padding": "2px 6px"},
+                   style_cell_conditional=[{"if": {"column_id": "reason"}, "whiteSpace": "normal", "minWidth": 280,
+                                            "textAlign": "left"},
+                                           *({"if": {"column_id": c}, "textAlign": "left"}
+                                             for c in ("note", "device", "router", "KV", "pool", "status"))],
+                   style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5"},
+                   style_data_conditional=[
+                       {"if": {"filter_query": '{status} = "ok"', "column_id": "status"}, "color": "#1a7f37"},
+                       {"if": {"filter_query": '{note} = "recommended"'}, "fontWeight": "700",
+                        "backgroundColor": "#dafbe1"},
+                   ]),
+        html.Div(id="pl-notes", className="hint"),
+    ])
+
+
+def _recommended_block(rec: dict) -> list:
+    lines = [html.Div(rec["text"], id="pl-rec-text", className="pl-rec-head")]
+    if rec["detail"]:
+        lines.append(html.Div(rec["detail"], id="pl-rec-detail"))
+    lines.append(html.Div(["this search: ", html.Code(rec["plan"], id="pl-rec-plan")]))
+    if rec["run"]:
+        lines.append(html.Div(["this deployment: ", html.Code(rec["run"], id="pl-rec-run")]))
+    return lines
+
+
+def plan_callback(_clicks, form: dict) -> dict:
+    """The Run button's outputs: the view, or one line saying why there is none (and placeholders)."""
+    from simkv.dashboard import compute
+
+    try:
+        view = plan_view(form)
+    except Exception as err:  # noqa: BLE001 - never a traceback in the browser
+        view = {"ok": False, "errors": {}, "cli": "", "status": internal_error(err)}
+    if not view["ok"]:
+        blank = compute.placeholder_figure("No plan: see the message above.")
+        return {"status": view["status"], "status_class": "status invalid", "recommended": [], "figure": blank,
+                "memory": blank, "columns": [], "rows": [], "notes": ""}
+    memory = view["memory"] or compute.placeholder_figure("No deployment meets the SLO: nothing to serve again.",
+                                                          error=False)
+    return {"status": view["status"], "status_class": "status", "recommended": _recommended_block(view["recommended"]),
+            "figure": view["figure"], "memory": memory, "columns": view["columns"], "rows": view["rows"],
+            "notes": "; ".join(view["notes"])}
+
+
+#: The Run callback's outputs: key -> (component id, property).
+OUTPUTS = {"status": ("pl-status", "children"), "status_class": ("pl-status", "className"),
+           "recommended": ("pl-recommended", "children"), "figure": ("pl-graph", "figure"),
+           "memory": ("pl-memory-graph", "figure"), "columns": ("pl-table", "columns"), "rows": ("pl-table", "data"),
+           "notes": ("pl-notes", "children")}
+
+
+def register(app) -> None:
+    form = {k: State(k, "value") for k in KEYS}
+    app.callback(
+        output={k: Output(*where) for k, where in OUTPUTS.items()},
+        inputs={"_clicks": Input("pl-run", "n_clicks"), "form": form},
+        prevent_initial_call=True,
+    )(plan_callback)
+
+    @app.callback(output=[Output("pl-cli", "children"), Output("pl-input-err", "children")],
+                  inputs={"form": {k: Input(k, "value") for k in KEYS}})
+    def line(form):
+        return list(cli_text(form))
+
+    @app.callback(Output("pl_rate-field", "style"), Input("pl_traffic", "value"))
+    def shown(traffic):
+        return {} if traffic == SYNTHETIC else {"display": "none"}
+
+
+__all__ = ["plan_tab", "plan_view", "plan_callback", "register", "inputs", "check_work", "replica_memory_figure",
+           "table", "MAX_REQUESTS", "MAX_WORK", "MAX_DEVICES"]
