@@ -577,7 +577,7 @@ def command(row: dict) -> str:
     if "trace" in w:
         words += ["--trace", w["trace"]] + (["--limit", str(w["limit"])] if w.get("limit") else [])
     else:
-        words += ["--synthetic", "--requests", str(w["requests"]), "--rate", f"{w['rate']:g}", "--arrivals",
+        words += ["--synthetic", "--requests", str(w["requests"]), "--rate", repr(float(w["rate"])), "--arrivals",
                   w["arrivals"], "--prompt-dist", w["prompt_dist"], "--output-dist", w["output_dist"], "--seed",
                   str(w["seed"])]
     words += ["--model", row["model"], "--device", row["device"], "--precision", row["precision"]]
@@ -648,7 +648,7 @@ def render(result: PlanResult, max_rejected: int = 12) -> str:
     lines = [f"simkv plan: {t.model or 'custom'} on {source}; SLO {', '.join(map(str, t.slo))}; "
              f"cost in {result.unit}",
              f"  {'searched':<14}{len(result.rows) + len(result.pruned):,} deployments of {', '.join(result.space.devices)} "
-             f"(at most {result.space.max_devices} devices): {len(result.rows):,} served "
+             f"(at most {result.space.max_devices} device{'s' if result.space.max_devices > 1 else ''}): {len(result.rows):,} served "
              f"({result.computed:,} run now, {result.stored:,} from the output file), {len(result.pruned):,} pruned"]
     rec = result.recommended
     if rec is None:
