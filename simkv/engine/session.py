@@ -251,8 +251,9 @@ class FastEngine:
         lay, policy = self.layout, self.policy
         if self.states.enabled:  # the state-read phase, before the past block and any unit
             read, read_res, self.next_id = self.states.read(step, phase, inf.batch, self.stored == 0, self.next_id)
-            rows.append(read)
-            resident_delta.append(read_res)
+            if len(read):
+                rows.append(read)
+                resident_delta.append(read_res)
         view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
         if len(view):
             self.next_id += int((view["op"] == ALLOC).sum())

@@ -53,6 +53,7 @@ class StateBuffers:
         self.written = np.zeros((n, 2), dtype=np.int64)
         self.used = np.zeros((n, 2), dtype=np.int64)
         self.last = 0  # rows of the previous inference (the size the write buffer's edge was last given)
+        self.min_write = 0  # the fewest rows a write buffer has
         self.fresh = False  # this inference starts from no history (read buffers sized from the batch)
 
     def live(self) -> bool:
@@ -65,6 +66,8 @@ class StateBuffers:
         """The read phase of an inference at ``batch`` beams (``fresh``: no history). Returns its rows (ids
         from ``next_id`` on, in order), their changes of resident memory and the next free id."""
         self.fresh = fresh
+        if not fresh and self.min_write >= self.last:  # nothing to grow: the common case, every decode step
+            return NO_ROWS, NO_BYTES, next_id
         need = np.zeros_like(self.rows)
         need[:, WRITE] = self.last
         if fresh:
@@ -76,6 +79,8 @@ class StateBuffers:
         """The write phase: W grows to ``batch`` rows. Returns the rows (ids from ``next_id`` on, numbered
         in place order: the caller renumbers them once merged), their sort keys among the units' rows
         (:attr:`write_key`), their changes of resident memory and the next free id."""
+        if self.min_write >= batch:
+            return NO_ROWS, NO_BYTES, NO_BYTES, next_id
         need = np.zeros_like(self.rows)
         need[:, WRITE] = batch
         rows, resident, place, next_id = self._grow(step, phase, need, (WRITE,), next_id)
@@ -104,21 +109,25 @@ class StateBuffers:
             self.rows[i, col], self.ids[i, col] = need[i, col], next_id
             self.written[i, col] = self.used[i, col] = 0
             next_id += 1
+        self.min_write = int(self.rows[:, WRITE].min())
         return (np.array(out, dtype=ROW), np.asarray(resident, dtype=np.int64), np.asarray(place, dtype=np.int64),
                 next_id)
 
     def end(self, batch: int) -> int:
         """After the inference: W written at ``batch`` rows (and R, on a fresh state), both hold a state,
         then they swap. Returns the bytes that became resident (first touch)."""
-        written = self.written.copy()
-        np.maximum(self.written[:, WRITE], batch, out=self.written[:, WRITE])
-        if self.fresh:
-            np.maximum(self.written[:, READ], batch, out=self.written[:, READ])
-        grown = int(((self.written - written) * self.row_bytes[:, None]).sum())
+        grown = 0
+        for col in (WRITE, READ) if self.fresh else (WRITE,):
+            marks = self.written[:, col]
+            below = marks < batch
+            if below.any():
+                grown += int(((batch - marks[below]) * self.row_bytes[below]).sum())
+                marks[below] = batch
         self.used[:] = 1
         for a in (self.rows, self.ids, self.written, self.used):
-            a[:] = a[:, ::-1].copy()
+            a[:, [READ, WRITE]] = a[:, [WRITE, READ]]
         self.last, self.fresh = batch, False
+        self.min_write = int(self.rows[:, WRITE].min()) if len(self.rows) else 0
         return grown if self.first_touch else 0
 
     def reset(self) -> None:
@@ -141,5 +150,5 @@ class StateBuffers:
         self.ids[:] = -1
         self.written[:] = 0
         self.used[:] = 0
-        self.last = 0
+        self.last = self.min_write = 0
         return (np.array(out, dtype=ROW) if out else NO_ROWS), np.asarray(resident, dtype=np.int64)
