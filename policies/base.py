@@ -41,6 +41,11 @@ by the engine, steered by the *mechanics* options every policy carries:
     the runtime keeps one model-wide f32 ``[B, H_kv, L0, S]`` block, grown to
     the exact size before each inference that needs more (CPU plugin).
 
+A linear-attention state is a unit of one buffer per state place (conv, recurrent),
+rebuilt like any unit, unless the policy says :attr:`Policy.double_buffered_states`:
+then each state place has two buffers, sized outside the units by their own rule
+(:mod:`simkv.engine.state_buffers`).
+
 The order of a unit's rows within a step follows :attr:`Policy.row_orders`
 when a policy sets it (templates like ``"+k +v =k =v -v -k"``: ``+`` alloc,
 ``=`` copy, ``-`` free), else allocs, copies, frees, each in slot order.
@@ -117,6 +122,16 @@ class Policy:
     #: A reset under ``reset="free"`` keeps linear-attention states (zeroed in place, as transformers'
     #: ``LinearAttentionCacheLayerMixin.reset`` does) instead of freeing them with the KV buffers.
     reset_keeps_states: ClassVar[bool] = False
+    #: Each linear-attention state place (conv, recurrent) has *two* buffers, one read and one written per
+    #: inference and swapped after it (the OpenVINO CPU plugin's ``VariableStateDoubleBuffer``), sized by
+    #: their own rule instead of a state unit's (:mod:`simkv.engine.state_buffers`): grown only, to the rows
+    #: of the previous inference when read and to this inference's rows when written; never shrunk; a
+    #: replaced buffer is freed at once whatever :attr:`free_old` says; a reset keeps them unless ``reset="free"``.
+    double_buffered_states: ClassVar[bool] = False
+    #: With :attr:`double_buffered_states`, where in a step a state's write buffer grows, per state tensor:
+    #: ``unit`` (at its layer's unit, among the units' rows) or ``end`` (after the last unit, in descending
+    #: layer order). A tensor not named: ``unit``.
+    state_writes: ClassVar[dict[str, str]] = {}
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")

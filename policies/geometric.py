@@ -4,7 +4,9 @@ The CPU plugin's doubling (DESIGN.md §3) generalised to any ratio, like a
 ``std::vector`` or Python list: amortised O(1) copies per token, at the price
 of up to ``ratio - 1`` of the cache reserved but unused. Mechanics default to
 the CPU plugin's (old freed at once, reset keeps capacity), so
-``geometric`` with ``ratio=2`` allocates exactly like ``openvino-cpu``.
+``geometric`` with ``ratio=2`` allocates exactly like ``openvino-cpu`` — except a hybrid
+model's linear-attention states, which ``openvino-cpu`` double-buffers as the plugin does
+(``double_buffered_states``) and ``geometric`` keeps as one buffer per state.
 """
 
 from __future__ import annotations

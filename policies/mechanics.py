@@ -116,8 +116,9 @@ class CPUMechanics(Policy):
     buffers (the ReadValue reads one, the Assign writes the other; ``commit`` swaps them), each
     ``B × state bytes``, allocated in the first inference, grown only when the batch grows (the
     written buffer in that inference, the other in the next one), never shrunk, kept by
-    ``reset_state()``. simkv's state unit has one buffer: the second one and its order within the
-    step are not modelled yet (a state's bytes are half the plugin's).
+    ``reset_state()``. ``openvino-cpu`` models the two buffers (``double_buffered_states``; the rule and
+    its sources: :class:`policies.openvino_cpu.OpenVINOCPU`); a policy over these mechanics that does not
+    set it (``geometric``) keeps simkv's plain state unit, one buffer per state rebuilt at a batch change.
     """
 
     unit = "layer"

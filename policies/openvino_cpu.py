@@ -19,8 +19,38 @@ every rule below was observed allocation by allocation on openvino 2026.4.1
 * one model-wide f32 ``[B, H, L0, S]`` block backs the fused node's past inputs:
   grow-only, exact size, allocated before layer 0 (address space only);
 * a sliding-window layer keeps every token (the window is only in the mask); a hybrid
-  model's linear-attention states are plain double-buffered variables in the inference
-  precision (``state_precision``; :class:`policies.mechanics.CPUMechanics`, docs/DESIGN.md §4c).
+  model's linear-attention states are plain variables in the inference precision
+  (``state_precision``; :class:`policies.mechanics.CPUMechanics`, docs/DESIGN.md §4c), each with
+  two buffers (``double_buffered_states``, below).
+
+Linear-attention states, double-buffered. Source (openvinotoolkit/openvino, code index):
+``src/plugins/intel_cpu/src/nodes/memory.cpp``: ``MemoryInput::makeState`` gives each ReadValue/Assign
+pair a ``VariableStateDoubleBuffer`` made of two ``Memory`` objects;
+``src/plugins/intel_cpu/src/memory_state.cpp``: ``VariableStateDoubleBuffer`` — ``input_mem()`` (the
+"prime" buffer, read) and ``output_mem()`` (the "second", written), ``commit_impl()`` swaps them
+(``buffer_num ^= 0x01``) after each inference, ``reset_impl()`` only redefines both to an empty shape
+(a memory block grows, never shrinks: nothing freed). In ``nodes/memory.cpp``, ``MemoryInputBase::execute``
+first hands the write buffer to the Assign (``MemoryOutput::assignExtMemory`` →
+``ProxyMemoryBlock::setMemBlockResize``, ``proxy_mem_blk.cpp``: resized to the size last written through
+that edge), then ``MemoryInput::runDynamic`` reads the state, resizing the read buffer only when the state
+was reset (the initializer's shape); the node that produces the Assign's input writes the new state into the
+write buffer at this inference's shape. Measured (openvino 2026.4.1 CPU, memray, tiny Qwen3-Next exports of
+4 and 8 layers, ``simkv validate --ir``; docs/DESIGN.md §4c), per state place, read buffer R, write buffer W:
+
+* read phase, before the past block and any layer, state places in layer order (conv, then recurrent):
+  W grows to the rows of the previous inference, and, in the first inference (or the first after a reset),
+  R to this inference's rows;
+* write phase: W grows to this inference's rows — the recurrent state's with its layer (the GatedDeltaNet
+  node writes it in place), the conv state's after the last layer, in descending layer order
+  (``state_writes``; the order the export's graph executes them in: another graph may order them
+  differently, e.g. simkv's toy writes all of them right after the read phase);
+* a buffer grows by a new buffer of exactly the rows needed, then the old one freed; it never shrinks
+  (``MemoryBlockWithReuse::resize``, ``src/plugins/intel_cpu/src/cpu_memory.cpp``: a new block only when the
+  size exceeds the one it has, which replaces — frees — the old); then R and W swap.
+
+So: both buffers in the first inference (R then, with its layer, W), nothing while decoding, a batch growth
+replaces W in its inference and the other buffer at the start of the next one, and a select, a smaller batch,
+``reset_state()`` or a prompt that fits allocate nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +76,8 @@ class OpenVINOCPU(CPUMechanics):
     #: measured by compiling with each, openvino 2026.4.1). bf16 runs as f32 on a CPU
     #: without avx512_bf16 (``simkv validate`` reports the effective precision).
     accepted_precisions = ("u8", "u4", "bf16", "f16", "f32")
+    double_buffered_states = True
+    state_writes = {"conv_state": "end", "recurrent_state": "unit"}
 
     growth: float = option(2.0, "capacity multiplier on overflow, a ratio >= 1 (the plugin uses 2)")
 

@@ -124,7 +124,10 @@ class Allocator:
 
     def write(self, buf: Buffer, tokens: int) -> None:
         """Token positions up to ``tokens`` of every beam now hold data (first touch)."""
-        rows = tokens * buf.batch
+        self.write_rows(buf, tokens * buf.batch)
+
+    def write_rows(self, buf: Buffer, rows: int) -> None:
+        """The first ``rows`` rows of a buffer now hold data (first touch)."""
         if rows > buf.written:
             if self.first_touch:
                 self.resident += (rows - buf.written) * buf.row_bytes

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from simkv.errors import SimkvError
 from simkv.kvspec import widest_row
 from simkv.layout import BEAM_TABLE_BYTES, PAST_VIEW_BYTES, Layout
-from simkv.ledger import ALLOC, COPY, PHASE_CODE, TENSOR_CODE, Ledger
+from simkv.ledger import ALLOC, COPY, PHASE_CODE, TENSOR_CODE, TENSORS, Ledger
 from simkv.limits import MAX_LEDGER_ROWS
 from simkv.memory import Allocator, Buffer, OutOfMemory
 from simkv.steps import StepRecorder
@@ -48,6 +48,20 @@ class ReferenceEngine:
         self.state = [bool(x) for x in lay.unit_state]
         self.ring = [int(r) for r in lay.unit_ring]  # per unit: a fixed ring buffer's tokens, or -1
         self.unit_of = np.repeat(np.arange(lay.units), lay.unit_slots.shape[1])  # per slot
+        # Double-buffered states (policy.double_buffered_states): per state place (a state unit's slot that is
+        # not absent), its [read, write] buffers, outside self.current; and the rows of the last inference.
+        self.double = bool(self.policy.double_buffered_states and lay.has_states)
+        self.places = [s for s in range(len(lay.layer))
+                       if self.double and self.state[self.unit_of[s]] and lay.row_bytes[s]]
+        self.pair: dict[int, list[Buffer | None]] = {s: [None, None] for s in self.places}
+        self.last_rows = 0
+        # Where each state's write buffer is sized (policy.state_writes): with its unit, or after the last unit.
+        late = [s for s in self.places if self.policy.state_writes.get(TENSORS[lay.tensor[s]], "unit") == "end"]
+        self.writes_at_unit = {int(self.unit_of[s]): [] for s in self.places}
+        for s in self.places:
+            if s not in late:
+                self.writes_at_unit[int(self.unit_of[s])].append(s)
+        self.writes_at_end = late[::-1]  # descending
 
     def run(self) -> None:
         lay, policy, mem = self.layout, self.policy, self.memory
@@ -72,8 +86,15 @@ class ReferenceEngine:
                             if buf is not None and not (policy.reset_keeps_states and self.state[self.unit_of[slot]]):
                                 mem.free(*where, buf)
                                 self.current[slot] = None
+                        if not policy.reset_keeps_states:  # both buffers of each state; the next starts afresh
+                            for pair in self.pair.values():
+                                for col, buf in enumerate(pair):
+                                    if buf is not None:
+                                        mem.free(*where, buf)
+                                        pair[col] = None
+                            self.last_rows = 0
                         batch = 1
-                    for buf in self.current:
+                    for buf in self._state_buffers() + self.current:
                         if buf is not None:
                             buf.used = 0
                     stored, after_reset = 0, True
@@ -81,6 +102,11 @@ class ReferenceEngine:
                     self._record(step, phase, stored, batch)
                     continue
 
+                fresh = stored == 0
+                for slot in self.places:  # the state-read phase: the write buffer, then (fresh) the read one
+                    self._grow_state(where, slot, 1, self.last_rows)
+                    if fresh:
+                        self._grow_state(where, slot, 0, inf.batch)
                 if policy.past_view:
                     self._grow_view(where, inf.batch_in * stored, stored)
                 held = [stored if keep < 0 else min(stored, keep) for keep in self.keep]
@@ -88,6 +114,8 @@ class ReferenceEngine:
                     # beam_idx first: each layer's buffers gathered at the new batch, old freed at once.
                     orders = lay.orders("gather")
                     for unit in range(lay.units):
+                        if self.double and self.state[unit]:
+                            continue  # the states keep their own buffers
                         cap = self._capacity(unit, held[unit])
                         self._replace(where, unit, cap, inf.batch, held[unit], held[unit], self._order(orders, unit),
                                       immediate=True)
@@ -100,18 +128,25 @@ class ReferenceEngine:
                         if buf is not None:  # an absent slot holds nothing
                             buf.batch = batch
                 padded = {u: needed[u] + self._room(u, held[u]) for u in range(lay.units)}
-                todo = [u for u in range(lay.units) if not self._fits(u, needed[u], inf.batch, batch, padded[u])
-                        or 0 <= self.ring[u] <= held[u]]  # a full ring is rebuilt
+                todo = [u for u in range(lay.units) if not (self.double and self.state[u]) and (
+                        not self._fits(u, needed[u], inf.batch, batch, padded[u])
+                        or 0 <= self.ring[u] <= held[u])]  # a full ring is rebuilt
                 orders = lay.orders(self._situation(todo, inf.batch, batch, stored))
                 later: list[Buffer] = []
                 kernels = 0  # units whose kernel ran this step (the GPU beam tables come after the unit's buffers)
                 tokens = stored + inf.tokens  # what an attention kernel's beam tables hold
-                for unit in todo:
+                for unit in sorted(todo + list(self.writes_at_unit)):
+                    if unit in self.writes_at_unit:  # a double-buffered state's write buffers, at its unit
+                        for slot in self.writes_at_unit[unit]:
+                            self._grow_state(where, slot, 1, inf.batch)
+                        continue
                     kernels = self._run_kernels(where, kernels, unit, tokens, inf.batch, stored)
                     later += self._replace(where, unit, self._capacity(unit, padded[unit]), inf.batch, needed[unit],
                                            held[unit], self._order(orders, unit),
                                            immediate=policy.free_old == "immediate", exact=padded[unit])
                 self._run_kernels(where, kernels, lay.units, tokens, inf.batch, stored)
+                for slot in self.writes_at_end:  # and those written after the last unit
+                    self._grow_state(where, slot, 1, inf.batch)
                 batch = inf.batch
                 live = [(slot, buf) for slot, buf in enumerate(self.current) if buf is not None]
                 if policy.stateless:  # the history is recomputed into the fresh buffers, not copied
@@ -130,6 +165,14 @@ class ReferenceEngine:
                         mem.write(buf, 1)
                     elif keep >= 0:
                         buf.used = min(buf.used, keep)  # a window keeps its last tokens only
+                for pair in self.pair.values():  # the write buffer holds the new state (a fresh read one, its start)
+                    mem.write_rows(pair[1], inf.batch)
+                    if fresh:
+                        mem.write_rows(pair[0], inf.batch)
+                    pair[0].used = pair[1].used = 1
+                    pair.reverse()  # commit: the buffers swap
+                if self.double:
+                    self.last_rows = inf.batch
                 stored, after_reset = stored + inf.tokens, False
                 mem.resident_peak = max(mem.resident_peak, mem.resident)
                 if policy.free_old == "end_of_step":
@@ -222,6 +265,22 @@ class ReferenceEngine:
             self.current[s] = new
         return later
 
+    def _grow_state(self, where, slot: int, col: int, rows: int) -> None:
+        """A double-buffered state's read (``col`` 0) or write (1) buffer, grown to ``rows`` rows (one per
+        sequence) if it has fewer: a new buffer of exactly that, then the old one freed."""
+        pair = self.pair[slot]
+        old = pair[col]
+        if rows <= (old.rows if old is not None else 0):
+            return
+        lay = self.layout
+        pair[col] = self.memory.alloc(*where, layer=int(lay.layer[slot]), tensor=int(lay.tensor[slot]), capacity=1,
+                                      batch=rows, row_bytes=int(lay.row_bytes[slot]), holds=1)
+        if old is not None:
+            self.memory.free(*where, old)
+
+    def _state_buffers(self) -> list[Buffer]:
+        return [b for pair in self.pair.values() for b in pair if b is not None]
+
     def _grow_view(self, where, rows: int, tokens: int) -> None:
         """The CPU plugin's past block: grown to exactly ``rows`` rows, new before old is freed."""
         old = self.view
@@ -274,10 +333,14 @@ class ReferenceEngine:
         return "grow"
 
     def _live(self) -> bool:
-        return any(buf is not None for buf in self.current)
+        return any(buf is not None for buf in self.current) or bool(self._state_buffers())
 
     def _used(self) -> int:
-        return sum(b.used * b.batch * b.row_bytes for b in self.current if b is not None)
+        """Bytes the history holds: each live buffer's tokens, a double-buffered state once (its read
+        buffer, at the rows of the last inference)."""
+        states = sum(pair[0].used * self.last_rows * pair[0].row_bytes for pair in self.pair.values()
+                     if pair[0] is not None)
+        return sum(b.used * b.batch * b.row_bytes for b in self.current if b is not None) + states
 
     def _record(self, step, phase, stored, batch, steady=None, used=None) -> None:
         """Measure the step by summing over every live buffer."""
@@ -287,7 +350,7 @@ class ReferenceEngine:
         if allocated != mem.allocated:
             raise AssertionError("allocator lost track of memory")
         current = [b for b in self.current if b is not None] + ([self.view] if self.view else [])
-        current += [b for pair in self.tables for b in pair if b is not None]
+        current += [b for pair in self.tables for b in pair if b is not None] + self._state_buffers()
         if steady is None:
             steady = sum(b.bytes for b in current)
         if used is None:

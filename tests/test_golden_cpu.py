@@ -6,7 +6,7 @@ cap = 2 (L0 + L1). Reallocations at L = 2^k (P+1) − 1. Measured, P = 32, u8,
 526, 1054, 2110, 4222, 8446 and data buffers 66,560 … 4,324,352 B".
 """
 
-from conftest import rows_of, run
+from conftest import assert_same_run, rows_of, run
 
 CPU_U8 = dict(layers=2, kv_heads=8, head_dim=64, precision="u8", policy="openvino-cpu", prompt=32, decode=4200)
 STEPS = [0, 33, 99, 231, 495, 1023, 2079, 4191]
@@ -133,3 +133,83 @@ def test_prompt_after_reset_adopts_its_batch_when_rows_fit():
 def test_reorder_at_same_width_allocates_nothing():
     result = run(layers=2, kv_heads=2, head_dim=16, policy="openvino-cpu", ops="prefill:10,fork:2,reorder,reorder")
     assert [r for r in rows_of(result, step=2) + rows_of(result, step=3) if r[2] != "past_view"] == []
+
+
+def test_double_buffered_states_hand_worked():
+    """A hybrid model's linear-attention states under the CPU plugin (docs/DESIGN.md §4c, policies/openvino_cpu.py):
+    two buffers per state, the read ones sized before the past block and any layer (conv, recurrent per layer),
+    the written ones where the export's graph writes them (recurrent with its layer, conv after the last layer,
+    descending), grown only, swapped after every inference. Layers: linear, full, linear, full; states in bf16
+    (conv 8 elements: 16 B, recurrent 16: 32 B per sequence), KV f32 1 head x 4 (16 B per token; beam tables 4 B),
+    past block 16 B per row. Every byte below is worked out by hand."""
+    from policies import get_policy
+    from simkv.kvspec import LayerKV
+    from simkv.models import ModelSpec
+    from simkv.precision import get_precision
+    from simkv.scenario import Scenario, simulate
+    from simkv.workload import parse_ops
+
+    linear, full = LayerKV("linear", conv_elements=8, recurrent_elements=16), LayerKV("full", 1, 4, 4)
+    model = ModelSpec("hybrid-tiny", 4, 1, 1, 4, layer_kv=(linear, full, linear, full))
+    ops = "prefill:2,decode:1,fork:2,decode:1,select:1,reset,prefill:1"  # steps 0 … 6
+    scenario = Scenario(model, get_precision("f32"), get_policy("openvino-cpu"), parse_ops(ops))
+    result = simulate(scenario)
+    assert_same_run(result, simulate(scenario, engine="reference"))
+    def rows(step):  # (layer, tensor, op, bytes, buffer) of every allocation and free
+        return [(r[1], r[2], r[3], r[4], r[7]) for r in rows_of(result, step=step) if r[3] != "copy"]
+
+    # Step 0, the prompt (2 tokens, cap 4): the read buffers (ids 0-3), then per layer: layer 0's written
+    # recurrent state, layer 1's KV (beam tables, data), layer 2's recurrent state, layer 3's KV, then the
+    # written conv states of layers 2 and 0. No past block yet (nothing stored).
+    assert rows(0) == [
+        (0, "conv_state", "alloc", 16, 0), (0, "recurrent_state", "alloc", 32, 1),
+        (2, "conv_state", "alloc", 16, 2), (2, "recurrent_state", "alloc", 32, 3),
+        (0, "recurrent_state", "alloc", 32, 4),
+        (1, "k_beam", "alloc", 16, 5), (1, "v_beam", "alloc", 16, 6),
+        (1, "k", "alloc", 64, 7), (1, "v", "alloc", 64, 8),
+        (2, "recurrent_state", "alloc", 32, 9),
+        (3, "k_beam", "alloc", 16, 10), (3, "v_beam", "alloc", 16, 11),
+        (3, "k", "alloc", 64, 12), (3, "v", "alloc", 64, 13),
+        (2, "conv_state", "alloc", 16, 14), (0, "conv_state", "alloc", 16, 15),
+    ]
+    # Step 1, decode: only the past block (2 rows of 16 B); the states swapped, nothing allocated.
+    assert rows(1) == [(-1, "past_view", "alloc", 32, 16)]
+    # Step 2, fork to 2 beams: the past block (3 rows: it holds the stored batch); the buffers written in this
+    # step (since step 1's swap: ids 4, 9 recurrent; 14, 15 conv) grow to 2 rows, each at its place among the
+    # KV layers' rebuilds (cap 2 x 4 = 8 tokens x 2 beams).
+    assert rows(2) == [
+        (-1, "past_view", "alloc", 48, 17), (-1, "past_view", "free", 32, 16),
+        (0, "recurrent_state", "alloc", 64, 18), (0, "recurrent_state", "free", 32, 4),
+        (1, "k", "alloc", 256, 19), (1, "v", "alloc", 256, 20), (1, "v", "free", 64, 8), (1, "k", "free", 64, 7),
+        (1, "k_beam", "alloc", 64, 21), (1, "v_beam", "alloc", 64, 22),
+        (1, "v_beam", "free", 16, 6), (1, "k_beam", "free", 16, 5),
+        (2, "recurrent_state", "alloc", 64, 23), (2, "recurrent_state", "free", 32, 9),
+        (3, "k", "alloc", 256, 24), (3, "v", "alloc", 256, 25), (3, "v", "free", 64, 13), (3, "k", "free", 64, 12),
+        (3, "k_beam", "alloc", 64, 26), (3, "v_beam", "alloc", 64, 27),
+        (3, "v_beam", "free", 16, 11), (3, "k_beam", "free", 16, 10),
+        (2, "conv_state", "alloc", 32, 28), (2, "conv_state", "free", 16, 14),
+        (0, "conv_state", "alloc", 32, 29), (0, "conv_state", "free", 16, 15),
+    ]
+    # In-step peak: 544 B before (states 2 x (16 + 32) x 2 buffers, KV 2 x 160, past block 32), 1,616 B after;
+    # the peak is the last conv state's new buffer beside its old one: 1,632 B.
+    assert (result.steps[1]["allocated"], result.steps[2]["allocated"], result.steps[2]["peak"]) == (544, 1616, 1632)
+    # Step 3, decode at 2 beams: the other buffers (ids 0-3, read in step 2) grow to 2 rows at the start, in
+    # read order, before the past block (2 x 4 rows).
+    assert rows(3) == [
+        (0, "conv_state", "alloc", 32, 30), (0, "conv_state", "free", 16, 0),
+        (0, "recurrent_state", "alloc", 64, 31), (0, "recurrent_state", "free", 32, 1),
+        (2, "conv_state", "alloc", 32, 32), (2, "conv_state", "free", 16, 2),
+        (2, "recurrent_state", "alloc", 64, 33), (2, "recurrent_state", "free", 32, 3),
+        (-1, "past_view", "alloc", 128, 34), (-1, "past_view", "free", 48, 17),
+    ]
+    # Allocated = steady = every live buffer: states 2 x 2 x (32 + 64), KV 2 x 640, past block 128.
+    assert result.steps[3]["allocated"] == result.steps[3]["steady"] == 384 + 1280 + 128
+    # The states are held once (the read buffer's 2 rows) in `used`: 2 x (16 + 32) x 2 beams = 192 B beside the
+    # KV's 5 tokens x 2 beams x 40 B x 2 layers.
+    assert result.steps[3]["used"] == 192 + 800
+    # Select (step 4: the KV shrinks to one beam), reset (5) and a prompt that fits (6): no state event.
+    assert not [r for step in (4, 5, 6) for r in rows(step) if r[1] in ("conv_state", "recurrent_state")]
+    assert rows(5) == rows(6) == []
+    # Never shrunk: after the select, the reset and the prompt the states keep their 384 B beside the KV
+    # rebuilt for one beam (cap 2 x 6 = 12: 2 x (192 + 192 + 48 + 48)) and the past block (2 x 5 rows).
+    assert result.steps[6]["allocated"] == result.steps[6]["steady"] == 384 + 960 + 160

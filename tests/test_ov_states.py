@@ -8,8 +8,8 @@ Measured on the CPU plugin (openvino 2026.4.1, the export and simkv's hybrid toy
 both states in the *inference* precision (bf16 here) whatever the KV precision, two buffers per state
 (``VariableStateDoubleBuffer``) allocated in the first inference, nothing while decoding, on a batch growth
 one buffer of each state replaced in that inference and the other in the next, nothing on a select, a
-reset or a prompt that fits. simkv models one buffer per state: the test of the measured sequence is an
-expected failure until the engine models the second buffer (the proposal is in docs/DESIGN.md §4c).
+reset or a prompt that fits — as ``openvino-cpu`` simulates it (``double_buffered_states``:
+simkv/engine/state_buffers.py).
 """
 
 from __future__ import annotations
@@ -46,11 +46,14 @@ def _state_rows(result):
 @pytest.mark.parametrize("precision", ["u8", "bf16", "f32"])
 def test_cpu_states_are_in_the_inference_precision_whatever_the_kv_precision(precision):
     # bf16 (the plugin's inference precision on this CPU): conv 1,024 x 2 = 2,048 B, recurrent 4,096 x 2 =
-    # 8,192 B per sequence (transformers' rule would give 16,384 B, an f32 recurrent state).
+    # 8,192 B per sequence (transformers' rule would give 16,384 B, an f32 recurrent state). Two buffers
+    # each: the read ones in layer order, then the written ones (recurrent with its layer, conv at the end).
     rows = _state_rows(_run("openvino-cpu", precision))
     first = [r for r in rows if r[0] == 0]
-    assert first == [(0, layer, kind, "alloc", size) for layer in (0, 1, 2)
-                     for kind, size in (("conv_state", 2048), ("recurrent_state", 8192))]
+    assert first == ([(0, layer, kind, "alloc", size) for layer in (0, 1, 2)
+                      for kind, size in (("conv_state", 2048), ("recurrent_state", 8192))]
+                     + [(0, layer, "recurrent_state", "alloc", 8192) for layer in (0, 1, 2)]
+                     + [(0, layer, "conv_state", "alloc", 2048) for layer in (2, 1, 0)])
     assert not [r for r in rows if 1 <= r[0] <= 20]  # nothing while decoding
 
 
@@ -76,8 +79,6 @@ MEASURED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="the CPU plugin double-buffers a state (two buffers, grown one inference "
-                   "apart, never shrunk); simkv's state unit has one buffer, rebuilt on every batch change")
 def test_cpu_state_events_per_step_as_measured():
     per_step: dict[int, Counter] = {}
     for step, _layer, kind, op, size in _state_rows(_run("openvino-cpu")):

@@ -27,6 +27,7 @@ from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, event_ro
 from simkv.engine.oom import failure, first_failure, limit_headroom
 from simkv.engine.past_view import PastView
 from simkv.engine.residency import touch
+from simkv.engine.state_buffers import StateBuffers
 from simkv.errors import SimkvError
 from simkv.layout import Layout
 from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW, Ledger
@@ -81,6 +82,9 @@ class FastEngine:
         # Bytes per token per beam the headroom limits look at (policy.headroom_buffer).
         self.check_row = lay.row_bytes[lay.unit_slots[:, 0]] if policy.headroom_buffer == "data" else self.unit_row
         self.tables = BeamTables(lay, policy, request)  # the beam tables a GPU kernel keeps per unit
+        # Double-buffered linear-attention states (policy.double_buffered_states): sized outside the units.
+        self.states = StateBuffers(lay, policy, request, policy.first_touch)
+        self.outside = lay.unit_state & self.states.enabled  # per unit: its buffers are the states'
         self.chunk = FIRST_PLAN_STEPS  # decode steps planned at once (adapts: see _session)
         self.planned_rows = 0  # ledger rows of the last plan
         self.limit_step = None  # where the last failed plan met a memory limit (see _decode_run)
@@ -231,7 +235,12 @@ class FastEngine:
                 free, released = self._free_live(step, phase, keep_states=self.policy.reset_keeps_states)
                 rows.append(free)
                 resident_delta.append(-released)
+            if self.states.live() and not self.policy.reset_keeps_states:
+                free, released = self.states.free_all(step, phase)
+                rows.append(free)
+                resident_delta.append(released)
             self.batch = 1  # also with nothing live (a stateless policy)
+        self.states.reset()
         self.after_reset = True
 
     def _inference(self, step: int, phase: int, inf: Inference, needed: int, rows: list, resident_delta: list):
@@ -240,6 +249,11 @@ class FastEngine:
         reallocated with their kernels' beam tables. Returns the old buffers' frees deferred
         (policy.free_old) and the resident bytes they release."""
         lay, policy = self.layout, self.policy
+        if self.states.enabled:  # the state-read phase, before the past block and any unit
+            read, read_res, self.next_id = self.states.read(step, phase, inf.batch, self.stored == 0, self.next_id)
+            if len(read):
+                rows.append(read)
+                resident_delta.append(read_res)
         view = self.view.grow(step, phase, inf.batch_in * self.stored, self.stored, self.next_id)
         if len(view):
             self.next_id += int((view["op"] == ALLOC).sum())
@@ -257,6 +271,8 @@ class FastEngine:
         rows.append(unit_rows)
         resident_delta.append(unit_res)
         self.after_reset = False
+        if self.states.enabled:
+            self.batch = inf.batch  # also where no unit holds a buffer (a model of linear layers only)
         return deferred
 
     def _grow(self, step: int, phase: int, inf: Inference, needed: int, rows_so_far: list):
@@ -274,7 +290,7 @@ class FastEngine:
         fits &= ~self._reclaimed(padded)
         if self.rings:  # a full ring is rebuilt (policy.ring_tokens)
             fits &= ~((self.ring >= 0) & (self._held() >= self.ring))
-        units = np.flatnonzero(~fits)
+        units = np.flatnonzero(~fits & ~self.outside)
         id_start = self.next_id
         tables, table_unit, table_delta, self.next_id = self.tables.step(step, phase, self.stored + inf.tokens,
                                                                          inf.batch, self.stored, self.next_id)
@@ -291,12 +307,16 @@ class FastEngine:
             unit_rows, unit_res = block[happens], resident[happens]
             unit_key = np.broadcast_to(2 * units[:, None], block.shape)[happens]
             deferred = block[deferred_mask], -resident[deferred_mask]
-        if len(tables):
-            # Per unit: its buffers' rows, then its kernel's beam tables; ids in allocation order.
-            order = np.argsort(np.concatenate([unit_key, 2 * table_unit + 1]), kind="stable")
-            unit_rows = np.concatenate([unit_rows, tables])[order]
+        writes, write_key, write_res = NO_ROWS, NO_BYTES, NO_BYTES
+        if self.states.enabled:  # the state-write phase, among the units' rows (policy.state_writes)
+            writes, write_key, write_res, self.next_id = self.states.write(step, phase, inf.batch, self.next_id)
+        if len(tables) or len(writes):
+            # Per unit: its buffers' rows, then its kernel's beam tables; the states' writes where they go;
+            # ids in allocation order.
+            order = np.argsort(np.concatenate([unit_key, 2 * table_unit + 1, write_key]), kind="stable")
+            unit_rows = np.concatenate([unit_rows, tables, writes])[order]
             table_res = np.zeros(len(tables), dtype=np.int64) if self.first_touch else alloc_delta(tables)
-            unit_res = np.concatenate([unit_res, table_res])[order]
+            unit_res = np.concatenate([unit_res, table_res, write_res])[order]
             self._renumber(unit_rows, id_start)
         elif lay.has_absent and len(unit_rows):
             self._renumber(unit_rows, id_start)  # absent slots took ids they never use
@@ -334,8 +354,10 @@ class FastEngine:
         else:
             self.stored += inf.tokens
             if self.first_touch:
-                slot_needed = np.repeat(needed, self.layout.unit_slots.shape[1])
+                slot_needed = np.repeat(np.where(self.outside, 0, needed), self.layout.unit_slots.shape[1])
                 self.resident += touch(self.written, slot_needed * self.batch, self.layout.row_bytes)
+            if self.states.enabled:
+                self.resident += self.states.end(inf.batch)
         resident_peak = max(resident_peak, self.resident)
         if policy.free_old == "next_inference":
             self.pending, self.pending_resident = deferred
@@ -411,7 +433,7 @@ class FastEngine:
         remap = np.full(self.next_id - id_start, -1, dtype=np.int64)  # -1: an absent slot's unused id
         remap[allocs - id_start] = id_start + np.arange(len(allocs))
         rows["buffer"][fresh] = remap[rows["buffer"][fresh] - id_start]
-        for ids in (self.buf, self.tables.ids):
+        for ids in (self.buf, self.tables.ids, self.states.ids):
             moved = ids >= id_start
             ids[moved] = remap[ids[moved] - id_start]
         self.next_id = id_start + len(allocs)
@@ -443,10 +465,11 @@ class FastEngine:
 
     def steady(self) -> int:
         """Bytes the live buffers, the past block and the beam tables hold."""
-        return int((self.budget * self.unit_row).sum()) + self.view.bytes + self.tables.bytes()
+        return int((self.budget * self.unit_row).sum()) + self.view.bytes + self.tables.bytes() + self.states.bytes()
 
     def _used(self) -> int:
-        return int((self._held() * self.unit_row).sum()) * self.batch if self.budget.any() else 0
+        live = self.budget.any() or self.states.live()
+        return int((self._held() * self.unit_row).sum()) * self.batch if live else 0
 
     def _held(self) -> np.ndarray:
         """Per unit, tokens per beam its buffers hold between inferences: the history, or a window's part
