@@ -54,6 +54,8 @@ def test_parse_slo():
     slo = plan.parse_slo("ttft_p99=2s, tpot_p50=50ms,e2e_p90=1.5min")
     assert [(s.name, s.limit_s) for s in slo] == [("ttft_p99", 2.0), ("tpot_p50", 0.05), ("e2e_p90", 90.0)]
     assert str(slo[1]) == "tpot_p50 <= 50 ms"
+    stored = plan.Target({"requests": 1}, None, slo).key()["slo"]  # what a row keeps, read back by the worker
+    assert stored == "ttft_p99=2.0,tpot_p50=0.05,e2e_p90=90.0" and plan._slo_of_key(stored) == slo
     for bad, words in (("ttft=2s", "METRIC_pQ"), ("ttft_p98=2s", "percentile 98"), ("ttft_p99=2", "unit"),
                        ("ttft_p99=0s", "positive"), ("ttft_p99=1s,ttft_p99=2s", "twice"), ("", "at least one"),
                        ("latency_p99=1s", "METRIC_pQ")):

@@ -299,6 +299,16 @@ def _pool_fraction(pool: str) -> float | None:
 # --- one deployment ------------------------------------------------------------------------------
 
 
+def _slo_of_key(text: str) -> tuple[Slo, ...]:
+    """The SLOs as :meth:`Target.key` stores them (``ttft_p99=2.0,tpot_p99=0.05``: limits in seconds)."""
+    out = []
+    for part in text.split(","):
+        name, _, limit = part.partition("=")
+        metric, _, q = name.rpartition("_p")
+        out.append(Slo(metric, int(q), float(limit)))
+    return tuple(out)
+
+
 class SloMissed(Exception):
     """Raised by the guard inside a run: the SLO can no longer be met."""
 
@@ -394,7 +404,7 @@ def run_point(point: dict) -> dict:
     from simkv.lab.sweep import point_id
     from simkv.serving import serve
 
-    slo = parse_slo(",".join(f"{p.split('=')[0]}={float(p.split('=')[1])}s" for p in point["slo"].split(",")))
+    slo = _slo_of_key(point["slo"])
     row = {"point_id": point_id(point), **point}
     try:
         spec = spec_of(point)
