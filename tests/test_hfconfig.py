@@ -40,7 +40,7 @@ def groups(name):
 
 def test_shipped_files_are_the_presets():
     assert [p.stem for p in FULL] == sorted(hfconfig.CONFIG_PRESETS)
-    assert [p.stem for p in TINY] == ["deepseek_v3", "gemma3", "gpt_oss", "llama4", "qwen3_next"]
+    assert [p.stem for p in TINY] == ["deepseek_v3", "gemma3", "gpt_oss", "lfm2", "llama4", "qwen3_next"]
     assert set(hfconfig.all_presets()) == set(hfconfig.preset_names())
 
 
@@ -329,7 +329,7 @@ def test_family_defaults_are_the_config_classes():
 
 @pytest.mark.transformers
 @needs_hf
-@pytest.mark.parametrize("name", ["qwen3_next", "deepseek_v3", "granite_published_block_type", "jamba",
+@pytest.mark.parametrize("name", ["qwen3_next", "deepseek_v3", "granite_published_block_type", "jamba", "lfm2",
                                   "lfm2_full_attn_idxs"])
 def test_state_and_latent_shapes_equal_a_real_forward(tmp_path, name):
     """What a tiny random model of the config really caches after a 5-token prefill: a linear layer's conv and
