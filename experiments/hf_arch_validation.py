@@ -1,5 +1,5 @@
-"""The README's per-layer-kind transformers validation table: tiny Gemma-3, gpt-oss, Llama-4, Qwen3-Next and
-DeepSeek-V3 configs on torch CPU vs hf-dynamic / hf-static, event by event.
+"""The README's per-layer-kind transformers validation table: tiny Gemma-3, gpt-oss, Llama-4, Qwen3-Next,
+DeepSeek-V3 and LFM2 configs on torch CPU vs hf-dynamic / hf-static, event by event.
 
 Each architecture's tiny config (``simkv.validate.transformers.archs``, the configs of
 ``experiments/hf_layer_kinds``: window and chunk 4) is written to a ``config.json`` and validated from that
@@ -7,7 +7,7 @@ file, as ``simkv validate --runtime transformers --model PATH`` does, under Dyna
 f32 and bf16: ``run_validation`` without the clean RSS run (events, allocated KV peak, in-step increase and
 the data-pointer check come from the memray run).
 
-    python experiments/hf_arch_validation.py            # 20 runs, ~1 min on this 2-core machine
+    python experiments/hf_arch_validation.py            # 24 runs, ~1 min on this 2-core machine
     python experiments/hf_arch_validation.py --quick    # f32 only
 
 Writes experiments/out/hf_arch_validation/<row>.json, the configs and table.md; prints the table.

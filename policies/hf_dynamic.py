@@ -37,7 +37,9 @@ Gemma-3, gpt-oss, Llama-4, Qwen3-Next and DeepSeek-V3 configs, docs/DESIGN.md §
   recurrent state ``[B, Hv, dk, dv]`` (f32, the torch delta rule's dtype) — updated in place after
   (``copy_``), nothing allocated while decoding; ``reorder_cache`` replaces each with an
   ``index_select`` (``+conv -conv +rec -rec``); ``reset()`` zeroes them and keeps them
-  (``LinearAttentionCacheLayerMixin.reset``), so a reset frees only the attention layers.
+  (``LinearAttentionCacheLayerMixin.reset``), so a reset frees only the attention layers. LFM2's
+  ``conv`` layers are ``LinearAttentionLayer``s too, with a conv state ``[B, hidden_size, conv_L_cache]``
+  only (``Lfm2ShortConv.forward`` never calls ``update_recurrent_state``): the same rules, no recurrent row.
 
 The same sequences were measured on CUDA (H100, torch 2.11, transformers 5.17) from torch's
 allocator history (``experiments/hf_cuda_trace.py``).

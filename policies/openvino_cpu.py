@@ -43,7 +43,9 @@ write buffer at this inference's shape. Measured (openvino 2026.4.1 CPU, memray,
 * write phase: W grows to this inference's rows — the recurrent state's with its layer (the GatedDeltaNet
   node writes it in place), the conv state's after the last layer, in descending layer order
   (``state_writes``; the order the export's graph executes them in: another graph may order them
-  differently, e.g. simkv's toy writes all of them right after the read phase);
+  differently, e.g. simkv's toy writes all of them right after the read phase; LFM2's export, whose conv
+  layers keep a conv state alone, writes them as Qwen3-Next's: after the last layer, descending — measured,
+  84/84 events);
 * a buffer grows by a new buffer of exactly the rows needed, then the old one freed; it never shrinks
   (``MemoryBlockWithReuse::resize``, ``src/plugins/intel_cpu/src/cpu_memory.cpp``: a new block only when the
   size exceeds the one it has, which replaces — frees — the old); then R and W swap.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,14 +40,15 @@ CONFIG_PRESETS = ("gemma-3-4b", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b", "q
 
 #: configuration_utils.py ``_LEGACY_LAYER_TYPE_REMAP`` (the two names a KV cache cares about).
 LEGACY_LAYER_TYPES = {"attention": "full_attention", "mamba": "linear_attention"}
-#: ``layer_types`` entry → simkv layer kind (cache_utils.py ``DYNAMIC_LAYER_TYPE_MAPPING``; ``moe`` and ``mlp``
-#: layers hold no attention: ``DummyLayer`` in ``get_layer_types_and_kwargs``).
+#: ``layer_types`` entry → simkv layer kind (cache_utils.py ``DYNAMIC_LAYER_TYPE_MAPPING``: ``linear_attention``
+#: and LFM2's ``conv`` are both a ``LinearAttentionLayer``; ``moe`` and ``mlp`` layers hold no attention:
+#: ``DummyLayer`` in ``get_layer_types_and_kwargs``).
 KIND_OF_TYPE = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
-                "linear_attention": "linear", "moe": "none", "mlp": "none"}
+                "linear_attention": "linear", "conv": "linear", "moe": "none", "mlp": "none"}
 #: Entries transformers 5.23 allows (configuration_utils.py ``ALLOWED_ATTN_LAYER_TYPES``) that no simkv layer
-#: kind holds (an indexer's keys, a conv-only state, attention and a state in one layer ...).
+#: kind holds (an indexer's keys, attention and a state in one layer ...).
 NOT_MODELLED = ("window_attention", "indexed_attention", "compressed_sparse_attention", "heavily_compressed_attention",
-                "minimax_m3_sparse", "conv", "hybrid", "hybrid_sliding", "reference_sliding_attention")
+                "minimax_m3_sparse", "hybrid", "hybrid_sliding", "reference_sliding_attention")
 #: Fields that decide the layer kinds in a way each config class defines for itself: in a model type simkv does
 #: not know they are refused unless ``layer_types`` is given.
 PATTERN_KEYS = ("sliding_window_pattern", "use_sliding_window", "max_window_layers", "full_attention_interval",
@@ -217,6 +219,39 @@ def _mamba1(c: _Config) -> tuple[int, int]:
     return inner * c.int("mamba_d_conv", limits.MAX_HEAD_DIM), inner * c.int("mamba_d_state", limits.MAX_HEAD_DIM)
 
 
+def _lfm2_types(c: _Config, n: int, window) -> list[str]:
+    """Lfm2Config.__post_init__ without ``layer_types``: full attention on ``full_attn_idxs`` (default every
+    layer), ``conv`` elsewhere."""
+    full = set(c.ints("full_attn_idxs", limits.MAX_LAYERS)) if c.get("full_attn_idxs") is not None else set(range(n))
+    return ["full_attention" if i in full else "conv" for i in range(n)]
+
+
+def _lfm2_conv(c: _Config) -> tuple[int, int]:
+    """LFM2's short-conv state per sequence: a conv state only, no recurrent state. transformers 5.23
+    (modeling_lfm2.py ``Lfm2ShortConv.forward``: ``update_conv_state(B*x, layer_idx, conv_kernel_size=
+    conv_L_cache)`` with ``B*x`` of ``[B, hidden_size, seq]``; cache_utils.py ``LinearAttentionLayer.
+    lazy_initialization``: ``zeros((*conv_states.shape[:-1], conv_kernel_size))``, model dtype; no
+    ``update_recurrent_state`` call, so ``recurrent_states`` stays None) keeps ``[B, hidden_size, conv_L_cache]``;
+    an optimum-intel export's ``cache_params.past.conv.N`` variable is ``[?, hidden_size, conv_L_cache]`` too
+    (read from the IR)."""
+    return c.int("hidden_size", limits.MAX_WIDTH) * c.int("conv_L_cache", limits.MAX_HEAD_DIM), 0
+
+
+def _lfm2_intermediate(c: _Config, size: int) -> int:
+    """Lfm2MLP.__init__ (modeling_lfm2.py): with ``block_auto_adjust_ff_dim``, ``int(2·size/3)``, then with
+    ``block_ffn_dim_multiplier`` that times it, rounded up to a multiple of ``block_multiple_of``."""
+    if not c.get("block_auto_adjust_ff_dim"):
+        return size
+    size = int(2 * size / 3)
+    multiplier = c.get("block_ffn_dim_multiplier")
+    if multiplier is None:
+        return size
+    if not isinstance(multiplier, (int, float)) or isinstance(multiplier, bool) or multiplier <= 0:
+        raise c.fail(f"block_ffn_dim_multiplier must be a positive number, got {multiplier!r}")
+    step = c.int("block_multiple_of", limits.MAX_WIDTH)
+    return step * -(-int(multiplier * size) // step)
+
+
 @dataclass(frozen=True)
 class Family:
     """What one config class does: its defaults for the fields read here, the layer types it derives without
@@ -226,6 +261,8 @@ class Family:
     types: Callable[[_Config, int, object], list[str]] = _by_window
     window: Callable[[_Config], object] = _sliding_window
     state: Callable[[_Config], tuple[int, int]] | None = None
+    #: The ``layer_types`` entry whose per-sequence state ``state`` gives (LFM2: ``conv``).
+    state_type: str = "linear_attention"
     mla: bool = False
     sinks: bool = False
     #: The keys that may hold layer_types in a file (Granite's attribute_map adds ``layers_block_type``);
@@ -236,6 +273,13 @@ class Family:
     moe_layers: Callable[[_Config, int], list[int]] | None = None
     dense_key: str = "intermediate_size"
     shared: Callable[[_Config, int], int] | None = None
+    #: The dense MLP's real size from the configured one (LFM2's auto-adjusted feed-forward size).
+    intermediate: Callable[[_Config, int], int] | None = None
+    #: Keyword spellings ``__post_init__`` pops in place of a field (LFM2: ``block_ff_dim`` for
+    #: ``intermediate_size``, ``tie_embedding`` for ``tie_word_embeddings``): the alias wins when given.
+    aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: A short-conv linear layer's weights (LFM2: conv kernel from ``conv_L_cache``) instead of Gated DeltaNet's.
+    short_conv: bool = False
 
 
 def _llama4_moe(c: _Config, n: int) -> list[int]:
@@ -342,6 +386,13 @@ FAMILIES: dict[str, Family] = {
                      "mamba_expand": 2, "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2,
                      "expert_layer_offset": 1},
                     types=_jamba_types, state=_mamba1, types_keys=(), moe_layers=_jamba_moe),
+    "lfm2": Family({"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 12288,
+                    "vocab_size": 65536, "tie_word_embeddings": True, "max_position_embeddings": 128000,
+                    "conv_L_cache": 3, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+                    "block_auto_adjust_ff_dim": True, "full_attn_idxs": None},
+                   types=_lfm2_types, state=_lfm2_conv, state_type="conv", intermediate=_lfm2_intermediate,
+                   aliases={"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"},
+                   short_conv=True),
 }
 #: The config files' MoE field names, each with its other spellings (gpt-oss writes ``experts_per_token`` too).
 EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -395,6 +446,8 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
     if model_type in REFUSED:
         raise ConfigError(f"{where}: model_type {model_type}: {REFUSED[model_type]}")
     family = FAMILIES.get(model_type)
+    if family and family.aliases:
+        text = {**text, **{field: text[alias] for alias, field in family.aliases.items() if alias in text}}
     c = _Config(where, text, family.defaults if family else {})
     missing = [k for k in ("num_hidden_layers", "hidden_size") + (() if family else ("num_attention_heads",))
                if c.get(k) is None]
@@ -422,6 +475,7 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         tied_embeddings=_tied(raw, text, c), **moe,
         q_lora_rank=c.int("q_lora_rank", limits.MAX_HEAD_DIM, default=0) if family and family.mla else 0,
         linear_dims=_linear_dims(c) if family and family.state is _gated_delta_net else None,
+        short_conv=c.int("conv_L_cache", limits.MAX_HEAD_DIM) if family and family.short_conv else 0,
         dtype=_dtype(raw, text, c), source=source,
         context=c.int("max_position_embeddings", limits.MAX_TOKENS, default=0),
     )
@@ -510,9 +564,10 @@ def _layers(c: _Config, types: list[str], family: Family | None, kv_heads: int, 
                 chunk = _window(c, c.get("attention_chunk_size"), "attention_chunk_size", i)
             out.append(LayerKV("chunked", window=chunk, **attn))
         elif kind == "linear":
-            if family is None or family.state is None:
-                raise c.fail(f"layer {i} is linear_attention, whose state shapes simkv knows only for "
-                             f"{', '.join(k for k, f in FAMILIES.items() if f.state)}")
+            if family is None or family.state is None or family.state_type != t:
+                known = [k for k, f in FAMILIES.items() if f.state and f.state_type == t]
+                raise c.fail(f"layer {i} is {t}, whose state shapes simkv knows only for "
+                             f"{', '.join(known) or 'no model type'}")
             if state is None:
                 state = family.state(c)
             out.append(LayerKV("linear", conv_elements=state[0], recurrent_elements=state[1]))
@@ -536,6 +591,8 @@ def _moe(c: _Config, n: int, family: Family | None) -> dict:
     """MoE fields of ModelSpec; ``intermediate`` is the dense MLP's size (0: unknown)."""
     dense_key = family.dense_key if family else "intermediate_size"
     out = {"intermediate": c.int(dense_key, limits.MAX_WIDTH, default=0)}
+    if family and family.intermediate and out["intermediate"]:
+        out["intermediate"] = family.intermediate(c, out["intermediate"])
     experts = c.first(EXPERTS, limits.MAX_EXPERTS)
     if family and family.moe_layers is not None:
         moe_layers = sorted({i for i in family.moe_layers(c, n) if i < n})

@@ -52,8 +52,9 @@ class LayerKV:
     MLA layers also give ``latent = (kv_lora_rank, qk_rope_head_dim)``; ``kv_heads``/``k_dim``/``v_dim``
     are then the decompressed per-head form. ``window``: W of a sliding layer, C of a chunked one.
     ``sinks``: learned attention sinks (gpt-oss), compute only. Linear kind: ``conv_elements`` (the
-    convolution state, model dtype) and ``recurrent_elements`` per sequence. ``reuses``: the layer
-    whose KV a ``none`` layer reads (cross-layer sharing), if any.
+    convolution state, model dtype) and ``recurrent_elements`` per sequence; either may be 0 (LFM2's
+    short-conv layers keep only a conv state: its recurrent place is then an absent slot of 0 bytes).
+    ``reuses``: the layer whose KV a ``none`` layer reads (cross-layer sharing), if any.
     """
 
     kind: str = "full"
@@ -82,8 +83,9 @@ class LayerKV:
             raise ConfigError(f"a {self.kind} layer has no window (got {self.window!r})")
         if self.latent is not None and (len(self.latent) != 2 or min(self.latent) <= 0):
             raise ConfigError(f"an MLA latent is (kv_lora_rank, qk_rope_head_dim) > 0, got {self.latent!r}")
-        if self.kind == "linear" and (self.conv_elements < 0 or self.recurrent_elements <= 0):
-            raise ConfigError("a linear-attention layer needs a positive recurrent state "
+        if self.kind == "linear" and (min(self.conv_elements, self.recurrent_elements) < 0
+                                      or self.conv_elements + self.recurrent_elements <= 0):
+            raise ConfigError("a linear-attention layer needs a state: conv and recurrent elements >= 0, not both 0 "
                               f"(got conv {self.conv_elements}, recurrent {self.recurrent_elements})")
 
     @property
@@ -104,6 +106,8 @@ class LayerKV:
 
     def describe(self) -> str:
         if self.kind == "linear":
+            if not self.recurrent_elements:
+                return f"linear state: conv {self.conv_elements:,} elements (no recurrent state)"
             return f"linear state: conv {self.conv_elements:,} + recurrent {self.recurrent_elements:,} elements"
         if self.kind == "none":
             return "no cache" + (f" (reuses layer {self.reuses})" if self.reuses is not None else "")

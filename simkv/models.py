@@ -49,6 +49,9 @@ class ModelSpec:
     q_lora_rank: int = 0
     #: Linear-attention projections: (key heads, value heads, key head size, value head size, conv kernel).
     linear_dims: tuple[int, int, int, int, int] | None = None
+    #: LFM2's short-conv layers instead (their conv kernel ``conv_L_cache``; 0: none): a linear layer's
+    #: weights are then ``Lfm2ShortConv``'s.
+    short_conv: int = 0
     #: The weights' dtype in the config (``torch_dtype``), the KV dtype of transformers; "" if not given.
     dtype: str = ""
     #: Where the numbers come from (a config file, a published config).
@@ -150,7 +153,10 @@ class ModelSpec:
         - linear attention (Qwen3-Next Gated DeltaNet, transformers ``Qwen3NextGatedDeltaNet``, ``linear_dims``
           = (key heads kh, value heads vh, dk, dv, conv kernel K)): ``in_proj_qkvz`` hidden x (2 kh dk + 2 vh dv),
           ``in_proj_ba`` hidden x 2 vh, the depthwise ``conv1d`` (2 kh dk + vh dv) x K, ``out_proj`` vh dv x hidden;
-          no q/k/v/o of attention;
+          no q/k/v/o of attention; LFM2's short conv (``short_conv`` = conv kernel L, transformers
+          ``Lfm2ShortConv.__init__``): ``in_proj`` hidden x 3 hidden, the depthwise ``conv`` hidden x L,
+          ``out_proj`` hidden x hidden (a ``tp`` share: 1/tp of each, vLLM's column- and row-parallel
+          ``ShortConv`` projections);
         - none: a layer that reads another layer's KV (``reuses``) has that layer's projections; one without
           attention has none.
 
@@ -162,7 +168,9 @@ class ModelSpec:
         if layer.kind == "none" and layer.reuses is not None:
             layer = self.kv_layers[layer.reuses]
         h = self.hidden
-        if layer.kind == "linear":
+        if layer.kind == "linear" and self.short_conv:  # one tensor-parallel share: each of them split by channels
+            attention = (3 * h * h + h * self.short_conv + h * h) // self.tp
+        elif layer.kind == "linear":
             if self.linear_dims is None:
                 raise ConfigError(f"model {self.name}: a linear-attention layer's weights need linear_dims "
                                   "(key heads, value heads, key and value head sizes, conv kernel)")
@@ -378,6 +386,8 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
     if linear is not None:
         kh, vh, dk, dv, kernel = linear
         linear = (split(kh, "linear-attention key heads"), split(vh, "linear-attention value heads"), dk, dv, kernel)
+    if model.short_conv and model.hidden:
+        split(model.hidden, "short-conv channels")
     return replace(
         model, heads=heads, kv_heads=kv_heads, hidden=model.hidden or model.heads * model.head_dim,
         layer_kv=tp_layers(model.layer_kv, tp) if model.layer_kv else (),

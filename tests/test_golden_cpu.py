@@ -213,3 +213,55 @@ def test_double_buffered_states_hand_worked():
     # Never shrunk: after the select, the reset and the prompt the states keep their 384 B beside the KV
     # rebuilt for one beam (cap 2 x 6 = 12: 2 x (192 + 192 + 48 + 48)) and the past block (2 x 5 rows).
     assert result.steps[6]["allocated"] == result.steps[6]["steady"] == 384 + 960 + 160
+
+
+def test_double_buffered_conv_states_without_recurrent_hand_worked():
+    """LFM2's short-conv layers under the CPU plugin: a conv state alone (``cache_params.past.conv.N``
+    ``[B, hidden_size, conv_L_cache]``, no recurrent variable), double-buffered like Qwen3-Next's
+    (docs/DESIGN.md §4c). The measured export (``simkv validate --ir`` on the tiny LFM2 export, README "Exported
+    models per layer kind") writes its conv states where Qwen3-Next's graph does, after the last layer in
+    descending order, so ``state_writes`` is unchanged; the state unit's recurrent place is an absent slot
+    that never emits a row. Layers: conv, full, conv, full; conv 8 elements in bf16 (16 B per sequence), KV
+    f32 1 head x 4 (16 B per token; beam tables 4 B), past block 16 B per row. Worked out by hand."""
+    from policies import get_policy
+    from simkv.kvspec import LayerKV
+    from simkv.models import ModelSpec
+    from simkv.precision import get_precision
+    from simkv.scenario import Scenario, simulate
+    from simkv.workload import parse_ops
+
+    conv, full = LayerKV("linear", conv_elements=8), LayerKV("full", 1, 4, 4)
+    model = ModelSpec("lfm2-tiny", 4, 1, 1, 4, layer_kv=(conv, full, conv, full))
+    ops = "prefill:2,decode:1,fork:2,decode:1,select:1,reset,prefill:1"  # steps 0 … 6
+    scenario = Scenario(model, get_precision("f32"), get_policy("openvino-cpu"), parse_ops(ops))
+    result = simulate(scenario)
+    assert_same_run(result, simulate(scenario, engine="reference"))
+
+    def rows(step):  # (layer, tensor, op, bytes, buffer) of every allocation and free
+        return [(r[1], r[2], r[3], r[4], r[7]) for r in rows_of(result, step=step) if r[3] != "copy"]
+
+    assert all(r[2] != "recurrent_state" for step in range(7) for r in rows(step))
+    # Step 0, the prompt (2 tokens, cap 4): the read buffers of both conv layers, the KV layers (beam tables
+    # 4 x 4 B, data 4 x 16 B), then the written conv states of layers 2 and 0. 4 x 16 + 2 x 160 = 384 B.
+    assert rows(0) == [
+        (0, "conv_state", "alloc", 16, 0), (2, "conv_state", "alloc", 16, 1),
+        (1, "k_beam", "alloc", 16, 2), (1, "v_beam", "alloc", 16, 3), (1, "k", "alloc", 64, 4), (1, "v", "alloc", 64, 5),
+        (3, "k_beam", "alloc", 16, 6), (3, "v_beam", "alloc", 16, 7), (3, "k", "alloc", 64, 8), (3, "v", "alloc", 64, 9),
+        (2, "conv_state", "alloc", 16, 10), (0, "conv_state", "alloc", 16, 11),
+    ]
+    assert rows(1) == [(-1, "past_view", "alloc", 32, 12)]  # decode: the past block only (2 rows)
+    # Step 2, fork to 2 beams (as the export's step 61): the KV rebuilt at cap 8 x 2 beams, then the buffers
+    # written in this step (ids 10, 11) grow to 2 rows, layer 2 then layer 0.
+    assert rows(2)[-4:] == [(2, "conv_state", "alloc", 32, 22), (2, "conv_state", "free", 16, 10),
+                            (0, "conv_state", "alloc", 32, 23), (0, "conv_state", "free", 16, 11)]
+    # states 16 + 16 + 32 + 32, KV 2 x (256 + 256 + 64 + 64), past block 48; the peak is the last new conv
+    # buffer beside its old one.
+    assert (result.steps[2]["allocated"], result.steps[2]["peak"]) == (96 + 1280 + 48, 1424 + 16)
+    # Step 3 (the export's step 62): the other buffers grow at the start, in layer order, before the past block.
+    assert rows(3) == [(0, "conv_state", "alloc", 32, 24), (0, "conv_state", "free", 16, 0),
+                       (2, "conv_state", "alloc", 32, 25), (2, "conv_state", "free", 16, 1),
+                       (-1, "past_view", "alloc", 128, 26), (-1, "past_view", "free", 48, 13)]
+    # Select, reset, a prompt that fits: no state event; never shrunk (4 x 32 B kept beside the one-beam KV
+    # at cap 12: 2 x (192 + 192 + 48 + 48), and the past block of 2 x 5 rows).
+    assert not [r for step in (4, 5, 6) for r in rows(step) if r[1] == "conv_state"]
+    assert result.steps[6]["allocated"] == result.steps[6]["steady"] == 128 + 960 + 160

@@ -28,6 +28,9 @@ CHUNKED = LayerKV("chunked", **ATT, window=4)
 # Qwen3-Next Gated DeltaNet: conv state [B, 2*2*8 + 4*12 = 80, K = 4] = 320 elements (model dtype),
 # recurrent state [B, 4, 8, 12] = 384 elements (f32 whatever the model's dtype).
 LINEAR = LayerKV("linear", conv_elements=80 * 4, recurrent_elements=4 * 8 * 12)
+# LFM2 short conv (modeling_lfm2.py Lfm2ShortConv): conv state [B, hidden 64, conv_L_cache 3] = 192 elements
+# (model dtype), no recurrent state.
+CONV = LayerKV("linear", conv_elements=64 * 3)
 # DeepSeek-V3 MLA: latent kv_lora_rank 32 + rope 8; decompressed 4 heads x K (16 nope + 8 rope) / V 12.
 MLA = LayerKV("full", kv_heads=4, k_dim=24, v_dim=12, latent=(32, 8))
 
@@ -35,6 +38,7 @@ GEMMA3 = (SLIDING,) * 5 + (FULL,)  # sliding_window_pattern 6
 LLAMA4 = (CHUNKED,) * 3 + (FULL,)  # every 4th layer full (NoPE)
 QWEN3_NEXT = (LINEAR,) * 3 + (FULL,)  # full_attention_interval 4
 DEEPSEEK_V3 = (MLA,) * 3
+LFM2 = (CONV, FULL) * 2  # layer_types conv, full_attention, conv, full_attention
 
 
 def model(layers, name="tiny"):
@@ -206,6 +210,38 @@ def test_hybrid_state_allocated_once_and_gathered_on_reorder():
     assert s.steps["allocated"].tolist() == [3 * 2816 + 2 * 24 * T] * 3
 
 
+def test_lfm2_conv_state_alone():
+    """LFM2 in bf16 (the tiny config of ``--arch lfm2``): each conv layer's state 192 x 2 = 384 B, allocated by
+    ``LinearAttentionLayer.lazy_initialization`` at the first ``update_conv_state`` and updated in place (decode:
+    ``causal_conv1d_update`` writes it in place); no recurrent state, so no recurrent row ever (the state unit's
+    recurrent slot is absent). Full layers: 64 B per token per K."""
+    r = checked(LFM2, "prefill:5,decode:2,fork:3,prefill:2,reorder,select:1,reset,prefill:3", precision="bf16")
+    assert events(r, 0) == [(0, "conv_state", "alloc", 384), (1, "k", "alloc", 320), (1, "v", "alloc", 320),
+                            (2, "conv_state", "alloc", 384), (3, "k", "alloc", 320), (3, "v", "alloc", 320)]
+    assert "recurrent_state" not in {e[1] for step in range(10) for e in events(r, step)}
+    for step in (1, 2):  # decode: only the full layers
+        assert {e[0] for e in events(r, step)} == {1, 3}
+    # 2 x 384 B of states + 2 layers x 2 x 64 B x n tokens
+    assert r.steps["allocated"][:3].tolist() == [768 + 256 * n for n in (5, 6, 7)]
+    # fork:3 (7 tokens stored): reorder_cache index_selects the conv state at 3 rows, old freed at once.
+    assert events(r, 3, layer=2) == [(2, "conv_state", "alloc", 1152), (2, "conv_state", "free", 384)]
+    # a chat turn of 2 (cat of the state and the new columns: a temporary, not the cache): nothing for the state
+    assert events(r, 4, layer=0) == []
+    # reorder at the same width copies it again; select:1 back to one row
+    assert events(r, 5, layer=0) == [(0, "conv_state", "alloc", 1152), (0, "conv_state", "free", 1152)]
+    assert events(r, 6, layer=0) == [(0, "conv_state", "alloc", 384), (0, "conv_state", "free", 1152)]
+    # reset: the states zeroed and kept, the full layers' K and V freed (5 + 2 + 1 + 2 + 1 + 1 = 12 tokens); the
+    # next prompt allocates only the full layers.
+    assert events(r, 7) == [(1, "k", "free", 12 * 64), (1, "v", "free", 12 * 64),
+                            (3, "k", "free", 12 * 64), (3, "v", "free", 12 * 64)]
+    assert r.steps["allocated"][7] == 768
+    assert {e[0] for e in events(r, 8)} == {1, 3}
+    # StaticCache: the same LinearAttentionLayer, f32 192 x 4 = 768 B.
+    s = checked(LFM2, "prefill:3,decode:2", "hf-static", max_cache_len=16)
+    assert events(s, 0, layer=0) == [(0, "conv_state", "alloc", 768)]
+    assert s.steps["allocated"].tolist() == [2 * 768 + 2 * 2 * 16 * T] * 3
+
+
 # --------------------------------------------------------------------------- MLA
 
 
@@ -233,7 +269,7 @@ def test_mla_latent_vs_decompressed_bytes():
 
 
 KINDS = {"full": FULL, "sliding": SLIDING, "wide": LayerKV("sliding", **ATT, window=9), "chunked": CHUNKED,
-         "linear": LINEAR, "mla": MLA, "none": LayerKV("none")}
+         "linear": LINEAR, "conv": CONV, "mla": MLA, "none": LayerKV("none")}
 
 
 @st.composite

@@ -135,17 +135,17 @@ ARCH_OPS = {
 ARCH_CLASSES = {
     "gemma3": {"DynamicSlidingWindowLayer", "DynamicLayer"}, "gpt_oss": {"DynamicSlidingWindowLayer", "DynamicLayer"},
     "llama4": {"DynamicSlidingWindowLayer", "DynamicLayer"}, "qwen3_next": {"LinearAttentionLayer", "DynamicLayer"},
-    "deepseek_v3": {"DynamicLayer"},
+    "deepseek_v3": {"DynamicLayer"}, "lfm2": {"LinearAttentionLayer", "DynamicLayer"},
 }
 
 
 @pytest.mark.transformers
 @needs_hf
 @pytest.mark.parametrize("policy", ["hf-dynamic", "hf-static"])
-@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "llama4", "qwen3_next", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "llama4", "qwen3_next", "deepseek_v3", "lfm2"])
 def test_tiny_architectures_match_event_by_event(hf, arch, policy, tmp_path):
-    """Five architectures x DynamicCache / StaticCache: every cache allocation and free (K, V, linear-attention
-    conv and recurrent states) matched in order and size. hf-dynamic reads the config from a config.json (what
+    """Six architectures x DynamicCache / StaticCache: every cache allocation and free (K, V, linear-attention
+    conv and recurrent states; LFM2's conv state alone) matched in order and size. hf-dynamic reads the config from a config.json (what
     --model PATH does), hf-static from the tiny config object (--arch)."""
     from simkv.validate.transformers.archs import tiny_config
 

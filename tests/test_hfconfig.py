@@ -40,7 +40,7 @@ def groups(name):
 
 def test_shipped_files_are_the_presets():
     assert [p.stem for p in FULL] == sorted(hfconfig.CONFIG_PRESETS)
-    assert [p.stem for p in TINY] == ["deepseek_v3", "gemma3", "gpt_oss", "llama4", "qwen3_next"]
+    assert [p.stem for p in TINY] == ["deepseek_v3", "gemma3", "gpt_oss", "lfm2", "llama4", "qwen3_next"]
     assert set(hfconfig.all_presets()) == set(hfconfig.preset_names())
 
 
@@ -94,6 +94,53 @@ def test_qwen3_next_80b_kv_and_state_bytes():
     assert request_bytes(m.kv_layers, BF16, 1_000) == 102_432_768
     assert m.linear_dims == (16, 32, 128, 128, 4)
     assert (m.experts, m.experts_per_token, m.expert_intermediate, m.shared_intermediate) == (512, 10, 512, 512)
+
+
+#: An LFM2-1.2B-shaped config as LFM2's files spell it (``block_ff_dim``, ``tie_embedding``, ``full_attn_idxs``
+#: instead of ``layer_types``): 16 layers, attention on 6 of them, the rest short convolutions.
+LFM2_LIKE = {"model_type": "lfm2", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "conv_L_cache": 3, "block_ff_dim": 12288, "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+             "vocab_size": 65536, "tie_embedding": True, "dtype": "bfloat16"}
+
+
+def test_lfm2_conv_state_and_kv_bytes():
+    # Lfm2Config.__post_init__: full attention on full_attn_idxs, "conv" elsewhere (10 layers); head_dim 2048 / 32.
+    # Full: 8 kv heads x 64: K+V 2 x 8 x 64 x 2 B = 2,048 B per token per layer, x 6 = 12,288 B.
+    # Conv (Lfm2ShortConv, LinearAttentionLayer): conv state [B, hidden 2,048, conv_L_cache 3] = 6,144 elements,
+    # bf16 = 12,288 B per sequence; no recurrent state (0 B, whatever its element size).
+    m = hfconfig.parse_config(LFM2_LIKE, name="lfm2-like")
+    assert [i for i, layer in enumerate(m.kv_layers) if layer.kind == "full"] == [2, 5, 8, 10, 12, 14]
+    conv = m.kv_layers[0]
+    assert (conv.kind, conv.conv_elements, conv.recurrent_elements) == ("linear", 6_144, 0)
+    assert sum(layer.kind == "linear" for layer in m.kv_layers) == 10
+    assert state_bytes(conv, conv_bytes=2) == (12_288, 0)
+    assert token_bytes(m.kv_layers, BF16) == 12_288
+    # 1,000 tokens: 12,288 x 1,000 + 10 x 12,288
+    assert request_bytes(m.kv_layers, BF16, 1_000) == 12_410_880
+    # Lfm2MLP: int(2 x 12,288 / 3) = 8,192, x 1.0, rounded up to a multiple of 256: 8,192 (block_ff_dim wins).
+    # Weights: conv layers 4 x 2,048^2 + 2,048 x 3 = 16,783,360 (in_proj 3h x h, conv h x 3, out_proj h x h);
+    # attention 2,048 x (32 + 8 + 8 + 32) x 64 = 10,485,760; MLP 3 x 2,048 x 8,192 = 50,331,648 per layer;
+    # tied embeddings 65,536 x 2,048: 10 x 16,783,360 + 6 x 10,485,760 + 16 x 50,331,648 + 134,217,728.
+    assert (m.intermediate, m.tied_embeddings, m.short_conv, m.dtype) == (8_192, True, 3, "bfloat16")
+    assert m.weight_params == 1_170_272_256
+    assert m.describe() == ("lfm2-like: 16 layers (10 x linear state: conv 6,144 elements (no recurrent state); "
+                            "6 x full: 8 kv heads x 64)")
+
+
+def test_lfm2_defaults_and_tensor_parallel_share():
+    # No layer_types and no full_attn_idxs: Lfm2Config makes every layer full attention.
+    plain = hfconfig.parse_config({"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 2}, name="p")
+    assert [layer.kind for layer in plain.kv_layers] == ["full", "full"] and plain.kv_heads == 8
+    # layer_types given: it wins; block_auto_adjust_ff_dim off keeps intermediate_size.
+    m = hfconfig.parse_config({**LFM2_LIKE, "layer_types": ["conv", "full_attention"] * 8,
+                               "block_auto_adjust_ff_dim": False}, name="t")
+    assert [layer.kind for layer in m.kv_layers[:2]] == ["linear", "full"] and m.intermediate == 12_288
+    # vLLM splits the short conv by channels: a 4-way share keeps 6,144 / 4 conv elements and 1/4 of its weights.
+    from simkv.models import tp_shard
+
+    share = tp_shard(m, 4)
+    assert share.kv_layers[0].conv_elements == 1_536 and share.kv_layers[0].recurrent_elements == 0
+    assert share.layer_params(0) == 16_783_360 // 4 + 3 * 2_048 * 12_288 // 4
 
 
 def test_deepseek_v3_latent_vs_decompressed():
@@ -241,6 +288,11 @@ VARIANTS = {
                                      "layers_block_type": ["mamba", "attention", "mamba", "mamba"]},
     "granite_all_mamba": {"model_type": "granitemoehybrid", "hidden_size": 64, "num_hidden_layers": 2,
                           "num_attention_heads": 4, "mamba_n_heads": 8, "mamba_d_state": 12, "num_local_experts": 0},
+    "lfm2_full_attn_idxs": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 5, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "full_attn_idxs": [1, 3], "conv_L_cache": 4},
+    "lfm2_published_spelling": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 3,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "block_ff_dim": 96,
+                                "tie_embedding": False, "layer_types": ["conv", "conv", "full_attention"]},
     "jamba": {"model_type": "jamba", "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
               "num_key_value_heads": 2, "attn_layer_period": 3, "attn_layer_offset": 1, "mamba_d_state": 12,
               "mamba_d_conv": 3, "num_experts": 4, "num_experts_per_tok": 2},
@@ -277,10 +329,13 @@ def test_family_defaults_are_the_config_classes():
 
 @pytest.mark.transformers
 @needs_hf
-@pytest.mark.parametrize("name", ["qwen3_next", "deepseek_v3", "granite_published_block_type", "jamba"])
+@pytest.mark.parametrize("name", ["qwen3_next", "deepseek_v3", "granite_published_block_type", "jamba", "lfm2",
+                                  "lfm2_full_attn_idxs"])
 def test_state_and_latent_shapes_equal_a_real_forward(tmp_path, name):
     """What a tiny random model of the config really caches after a 5-token prefill: a linear layer's conv and
-    recurrent state, an MLA layer's latent keys and values, element for element."""
+    recurrent state (LFM2's conv layers: none, ``recurrent_states`` left None), an MLA layer's latent keys and
+    values, element for element; and the weight matrices' parameters (a model whose linear layers simkv can
+    weigh)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -290,15 +345,22 @@ def test_state_and_latent_shapes_equal_a_real_forward(tmp_path, name):
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config)).eval()
     with torch.no_grad():
         cache = model(torch.tensor([[1, 2, 3, 4, 5]]), use_cache=True).past_key_values
-    for spec, layer in zip(hfconfig.load_config(config).kv_layers, cache.layers, strict=True):
+    spec_model = hfconfig.load_config(config)
+    for spec, layer in zip(spec_model.kv_layers, cache.layers, strict=True):
         if spec.kind == "linear":
             assert layer.conv_states[0][0].numel() == spec.conv_elements
-            assert layer.recurrent_states[0][0].numel() == spec.recurrent_elements
+            if spec.recurrent_elements:
+                assert layer.recurrent_states[0][0].numel() == spec.recurrent_elements
+            else:
+                assert layer.recurrent_states[0] is None
         elif spec.latent:
             rank, rope = spec.latent
             assert layer.keys.shape == (1, 1, 5, rank) and layer.values.shape == (1, 1, 5, rope)
         else:
             assert layer.keys.shape == (1, spec.kv_heads, 5, spec.k_dim)
+    if name.startswith("lfm2"):  # every matrix and the depthwise conv kernels; norms left out, as simkv does
+        params = sum(p.numel() for key, p in model.named_parameters() if p.dim() >= 2)
+        assert spec_model.weight_params == params
 
 
 # -- malformed configs: one line, exit 2 --------------------------------------------------------------------------
@@ -337,6 +399,10 @@ def test_malformed_config_is_one_line_exit_2(tmp_path, text, message):
      "model_type 'mystery' is not a family simkv reads"),
     ({**GOOD, "model_type": "mystery", "layer_types": ["linear_attention", "full_attention"]},
      "layer 0 is linear_attention, whose state shapes simkv knows only for qwen3_next, granitemoehybrid, jamba"),
+    ({**GOOD, "model_type": "mystery", "layer_types": ["full_attention", "conv"]},
+     "layer 1 is conv, whose state shapes simkv knows only for lfm2"),
+    ({**GOOD, "model_type": "qwen3_next", "layer_types": ["conv", "full_attention"]},
+     "layer 0 is conv, whose state shapes simkv knows only for lfm2"),
     ({**GOOD, "layer_types": ["full_attention", "hybrid"]}, "layer type hybrid (layer 1) is not one simkv models"),
     ({**GOOD, "layer_types": ["full_attention"]}, "layer_types has 1 entries for num_hidden_layers 2"),
     ({**GOOD, "layer_types": ["sliding_attention", "full_attention"]}, "layer 0 is sliding but sliding_window is not set"),

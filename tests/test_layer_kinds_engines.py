@@ -33,7 +33,8 @@ def layer_specs(draw):
     if kind == "mla":
         return LayerKV("full", 4, 24, 16, latent=(draw(st.sampled_from([16, 32])), 8))
     if kind == "linear":
-        return LayerKV("linear", conv_elements=draw(st.integers(1, 200)), recurrent_elements=draw(st.integers(1, 300)))
+        conv = draw(st.integers(1, 200))  # recurrent 0: LFM2's conv-only state (the recurrent slot absent)
+        return LayerKV("linear", conv_elements=conv, recurrent_elements=draw(st.sampled_from([0, 1, 17, 300])))
     if kind == "none":
         return LayerKV("none")
     window = draw(st.integers(1, 40)) if kind in ("sliding", "chunked") else None

@@ -5,7 +5,7 @@ Each preset is built with transformers' own config class from the values of the 
 number was read), then written with ``to_json_file``, so the files have the real format (nested
 ``text_config``, ``layer_types`` as the config class derives them) without a download. A field not set
 below is the config class's default in transformers 5.23 (and does not change simkv's numbers).
-The tiny configs are the five architectures of experiments/hf_layer_kinds/tiny_models.py, same values.
+The tiny configs are the six architectures of experiments/hf_layer_kinds/tiny_models.py, same values.
 
 Run from the repository root with transformers 5.23 installed (the ``transformers`` extra):
 

@@ -1,4 +1,5 @@
-"""Tiny random-weight configs for the five architectures (transformers 5.23.0).
+"""Tiny random-weight configs for the six architectures (transformers 5.23.0; LFM2 added after the
+measurements of README.md here, validated by `experiments/hf_arch_validation.py`).
 
 build(arch, dtype) -> (model, config). Sizes are chosen so that every cache tensor
 has a distinctive byte size. Window/chunk = 4 so that short loops cross boundaries.
@@ -56,7 +57,16 @@ def deepseek_v3():
         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, **COMMON), T.DeepseekV3ForCausalLM
 
 
-ARCHS = dict(gemma3=gemma3, gpt_oss=gpt_oss, llama4=llama4, qwen3_next=qwen3_next, deepseek_v3=deepseek_v3)
+def lfm2():
+    # 4 layers: conv, full, conv, full (LFM2 short conv: a conv state [B, 64, conv_L_cache 3], no recurrent state)
+    return T.Lfm2Config(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
+        layer_types=["conv", "full_attention", "conv", "full_attention"], **COMMON), T.Lfm2ForCausalLM
+
+
+ARCHS = dict(gemma3=gemma3, gpt_oss=gpt_oss, llama4=llama4, qwen3_next=qwen3_next, deepseek_v3=deepseek_v3,
+             lfm2=lfm2)
 
 
 def build(arch, dtype=torch.float32, seed=0):

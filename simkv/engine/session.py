@@ -263,9 +263,13 @@ class FastEngine:
             # beam_idx first: every layer gathered into new buffers at the new batch, old freed at once.
             units = np.flatnonzero(self.budget)
             held = self._held()  # exact size: no padding is carried
+            id_start = self.next_id
             block, happens, resident = self._reallocate(units, held, inf.batch, step, phase, rows, "gather",
                                                         held, np.zeros(lay.units, dtype=np.int64), immediate=True)
-            rows.append(block[happens])
+            gathered = block[happens]
+            if lay.has_absent and len(gathered):  # absent slots (LFM2's recurrent place) took ids they never use
+                self._renumber(gathered, id_start)
+            rows.append(gathered)
             resident_delta.append(resident[happens])
         unit_rows, unit_res, deferred = self._grow(step, phase, inf, needed, rows)
         rows.append(unit_rows)

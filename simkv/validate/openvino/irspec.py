@@ -5,7 +5,8 @@ Each state variable of the model is a ReadValue/Assign pair. Two kinds occur in 
 * a **KV cache** variable ``[B, H_kv, L, S]`` (the sequence axis dynamic): two per attention layer, K and V
   (named ``...key...`` / ``...value...``), fused by the CPU plugin into the layer's SDPA node;
 * a **linear-attention state** with every axis but the batch static: a conv state ``[B, C, K]`` and a
-  recurrent state (Qwen3-Next's Gated DeltaNet: ``[B, H_v, d_k, d_v]``), plain variables.
+  recurrent state (Qwen3-Next's Gated DeltaNet: ``[B, H_v, d_k, d_v]``), plain variables; or a conv state
+  alone (LFM2's short conv: ``cache_params.past.conv.N`` ``[B, hidden_size, conv_L_cache]``).
 
 The layer a variable belongs to is read from the graph: the first node downstream of its ReadValue whose
 name holds ``layers.N.`` (optimum-intel keeps the PyTorch module path in the node names), else the number
@@ -192,11 +193,13 @@ def read_ir_layers(model, ir_path: str | Path | None = None) -> IRLayers:
         elif set(roles) == {"conv", "recurrent"}:
             layer_kv.append(LayerKV("linear", conv_elements=roles["conv"].elements,
                                     recurrent_elements=roles["recurrent"].elements))
+        elif set(roles) == {"conv"}:  # LFM2's short conv: a conv state only (hfconfig._lfm2_conv)
+            layer_kv.append(LayerKV("linear", conv_elements=roles["conv"].elements))
         elif not roles:
             layer_kv.append(LayerKV("none"))
         else:
-            raise ConfigError(f"layer {i}: state variables {sorted(roles)} are neither a K/V pair nor a conv + "
-                              "recurrent state (simkv models those two)")
+            raise ConfigError(f"layer {i}: state variables {sorted(roles)} are neither a K/V pair nor a conv "
+                              "(+ recurrent) state (simkv models those)")
     variables = [v for i in range(n_layers) for v in sorted(by_layer.get(i, []), key=lambda v: v.role)]
     if not any(spec.caches_tokens for spec in layer_kv):
         raise ConfigError("the model has no KV cache variable")

@@ -10,7 +10,9 @@ config's ``__post_init__`` derived its ``layer_types``), as ``cache_utils.get_la
 reads it: ``layer_types`` — else sliding where ``sliding_window`` is set, else chunked where
 ``attention_chunk_size`` is, else full —, legacy names (``attention``, ``mamba``) mapped, ``moe`` /
 ``mlp`` and KV-sharing ``reuse`` layers holding nothing; MLA ranks (``kv_lora_rank``,
-``qk_rope_head_dim``) and Qwen3-Next's Gated DeltaNet dimensions. It reads the transformers object,
+``qk_rope_head_dim``), Qwen3-Next's Gated DeltaNet dimensions and LFM2's ``conv`` layers (a
+``LinearAttentionLayer`` holding only a conv state ``[B, hidden_size, conv_L_cache]``:
+modeling_lfm2.py ``Lfm2ShortConv.forward``, cache_utils.py ``LinearAttentionLayer.lazy_initialization``). It reads the transformers object,
 not the JSON file, so the kinds are what the runtime itself derives; the general loader of config
 files is :mod:`simkv.hfconfig`.
 """
@@ -51,6 +53,10 @@ ARCHS: dict[str, tuple[str, dict]] = {
                                              num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
                                              kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16,
                                              v_head_dim=12)),
+    # 4 layers: conv, full, conv, full (LFM2's short conv: a conv state [B, 64, 3] only); head_dim 64 / 4 = 16
+    "lfm2": ("Lfm2Config", dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                                num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
+                                layer_types=["conv", "full_attention", "conv", "full_attention"])),
 }
 
 #: transformers' legacy layer-type names (configuration_utils.py).
@@ -123,6 +129,10 @@ def model_spec(config, name: str) -> ModelSpec:
             kernel, dk, dv, hk, hv = (get(k) for k in _LINEAR)
             layers.append(LayerKV("linear", conv_elements=(2 * hk * dk + hv * dv) * kernel,
                                   recurrent_elements=hv * dk * dv))
+        elif kind == "conv":  # LFM2: update_conv_state(B*x [B, hidden, seq], conv_kernel_size=conv_L_cache) only
+            if get("conv_L_cache") is None:
+                raise ConfigError(f"layer {i} is a short conv but the config lacks conv_L_cache")
+            layers.append(LayerKV("linear", conv_elements=get("hidden_size") * get("conv_L_cache")))
         elif kind in ("full_attention", "sliding_attention", "chunked_attention"):
             short = kind.split("_")[0]
             window = {"sliding": get("sliding_window"), "chunked": get("attention_chunk_size")}.get(short)
@@ -133,7 +143,7 @@ def model_spec(config, name: str) -> ModelSpec:
             layers.append(LayerKV(short, **dims, window=window, sinks=sinks))
         else:
             raise ConfigError(f"layer {i}'s type {kind!r} is not modelled (full, sliding, chunked and linear "
-                              "attention, moe / mlp are)")
+                              "attention, LFM2's conv, moe / mlp are)")
     return ModelSpec(name, layers=config.num_hidden_layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                      hidden=get("hidden_size") or 0, intermediate=get("intermediate_size") or 0,
                      vocab=get("vocab_size") or 0, layer_kv=tuple(layers), source="transformers config")
