@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from simkv import build_scenario, simulate
 from simkv.ledger import OPS, TENSORS
+
+
+@pytest.fixture()
+def kept_environ():
+    """The process environment restored after the test: a Dask ``LocalCluster``'s nanny sets
+    ``MALLOC_TRIM_THRESHOLD_`` in it, and later tests (the validators' clean runs) read the environment."""
+    environ = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def run(engine: str = "fast", **kwargs):

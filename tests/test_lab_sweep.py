@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -119,18 +118,13 @@ def test_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
     assert sweep.read_rows(out) == fresh.rows == res.rows
 
 
-def test_processes_and_dask_give_the_local_rows(tmp_path):
+def test_processes_and_dask_give_the_local_rows(tmp_path, kept_environ):
     distributed = pytest.importorskip("distributed")
     pts = points()
     inline = sweep.run_sweep(pts, tmp_path / "inline.parquet", workers=1, progress=False)
     procs = sweep.run_sweep(pts, tmp_path / "procs.parquet", workers=2, progress=False)
-    environ = dict(os.environ)  # distributed's nanny sets MALLOC_TRIM_THRESHOLD_ here; later tests read the env
-    try:
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-            dask = sweep.run_sweep(pts, tmp_path / "dask.parquet", scheduler=cluster.scheduler_address, progress=False)
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        dask = sweep.run_sweep(pts, tmp_path / "dask.parquet", scheduler=cluster.scheduler_address, progress=False)
     assert procs.rows == inline.rows == dask.rows
     files = [(tmp_path / f"{k}.parquet").read_bytes() for k in ("inline", "procs", "dask")]
     assert files[0] == files[1] == files[2]  # rows stored in point order, whatever finished first

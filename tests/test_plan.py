@@ -167,7 +167,7 @@ def test_guard_never_stops_a_run_that_meets_the_slo(router):
     assert stopped  # the case exercises the guard
 
 
-def test_resume_and_dask_give_the_same_rows(slow_device, ten_at_once, tmp_path):
+def test_resume_and_dask_give_the_same_rows(slow_device, ten_at_once, tmp_path, kept_environ):
     pytest.importorskip("distributed")
     from distributed import LocalCluster
 
