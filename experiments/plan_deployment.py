@@ -15,6 +15,7 @@ latencies), ``report.txt`` (the command's text report), ``wall_times.csv`` (nond
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -41,9 +42,14 @@ def run(out: Path, quick: bool) -> None:
     local_s = time.perf_counter() - t0
     from distributed import LocalCluster
 
+    environ = dict(os.environ)  # the cluster's nanny sets MALLOC_TRIM_THRESHOLD_; later experiments validate
     t0 = time.perf_counter()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        plan.run_plan(target, space, out=dask, scheduler=cluster.scheduler_address)
+    try:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            plan.run_plan(target, space, out=dask, scheduler=cluster.scheduler_address)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     dask_s = time.perf_counter() - t0
     if local.read_bytes() != dask.read_bytes():
         raise AssertionError(f"{local} and {dask} differ: the executors disagree")
