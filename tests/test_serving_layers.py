@@ -104,6 +104,18 @@ def test_gemma_3_27b_and_qwen3_next_80b_layouts():
     assert (g.block_bytes, g.state_bytes) == (393_216, 40_108_032)
 
 
+def test_short_conv_state_page_keeps_kernel_minus_one_columns():
+    # The tiny LFM2 (data/configs/tiny/lfm2.json): conv layers 0 and 2 keep hidden 128 x conv_L_cache 3 elements in
+    # transformers and GenAI; vLLM's short_conv_state_shape keeps (3 - 1) x 128: 256 elements, 512 B in bf16 per
+    # layer (768 B with all three columns); both conv layers share one state group.
+    from simkv.hfconfig import get_model
+
+    lfm2 = get_model("data/configs/tiny/lfm2.json")
+    spec = {g.kind: g for g in paged_kv(lfm2, BF16, 16, "vllm").groups}["state"]
+    assert spec.layers == (0, 2) and spec.real_bytes == 2 * 512
+    assert paged_kv(lfm2, BF16, 16, "genai").state_bytes == 2 * 768
+
+
 # -- windows: GenAI keeps every block, vLLM frees -------------------------------------------------------------------
 
 def test_gemma_like_blocks_per_request_genai_vs_vllm():

@@ -177,11 +177,16 @@ def genai_tensor_bytes(layer: LayerKV, precision, block_size: int) -> tuple[int,
 
 
 def conv_columns(model) -> tuple[int, int] | None:
-    """(conv kernel K, columns vLLM keeps: K − 1) when the model gives its linear-attention dims, else None.
+    """(conv kernel K, columns vLLM keeps: K − 1) when the model gives its linear-attention dims or its short-conv
+    kernel (LFM2's ``conv_L_cache``: vLLM ``MambaStateShapeCalculator.short_conv_state_shape`` keeps
+    ``(conv_kernel − 1, conv_dim)``, as its Gated-DeltaNet and Mamba shapes do), else None.
     ``LayerKV.conv_elements`` counts ``conv_dim × K`` (transformers' ``[B, conv_dim, K]`` and GenAI's measured
     ``conv_state_table`` ``[?, conv_dim, K]``)."""
     dims = getattr(model, "linear_dims", None)
-    return (dims[4], dims[4] - 1) if dims else None
+    if dims:
+        return dims[4], dims[4] - 1
+    kernel = getattr(model, "short_conv", 0)
+    return (kernel, kernel - 1) if kernel else None
 
 
 def paged_kv(model, precision, block_size: int, manager: str = "genai", *, prefix_caching: bool = False) -> PagedKV:
