@@ -105,15 +105,16 @@ def test_gemma_3_27b_and_qwen3_next_80b_layouts():
 
 
 def test_short_conv_state_page_keeps_kernel_minus_one_columns():
-    # The tiny LFM2 (data/configs/tiny/lfm2.json): conv layers 0 and 2 keep hidden 128 x conv_L_cache 3 elements in
-    # transformers and GenAI; vLLM's short_conv_state_shape keeps (3 - 1) x 128: 256 elements, 512 B in bf16 per
-    # layer (768 B with all three columns); both conv layers share one state group.
+    # The tiny LFM2 (data/configs/tiny/lfm2.json: hidden 64, conv_L_cache 3, float32, conv layers 0 and 2).
+    # vLLM: short_conv_state_shape keeps (3 - 1) x 64 elements in the model's dtype: 512 B per layer, 1,024 B for the
+    # state group of both layers (1,536 B if all three columns were kept). GenAI's state block keeps all three
+    # columns at the KV precision: 2 layers x 64 x 3 x 2 B = 768 B.
     from simkv.hfconfig import get_model
 
     lfm2 = get_model("data/configs/tiny/lfm2.json")
     spec = {g.kind: g for g in paged_kv(lfm2, BF16, 16, "vllm").groups}["state"]
-    assert spec.layers == (0, 2) and spec.real_bytes == 2 * 512
-    assert paged_kv(lfm2, BF16, 16, "genai").state_bytes == 2 * 768
+    assert spec.layers == (0, 2) and spec.real_bytes == 2 * 2 * 64 * 4
+    assert paged_kv(lfm2, BF16, 16, "genai").state_bytes == 2 * 64 * 3 * 2
 
 
 # -- windows: GenAI keeps every block, vLLM frees -------------------------------------------------------------------
