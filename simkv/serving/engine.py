@@ -16,6 +16,9 @@ planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from operator import attrgetter
+
 import numpy as np
 
 from simkv.errors import ConfigError
@@ -31,6 +34,7 @@ from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, G
 from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
+_index = attrgetter("index")
 #: Device presets whose dynamic pool follows GenAI's GPU path (a growth check, then preemption or waiting); every
 #: other device (xeon-8480, host, a custom one) follows its CPU path: no check, and an allocation that does not fit
 #: is out of memory. NVIDIA presets have no OpenVINO plugin; they take the GPU path, a device's own memory.
@@ -266,6 +270,9 @@ class PagedServing:
         #: out (a router reads it: simkv.serving.router).
         self.held = None
         self.plan_from, self.fails = 0, 0  # planned runs: the next step to try one at, failed tries in a row
+        #: Every present request from this request index on is untouched: nothing scheduled, restored or freed yet
+        #: (an overloaded pool's queue; planned runs carry such a tail without a row each: planned_run._present).
+        self.cold = 0
 
     def add(self, req: Request, prompt: int, tokens=None) -> None:
         """A request routed here (arrivals in seconds, not before those given so far): it joins at the first
@@ -327,11 +334,13 @@ class PagedServing:
                 if self.oom is not None:
                     self._stop_out_of_memory(live, self.pending)
                     break
+                live[:] = [g for g in live if g.status == RUNNING]
             elif joined == HELD:
                 break
             else:
                 self.pending += joined
-            live[:] = [g for g in live if g.status == RUNNING]
+                pos = self.cold_pos(live)  # (an untouched request is running: only the others can have ended)
+                live[:pos] = [g for g in live[:pos] if g.status == RUNNING]
             if bar is not None and not by_step:
                 bar(self.pending)
 
@@ -371,6 +380,12 @@ class PagedServing:
                                               for v, n in zip(vals, lens)])
         return table
 
+    def cold_pos(self, live: list[Group]) -> int:
+        """Where the untouched tail of ``live`` (request order) starts (:attr:`cold`)."""
+        if not live or live[-1].index < self.cold:
+            return len(live)
+        return bisect_left(live, self.cold, key=_index)
+
     # -- one step, the reference way ----------------------------------------------------------------
 
     def _slow_step(self, live: list[Group]) -> None:
@@ -379,6 +394,8 @@ class PagedServing:
         step, t = self.step, self.t
         before_pre = sum(g.preemptions for g in live)
         total, scheduled = self.sched.schedule(live) if live else (0, [])
+        if scheduled:
+            self.cold = max(self.cold, max(g.index for g in scheduled) + 1)
         preempted = sum(g.preemptions for g in live) - before_pre
         self.preempted_total += preempted
         state = self.state_pool
@@ -473,9 +490,11 @@ class PagedServing:
             return HELD
         self.groups.extend(joined)
         live.extend(joined)
-        table, sampled = planned_run.commit(run, live, self.pool, self.sched.free_group, self.timer, self.block_bytes,
+        table, sampled = planned_run.commit(run, run.rows + joined, self.pool, self.sched.free_group, self.timer, self.block_bytes,
                                             self.bs, self.step, self)
         self.sampled += sampled
+        if run.moved is not None:  # requests the run scheduled are no longer untouched
+            self.cold = max(self.cold, run.moved + 1)
         self.rows.append(table)
         self.est.append(table["step_s"])
         self.t = float(table["time_s"][-1])
@@ -519,5 +538,7 @@ class PagedServing:
         if self.tokens is not None:
             prepare_tokens(g, self.tokens[index], self.bs)
             self.sched.restore(g)
+            if g.tables[0]:  # restored blocks: not untouched
+                self.cold = max(self.cold, index + 1)
         self.groups.append(g)
         return g

@@ -24,7 +24,8 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
     by_step, ahead = eng.by_step, run.ahead
     total = eng.pool.total
     joined: list[Group] = []
-    last = max(run.fin, default=-1)  # the latest last step of anyone in the run (rows are only appended)
+    # the latest last step of anyone in the run (rows are only appended; requests without a row stay to its end)
+    last = KMAX if run.passive else max(run.fin, default=-1)
     for index in range(pending, len(reqs)):
         req = reqs[index]
         if by_step:
@@ -38,7 +39,7 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
         sched.init_side(g)
         # nobody present at step k, or (a dynamic pool) the ones present at step k and g would raise it
         if (index >= ahead or g.n > 1 or last < k
-                or (sched.dynamic and reserves(sched, [h for h, f in zip(live + list(prior) + joined, run.fin)
+                or (sched.dynamic and reserves(sched, [h for h, f in zip(run.rows + list(prior) + joined, run.fin)
                                                        if f >= k] + [g]))):
             run.cut(k)
             break

@@ -68,6 +68,12 @@ class Run:
     #: group the present requests' table lengths at the start (newcomers start empty).
     used1: np.ndarray | None = None
     nbg: list | None = None
+    #: The present requests with a row (in order; the newcomers' rows follow), and how many present requests after
+    #: them have none: the untouched tail of a queue that no step of the run reaches (no token, no block).
+    rows: list = None
+    passive: int = 0
+    #: After the commit: the largest request index the run scheduled a token for (None: none).
+    moved: int | None = None
 
     def cut(self, k: int) -> None:
         """Keep the first ``k`` steps (or fewer): the per-step arrays now, the rows when committed."""
@@ -102,12 +108,14 @@ def plan(eng, live: list, pending: int) -> Run | None:
     """The run the present requests ``live`` make, up to the arrival of ``requests[pending +
     JOINS_PER_RUN]`` at the latest (joins not yet added), or None when the present state does
     not allow a run of at least two steps."""
-    present = _present(eng, live)
+    ahead = pending + JOINS_PER_RUN
+    horizon = _horizon(eng, ahead)
+    budget = eng.cfg.max_num_batched_tokens
+    present = _present(eng, live, budget * horizon)
     if present is None:
         return None
-    proc, P, G, gen, nb = present
-    ahead = pending + JOINS_PER_RUN
-    scheduled = _schedule(proc, P, G, gen, eng.cfg.max_num_batched_tokens, _horizon(eng, ahead))
+    proc, P, G, gen, nb, rows, passive = present
+    scheduled = _schedule(proc, P, G, gen, budget, horizon)
     if scheduled is None:
         return None
     tok, dec, start, fin, nd, taken, K = scheduled
@@ -142,7 +150,7 @@ def plan(eng, live: list, pending: int) -> Run | None:
               logits=sampled.sum(axis=0)[:K],
               decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
                             if eng.timer.decode_rate_differs else None), ahead=ahead,
-              used1=None if used1 is None else used1[:K], nbg=nbg)
+              used1=None if used1 is None else used1[:K], nbg=nbg, rows=rows, passive=passive)
     run.time(eng.timer, eng.t)
     return run
 
@@ -207,24 +215,37 @@ def blocks(eng, ctx: np.ndarray, prev: np.ndarray, alive: np.ndarray, nbg: list)
     return per_pool, entries, drops, used_b
 
 
-def _present(eng, live: list):
+def _present(eng, live: list, reach: int):
     """The present requests as arrays (tokens processed, prompt, tokens to generate, generated,
-    blocks held), or None where the reference must take the step (prefix caching, tracing,
-    observers, no split-fuse, pool growth, a window's blocks leaving, forks)."""
+    blocks held), the requests they are (``rows``) and how many present requests follow them without a row, or
+    None where the reference must take the step (prefix caching, tracing, observers, no split-fuse, pool growth,
+    a window's blocks leaving, forks).
+
+    Untouched requests at the end of the queue (:attr:`PagedServing.cold`) get a row only while the prompt tokens
+    before them stay under ``reach`` (the run's budget of tokens): later ones get no token in the run — prompts
+    are served in request order, and each takes every token left until it completes —, hold no block and sample
+    nothing, so they only count as present. (A fixed pool: a dynamic one reserves for every prompt present.)"""
     cfg, sched, pool = eng.cfg, eng.sched, eng.pool
     if cfg.enable_prefix_caching or eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
         return None
     if not sched.initialized or pool.total != eng.tensors.total or (
             eng.state_pool is not None and eng.state_pool.total != eng.tensors.state_total):
         return None  # the pool's tensors are (re)allocated in this step
-    n = len(live)
+    tail = len(live)
+    if not sched.dynamic:
+        tail = eng.cold_pos(live)
+        while tail < len(live) and reach > 0:
+            reach -= live[tail].P
+            tail += 1
+    rows = live[:tail]  # (a copy: the engine appends newcomers to live)
+    n = len(rows)
     proc = np.empty(n, dtype=np.int64)
     P = np.empty(n, dtype=np.int64)
     G = np.empty(n, dtype=np.int64)
     gen = np.empty(n, dtype=np.int64)
     nb = np.empty(n, dtype=np.int64)
     prompt_phase = False
-    for j, g in enumerate(live):
+    for j, g in enumerate(rows):
         if len(g.tables) != 1:
             return None
         if g.maxc >= g.P:
@@ -237,7 +258,7 @@ def _present(eng, live: list):
         proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
     if sched.dynamic and prompt_phase and reserves(sched, live):
         return None  # the reference step raises the dynamic pool first
-    return proc, P, G, gen, nb
+    return proc, P, G, gen, nb, rows, len(live) - n
 
 
 def reserves(sched, groups) -> bool:
@@ -330,8 +351,13 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
             alloc_b = alloc_b + state_total * eng.state_bytes
             in_use = in_use + state_used * eng.state_bytes
     n_sampled = _advance(live, ctx, sampled, np.array(run.dec), np.array(run.fin), times, K, step0)
+    moved = np.flatnonzero(tok.any(axis=1))
+    run.moved = live[int(moved[-1])].index if moved.size else None
+    requests = alive.sum(axis=0)
+    if run.passive:
+        requests += run.passive
     table = {
-        "step": step0 + np.arange(K), "time_s": times, "requests": alive.sum(axis=0),
+        "step": step0 + np.arange(K), "time_s": times, "requests": requests,
         "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
         "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
         "peak_bytes": alloc_b, "reserved_bytes": alloc_b - in_use,
