@@ -38,6 +38,15 @@ def same(requests, **cfg):
     assert a.ledger == b.ledger
     assert [tuple(getattr(g, f) for f in FIELDS) for g in ga] == [tuple(getattr(g, f) for f in FIELDS) for g in gb]
     assert a.pool.touched == b.pool.touched and a.pool.total == b.pool.total
+    # the pool itself: free list, references, the prefix cache (hashes, stamps, the store, its eviction order)
+    pa, pb = a.pool, b.pool
+    assert list(pa.free) == list(pb.free) and pa.ref == pb.ref and pa.hash_of == pb.hash_of
+    if pa.prefix_caching:  # (stamps only order the store's evictions: kept with prefix caching only)
+        assert pa.stamp == pb.stamp and pa.clock == pb.clock
+    assert pa.cached == pb.cached and pa.stored == pb.stored
+    assert sorted(e for e in pa.lru if pa.stored.get(e[2]) == e[1] and pa.stamp[e[1]] == e[0]) == \
+        sorted(e for e in pb.lru if pb.stored.get(e[2]) == e[1] and pb.stamp[e[1]] == e[0])
+    assert [(g.tables, g.seq_tokens) for g in ga] == [(g.tables, g.seq_tokens) for g in gb]
     return b
 
 
@@ -88,5 +97,56 @@ def queued(draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(queued())
 def test_fast_equals_reference_with_queues(case):
+    reqs, cfg = case
+    same(reqs, **cfg)
+
+
+def test_prefix_caching_plans_runs_and_keeps_the_cache():
+    # unique prompts (the conversation trace's case: every request alone in its family) on a fixed pool small
+    # enough that the overwritable store's blocks are overwritten, with a shared system prompt and a session
+    # among them (whose requests the reference takes step by step)
+    rng = np.random.default_rng(11)
+    t, reqs = 0.0, []
+    for i in range(150):
+        t += float(rng.exponential(0.004))
+        kw = {}
+        if i % 40 == 3:
+            kw = dict(prefix_id="sys", prefix_tokens=20)
+        elif i % 50 == 7:
+            kw = dict(session=f"s{i % 2}")
+        reqs.append(Request(i, int(rng.integers(21, 90)), int(rng.integers(1, 70)), arrival_s=t, **kw))
+    for blocks in (0, 60, 400):
+        eng = same(reqs, block_size=8, num_kv_blocks=blocks, max_num_batched_tokens=64, enable_prefix_caching=True)
+        assert planned_steps(eng) > 0.3 * len(eng.finish()[1])
+    assert eng.pool.stored  # finished requests' blocks stay restorable
+
+
+@st.composite
+def prefix_workloads(draw):
+    n = draw(st.integers(2, 30))
+    reqs, t = [], 0.0
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.0002, 0.001, 0.004, 0.02]))
+        P = draw(st.integers(1, 80))
+        kind = draw(st.sampled_from(["own"] * 6 + ["prefix", "session", "ids", "samples"]))
+        kw = {}
+        if kind == "prefix":
+            kw = dict(prefix_id=draw(st.sampled_from(["a", "b"])), prefix_tokens=min(P, draw(st.integers(1, 20))))
+        elif kind == "session":
+            kw = dict(session=draw(st.sampled_from(["s", "u"])))
+        elif kind == "ids":
+            kw = dict(token_ids=tuple(draw(st.integers(0, 3)) for _ in range(P)))
+        elif kind == "samples":
+            kw = dict(samples=2)
+        reqs.append(Request(i, P, draw(st.integers(1, 40)), arrival_s=t, **kw))
+    cfg = dict(block_size=draw(st.sampled_from([4, 8, 16])), num_kv_blocks=draw(st.sampled_from([0, 10, 25, 60, 300])),
+               max_num_batched_tokens=draw(st.sampled_from([16, 32, 64])), enable_prefix_caching=True,
+               on_oom=draw(st.sampled_from(["preempt", "wait"])))
+    return reqs, cfg
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prefix_workloads())
+def test_fast_equals_reference_with_prefix_caching(case):
     reqs, cfg = case
     same(reqs, **cfg)

@@ -16,7 +16,10 @@ planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 
 from __future__ import annotations
 
+import functools
+import gc
 from bisect import bisect_left
+from collections import Counter
 from operator import attrgetter
 
 import numpy as np
@@ -69,6 +72,25 @@ HELD = -1
 #: Per-request progress (``trace_requests=True``): one row per live request per step.
 PROGRESS = np.dtype([("step", np.int64), ("request", np.int64), ("generated", np.int64), ("processed", np.int64),
                      ("status", "U8")])
+
+
+def without_cycle_collection(method):
+    """Run ``method`` with Python's cyclic garbage collector paused. The loop allocates millions of small objects
+    that form no reference cycles (groups, block tables, token ids, step tuples) and keeps many of them, so the
+    collector's full passes, each walking every object kept so far, cost seconds over an hour's trace (prefix
+    caching: 11.5 -> 6.1 s; the H100 hour 3.0 -> 2.2 s); reference counting frees them as before."""
+
+    @functools.wraps(method)
+    def paused(*args, **kwargs):
+        if not gc.isenabled():
+            return method(*args, **kwargs)
+        gc.disable()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
 
 
 def session_prompts(requests: list[Request]) -> list[int]:
@@ -232,6 +254,7 @@ class PagedServing:
 
     # -- the loop in parts: a router (simkv.serving.router) adds requests while the engine runs ----
 
+    @without_cycle_collection
     def start(self, fast: bool = True, *, prompts: list[int] | None = None, tokens: list | None = None,
               longest: int | None = None) -> None:
         """Set up a run over ``self.requests``. A router starts with no requests and gives each one with
@@ -245,6 +268,10 @@ class PagedServing:
         self.prompts = session_prompts(reqs) if prompts is None else list(prompts)
         self.tokens = ((prompt_token_ids(reqs) if tokens is None else list(tokens))
                        if self.cfg.enable_prefix_caching else None)
+        #: Prefix caching: each request's first prompt token (its *family*: two blocks can only have the same hash
+        #: if their requests have the same first token) and how many requests each family has.
+        self.family = [t[0] for t in self.tokens] if self.tokens is not None else None
+        self.families = Counter(self.family) if self.tokens is not None else None
         self.groups: list[Group] = []
         self.live: list[Group] = []
         self.pending = 0
@@ -281,7 +308,15 @@ class PagedServing:
         self.prompts.append(prompt)
         if self.tokens is not None:
             self.tokens.append(tokens)
+            self.family.append(tokens[0])
+            self.families[tokens[0]] += 1
 
+    def solo(self, index: int) -> bool:
+        """Prefix caching: ``requests[index]`` is the only request of its family (no other request's blocks can
+        have the hash of one of its blocks: its prompt cannot be restored from them, nor theirs from its own)."""
+        return self.families[self.family[index]] == 1
+
+    @without_cycle_collection
     def advance(self, limit: float = float("inf")) -> None:
         """Take every step that starts before ``limit`` seconds (all of them: the run to its end). The last
         step taken may end after ``limit``; a step starting at ``limit`` waits for the requests that arrive
@@ -344,6 +379,7 @@ class PagedServing:
             if bar is not None and not by_step:
                 bar(self.pending)
 
+    @without_cycle_collection
     def finish(self):
         """The run's results after :meth:`advance` to its end: the requests, the step table, their
         progress (``trace_requests``), the official step costs."""

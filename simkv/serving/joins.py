@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from simkv.serving.planned_run import KMAX, Run, blocks, prompt_share, reserves
-from simkv.serving.scheduler import Group
+from simkv.serving.scheduler import Group, prepare_tokens
 
 
 def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()) -> list[Group]:
@@ -37,12 +37,15 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
             break  # arrives after the run
         g = Group(req, index, eng.prompts[index])
         sched.init_side(g)
-        # nobody present at step k, or (a dynamic pool) the ones present at step k and g would raise it
-        if (index >= ahead or g.n > 1 or last < k
+        # nobody present at step k, or (a dynamic pool) the ones present at step k and g would raise it; with
+        # prefix caching, a request whose blocks could be restored (another of its family: PagedServing.solo)
+        if (index >= ahead or g.n > 1 or last < k or (eng.tokens is not None and not eng.solo(index))
                 or (sched.dynamic and reserves(sched, [h for h, f in zip(run.rows + list(prior) + joined, run.fin)
                                                        if f >= k] + [g]))):
             run.cut(k)
             break
+        if eng.tokens is not None:  # (its restore finds nothing: no block of its family exists)
+            prepare_tokens(g, eng.tokens[index], eng.bs)
         if not _add_newcomer(eng, run, g, k):
             run.cut(k)
             break

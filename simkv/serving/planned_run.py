@@ -226,7 +226,10 @@ def _present(eng, live: list, reach: int):
     are served in request order, and each takes every token left until it completes —, hold no block and sample
     nothing, so they only count as present. (A fixed pool: a dynamic one reserves for every prompt present.)"""
     cfg, sched, pool = eng.cfg, eng.sched, eng.pool
-    if cfg.enable_prefix_caching or eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
+    if eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
+        return None
+    prefix = cfg.enable_prefix_caching
+    if prefix and not sched.simple:
         return None
     if not sched.initialized or pool.total != eng.tensors.total or (
             eng.state_pool is not None and eng.state_pool.total != eng.tensors.state_total):
@@ -246,8 +249,8 @@ def _present(eng, live: list, reach: int):
     nb = np.empty(n, dtype=np.int64)
     prompt_phase = False
     for j, g in enumerate(rows):
-        if len(g.tables) != 1:
-            return None
+        if len(g.tables) != 1 or prefix and (g.preemptions or not eng.solo(g.index)):
+            return None  # (prefix caching: see _hand_out_prefix)
         if g.maxc >= g.P:
             if g.maxc != g.processed:
                 return None
@@ -340,7 +343,11 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
     alloc_b = pool.total * block_bytes
     in_use = used * block_bytes
     state_used = state_total = 0
-    if eng is None or eng.sched.simple:
+    if eng is not None and eng.tokens is not None:
+        _hand_out_prefix(eng, ctx, held, nb, sampled, run.start, run.fin, K, live)
+        ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+        used_b = ctx_total * block_bytes // bs
+    elif eng is None or eng.sched.simple:
         _hand_out_blocks(held, nb, run.start, run.fin, K, live, pool, free_group)
         ctx_total = np.where(alive, ctx, 0).sum(axis=0)
         used_b = ctx_total * block_bytes // bs
@@ -388,6 +395,51 @@ def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group)
             free_group(g)
         else:
             g.tables[0].extend(alloc_many(c))
+
+
+def _hand_out_prefix(eng, ctx, held, nb, sampled, start, fin, K: int, live: list) -> None:
+    """:func:`_hand_out_blocks` with prefix caching: each block allocated with the hash the reference gives it
+    (``ContinuousScheduler.append_slots``: the tokens known at that step), the last block re-hashed before new
+    ones, and each request's generated tokens appended to its tokens.
+
+    The reference also re-hashes a decoding sequence's last block at every step, by the context after the step;
+    here only its last such hash is given (before the block is freed, before a new block follows it, at the end of
+    the run). The hashes in between are seen by no one: every request here is alone in its family and was never
+    preempted (:func:`_present`; newcomers: :func:`simkv.serving.joins.join`), so no other block has, had or
+    will get one of them (a hash chain starts with the prompt's first tokens), and nothing is restored during
+    the run. Allocations and frees are the reference's, in its order, so the clock, the free list, the
+    overwritable store and its evictions are too."""
+    pool, sched, bs, free_group = eng.pool, eng.sched, eng.bs, eng.sched.free_group
+    gen = sampled.sum(axis=1).tolist()
+    for j, g in enumerate(live):
+        if gen[j]:
+            rid, first = g.req.id, g.generated
+            g.seq_tokens[0].extend([(3, rid, 0, i) for i in range(first, first + gen[j])])
+    inc = held.copy()
+    inc[:, 1:] -= held[:, :-1]
+    inc[:, 0] -= nb
+    kk, jj = np.nonzero((inc > 0).T)
+    counts = inc[jj, kk].tolist()
+    events = [(k, 0 if k >= start[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
+    events += [(f, 2, 0 if f >= start[j] else 1, j, -1) for j, f in enumerate(fin) if f < K]
+    events.sort()
+    rehash, allocate, hashed = pool.rehash, pool.allocate, sched._hash
+    for k, kind, phase, j, c in events:
+        g = live[j]
+        table = g.tables[0]
+        if c < 0:
+            if phase == 0 and table:  # it decoded in its last step: its last block ends the context
+                rehash(table[-1], hashed(g, 0, int(ctx[j, k])))
+            free_group(g)
+            continue
+        known = int(ctx[j, k]) if kind == 0 else g.P  # prompt + generated at that step (a decoder: its context)
+        if table:
+            rehash(table[-1], hashed(g, 0, min(len(table) * bs, known)))
+        for i in range(len(table), len(table) + c):
+            table.append(allocate(hashed(g, 0, min((i + 1) * bs, known))))
+    for j, g in enumerate(live):  # decoded in the run and still running: its last block ends its context
+        if fin[j] >= K and start[j] < K and g.tables[0]:
+            rehash(g.tables[0][-1], hashed(g, 0, int(ctx[j, K - 1])))
 
 
 def _hand_out_groups(eng, run: Run, ctx, alive, K: int, live: list) -> np.ndarray:
