@@ -422,17 +422,34 @@ class PagedServing:
             return len(live)
         return bisect_left(live, self.cold, key=_index)
 
+    def _reached(self, live: list[Group]) -> list[Group]:
+        """The requests a step can schedule (the fast path; the reference schedules ``live``): the untouched tail of
+        a fixed pool's queue beyond the prompt tokens of one step's budget gets nothing — prompts are served in
+        request order, an untouched one takes all it asks for unless the budget or the free blocks run out (then
+        no later one gets any: ``_slots`` of an empty table is the free blocks' room) — and holds no block, is
+        no victim and is not waiting. (A dynamic pool reserves for every prompt present.)"""
+        cfg = self.cfg
+        if self.sched.dynamic or not cfg.dynamic_split_fuse or not self.sched.simple:
+            return live
+        tail = self.cold_pos(live)
+        reach = cfg.max_num_batched_tokens
+        while tail < len(live) and reach > 0:
+            reach -= live[tail].P
+            tail += 1
+        return live if tail == len(live) else live[:tail]
+
     # -- one step, the reference way ----------------------------------------------------------------
 
     def _slow_step(self, live: list[Group]) -> None:
         """One step the reference way (:mod:`.slow_path`): schedule, (re)allocate the pool's tensors,
         run the forward pass (its time from :mod:`simkv.cost`), sample, free what finished."""
         step, t = self.step, self.t
-        before_pre = sum(g.preemptions for g in live)
-        total, scheduled = self.sched.schedule(live) if live else (0, [])
+        part = self._reached(live) if self.fast else live
+        before_pre = sum(g.preemptions for g in part)
+        total, scheduled = self.sched.schedule(part) if live else (0, [])
         if scheduled:
             self.cold = max(self.cold, max(g.index for g in scheduled) + 1)
-        preempted = sum(g.preemptions for g in live) - before_pre
+        preempted = sum(g.preemptions for g in part) - before_pre
         self.preempted_total += preempted
         state = self.state_pool
         new_state = state.total if state is not None else 0
@@ -457,10 +474,10 @@ class PagedServing:
         blocks_used = self.pool.used()
         state_used = state.used() if state is not None else 0
         if self.sched.simple:
-            internal = internal_slack(live, self.pool, self.bs)
+            internal = internal_slack(part, self.pool, self.bs)
             used_b = (blocks_used * self.bs - internal) * self.block_bytes // self.bs
         else:
-            used0, used1 = used_bytes(live, self.sched)
+            used0, used1 = used_bytes(part, self.sched)
             used_b = used0 + used1
         n_live = len(live)
         if total == 0:
