@@ -150,3 +150,85 @@ def prefix_workloads(draw):
 def test_fast_equals_reference_with_prefix_caching(case):
     reqs, cfg = case
     same(reqs, **cfg)
+
+
+def squeezes(monkeypatch) -> list:
+    """Record the squeezed runs an engine carries out: (steps, preemptions)."""
+    from simkv.serving import squeezed
+
+    seen = []
+    original = squeezed.run
+
+    def spy(eng, live, pending):
+        out = original(eng, live, pending)
+        if out is not None:
+            seen.append((out[0]["_n"], int(out[0]["preemptions"].sum())))
+        return out
+
+    monkeypatch.setattr(squeezed, "run", spy)
+    return seen
+
+
+def small_pool_trace(n=300, seed=2, gap=0.002):
+    rng = np.random.default_rng(seed)
+    t, reqs = 0.0, []
+    for i in range(n):
+        t += float(rng.exponential(gap))
+        reqs.append(Request(i, int(rng.integers(1, 150)), int(rng.integers(1, 80)), arrival_s=t))
+    return reqs
+
+
+def test_small_pool_squeezed_runs_take_the_preemptions(monkeypatch):
+    # a pool of 40 blocks of 8 tokens under a queue: decoders keep taking the tail prompt's last block
+    seen = squeezes(monkeypatch)
+    eng = same(small_pool_trace(), block_size=8, num_kv_blocks=40, max_num_batched_tokens=64)
+    steps = eng.finish()[1]
+    assert steps["preemptions"].sum() > 200
+    assert sum(n for n, _ in seen) > 0.8 * len(steps)
+    assert sum(p for _, p in seen) > 0.7 * steps["preemptions"].sum()
+
+
+def test_small_pool_with_a_preemption_bound():
+    # the run stops after the step that passes max_preemptions, inside a squeezed run or not
+    reqs = small_pool_trace(200)
+    out = []
+    for fast in (False, True):
+        eng = PagedServing(list(reqs), MODEL, PREC, SchedulerConfig(block_size=8, num_kv_blocks=40,
+                                                                    max_num_batched_tokens=64),
+                           device=DEVICE, weights_bytes=0, device_memory=10**12, block_bytes=1000, max_preemptions=57)
+        groups, steps, _, _ = eng.run(fast=fast)
+        out.append((steps, eng.ledger, [tuple(getattr(g, f) for f in FIELDS) for g in groups], eng.stopped))
+    (sa, la, ga, ea), (sb, lb, gb, eb) = out
+    assert np.array_equal(sa, sb) and la == lb and ga == gb and ea == eb and ea is not None
+
+
+@st.composite
+def routed_small(draw):
+    n = draw(st.integers(4, 40))
+    reqs, t = [], 0.0
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.0001, 0.0005, 0.002, 0.01]))
+        reqs.append(Request(i, draw(st.integers(1, 100)), draw(st.integers(1, 50)), arrival_s=t))
+    cfg = dict(block_size=draw(st.sampled_from([4, 8])), num_kv_blocks=draw(st.sampled_from([10, 20, 40])),
+               max_num_batched_tokens=draw(st.sampled_from([16, 32, 64])))
+    return reqs, draw(st.integers(2, 3)), draw(st.sampled_from(["least-outstanding", "least-kv"])), cfg
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(routed_small())
+def test_fast_equals_reference_with_replicas_on_small_pools(case):
+    # the routers read the replicas in lockstep: squeezed runs stop before a step starting at the next arrival
+    from simkv.serving import ServingSpec, serve
+
+    reqs, n, router, cfg = case
+
+    def spec(engine):
+        return ServingSpec(list(reqs), MODEL, PREC, paged=SchedulerConfig(**cfg), device="xeon-8480",
+                           device_memory=10**9, block_bytes=1000, replicas=n, router=router, engine=engine,
+                           max_context=0)
+
+    a, b = serve(spec("reference")), serve(spec("fast"))
+    assert a.assignment.tolist() == b.assignment.tolist()
+    for x, y in zip(a.replicas, b.replicas):
+        assert np.array_equal(x.steps, y.steps) and x.ledger == y.ledger
+        assert repr(x.request_rows()) == repr(y.request_rows())

@@ -25,7 +25,7 @@ from operator import attrgetter
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.serving import planned_run
+from simkv.serving import planned_run, squeezed
 from simkv.serving.costing import Work
 from simkv.serving.joins import join
 from simkv.serving.kv_groups import overridden, paged_kv
@@ -297,6 +297,7 @@ class PagedServing:
         #: out (a router reads it: simkv.serving.router).
         self.held = None
         self.plan_from, self.fails = 0, 0  # planned runs: the next step to try one at, failed tries in a row
+        self.squeezing = False  # the last planned run was a squeezed one (:mod:`.squeezed`): try that first
         #: Every present request from this request index on is untouched: nothing scheduled, restored or freed yet
         #: (an overloaded pool's queue; planned runs carry such a tail without a row each: planned_run._present).
         self.cold = 0
@@ -356,7 +357,15 @@ class PagedServing:
             self.pending = pending
             joined = None
             if self.fast and live and self.step >= self.plan_from:
-                joined = self._run_of_steps(live, pending)
+                # A full fixed pool keeps preempting: once a squeezed run (:mod:`.squeezed`) was planned where a
+                # planned run was not, squeezed runs only (their states include a planned run's: the same pools)
+                if self.squeezing:
+                    joined = self._squeezed_run(live, pending)
+                else:
+                    joined = self._run_of_steps(live, pending)
+                    if joined is None:
+                        joined = self._squeezed_run(live, pending)
+                        self.squeezing = joined is not None
                 # A failed plan costs more than the step it would have saved (a pool that keeps preempting: every
                 # step the reference way). After f failures in a row, take min(2^(f-1), PLAN_BACKOFF) steps the
                 # reference way before planning again: the same steps (the reference is the reference), cheaper.
@@ -552,6 +561,22 @@ class PagedServing:
         self.est.append(table["step_s"])
         self.t = float(table["time_s"][-1])
         self.step += run.K
+        return len(joined)
+
+    def _squeezed_run(self, live: list[Group], pending: int) -> int | None:
+        """A full fixed pool's steps, decoders preempting the tail request (:mod:`.squeezed`), carried out;
+        returns how many arrivals joined (appended to ``live``), or None."""
+        out = squeezed.run(self, live, pending)
+        if out is None:
+            return None
+        table, sampled, joined = out
+        self.groups.extend(joined)
+        live.extend(joined)
+        self.sampled += sampled
+        self.rows.append(table)
+        self.est.append(table["step_s"])
+        self.t = float(table["time_s"][-1])
+        self.step += table["_n"]
         return len(joined)
 
     def _stop_out_of_memory(self, live: list[Group], pending: int) -> None:
