@@ -232,3 +232,18 @@ def test_fast_equals_reference_with_replicas_on_small_pools(case):
     for x, y in zip(a.replicas, b.replicas):
         assert np.array_equal(x.steps, y.steps) and x.ledger == y.ledger
         assert repr(x.request_rows()) == repr(y.request_rows())
+
+
+def test_planned_runs_stop_at_the_step_limit():
+    # the reference stops after max_steps steps: a planned or squeezed run must not go past it
+    reqs = small_pool_trace(60)
+    for blocks in (40, 400):
+        out = []
+        for fast in (False, True):
+            eng = PagedServing(list(reqs), MODEL, PREC, SchedulerConfig(block_size=8, num_kv_blocks=blocks,
+                                                                        max_num_batched_tokens=64),
+                               device=DEVICE, weights_bytes=0, device_memory=10**12, block_bytes=1000, max_steps=200)
+            groups, steps, _, _ = eng.run(fast=fast)
+            out.append((steps, eng.ledger, [tuple(getattr(g, f) for f in FIELDS) for g in groups], eng.stopped))
+        (sa, la, ga, ea), (sb, lb, gb, eb) = out
+        assert len(sa) == 200 and np.array_equal(sa, sb) and la == lb and ga == gb and ea == eb

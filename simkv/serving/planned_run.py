@@ -276,9 +276,10 @@ def reserves(sched, groups) -> bool:
 
 def _horizon(eng, ahead: int) -> int:
     """Steps a run may take: at most KMAX (a layout of several groups: twice the last run's, at least 64, as its
-    matrices have a row per request and group), ending before the arrival of ``requests[ahead]``."""
+    matrices have a row per request and group), ending before the arrival of ``requests[ahead]`` and at the step
+    limit."""
     reqs = eng.requests
-    K = KMAX if eng.sched.simple else eng.horizon
+    K = min(KMAX if eng.sched.simple else eng.horizon, eng.max_steps - eng.step)  # (the reference stops there)
     if ahead < len(reqs):
         if eng.by_step:
             K = min(K, reqs[ahead].arrival_step - eng.step)
