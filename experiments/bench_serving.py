@@ -101,7 +101,7 @@ def worker(regime: str, small: int, root: Path) -> dict:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {"regime": regime, "requests": len(reqs), "cpu_s": cpu, "wall_s": wall, "steps": len(steps),
             "rss_gib": rss, "outputs": outputs(groups, steps, eng.ledger),
-            "one_by_one": sum(1 for r in eng.rows if isinstance(r, tuple)),
+            "one_by_one": getattr(eng, "slow_steps", None),
             "preemptions": int(steps["preemptions"].sum()) if len(steps) else 0,
             "finished": sum(1 for g in groups if g.status == "FINISHED"),
             "oom_step": oom["step"] if oom else None, "sim_s": float(steps["time_s"][-1]) if len(steps) else 0.0}

@@ -51,7 +51,7 @@ def same(requests, **cfg):
 
 
 def planned_steps(eng) -> int:
-    return sum(r["_n"] for r in eng.rows if not isinstance(r, tuple))
+    return len(eng.finish()[1]) - eng.slow_steps
 
 
 def test_overloaded_fixed_pool_queue_without_rows(monkeypatch):
@@ -247,3 +247,31 @@ def test_planned_runs_stop_at_the_step_limit():
             out.append((steps, eng.ledger, [tuple(getattr(g, f) for f in FIELDS) for g in groups], eng.stopped))
         (sa, la, ga, ea), (sb, lb, gb, eb) = out
         assert len(sa) == 200 and np.array_equal(sa, sb) and la == lb and ga == gb and ea == eb
+
+
+def test_long_runs_keep_their_step_table_in_blocks(monkeypatch):
+    # every SOLID_STEPS steps the rows become one block of the step table and their costs are checked: the same
+    # table, ledger and requests (a router reads the blocks like planned runs), the table built block by block
+    from simkv.serving import ServingSpec, engine, serve
+
+    reqs = small_pool_trace(120)
+    cfg = dict(block_size=8, num_kv_blocks=40, max_num_batched_tokens=64)
+    whole = [served(reqs, fast, **cfg) for fast in (False, True)]
+    monkeypatch.setattr(engine, "SOLID_STEPS", 50)
+    for fast, (eng0, groups0, steps0) in zip((False, True), whole):
+        eng, groups, steps = served(reqs, fast, **cfg)
+        assert np.array_equal(steps, steps0) and eng.ledger == eng0.ledger
+        assert [tuple(getattr(g, f) for f in FIELDS) for g in groups] == \
+            [tuple(getattr(g, f) for f in FIELDS) for g in groups0]
+        assert len(eng.rows) == 1 and eng.rows[0] is steps  # the blocks, copied into the table
+        assert np.array_equal(eng.finish()[3], eng0.finish()[3])  # step_cost's seconds, checked block by block
+        assert np.allclose(eng.finish()[3], steps["step_s"], rtol=1e-9)
+
+    def spec(engine_kind):
+        return ServingSpec(list(reqs), MODEL, PREC, paged=SchedulerConfig(**cfg), device="xeon-8480",
+                           device_memory=10**9, block_bytes=1000, replicas=2, router="least-kv", engine=engine_kind,
+                           max_context=0)
+
+    a, b = serve(spec("reference")), serve(spec("fast"))
+    assert a.assignment.tolist() == b.assignment.tolist()
+    assert all(np.array_equal(x.steps, y.steps) and x.ledger == y.ledger for x, y in zip(a.replicas, b.replicas))

@@ -55,6 +55,10 @@ STALL_STEPS = 10_000
 #: The most steps taken the reference way, after failed plans, before planning again (PagedServing.run).
 PLAN_BACKOFF = 32
 
+#: Steps after which the rows taken so far become one block of the step table (:meth:`PagedServing._solidify`;
+#: a block of 2^18 rows, 36 MB, is its own mapping: freed to the system once copied into the table).
+SOLID_STEPS = 1 << 18
+
 #: The step table (``--steps``): the issue's contract columns, then extras.
 STEP_COLUMNS = ("step", "time_s", "requests", "scheduled_requests", "blocks_used", "blocks_total",
                 "allocated_bytes", "used_bytes")
@@ -72,6 +76,15 @@ HELD = -1
 #: Per-request progress (``trace_requests=True``): one row per live request per step.
 PROGRESS = np.dtype([("step", np.int64), ("request", np.int64), ("generated", np.int64), ("processed", np.int64),
                      ("status", "U8")])
+
+
+def _rows_of(columns: dict) -> np.ndarray:
+    """A planned run's step-table rows from its columns (arrays, or one value for every step): filled while they
+    are small (a block of the table is then one copy of such rows, :meth:`PagedServing._solidify`)."""
+    rows = np.empty(columns["_n"], dtype=STEP_TABLE)
+    for name in STEP_TABLE.names:
+        rows[name] = columns[name]
+    return rows
 
 
 def without_cycle_collection(method):
@@ -277,7 +290,11 @@ class PagedServing:
         self.pending = 0
         self.t = 0.0
         self.step = 0
+        #: The step table so far: blocks of it (:meth:`_solidify`), then single-step tuples and planned runs' columns.
         self.rows: list = []
+        self.solid = self.loose = 0  # rows[:solid] are blocks; steps in the rows after them
+        self.official: list = []  # each block's step_cost seconds
+        self.slow_steps = 0  # steps taken the reference way (the bench counts them)
         self.progress_rows: list[tuple] = []
         self.est: list = []
         self.stopped = None
@@ -391,20 +408,64 @@ class PagedServing:
     @without_cycle_collection
     def finish(self):
         """The run's results after :meth:`advance` to its end: the requests, the step table, their
-        progress (``trace_requests``), the official step costs."""
-        steps = self._step_table() if self.rows else np.zeros(0, dtype=STEP_TABLE)
-        estimated = (np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
-                     if self.est else np.zeros(0))
-        _, cost = self.timer.official(estimated)
+        progress (``trace_requests``), and each step's seconds as :func:`simkv.cost.step_cost` gives them
+        (0 for a step without a forward pass; every step's were checked against the loop's own)."""
+        self._check_costs()
+        if not self.solid:  # (a run shorter than a block keeps its rows as they were taken)
+            steps = self._step_table(self.rows) if self.rows else np.zeros(0, dtype=STEP_TABLE)
+        else:
+            if self.loose:
+                self._solidify()
+            blocks = self.rows
+            if len(blocks) == 1:
+                steps = blocks[0]
+            else:  # block by block, each freed once copied: the table is held about once
+                steps = np.empty(sum(len(b) for b in blocks), dtype=STEP_TABLE)
+                at = 0
+                for i, b in enumerate(blocks):
+                    steps[at : at + len(b)] = b
+                    at += len(b)
+                    blocks[i] = None
+                self.rows = [steps]
+                self.solid = 1
+        seconds = np.concatenate(self.official) if len(self.official) > 1 else (
+            self.official[0] if self.official else np.zeros(0))
+        self.official = [seconds]
         prog = np.array(self.progress_rows, dtype=PROGRESS) if self.progress_rows else np.zeros(0, dtype=PROGRESS)
-        return self.groups, steps, prog, cost
+        return self.groups, steps, prog, seconds
 
-    def _step_table(self) -> np.ndarray:
-        """The step table from single-step tuples and planned runs, column by column: a column that is
+    def _rows_added(self, steps: int) -> None:
+        self.loose += steps
+        if self.loose >= SOLID_STEPS:
+            self._solidify()
+
+    def _solidify(self) -> None:
+        """The rows taken since the last block become one block of the step table (:attr:`rows`; a block reads
+        like a planned run's columns), and their costs are checked: what a long run keeps per step is its row."""
+        block = self._step_table(self.rows[self.solid :])
+        self.rows[self.solid :] = [block]
+        self.solid = len(self.rows)
+        self.loose = 0
+        self._check_costs()
+
+    def _check_costs(self) -> None:
+        """:func:`simkv.cost.step_cost` on the steps recorded since the last check, compared with the loop's own
+        seconds (:meth:`StepTimer.official`, which checks every step it holds: it then holds none)."""
+        if not self.est:
+            return
+        estimated = np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
+        self.est = []
+        seconds, _ = self.timer.official(estimated)
+        self.timer.chunks = []
+        self.official.append(seconds)
+
+    @staticmethod
+    def _step_table(loose: list) -> np.ndarray:
+        """A block of the step table from single-step tuples and planned runs, column by column: a column that is
         constant over a run is one value per run (repeated once at the end), others are arrays."""
         names = STEP_TABLE.names
         rows, singles = [], []
-        for r in self.rows:  # consecutive single steps become one array (numpy converts the tuples at once)
+        for r in loose:  # consecutive single steps become one array (numpy converts the tuples at once)
             if isinstance(r, tuple):
                 singles.append(r)
                 continue
@@ -521,6 +582,8 @@ class PagedServing:
             in_use += state_used * self.state_bytes
         self.rows.append((step, t, n_live, len(scheduled), blocks_used, self.pool.total, allocated, used_b, dt, total,
                           peak, allocated - in_use, in_use - used_b, copied, preempted, state_used, state_total))
+        self.slow_steps += 1
+        self._rows_added(1)
         self.t = t
         self.step = step + 1
 
@@ -557,10 +620,11 @@ class PagedServing:
         self.sampled += sampled
         if run.moved is not None:  # requests the run scheduled are no longer untouched
             self.cold = max(self.cold, run.moved + 1)
-        self.rows.append(table)
+        self.rows.append(_rows_of(table))
         self.est.append(table["step_s"])
         self.t = float(table["time_s"][-1])
         self.step += run.K
+        self._rows_added(run.K)
         return len(joined)
 
     def _squeezed_run(self, live: list[Group], pending: int) -> int | None:
@@ -573,10 +637,11 @@ class PagedServing:
         self.groups.extend(joined)
         live.extend(joined)
         self.sampled += sampled
-        self.rows.append(table)
+        self.rows.append(_rows_of(table))
         self.est.append(table["step_s"])
         self.t = float(table["time_s"][-1])
         self.step += table["_n"]
+        self._rows_added(table["_n"])
         return len(joined)
 
     def _stop_out_of_memory(self, live: list[Group], pending: int) -> None:

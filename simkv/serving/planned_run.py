@@ -29,13 +29,15 @@ JOINS_PER_RUN = 32
 
 
 def prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple[int, int] | None]:
-    """A prompt's tokens per step, taking the budget left in each step (``room``) until ``left`` are
-    scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
+    """A prompt's tokens per step, taking the budget left in each step (``room``, never negative) until ``left``
+    are scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
     cum = np.cumsum(room)
-    got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
     if cum[-1] < left:
-        return got, None
-    kc = int(np.argmax(cum >= left))
+        return room.copy(), None
+    kc = int(cum.searchsorted(left))  # the first step by which it has them all
+    got = np.zeros_like(room)
+    got[:kc] = room[:kc]
+    got[kc] = left - (cum[kc - 1] if kc else 0)
     return got, (kc + 1, kc + G - 1)  # first token at kc, G - 1 more
 
 
@@ -85,9 +87,10 @@ class Run:
             if value is not None:
                 setattr(self, name, value[:k])
 
-    def add_row(self, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
+    def add_row(self, k: int, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
+        """A newcomer's row from step ``k`` on (nothing before it: zeros when the matrices are built)."""
         for rows, row in ((self.tok, tok), (self.ctx, ctx), (self.held, held), (self.alive, alive), (self.sampled, sampled)):
-            rows.append(row[None, :])
+            rows.append((k, row))
         self.nb.append(0)
         self.fin.append(fin)
         self.start.append(start)
@@ -102,6 +105,18 @@ class Run:
         times[0] = t
         times[1:] = self.sec
         self.times = np.cumsum(times, out=times)[1:]
+        self.t0 = t
+
+    def retime(self, timer, k: int) -> None:
+        """:meth:`time` again from step ``k`` on (the steps before it are unchanged: the seconds of a step are its
+        own inputs', the times are added in the same order)."""
+        dp = self.decode_pairs
+        sec = timer.steps(self.new[k:], self.pairs[k:], self.kvr[k:], self.logits[k:], 0 if dp is None else dp[k:])
+        self.sec[k:] = sec
+        times = np.empty(len(sec) + 1)
+        times[0] = self.times[k - 1] if k else self.t0
+        times[1:] = sec
+        self.times[k:] = np.cumsum(times, out=times)[1:]
 
 
 def plan(eng, live: list, pending: int) -> Run | None:
@@ -322,7 +337,7 @@ def _schedule(proc, P, G, gen, budget: int, K: int):
         start[q], fin[q] = decodes
         active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
         nd = nd + active_dec[q]
-    K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
+    # (after the last request finishes only newcomers run: joins.join ends the run after the last one's last step)
     over = nd > budget
     if over.any():
         K = min(K, int(over.argmax()))
@@ -337,7 +352,7 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
     advance the requests ``live`` (the run's rows, joiners last), record the steps' work with the
     ``timer``. Returns the run's step-table columns (``_n``: its steps) and the tokens it sampled."""
     K, nb = run.K, np.array(run.nb, dtype=np.int64)
-    tok, ctx, held, alive, sampled = (np.vstack([part[:, :K] for part in rows])
+    tok, ctx, held, alive, sampled = (_matrix(rows, K)
                                       for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled))
     used, sec, times = run.used[:K], run.sec[:K], run.times[:K]
     new, pairs, kvr, logits = run.new[:K], run.pairs[:K], run.kvr[:K], run.logits[:K]
@@ -374,6 +389,18 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
     }
     timer.record(new, pairs, kvr, logits, 0 if run.decode_pairs is None else run.decode_pairs[:K])
     return table, n_sampled
+
+
+def _matrix(parts: list, K: int) -> np.ndarray:
+    """The present requests' matrix (its first ``K`` steps) and the newcomers' rows, each (from step k, values)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first[:, :K]
+    out = np.zeros((len(first) + len(parts) - 1, K), dtype=first.dtype)
+    out[: len(first)] = first[:, :K]
+    for i, (k, row) in enumerate(parts[1:], len(first)):
+        out[i, k:] = row[: K - k]
+    return out
 
 
 def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group) -> None:
