@@ -20,6 +20,7 @@ import functools
 import gc
 from bisect import bisect_left
 from collections import Counter
+from itertools import repeat
 from operator import attrgetter
 
 import numpy as np
@@ -134,10 +135,14 @@ def prompt_token_ids(requests: list[Request]) -> list[list]:
             if r.prefix_id:
                 k = prefix_index.setdefault(r.prefix_id, len(prefix_index))
                 shared = [(2, k, i) for i in range(r.prefix_tokens)]
-            own = shared + [(1, r.id, i) for i in range(r.prompt - len(shared))]
-        toks = (history.get(r.session, []) if r.session else []) + own
+            own = list(zip(repeat(1), repeat(r.id), range(r.prompt - len(shared))))  # (1, id, i), built in C
+            if shared:
+                own = shared + own
         if r.session:
+            toks = history.get(r.session, []) + own
             history[r.session] = toks + [(3, r.id, 0, i) for i in range(r.max_new_tokens)]
+        else:
+            toks = own  # (a list of its own)
         out.append(toks)
     return out
 
