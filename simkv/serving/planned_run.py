@@ -294,7 +294,9 @@ def _horizon(eng, ahead: int) -> int:
     matrices have a row per request and group), ending before the arrival of ``requests[ahead]`` and at the step
     limit."""
     reqs = eng.requests
-    K = min(KMAX if eng.sched.simple else eng.horizon, eng.max_steps - eng.step)  # (the reference stops there)
+    # (the reference stops at the step limit, and no earlier than stall_limit steps after the last token)
+    K = min(KMAX if eng.sched.simple else eng.horizon, eng.max_steps - eng.step,
+            eng.progress_step + eng.stall_limit + 1 - eng.step)
     if ahead < len(reqs):
         if eng.by_step:
             K = min(K, reqs[ahead].arrival_step - eng.step)
