@@ -11,9 +11,13 @@ Regimes (issue #21 point 4), each in a fresh process, CPU seconds of the simulat
                 (since honest memory the dynamic pool runs out of memory part-way: the run ends there);
 * ``cpu-pool``  the whole hour on the CPU preset with a fixed 256 GiB pool: overloaded all hour, no growth (hundreds
                 of requests live per step);
-* ``small-pool`` the H100 preset with a fixed 2 GiB pool (``--cache-size 2``): preemption-heavy, every step the slow
-                path — only the first ``--small-pool-requests`` requests (default 500), to bound it;
-* ``prefix``    the whole hour on the H100 preset with prefix caching.
+* ``small-pool`` the H100 preset with a fixed 2 GiB pool (``--cache-size 2``): preemption-heavy (a preemption every
+                ~10 steps) — only the first ``--small-pool-requests`` requests (default 500);
+* ``small-pool-hour`` the same, the whole hour;
+* ``prefix``    the whole hour on the H100 preset with prefix caching;
+* ``day``       24 hours at the conversation trace's rate on the H100 preset: 464,784 requests, Poisson arrivals at
+                19,366 an hour, each (prompt, output) pair drawn from the trace's (seed 0): cost linear in requests,
+                memory bounded (peak RSS printed).
 
 ``--base TREE`` runs every regime against another source tree too (this script's worker, ``PYTHONPATH=TREE``)
 and prints the two side by side. Then (this tree only) a check that the planned runs equal the step-by-step
@@ -38,8 +42,28 @@ REGIMES = {
     "cpu": ("xeon-8480", None, {}),
     "cpu-pool": ("xeon-8480", None, {"cache_size": 256}),
     "small-pool": ("h100-sxm", "small", {"cache_size": 2}),
+    "small-pool-hour": ("h100-sxm", None, {"cache_size": 2}),
     "prefix": ("h100-sxm", None, {"enable_prefix_caching": True}),
+    "day": ("h100-sxm", "day", {}),
 }
+#: The day regime: hours at the conversation trace's rate (its 19,366 requests an hour).
+DAY_HOURS, HOUR_REQUESTS = 24, 19_366
+
+
+def day(trace: list) -> list:
+    """``DAY_HOURS`` hours of Poisson arrivals at the trace's hourly rate, each request's (prompt, output) pair
+    drawn from the trace's with a fixed seed (built here: more requests than ``simkv.serving.synthetic`` takes)."""
+    import numpy as np
+
+    from simkv.serving import Request
+
+    n = DAY_HOURS * HOUR_REQUESTS
+    rng = np.random.default_rng(0)
+    gaps = rng.exponential(3600 / HOUR_REQUESTS, n)
+    times = np.cumsum(gaps) - gaps[0]
+    pick = rng.integers(0, len(trace), n).tolist()
+    return [Request(i, trace[j].prompt, trace[j].max_new_tokens, arrival_s=float(t))
+            for i, (j, t) in enumerate(zip(pick, times.tolist()))]
 
 
 def engine(requests, device, cfg):
@@ -55,26 +79,47 @@ def engine(requests, device, cfg):
     return PagedServing(requests, model, get_precision("u8"), SchedulerConfig(**cfg), device=dev,
                         # int8 weights (optimum-intel's rule, the H100 preset's default before it took the checkpoint's
                         # bf16): the same on every tree --base may name, whose resolve_weights_memory takes no device
-                        weights_bytes=resolve_weights_memory(model, None, None), device_memory=dev.memory_bytes)
+                        weights_bytes=resolve_weights_memory(model, None, None), device_memory=dev.memory_bytes,
+                        max_steps=10**9)  # (the day takes more than the default 10 million steps)
 
 
 def worker(regime: str, small: int, root: Path) -> dict:
     """One regime in this process (the tree on PYTHONPATH): its timings and outcome, as JSON."""
     from simkv.serving import load_trace
 
+    import resource
+
     device, size, cfg = REGIMES[regime]
     reqs = load_trace(root / TRACE)
-    reqs = reqs[: len(reqs) // 2] if size == "half" else reqs[:small] if size == "small" else reqs
+    reqs = (reqs[: len(reqs) // 2] if size == "half" else reqs[:small] if size == "small" else day(reqs)
+            if size == "day" else reqs)
     eng = engine(reqs, device, cfg)
     wall, cpu = time.perf_counter(), time.process_time()
     groups, steps, _, _ = eng.run(fast=True)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     oom = getattr(eng, "oom", None)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {"regime": regime, "requests": len(reqs), "cpu_s": cpu, "wall_s": wall, "steps": len(steps),
-            "one_by_one": sum(1 for r in eng.rows if isinstance(r, tuple)),
+            "rss_gib": rss, "outputs": outputs(groups, steps, eng.ledger),
+            "one_by_one": getattr(eng, "slow_steps", None),
             "preemptions": int(steps["preemptions"].sum()) if len(steps) else 0,
             "finished": sum(1 for g in groups if g.status == "FINISHED"),
             "oom_step": oom["step"] if oom else None, "sim_s": float(steps["time_s"][-1]) if len(steps) else 0.0}
+
+
+#: The request table's fields compared between trees (``--base``).
+FIELDS = ("index", "status", "P", "G", "processed", "generated", "preemptions", "prefix_hit", "first_token_s",
+          "finish_s", "added_s", "added_step", "first_token_step", "finish_step")
+
+
+def outputs(groups, steps, ledger) -> str:
+    """A digest of a run's step table, ledger and request outcomes (the same on two trees: the same results)."""
+    import hashlib
+
+    h = hashlib.sha256(steps.view("u1") if len(steps) else b"")
+    h.update(ledger.rows.view("u1") if len(ledger.rows) else b"")
+    h.update(repr([tuple(getattr(g, f) for f in FIELDS) for g in groups]).encode())
+    return h.hexdigest()[:16]
 
 
 def measure(tree: Path, regime: str, small: int) -> dict:
@@ -88,9 +133,9 @@ def measure(tree: Path, regime: str, small: int) -> dict:
 
 def describe(r: dict | None) -> str:
     if r is None:
-        return f"{'':>8} {'':>9} {'':>8} {'':>11}"
+        return f"{'':>8} {'':>10} {'':>8} {'':>12} {'':>7}"
     end = f"OOM@{r['oom_step']:,}" if r["oom_step"] is not None else f"{r['finished']:,} fin"
-    return f"{r['cpu_s']:>8.2f} {r['steps']:>9,} {r['preemptions']:>8,} {end:>11}"
+    return f"{r['cpu_s']:>8.2f} {r['steps']:>10,} {r['preemptions']:>8,} {end:>12} {r['rss_gib']:>7.2f}"
 
 
 def main() -> None:
@@ -110,21 +155,30 @@ def main() -> None:
     trees = [("this", here)] + ([("base", args.base.resolve())] if args.base else [])
     print(f"trace {TRACE}; llama-2-7b, u8 KV, GenAI defaults (block 32, 256 batched tokens); CPU seconds of the "
           f"simulation, each regime in a fresh process; small-pool: first {args.small_pool_requests} requests")
-    head = f"{'cpu s':>8} {'steps':>9} {'preempt':>8} {'end':>11}"
-    print(f"{'regime':<11} {'device':<10} {'requests':>8} | this: {head}"
+    head = f"{'cpu s':>8} {'steps':>10} {'preempt':>8} {'end':>12} {'RSS GiB':>7}"
+    print(f"{'regime':<15} {'device':<10} {'requests':>8} | this: {head}"
           + (f" | base: {head} | base/this" if args.base else ""))
     results = {}
     for regime in regimes:
         row = {name: measure(tree, regime, args.small_pool_requests) for name, tree in trees}
         results[regime] = row
         a, b = row["this"], row.get("base")
-        print(f"{regime:<11} {REGIMES[regime][0]:<10} {a['requests']:>8,} |       {describe(a)}"
+        print(f"{regime:<15} {REGIMES[regime][0]:<10} {a['requests']:>8,} |       {describe(a)}"
               + (f" |       {describe(b)} | {b['cpu_s'] / a['cpu_s']:>8.2f}x" if b else ""), flush=True)
+    if args.base:
+        same = [regime for regime, row in results.items() if row["this"]["outputs"] == row["base"]["outputs"]]
+        print(f"the same step tables, ledgers and request outcomes as base: {', '.join(same) or 'none'}"
+              + "".join(f"; {regime} DIFFERS" for regime in results if regime not in same))
     if "h100" in results and "h100-half" in results:
         for name, _ in trees:
             whole, half = results["h100"][name], results["h100-half"][name]
             print(f"{name}: whole / half of the trace = {whole['cpu_s'] / half['cpu_s']:.2f} in CPU seconds for "
                   f"{whole['requests'] / half['requests']:.2f} times the requests")
+    if "h100" in results and "day" in results:
+        for name, _ in trees:
+            hour, whole = results["h100"][name], results["day"][name]
+            print(f"{name}: day / hour = {whole['cpu_s'] / hour['cpu_s']:.2f} in CPU seconds for "
+                  f"{whole['requests'] / hour['requests']:.2f} times the requests")
     if args.reference_slice:
         import numpy as np
 

@@ -16,10 +16,17 @@ planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 
 from __future__ import annotations
 
+import functools
+import gc
+from bisect import bisect_left
+from collections import Counter
+from itertools import repeat
+from operator import attrgetter
+
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.serving import planned_run
+from simkv.serving import planned_run, squeezed
 from simkv.serving.costing import Work
 from simkv.serving.joins import join
 from simkv.serving.kv_groups import overridden, paged_kv
@@ -31,6 +38,7 @@ from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, G
 from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
+_index = attrgetter("index")
 #: Device presets whose dynamic pool follows GenAI's GPU path (a growth check, then preemption or waiting); every
 #: other device (xeon-8480, host, a custom one) follows its CPU path: no check, and an allocation that does not fit
 #: is out of memory. NVIDIA presets have no OpenVINO plugin; they take the GPU path, a device's own memory.
@@ -47,6 +55,10 @@ def memory_path(device) -> str:
 STALL_STEPS = 10_000
 #: The most steps taken the reference way, after failed plans, before planning again (PagedServing.run).
 PLAN_BACKOFF = 32
+
+#: Steps after which the rows taken so far become one block of the step table (:meth:`PagedServing._solidify`;
+#: a block of 2^18 rows, 36 MB, is its own mapping: freed to the system once copied into the table).
+SOLID_STEPS = 1 << 18
 
 #: The step table (``--steps``): the issue's contract columns, then extras.
 STEP_COLUMNS = ("step", "time_s", "requests", "scheduled_requests", "blocks_used", "blocks_total",
@@ -65,6 +77,34 @@ HELD = -1
 #: Per-request progress (``trace_requests=True``): one row per live request per step.
 PROGRESS = np.dtype([("step", np.int64), ("request", np.int64), ("generated", np.int64), ("processed", np.int64),
                      ("status", "U8")])
+
+
+def _rows_of(columns: dict) -> np.ndarray:
+    """A planned run's step-table rows from its columns (arrays, or one value for every step): filled while they
+    are small (a block of the table is then one copy of such rows, :meth:`PagedServing._solidify`)."""
+    rows = np.empty(columns["_n"], dtype=STEP_TABLE)
+    for name in STEP_TABLE.names:
+        rows[name] = columns[name]
+    return rows
+
+
+def without_cycle_collection(method):
+    """Run ``method`` with Python's cyclic garbage collector paused. The loop allocates millions of small objects
+    that form no reference cycles (groups, block tables, token ids, step tuples) and keeps many of them, so the
+    collector's full passes, each walking every object kept so far, cost seconds over an hour's trace (prefix
+    caching: 11.5 -> 6.1 s; the H100 hour 3.0 -> 2.2 s); reference counting frees them as before."""
+
+    @functools.wraps(method)
+    def paused(*args, **kwargs):
+        if not gc.isenabled():
+            return method(*args, **kwargs)
+        gc.disable()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
 
 
 def session_prompts(requests: list[Request]) -> list[int]:
@@ -95,10 +135,14 @@ def prompt_token_ids(requests: list[Request]) -> list[list]:
             if r.prefix_id:
                 k = prefix_index.setdefault(r.prefix_id, len(prefix_index))
                 shared = [(2, k, i) for i in range(r.prefix_tokens)]
-            own = shared + [(1, r.id, i) for i in range(r.prompt - len(shared))]
-        toks = (history.get(r.session, []) if r.session else []) + own
+            own = list(zip(repeat(1), repeat(r.id), range(r.prompt - len(shared))))  # (1, id, i), built in C
+            if shared:
+                own = shared + own
         if r.session:
+            toks = history.get(r.session, []) + own
             history[r.session] = toks + [(3, r.id, 0, i) for i in range(r.max_new_tokens)]
+        else:
+            toks = own  # (a list of its own)
         out.append(toks)
     return out
 
@@ -228,6 +272,7 @@ class PagedServing:
 
     # -- the loop in parts: a router (simkv.serving.router) adds requests while the engine runs ----
 
+    @without_cycle_collection
     def start(self, fast: bool = True, *, prompts: list[int] | None = None, tokens: list | None = None,
               longest: int | None = None) -> None:
         """Set up a run over ``self.requests``. A router starts with no requests and gives each one with
@@ -241,12 +286,20 @@ class PagedServing:
         self.prompts = session_prompts(reqs) if prompts is None else list(prompts)
         self.tokens = ((prompt_token_ids(reqs) if tokens is None else list(tokens))
                        if self.cfg.enable_prefix_caching else None)
+        #: Prefix caching: each request's first prompt token (its *family*: two blocks can only have the same hash
+        #: if their requests have the same first token) and how many requests each family has.
+        self.family = [t[0] for t in self.tokens] if self.tokens is not None else None
+        self.families = Counter(self.family) if self.tokens is not None else None
         self.groups: list[Group] = []
         self.live: list[Group] = []
         self.pending = 0
         self.t = 0.0
         self.step = 0
+        #: The step table so far: blocks of it (:meth:`_solidify`), then single-step tuples and planned runs' columns.
         self.rows: list = []
+        self.solid = self.loose = 0  # rows[:solid] are blocks; steps in the rows after them
+        self.official: list = []  # each block's step_cost seconds
+        self.slow_steps = 0  # steps taken the reference way (the bench counts them)
         self.progress_rows: list[tuple] = []
         self.est: list = []
         self.stopped = None
@@ -266,6 +319,10 @@ class PagedServing:
         #: out (a router reads it: simkv.serving.router).
         self.held = None
         self.plan_from, self.fails = 0, 0  # planned runs: the next step to try one at, failed tries in a row
+        self.squeezing = False  # the last planned run was a squeezed one (:mod:`.squeezed`): try that first
+        #: Every present request from this request index on is untouched: nothing scheduled, restored or freed yet
+        #: (an overloaded pool's queue; planned runs carry such a tail without a row each: planned_run._present).
+        self.cold = 0
 
     def add(self, req: Request, prompt: int, tokens=None) -> None:
         """A request routed here (arrivals in seconds, not before those given so far): it joins at the first
@@ -274,7 +331,15 @@ class PagedServing:
         self.prompts.append(prompt)
         if self.tokens is not None:
             self.tokens.append(tokens)
+            self.family.append(tokens[0])
+            self.families[tokens[0]] += 1
 
+    def solo(self, index: int) -> bool:
+        """Prefix caching: ``requests[index]`` is the only request of its family (no other request's blocks can
+        have the hash of one of its blocks: its prompt cannot be restored from them, nor theirs from its own)."""
+        return self.families[self.family[index]] == 1
+
+    @without_cycle_collection
     def advance(self, limit: float = float("inf")) -> None:
         """Take every step that starts before ``limit`` seconds (all of them: the run to its end). The last
         step taken may end after ``limit``; a step starting at ``limit`` waits for the requests that arrive
@@ -314,7 +379,15 @@ class PagedServing:
             self.pending = pending
             joined = None
             if self.fast and live and self.step >= self.plan_from:
-                joined = self._run_of_steps(live, pending)
+                # A full fixed pool keeps preempting: once a squeezed run (:mod:`.squeezed`) was planned where a
+                # planned run was not, squeezed runs only (their states include a planned run's: the same pools)
+                if self.squeezing:
+                    joined = self._squeezed_run(live, pending)
+                else:
+                    joined = self._run_of_steps(live, pending)
+                    if joined is None:
+                        joined = self._squeezed_run(live, pending)
+                        self.squeezing = joined is not None
                 # A failed plan costs more than the step it would have saved (a pool that keeps preempting: every
                 # step the reference way). After f failures in a row, take min(2^(f-1), PLAN_BACKOFF) steps the
                 # reference way before planning again: the same steps (the reference is the reference), cheaper.
@@ -327,30 +400,77 @@ class PagedServing:
                 if self.oom is not None:
                     self._stop_out_of_memory(live, self.pending)
                     break
+                live[:] = [g for g in live if g.status == RUNNING]
             elif joined == HELD:
                 break
             else:
                 self.pending += joined
-            live[:] = [g for g in live if g.status == RUNNING]
+                pos = self.cold_pos(live)  # (an untouched request is running: only the others can have ended)
+                live[:pos] = [g for g in live[:pos] if g.status == RUNNING]
             if bar is not None and not by_step:
                 bar(self.pending)
 
+    @without_cycle_collection
     def finish(self):
         """The run's results after :meth:`advance` to its end: the requests, the step table, their
-        progress (``trace_requests``), the official step costs."""
-        steps = self._step_table() if self.rows else np.zeros(0, dtype=STEP_TABLE)
-        estimated = (np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
-                     if self.est else np.zeros(0))
-        _, cost = self.timer.official(estimated)
+        progress (``trace_requests``), and each step's seconds as :func:`simkv.cost.step_cost` gives them
+        (0 for a step without a forward pass; every step's were checked against the loop's own)."""
+        self._check_costs()
+        if not self.solid:  # (a run shorter than a block keeps its rows as they were taken)
+            steps = self._step_table(self.rows) if self.rows else np.zeros(0, dtype=STEP_TABLE)
+        else:
+            if self.loose:
+                self._solidify()
+            blocks = self.rows
+            if len(blocks) == 1:
+                steps = blocks[0]
+            else:  # block by block, each freed once copied: the table is held about once
+                steps = np.empty(sum(len(b) for b in blocks), dtype=STEP_TABLE)
+                at = 0
+                for i, b in enumerate(blocks):
+                    steps[at : at + len(b)] = b
+                    at += len(b)
+                    blocks[i] = None
+                self.rows = [steps]
+                self.solid = 1
+        seconds = np.concatenate(self.official) if len(self.official) > 1 else (
+            self.official[0] if self.official else np.zeros(0))
+        self.official = [seconds]
         prog = np.array(self.progress_rows, dtype=PROGRESS) if self.progress_rows else np.zeros(0, dtype=PROGRESS)
-        return self.groups, steps, prog, cost
+        return self.groups, steps, prog, seconds
 
-    def _step_table(self) -> np.ndarray:
-        """The step table from single-step tuples and planned runs, column by column: a column that is
+    def _rows_added(self, steps: int) -> None:
+        self.loose += steps
+        if self.loose >= SOLID_STEPS:
+            self._solidify()
+
+    def _solidify(self) -> None:
+        """The rows taken since the last block become one block of the step table (:attr:`rows`; a block reads
+        like a planned run's columns), and their costs are checked: what a long run keeps per step is its row."""
+        block = self._step_table(self.rows[self.solid :])
+        self.rows[self.solid :] = [block]
+        self.solid = len(self.rows)
+        self.loose = 0
+        self._check_costs()
+
+    def _check_costs(self) -> None:
+        """:func:`simkv.cost.step_cost` on the steps recorded since the last check, compared with the loop's own
+        seconds (:meth:`StepTimer.official`, which checks every step it holds: it then holds none)."""
+        if not self.est:
+            return
+        estimated = np.concatenate([np.atleast_1d(np.asarray(e, dtype=np.float64)) for e in self.est])
+        self.est = []
+        seconds, _ = self.timer.official(estimated)
+        self.timer.chunks = []
+        self.official.append(seconds)
+
+    @staticmethod
+    def _step_table(loose: list) -> np.ndarray:
+        """A block of the step table from single-step tuples and planned runs, column by column: a column that is
         constant over a run is one value per run (repeated once at the end), others are arrays."""
         names = STEP_TABLE.names
         rows, singles = [], []
-        for r in self.rows:  # consecutive single steps become one array (numpy converts the tuples at once)
+        for r in loose:  # consecutive single steps become one array (numpy converts the tuples at once)
             if isinstance(r, tuple):
                 singles.append(r)
                 continue
@@ -371,15 +491,40 @@ class PagedServing:
                                               for v, n in zip(vals, lens)])
         return table
 
+    def cold_pos(self, live: list[Group]) -> int:
+        """Where the untouched tail of ``live`` (request order) starts (:attr:`cold`)."""
+        if not live or live[-1].index < self.cold:
+            return len(live)
+        return bisect_left(live, self.cold, key=_index)
+
+    def _reached(self, live: list[Group]) -> list[Group]:
+        """The requests a step can schedule (the fast path; the reference schedules ``live``): the untouched tail of
+        a fixed pool's queue beyond the prompt tokens of one step's budget gets nothing — prompts are served in
+        request order, an untouched one takes all it asks for unless the budget or the free blocks run out (then
+        no later one gets any: ``_slots`` of an empty table is the free blocks' room) — and holds no block, is
+        no victim and is not waiting. (A dynamic pool reserves for every prompt present.)"""
+        cfg = self.cfg
+        if self.sched.dynamic or not cfg.dynamic_split_fuse or not self.sched.simple:
+            return live
+        tail = self.cold_pos(live)
+        reach = cfg.max_num_batched_tokens
+        while tail < len(live) and reach > 0:
+            reach -= live[tail].P
+            tail += 1
+        return live if tail == len(live) else live[:tail]
+
     # -- one step, the reference way ----------------------------------------------------------------
 
     def _slow_step(self, live: list[Group]) -> None:
         """One step the reference way (:mod:`.slow_path`): schedule, (re)allocate the pool's tensors,
         run the forward pass (its time from :mod:`simkv.cost`), sample, free what finished."""
         step, t = self.step, self.t
-        before_pre = sum(g.preemptions for g in live)
-        total, scheduled = self.sched.schedule(live) if live else (0, [])
-        preempted = sum(g.preemptions for g in live) - before_pre
+        part = self._reached(live) if self.fast else live
+        before_pre = sum(g.preemptions for g in part)
+        total, scheduled = self.sched.schedule(part) if live else (0, [])
+        if scheduled:
+            self.cold = max(self.cold, max(g.index for g in scheduled) + 1)
+        preempted = sum(g.preemptions for g in part) - before_pre
         self.preempted_total += preempted
         state = self.state_pool
         new_state = state.total if state is not None else 0
@@ -404,10 +549,10 @@ class PagedServing:
         blocks_used = self.pool.used()
         state_used = state.used() if state is not None else 0
         if self.sched.simple:
-            internal = internal_slack(live, self.pool, self.bs)
+            internal = internal_slack(part, self.pool, self.bs)
             used_b = (blocks_used * self.bs - internal) * self.block_bytes // self.bs
         else:
-            used0, used1 = used_bytes(live, self.sched)
+            used0, used1 = used_bytes(part, self.sched)
             used_b = used0 + used1
         n_live = len(live)
         if total == 0:
@@ -442,6 +587,8 @@ class PagedServing:
             in_use += state_used * self.state_bytes
         self.rows.append((step, t, n_live, len(scheduled), blocks_used, self.pool.total, allocated, used_b, dt, total,
                           peak, allocated - in_use, in_use - used_b, copied, preempted, state_used, state_total))
+        self.slow_steps += 1
+        self._rows_added(1)
         self.t = t
         self.step = step + 1
 
@@ -473,13 +620,33 @@ class PagedServing:
             return HELD
         self.groups.extend(joined)
         live.extend(joined)
-        table, sampled = planned_run.commit(run, live, self.pool, self.sched.free_group, self.timer, self.block_bytes,
+        table, sampled = planned_run.commit(run, run.rows + joined, self.pool, self.sched.free_group, self.timer, self.block_bytes,
                                             self.bs, self.step, self)
         self.sampled += sampled
-        self.rows.append(table)
+        if run.moved is not None:  # requests the run scheduled are no longer untouched
+            self.cold = max(self.cold, run.moved + 1)
+        self.rows.append(_rows_of(table))
         self.est.append(table["step_s"])
         self.t = float(table["time_s"][-1])
         self.step += run.K
+        self._rows_added(run.K)
+        return len(joined)
+
+    def _squeezed_run(self, live: list[Group], pending: int) -> int | None:
+        """A full fixed pool's steps, decoders preempting the tail request (:mod:`.squeezed`), carried out;
+        returns how many arrivals joined (appended to ``live``), or None."""
+        out = squeezed.run(self, live, pending)
+        if out is None:
+            return None
+        table, sampled, joined = out
+        self.groups.extend(joined)
+        live.extend(joined)
+        self.sampled += sampled
+        self.rows.append(_rows_of(table))
+        self.est.append(table["step_s"])
+        self.t = float(table["time_s"][-1])
+        self.step += table["_n"]
+        self._rows_added(table["_n"])
         return len(joined)
 
     def _stop_out_of_memory(self, live: list[Group], pending: int) -> None:
@@ -519,5 +686,7 @@ class PagedServing:
         if self.tokens is not None:
             prepare_tokens(g, self.tokens[index], self.bs)
             self.sched.restore(g)
+            if g.tables[0]:  # restored blocks: not untouched
+                self.cold = max(self.cold, index + 1)
         self.groups.append(g)
         return g

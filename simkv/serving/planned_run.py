@@ -29,13 +29,15 @@ JOINS_PER_RUN = 32
 
 
 def prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple[int, int] | None]:
-    """A prompt's tokens per step, taking the budget left in each step (``room``) until ``left`` are
-    scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
+    """A prompt's tokens per step, taking the budget left in each step (``room``, never negative) until ``left``
+    are scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
     cum = np.cumsum(room)
-    got = np.diff(np.concatenate(([0], np.minimum(cum, left))))
     if cum[-1] < left:
-        return got, None
-    kc = int(np.argmax(cum >= left))
+        return room.copy(), None
+    kc = int(cum.searchsorted(left))  # the first step by which it has them all
+    got = np.zeros_like(room)
+    got[:kc] = room[:kc]
+    got[kc] = left - (cum[kc - 1] if kc else 0)
     return got, (kc + 1, kc + G - 1)  # first token at kc, G - 1 more
 
 
@@ -68,6 +70,12 @@ class Run:
     #: group the present requests' table lengths at the start (newcomers start empty).
     used1: np.ndarray | None = None
     nbg: list | None = None
+    #: The present requests with a row (in order; the newcomers' rows follow), and how many present requests after
+    #: them have none: the untouched tail of a queue that no step of the run reaches (no token, no block).
+    rows: list = None
+    passive: int = 0
+    #: After the commit: the largest request index the run scheduled a token for (None: none).
+    moved: int | None = None
 
     def cut(self, k: int) -> None:
         """Keep the first ``k`` steps (or fewer): the per-step arrays now, the rows when committed."""
@@ -79,9 +87,10 @@ class Run:
             if value is not None:
                 setattr(self, name, value[:k])
 
-    def add_row(self, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
+    def add_row(self, k: int, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
+        """A newcomer's row from step ``k`` on (nothing before it: zeros when the matrices are built)."""
         for rows, row in ((self.tok, tok), (self.ctx, ctx), (self.held, held), (self.alive, alive), (self.sampled, sampled)):
-            rows.append(row[None, :])
+            rows.append((k, row))
         self.nb.append(0)
         self.fin.append(fin)
         self.start.append(start)
@@ -96,18 +105,32 @@ class Run:
         times[0] = t
         times[1:] = self.sec
         self.times = np.cumsum(times, out=times)[1:]
+        self.t0 = t
+
+    def retime(self, timer, k: int) -> None:
+        """:meth:`time` again from step ``k`` on (the steps before it are unchanged: the seconds of a step are its
+        own inputs', the times are added in the same order)."""
+        dp = self.decode_pairs
+        sec = timer.steps(self.new[k:], self.pairs[k:], self.kvr[k:], self.logits[k:], 0 if dp is None else dp[k:])
+        self.sec[k:] = sec
+        times = np.empty(len(sec) + 1)
+        times[0] = self.times[k - 1] if k else self.t0
+        times[1:] = sec
+        self.times[k:] = np.cumsum(times, out=times)[1:]
 
 
 def plan(eng, live: list, pending: int) -> Run | None:
     """The run the present requests ``live`` make, up to the arrival of ``requests[pending +
     JOINS_PER_RUN]`` at the latest (joins not yet added), or None when the present state does
     not allow a run of at least two steps."""
-    present = _present(eng, live)
+    ahead = pending + JOINS_PER_RUN
+    horizon = _horizon(eng, ahead)
+    budget = eng.cfg.max_num_batched_tokens
+    present = _present(eng, live, budget * horizon)
     if present is None:
         return None
-    proc, P, G, gen, nb = present
-    ahead = pending + JOINS_PER_RUN
-    scheduled = _schedule(proc, P, G, gen, eng.cfg.max_num_batched_tokens, _horizon(eng, ahead))
+    proc, P, G, gen, nb, rows, passive = present
+    scheduled = _schedule(proc, P, G, gen, budget, horizon)
     if scheduled is None:
         return None
     tok, dec, start, fin, nd, taken, K = scheduled
@@ -142,7 +165,7 @@ def plan(eng, live: list, pending: int) -> Run | None:
               logits=sampled.sum(axis=0)[:K],
               decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
                             if eng.timer.decode_rate_differs else None), ahead=ahead,
-              used1=None if used1 is None else used1[:K], nbg=nbg)
+              used1=None if used1 is None else used1[:K], nbg=nbg, rows=rows, passive=passive)
     run.time(eng.timer, eng.t)
     return run
 
@@ -207,26 +230,42 @@ def blocks(eng, ctx: np.ndarray, prev: np.ndarray, alive: np.ndarray, nbg: list)
     return per_pool, entries, drops, used_b
 
 
-def _present(eng, live: list):
+def _present(eng, live: list, reach: int):
     """The present requests as arrays (tokens processed, prompt, tokens to generate, generated,
-    blocks held), or None where the reference must take the step (prefix caching, tracing,
-    observers, no split-fuse, pool growth, a window's blocks leaving, forks)."""
+    blocks held), the requests they are (``rows``) and how many present requests follow them without a row, or
+    None where the reference must take the step (prefix caching, tracing, observers, no split-fuse, pool growth,
+    a window's blocks leaving, forks).
+
+    Untouched requests at the end of the queue (:attr:`PagedServing.cold`) get a row only while the prompt tokens
+    before them stay under ``reach`` (the run's budget of tokens): later ones get no token in the run — prompts
+    are served in request order, and each takes every token left until it completes —, hold no block and sample
+    nothing, so they only count as present. (A fixed pool: a dynamic one reserves for every prompt present.)"""
     cfg, sched, pool = eng.cfg, eng.sched, eng.pool
-    if cfg.enable_prefix_caching or eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
+    if eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
+        return None
+    prefix = cfg.enable_prefix_caching
+    if prefix and not sched.simple:
         return None
     if not sched.initialized or pool.total != eng.tensors.total or (
             eng.state_pool is not None and eng.state_pool.total != eng.tensors.state_total):
         return None  # the pool's tensors are (re)allocated in this step
-    n = len(live)
+    tail = len(live)
+    if not sched.dynamic:
+        tail = eng.cold_pos(live)
+        while tail < len(live) and reach > 0:
+            reach -= live[tail].P
+            tail += 1
+    rows = live[:tail]  # (a copy: the engine appends newcomers to live)
+    n = len(rows)
     proc = np.empty(n, dtype=np.int64)
     P = np.empty(n, dtype=np.int64)
     G = np.empty(n, dtype=np.int64)
     gen = np.empty(n, dtype=np.int64)
     nb = np.empty(n, dtype=np.int64)
     prompt_phase = False
-    for j, g in enumerate(live):
-        if len(g.tables) != 1:
-            return None
+    for j, g in enumerate(rows):
+        if len(g.tables) != 1 or prefix and (g.preemptions or not eng.solo(g.index)):
+            return None  # (prefix caching: see _hand_out_prefix)
         if g.maxc >= g.P:
             if g.maxc != g.processed:
                 return None
@@ -237,7 +276,7 @@ def _present(eng, live: list):
         proc[j], P[j], G[j], gen[j], nb[j] = g.processed, g.P, g.G, g.generated, len(g.tables[0])
     if sched.dynamic and prompt_phase and reserves(sched, live):
         return None  # the reference step raises the dynamic pool first
-    return proc, P, G, gen, nb
+    return proc, P, G, gen, nb, rows, len(live) - n
 
 
 def reserves(sched, groups) -> bool:
@@ -252,9 +291,12 @@ def reserves(sched, groups) -> bool:
 
 def _horizon(eng, ahead: int) -> int:
     """Steps a run may take: at most KMAX (a layout of several groups: twice the last run's, at least 64, as its
-    matrices have a row per request and group), ending before the arrival of ``requests[ahead]``."""
+    matrices have a row per request and group), ending before the arrival of ``requests[ahead]`` and at the step
+    limit."""
     reqs = eng.requests
-    K = KMAX if eng.sched.simple else eng.horizon
+    # (the reference stops at the step limit, and no earlier than stall_limit steps after the last token)
+    K = min(KMAX if eng.sched.simple else eng.horizon, eng.max_steps - eng.step,
+            eng.progress_step + eng.stall_limit + 1 - eng.step)
     if ahead < len(reqs):
         if eng.by_step:
             K = min(K, reqs[ahead].arrival_step - eng.step)
@@ -297,7 +339,7 @@ def _schedule(proc, P, G, gen, budget: int, K: int):
         start[q], fin[q] = decodes
         active_dec[q] = (ks >= start[q]) & (ks <= fin[q])
         nd = nd + active_dec[q]
-    K = min(K, int(fin.max()) + 1)  # nothing left to run after the last request finishes
+    # (after the last request finishes only newcomers run: joins.join ends the run after the last one's last step)
     over = nd > budget
     if over.any():
         K = min(K, int(over.argmax()))
@@ -312,14 +354,18 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
     advance the requests ``live`` (the run's rows, joiners last), record the steps' work with the
     ``timer``. Returns the run's step-table columns (``_n``: its steps) and the tokens it sampled."""
     K, nb = run.K, np.array(run.nb, dtype=np.int64)
-    tok, ctx, held, alive, sampled = (np.vstack([part[:, :K] for part in rows])
+    tok, ctx, held, alive, sampled = (_matrix(rows, K)
                                       for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled))
     used, sec, times = run.used[:K], run.sec[:K], run.times[:K]
     new, pairs, kvr, logits = run.new[:K], run.pairs[:K], run.kvr[:K], run.logits[:K]
     alloc_b = pool.total * block_bytes
     in_use = used * block_bytes
     state_used = state_total = 0
-    if eng is None or eng.sched.simple:
+    if eng is not None and eng.tokens is not None:
+        _hand_out_prefix(eng, ctx, held, nb, sampled, run.start, run.fin, K, live)
+        ctx_total = np.where(alive, ctx, 0).sum(axis=0)
+        used_b = ctx_total * block_bytes // bs
+    elif eng is None or eng.sched.simple:
         _hand_out_blocks(held, nb, run.start, run.fin, K, live, pool, free_group)
         ctx_total = np.where(alive, ctx, 0).sum(axis=0)
         used_b = ctx_total * block_bytes // bs
@@ -330,8 +376,13 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
             alloc_b = alloc_b + state_total * eng.state_bytes
             in_use = in_use + state_used * eng.state_bytes
     n_sampled = _advance(live, ctx, sampled, np.array(run.dec), np.array(run.fin), times, K, step0)
+    moved = np.flatnonzero(tok.any(axis=1))
+    run.moved = live[int(moved[-1])].index if moved.size else None
+    requests = alive.sum(axis=0)
+    if run.passive:
+        requests += run.passive
     table = {
-        "step": step0 + np.arange(K), "time_s": times, "requests": alive.sum(axis=0),
+        "step": step0 + np.arange(K), "time_s": times, "requests": requests,
         "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": pool.total,
         "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": sec, "scheduled_tokens": new,
         "peak_bytes": alloc_b, "reserved_bytes": alloc_b - in_use,
@@ -340,6 +391,18 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
     }
     timer.record(new, pairs, kvr, logits, 0 if run.decode_pairs is None else run.decode_pairs[:K])
     return table, n_sampled
+
+
+def _matrix(parts: list, K: int) -> np.ndarray:
+    """The present requests' matrix (its first ``K`` steps) and the newcomers' rows, each (from step k, values)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first[:, :K]
+    out = np.zeros((len(first) + len(parts) - 1, K), dtype=first.dtype)
+    out[: len(first)] = first[:, :K]
+    for i, (k, row) in enumerate(parts[1:], len(first)):
+        out[i, k:] = row[: K - k]
+    return out
 
 
 def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group) -> None:
@@ -362,6 +425,51 @@ def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group)
             free_group(g)
         else:
             g.tables[0].extend(alloc_many(c))
+
+
+def _hand_out_prefix(eng, ctx, held, nb, sampled, start, fin, K: int, live: list) -> None:
+    """:func:`_hand_out_blocks` with prefix caching: each block allocated with the hash the reference gives it
+    (``ContinuousScheduler.append_slots``: the tokens known at that step), the last block re-hashed before new
+    ones, and each request's generated tokens appended to its tokens.
+
+    The reference also re-hashes a decoding sequence's last block at every step, by the context after the step;
+    here only its last such hash is given (before the block is freed, before a new block follows it, at the end of
+    the run). The hashes in between are seen by no one: every request here is alone in its family and was never
+    preempted (:func:`_present`; newcomers: :func:`simkv.serving.joins.join`), so no other block has, had or
+    will get one of them (a hash chain starts with the prompt's first tokens), and nothing is restored during
+    the run. Allocations and frees are the reference's, in its order, so the clock, the free list, the
+    overwritable store and its evictions are too."""
+    pool, sched, bs, free_group = eng.pool, eng.sched, eng.bs, eng.sched.free_group
+    gen = sampled.sum(axis=1).tolist()
+    for j, g in enumerate(live):
+        if gen[j]:
+            rid, first = g.req.id, g.generated
+            g.seq_tokens[0].extend([(3, rid, 0, i) for i in range(first, first + gen[j])])
+    inc = held.copy()
+    inc[:, 1:] -= held[:, :-1]
+    inc[:, 0] -= nb
+    kk, jj = np.nonzero((inc > 0).T)
+    counts = inc[jj, kk].tolist()
+    events = [(k, 0 if k >= start[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
+    events += [(f, 2, 0 if f >= start[j] else 1, j, -1) for j, f in enumerate(fin) if f < K]
+    events.sort()
+    rehash, allocate, hashed = pool.rehash, pool.allocate, sched._hash
+    for k, kind, phase, j, c in events:
+        g = live[j]
+        table = g.tables[0]
+        if c < 0:
+            if phase == 0 and table:  # it decoded in its last step: its last block ends the context
+                rehash(table[-1], hashed(g, 0, int(ctx[j, k])))
+            free_group(g)
+            continue
+        known = int(ctx[j, k]) if kind == 0 else g.P  # prompt + generated at that step (a decoder: its context)
+        if table:
+            rehash(table[-1], hashed(g, 0, min(len(table) * bs, known)))
+        for i in range(len(table), len(table) + c):
+            table.append(allocate(hashed(g, 0, min((i + 1) * bs, known))))
+    for j, g in enumerate(live):  # decoded in the run and still running: its last block ends its context
+        if fin[j] >= K and start[j] < K and g.tables[0]:
+            rehash(g.tables[0][-1], hashed(g, 0, int(ctx[j, K - 1])))
 
 
 def _hand_out_groups(eng, run: Run, ctx, alive, K: int, live: list) -> np.ndarray:

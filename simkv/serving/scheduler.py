@@ -445,8 +445,13 @@ class ContinuousScheduler:
 
     def _target_blocks(self, groups) -> int:
         if self.simple:
-            return sum(-(-min(g.P * INITIAL_MULTIPLIER, g.P + g.G) // self.bs) * g.n for g in groups)
+            return sum(self.target_of(g) for g in groups)
         return self._targets(groups)[0]
+
+    def target_of(self, g: Group) -> int:
+        """One group's part of :meth:`_target_blocks` with one plain table: min(2P, P + max_new) tokens' blocks per
+        sequence."""
+        return -(-min(g.P * INITIAL_MULTIPLIER, g.P + g.G) // self.bs) * g.n
 
     def _targets(self, groups) -> tuple[int, int]:
         """``ensure_sequence_token_capacity`` of every group of each pool: blocks for min(2P, P + max_new) tokens
