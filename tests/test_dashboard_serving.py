@@ -115,13 +115,22 @@ def test_bad_input_is_one_line_next_to_its_field(over, key, message):
     ({"sv_workload": "synthetic", "sv_requests": "1000", "sv_prompt_dist": "fixed:4000"},
      "prompt and output tokens in all: at most 2,000,000 in the dashboard"),
     ({"sv_memory": "contiguous", "sv_policy": "exact"}, "ledger rows (estimated)"),
-    ({"sv_requests": "300", "sv_pool": "blocks", "sv_pool_size": "100"},
-     "stopped after 4,000 scheduler rounds (the dashboard's limit); requests keep waiting for memory"),
+    ({"sv_requests": "300", "sv_memory": "contiguous", "sv_policy": "fixed", "sv_scheduler": "sequential"},
+     "stopped after 8,000 scheduler rounds (the dashboard's limit)"),
 ])
 def test_what_cannot_be_shown_says_why_and_how_to_run_it(over, message):
     out = sv.serving_callback(form(**over), "serving")
     assert message in out["status"] and out["status_class"] == "status invalid", out["status"]
     assert out["cli"].startswith("simkv run --") and out["cards"] == []
+
+
+def test_the_round_limit_stops_a_paged_run(monkeypatch):
+    # 300 requests on a 100-block pool preempt all along: 206 scheduler rounds since squeezed runs plan a full
+    # pool's steps (simkv/serving/squeezed.py); a limit of 50 stops it
+    monkeypatch.setitem(sv.MAX_ROUNDS, "paged", 50)
+    out = sv.serving_callback(form(sv_requests="300", sv_pool="blocks", sv_pool_size="100"), "serving")
+    assert "stopped after 50 scheduler rounds (the dashboard's limit); requests keep waiting for memory" in out["status"]
+    assert out["status_class"] == "status invalid" and out["cards"] == []
 
 
 def test_nothing_runs_while_another_tab_is_open():
