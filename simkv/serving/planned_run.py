@@ -407,7 +407,49 @@ def _matrix(parts: list, K: int) -> np.ndarray:
 
 def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group) -> None:
     """Block events in the reference order: per step, decoders (request order), then prompt chunks,
-    then the frees of the requests that finished in that step."""
+    then the frees of the requests that finished in that step. (Without prefix caching a block comes off the free
+    list's front as :meth:`BlockPool.allocate_many` takes it; the blocks ever handed out are counted at the end:
+    nothing in between reads them.)"""
+    if pool.prefix_caching:
+        return _hand_out_events(held, nb, start, fin, K, live, pool, free_group)
+    inc = held.copy()
+    inc[:, 1:] -= held[:, :-1]
+    inc[:, 0] -= nb
+    kk, jj = np.nonzero((inc > 0).T)  # (a drop is a free after the last step, handled below)
+    c = inc[jj, kk]
+    start_a = np.asarray(start, dtype=np.int64)
+    fin_a = np.asarray(fin, dtype=np.int64)
+    fj = np.flatnonzero(fin_a < K)
+    ff = fin_a[fj]
+    # sort key: step, kind (0 decode allocs, 1 prompt allocs, 2 frees), phase at that step
+    # (0 decoding, 1 prompt chunk: a prompt finishing at its last chunk frees after the decoders), request
+    key_k = np.concatenate((kk, ff))
+    key_kind = np.concatenate(((kk < start_a[jj]).astype(np.int64), np.full(len(fj), 2, dtype=np.int64)))
+    key_phase = np.concatenate((np.zeros(len(kk), dtype=np.int64), (ff < start_a[fj]).astype(np.int64)))
+    key_j = np.concatenate((jj, fj))
+    order = np.lexsort((key_j, key_phase, key_kind, key_k))
+    counts = np.concatenate((c, np.full(len(fj), -1, dtype=np.int64)))[order].tolist()
+    free, ref, alloc_many = pool.free, pool.ref, pool.allocate_many
+    popleft = free.popleft
+    tables = [g.tables[0] for g in live]
+    top = -1
+    for j, n in zip(key_j[order].tolist(), counts):
+        if n == 1 and free:
+            b = popleft()
+            ref[b] = 1
+            if b > top:
+                top = b
+            tables[j].append(b)
+        elif n < 0:
+            free_group(live[j])
+        else:
+            tables[j].extend(alloc_many(n))
+    if top >= 0 and pool.touched <= top:
+        pool.touched = top + 1
+
+
+def _hand_out_events(held, nb, start, fin, K: int, live: list, pool, free_group) -> None:
+    """:func:`_hand_out_blocks` event by event."""
     inc = held.copy()
     inc[:, 1:] -= held[:, :-1]
     inc[:, 0] -= nb
