@@ -22,6 +22,8 @@ number whether it is asked alone or in a planned run.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from simkv.cost import step_cost
@@ -159,7 +161,31 @@ class StepTimer:
     def steps(self, new_tokens, pairs, kv_read_tokens, logit_tokens, decode_pairs=0) -> np.ndarray:
         """Seconds of many steps without copies (arrays), bit-identical to :meth:`step` on each.
         Not recorded: a plan may be cut; :meth:`record` what is kept."""
-        return self._eval((new_tokens, pairs, kv_read_tokens, 0, logit_tokens, decode_pairs))
+        x = (new_tokens, pairs, kv_read_tokens, 0, logit_tokens, decode_pairs)
+        w, mm, kv, at, cp = (self._affine_counts(t, x) for t in self._nonzero)
+        if self._moe:
+            w = self._weights_s(x[0])
+        out = np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
+        if self._reduce:
+            out = out + self._affine_counts(self._reduce_nz, x)
+        return out
+
+    @staticmethod
+    def _affine_counts(term, x):
+        """:meth:`_affine` of inputs that are counts (never negative): a constant +0.0 before a positive
+        coefficient's product is left out (``0.0 + c * x`` is ``c * x``, bit for bit: the product is +0.0 or
+        more)."""
+        total, coef = term
+        if not coef:
+            return total
+        c, i = coef[0]
+        if total == 0.0 and c > 0 and math.copysign(1.0, total) > 0:
+            total = c * x[i]
+        else:
+            total = total + c * x[i]
+        for c, i in coef[1:]:
+            total = total + c * x[i]
+        return total
 
     def record(self, new_tokens, pairs, kv_read_tokens, logit_tokens, decode_pairs=0) -> None:
         self._flush()

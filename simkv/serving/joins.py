@@ -69,25 +69,36 @@ def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
     pool no longer suffices; False (the run unchanged) if that leaves no step from ``k`` on. (Before ``k``
     nothing changes, and the run's decoders and blocks fit there: only steps from ``k`` on are computed.)"""
     budget, bs, total = eng.cfg.max_num_batched_tokens, eng.bs, eng.pool.total
-    K = run.K
+    K0 = K = run.K
     room = budget - run.nd - run.taken
     neg = room < 0
     if neg.any():
         K = int(neg.argmax())
     got, decodes = prompt_share(np.maximum(room[k:], 0), g.P, g.G)  # nothing before it arrives
-    start, fin = (k + decodes[0], k + decodes[1]) if decodes else (KMAX, KMAX)  # else still in its prompt
-    ks = np.arange(k, run.K, dtype=np.int64)
-    decoding = (ks >= start) & (ks <= fin)
-    nd = run.nd[k:] + decoding
-    over = nd > budget
-    if over.any():
-        K = min(K, k + int(over.argmax()))
-    tok = got + decoding
+    n = K0 - k
+    tok = got.copy()
+    if decodes:  # it decodes in steps s .. f after k (a slice: cut at the run's end)
+        s, f = decodes
+        start, fin = k + s, k + f
+        tok[s:f + 1] += 1
+        nd = run.nd[k:].copy()
+        nd[s:f + 1] += 1
+        # (only its decode steps can pass the budget: elsewhere the room above is negative first)
+        over = nd[s:f + 1] > budget
+        if over.any():
+            K = min(K, start + int(over.argmax()))
+        alive = np.zeros(n, dtype=bool)
+        alive[:f + 1] = True
+    else:  # still in its prompt
+        start = fin = KMAX
+        nd = run.nd[k:]
+        alive = np.ones(n, dtype=bool)
     ctx = np.cumsum(tok)
-    alive = ks <= fin
     used1 = None
     if eng.sched.simple:
-        held = (ctx + (bs - 1)) // bs * alive
+        held = (ctx + (bs - 1)) // bs
+        if decodes:
+            held[f + 1:] = 0
         used = run.used[k:] + held
         bad = used > total
     else:  # the newcomer's blocks in every group (its tables start empty)
@@ -104,9 +115,15 @@ def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
     if K <= k:
         return False
     pairs, seen = eng.work.arrays(tok, ctx)
-    sampled = (tok > 0) & (ctx >= g.P)
+    if g.P > 0:  # its samples: from the step its prompt completes (a token there) to its last
+        sampled = np.zeros(n, dtype=bool)
+        if decodes:
+            sampled[s - 1:f + 1] = True
+    else:
+        sampled = (tok > 0) & (ctx >= g.P)
     run.add_row(k, tok, ctx, held, alive, sampled, fin, start)
-    run.nd[k:] = nd
+    if decodes:
+        run.nd[k:] = nd
     run.taken[k:] += got
     run.used[k:] = used
     if used1 is not None:

@@ -113,8 +113,13 @@ class Run:
         dp = self.decode_pairs
         sec = timer.steps(self.new[k:], self.pairs[k:], self.kvr[k:], self.logits[k:], 0 if dp is None else dp[k:])
         self.sec[k:] = sec
+        if k:  # (in place: the time before step k, then its seconds, added one by one)
+            times = self.times[k - 1:]
+            times[1:] = sec
+            np.cumsum(times, out=times)
+            return
         times = np.empty(len(sec) + 1)
-        times[0] = self.times[k - 1] if k else self.t0
+        times[0] = self.t0
         times[1:] = sec
         self.times[k:] = np.cumsum(times, out=times)[1:]
 
