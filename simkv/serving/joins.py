@@ -93,7 +93,7 @@ def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
         start = fin = KMAX
         nd = run.nd[k:]
         alive = np.ones(n, dtype=bool)
-    ctx = np.cumsum(tok)
+    ctx = np.add.accumulate(tok)
     used1 = None
     if eng.sched.simple:
         held = (ctx + (bs - 1)) // bs

@@ -31,7 +31,7 @@ JOINS_PER_RUN = 32
 def prompt_share(room: np.ndarray, left: int, G: int) -> tuple[np.ndarray, tuple[int, int] | None]:
     """A prompt's tokens per step, taking the budget left in each step (``room``, never negative) until ``left``
     are scheduled, and the steps of its first decode and last token (None while it is still in its prompt)."""
-    cum = np.cumsum(room)
+    cum = np.add.accumulate(room)  # (np.cumsum's ufunc, without its dispatch)
     if cum[-1] < left:
         return room.copy(), None
     kc = int(cum.searchsorted(left))  # the first step by which it has them all
@@ -116,7 +116,7 @@ class Run:
         if k:  # (in place: the time before step k, then its seconds, added one by one)
             times = self.times[k - 1:]
             times[1:] = sec
-            np.cumsum(times, out=times)
+            np.add.accumulate(times, out=times)  # (np.cumsum's ufunc: the same additions)
             return
         times = np.empty(len(sec) + 1)
         times[0] = self.t0
