@@ -694,26 +694,20 @@ class ContinuousScheduler:
                         break
                 if self._slots(g, length) < length:
                     break
-                g.scheduled = length
-                self.append_slots(g)
-                scheduled.append(g)
-                total += length
-                is_prompt = True
-                running += 1
-                continue
-            unused = (self.bs - g.processed % self.bs) % self.bs
-            blocks = -(-max(0, length - unused) // self.bs)
-            while blocks > self.pool.num_free():
-                if not self.try_increase():
+            else:
+                unused = (self.bs - g.processed % self.bs) % self.bs
+                blocks = -(-max(0, length - unused) // self.bs)
+                while blocks > self.pool.num_free():
+                    if not self.try_increase():
+                        break
+                if blocks > self.pool.num_free():
                     break
-            if blocks > self.pool.num_free():
-                break
-            if blocks == 0 and self.pool.num_free() == 0 and any(
-                    t and t[-1] is not None and self.pool.ref[t[-1]] > 1 for t in g.tables):
-                # The prompt fits in its restored last block, but that block is shared, so append_slots
-                # must copy it, and can_allocate_tokens does not count that block: GenAI would allocate
-                # from an empty pool (its pipeline crashed on such workloads, docs/DESIGN.md §4b). Wait.
-                break
+                if blocks == 0 and self.pool.num_free() == 0 and any(
+                        t and t[-1] is not None and self.pool.ref[t[-1]] > 1 for t in g.tables):
+                    # The prompt fits in its restored last block, but that block is shared, so append_slots
+                    # must copy it, and can_allocate_tokens does not count that block: GenAI would allocate
+                    # from an empty pool (its pipeline crashed on such workloads, docs/DESIGN.md §4b). Wait.
+                    break
             g.scheduled = length
             self.append_slots(g)
             scheduled.append(g)
