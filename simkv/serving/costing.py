@@ -124,14 +124,16 @@ class StepTimer:
         self.chunks: list = []
         self.pending: list[tuple] = []
 
-    def _eval(self, x):
-        """The rooflines with the probed coefficients; scalars or arrays, the same operations in the same order."""
-        w, mm, kv, at, cp = (self._affine(t, x) for t in self._nonzero)
+    def _eval(self, x, affine=None):
+        """The rooflines with the probed coefficients; scalars or arrays, the same operations in the same order.
+        ``affine``: how each term is summed (default :meth:`_affine`; :meth:`_affine_counts` for counts)."""
+        affine = affine or self._affine
+        w, mm, kv, at, cp = (affine(t, x) for t in self._nonzero)
         if self._moe:
             w = self._weights_s(x[0])
         out = np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
         if self._reduce:
-            out = out + self._affine(self._reduce_nz, x)
+            out = out + affine(self._reduce_nz, x)
         return out
 
     def _weights_s(self, new_tokens):
@@ -161,14 +163,7 @@ class StepTimer:
     def steps(self, new_tokens, pairs, kv_read_tokens, logit_tokens, decode_pairs=0) -> np.ndarray:
         """Seconds of many steps without copies (arrays), bit-identical to :meth:`step` on each.
         Not recorded: a plan may be cut; :meth:`record` what is kept."""
-        x = (new_tokens, pairs, kv_read_tokens, 0, logit_tokens, decode_pairs)
-        w, mm, kv, at, cp = (self._affine_counts(t, x) for t in self._nonzero)
-        if self._moe:
-            w = self._weights_s(x[0])
-        out = np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
-        if self._reduce:
-            out = out + self._affine_counts(self._reduce_nz, x)
-        return out
+        return self._eval((new_tokens, pairs, kv_read_tokens, 0, logit_tokens, decode_pairs), self._affine_counts)
 
     @staticmethod
     def _affine_counts(term, x):
