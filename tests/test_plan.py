@@ -239,3 +239,9 @@ def test_contiguous_deployments_have_no_blocks_or_pool(ten_at_once):
     assert "contiguous, policy openvino-cpu" in plan.describe(result.rows[0])
     assert "--memory contiguous --policy openvino-cpu" in plan.command(result.rows[0])
     assert "--block-size" not in plan.command(result.rows[0])
+
+
+def test_a_bad_precision_is_one_line_before_any_run(capsys):
+    assert main(["plan", "--synthetic", "--requests", "20", "--devices", "h100-sxm", "--max-devices", "1",
+                 "--precisions", "bf16,xyz", "--workers", "1"]) == 2
+    assert "unknown precision 'xyz'" in capsys.readouterr().err

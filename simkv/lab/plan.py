@@ -239,6 +239,10 @@ def candidates(space: Space, model, memory: str = "paged") -> tuple[list[dict], 
     for r in space.routers:
         if r not in ROUTERS:
             raise ConfigError(f"--routers: unknown router {r!r}; choose {', '.join(ROUTERS)}")
+    for name in space.precisions or ():  # an unknown or refused precision: one line, before any run
+        from simkv.precision import get_precision
+
+        get_precision(name).check(model)
     for pool in space.pools or ():
         _pool_fraction(pool)
     skipped: list[str] = []
@@ -363,21 +367,15 @@ def _requests(workload_json: str, model_name: str, max_context):
                            seed=w["seed"], max_prompt=context - 1 if context else None))
 
 
-def spec_of(point: dict):
-    """The :class:`~simkv.serving.ServingSpec` of a point (its fixed inputs and its deployment)."""
-    from policies import get_policy
-    from simkv.cost import get_device
+def _device_share(point: dict):
+    """A point's model, device, weights bytes per device and KV pool in GiB (0: the dynamic pool)."""
+    from simkv.cost import GIB, get_device
     from simkv.hfconfig import resolve_model
     from simkv.models import tp_shard
-    from simkv.precision import get_precision
     from simkv.scenario import resolve_weights_memory
-    from simkv.serving import SchedulerConfig, ServingSpec
-    from simkv.cost import GIB
 
     model = resolve_model(point["model"])
     device = get_device(point["device"])
-    precision = get_precision(point["precision"])
-    precision.check(model)
     weights = resolve_weights_memory(tp_shard(model, point["tp"]), None, None, device)
     fraction = _pool_fraction(point["pool"]) if point["memory"] == "paged" else None
     cache = 0.0
@@ -387,6 +385,18 @@ def spec_of(point: dict):
             raise ConfigError(f"no room for the KV cache: {fraction:g} of the device is "
                               f"{fraction * device.memory_bytes / GIB:.2f} GiB, the weights alone {weights / GIB:.2f} GiB")
         cache = room / GIB
+    return model, device, weights, cache
+
+
+def spec_of(point: dict):
+    """The :class:`~simkv.serving.ServingSpec` of a point (its fixed inputs and its deployment)."""
+    from policies import get_policy
+    from simkv.precision import get_precision
+    from simkv.serving import SchedulerConfig, ServingSpec
+
+    model, _, weights, cache = _device_share(point)
+    precision = get_precision(point["precision"])
+    precision.check(model)
     cfg = SchedulerConfig(block_size=point["block_size"] or SchedulerConfig.block_size, cache_size=cache,
                           max_num_batched_tokens=point["max_num_batched_tokens"], max_num_seqs=point["max_num_seqs"],
                           enable_prefix_caching=point["prefix_caching"], kv_manager=point["kv_manager"],
@@ -505,11 +515,12 @@ def run_plan(target: Target, space: Space, prices: dict[str, float] | None = Non
     fixed = target.key()
     points = [dict(fixed, **d) for d in deployments]
     ids = [point_id(p) for p in points]
-    # a bad input fails before any work: the requests, then one spec per device and precision
+    # a bad input fails before any work: the requests (precisions and routers: candidates)
     _requests(fixed["workload"], fixed["model"], fixed["max_context"])
     stored_rows = read_rows(out) if out else []
-    stored = {r["point_id"]: r for r in stored_rows if r.get("point_id") in set(ids)}
-    others = [r for r in stored_rows if r.get("point_id") not in set(ids)]
+    known = set(ids)
+    stored = {r["point_id"]: r for r in stored_rows if r.get("point_id") in known}
+    others = [r for r in stored_rows if r.get("point_id") not in known]
     done: dict[int, dict] = {}
     pruned: list[tuple[dict, str]] = []
     best: dict[str, dict] = {}  # device -> the first deployment of it that met the SLO (fewest devices)
@@ -616,7 +627,7 @@ def command(row: dict) -> str:
 
 
 def _cache_gib(row: dict) -> str:
-    return repr(spec_of(row).paged.cache_size)
+    return repr(_device_share(row)[3])
 
 
 def summary(result: PlanResult) -> dict:
