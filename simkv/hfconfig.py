@@ -30,6 +30,7 @@ from simkv import limits
 from simkv.errors import ConfigError
 from simkv.kvspec import LayerKV
 from simkv.models import PRESETS, ModelSpec, custom_model
+from simkv.weights import scheme_of
 
 #: The shipped configs (a source checkout's data/configs, as data/traces for the traces).
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -410,7 +411,19 @@ def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
     if name is None:
         folder = file.resolve().parent.name
         name = folder if file.name == "config.json" and folder else file.stem
-    return parse_config(raw, name=name, source=str(path), where=where)
+    quant_file = _quant_file(file)
+    modelopt = _read_json(quant_file, f"model config {quant_file}") if quant_file else None
+    return parse_config(raw, name=name, source=str(path), where=where, hf_quant=modelopt)
+
+
+def _quant_file(config: Path) -> Path | None:
+    """ModelOpt's ``hf_quant_config.json`` beside a config: in its folder, or ``<prefix>_hf_quant_config.json`` beside
+    ``<prefix>_config.json`` (the name a collection of configs gives it)."""
+    for candidate in (config.parent / "hf_quant_config.json",
+                      config.parent / (config.name[: -len("config.json")] + "hf_quant_config.json")):
+        if candidate != config and candidate.is_file() and config.name.endswith("config.json"):
+            return candidate
+    return None
 
 
 def _read_json(path: Path, where: str) -> dict:
@@ -440,8 +453,10 @@ def _read_json(path: Path, where: str) -> dict:
     return raw
 
 
-def parse_config(raw: dict, *, name: str = "config", source: str = "", where: str = "model config") -> ModelSpec:
-    """The model of a parsed ``config.json`` (see the module docstring for the rules)."""
+def parse_config(raw: dict, *, name: str = "config", source: str = "", where: str = "model config",
+                 hf_quant: dict | None = None) -> ModelSpec:
+    """The model of a parsed ``config.json`` (see the module docstring for the rules); ``hf_quant``: the
+    checkpoint's ``hf_quant_config.json``, if it has one."""
     text, model_type = _text_config(raw, where)
     if model_type in REFUSED:
         raise ConfigError(f"{where}: model_type {model_type}: {REFUSED[model_type]}")
@@ -469,6 +484,9 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         heads_mla, k_dim = latent
         kv_heads, head_dim = heads_mla, k_dim
     moe = _moe(c, n, family)
+    quant = text.get("quantization_config", raw.get("quantization_config"))
+    quantized = quant is not None or hf_quant is not None
+    scheme = scheme_of(quant, hf_quant, DTYPE_FORMAT.get(_dtype(raw, text, c, quantized), "bf16"), where)
     spec = dict(
         name=name, layers=n, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
         intermediate=moe.pop("intermediate"), vocab=c.int("vocab_size", limits.MAX_WIDTH, default=0),
@@ -476,7 +494,7 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         q_lora_rank=c.int("q_lora_rank", limits.MAX_HEAD_DIM, default=0) if family and family.mla else 0,
         linear_dims=_linear_dims(c) if family and family.state is _gated_delta_net else None,
         short_conv=c.int("conv_L_cache", limits.MAX_HEAD_DIM) if family and family.short_conv else 0,
-        dtype=_dtype(raw, text, c), source=source,
+        dtype=_dtype(raw, text, c, quantized), source=source, weight_scheme=scheme,
         context=c.int("max_position_embeddings", limits.MAX_TOKENS, default=0),
     )
     first = layers[0]
@@ -639,10 +657,22 @@ def _tied(raw: dict, text: dict, c: _Config) -> bool:
     return bool(c.defaults.get("tie_word_embeddings", False))
 
 
-def _dtype(raw: dict, text: dict, c: _Config) -> str:
-    """The weights' dtype (``dtype``, or ``torch_dtype`` in files written before transformers 5); a file that gives
-    none builds in torch's default float32 (transformers 5.23: ``PreTrainedConfig.dtype`` defaults to None, and
-    ``from_config`` / ``from_pretrained(dtype="auto")`` then keep torch's default dtype)."""
+#: A config's dtype → the weight format of its unquantized weights.
+DTYPE_FORMAT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _dtype(raw: dict, text: dict, c: _Config, quantized: bool = False) -> str:
+    """The activation (and unquantized weights') dtype: ``dtype``, or ``torch_dtype`` in files written before
+    transformers 5. A file that gives none: both runtimes then read the dtype from the weights' files, which
+    simkv does not have — transformers 5.23 ``_get_dtype`` with ``dtype="auto"`` (``from_pretrained``'s default)
+    takes the first floating tensor of the checkpoint that is not float8/float4 (``get_state_dict_dtype``), vLLM
+    ``_find_dtype`` the common dtype of the safetensors metadata's parameters, and float32 only where no file says
+    (then ``_resolve_auto_dtype`` downcasts float32 to the platform's first dtype, bfloat16 on CUDA). So:
+
+    - a quantized checkpoint without a dtype (gpt-oss's mxfp4, MiniMax-M2's fp8): ``bfloat16``, the dtype of the
+      tensors its quantizer leaves unquantized (gpt-oss: attention, router, embeddings in bf16);
+    - an unquantized one: torch's default float32, what ``from_config`` builds (``PreTrainedConfig.dtype``
+      defaults to None) and what simkv's transformers validation runs."""
     for where in (text, raw):
         for key in ("dtype", "torch_dtype"):
             value = where.get(key)
@@ -650,7 +680,7 @@ def _dtype(raw: dict, text: dict, c: _Config) -> str:
                 if not isinstance(value, str):
                     raise c.fail(f"{key} must be a string such as \"bfloat16\", got {value!r}")
                 return value
-    return "float32"
+    return "bfloat16" if quantized else "float32"
 
 
 # -- presets and the one resolver of --model ---------------------------------------------------------------------
