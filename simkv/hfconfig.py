@@ -1,5 +1,5 @@
 """Any Hugging Face ``config.json``, read offline, as a :class:`~simkv.models.ModelSpec`, and the presets
-shipped as such files (``data/configs/<name>.json``, written by ``data/configs/make_configs.py``).
+shipped as such files (``simkv/data/configs/<name>.json``, written by ``simkv/data/configs/make_configs.py``).
 
 What each layer keeps is derived as transformers 5.23 derives it, so a model built here has the cache
 layers ``DynamicCache(config=...)`` builds (tests/test_hfconfig.py compares them for every shipped config):
@@ -30,10 +30,9 @@ from simkv import limits
 from simkv.errors import ConfigError
 from simkv.kvspec import LayerKV
 from simkv.models import PRESETS, ModelSpec, custom_model
+from simkv.shipped import CONFIG_DIR
 from simkv.weights import scheme_of
 
-#: The shipped configs (a source checkout's data/configs, as data/traces for the traces).
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "data" / "configs"
 #: Presets read from CONFIG_DIR/<name>.json, each from the model's published config.json (SOURCES.md there).
 CONFIG_PRESETS = ("gemma-3-4b", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b", "qwen3-8b", "qwen3-30b-a3b",
                   "qwen3-next-80b-a3b", "deepseek-v3", "llama-3.1-8b", "llama-3.1-70b", "llama-4-scout",
@@ -688,13 +687,13 @@ def _dtype(raw: dict, text: dict, c: _Config, quantized: bool = False) -> str:
 @functools.cache
 def _config_preset(name: str) -> ModelSpec:
     path = CONFIG_DIR / f"{name}.json"
-    if not path.is_file():  # data/ is in a source checkout, not in an installed package (as data/traces)
-        raise ConfigError(f"preset {name}: its file {path} is missing (a source checkout has data/configs)")
+    if not path.is_file():
+        raise ConfigError(f"preset {name}: its file {path} is missing (the package ships simkv/data/configs)")
     return load_config(path, name=name)
 
 
 def all_presets() -> dict[str, ModelSpec]:
-    """Every preset: the built-in ones (simkv.models.PRESETS) then those of data/configs, by name."""
+    """Every preset: the built-in ones (simkv.models.PRESETS) then those of simkv/data/configs, by name."""
     return {**PRESETS, **{name: _config_preset(name) for name in CONFIG_PRESETS}}
 
 

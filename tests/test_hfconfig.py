@@ -469,8 +469,8 @@ def test_dashboard_picker_lists_every_preset_and_keys_reshape_errors():
     view = compute.main_view({**st.DEFAULTS, "model": "gemma-3-4b", "head_dim": "64"})
     assert list(view.errors) == ["head_dim"] and "--head-dim would reshape" in view.errors["head_dim"]
     # the dashboard takes preset names only: a URL cannot make the server read a file
-    view = compute.main_view({**st.DEFAULTS, "model": "data/configs/gemma-3-4b.json"})
-    assert view.errors == {"model": "model: unknown preset 'data/configs/gemma-3-4b.json'"}
+    view = compute.main_view({**st.DEFAULTS, "model": "simkv/data/configs/gemma-3-4b.json"})
+    assert view.errors == {"model": "model: unknown preset 'simkv/data/configs/gemma-3-4b.json'"}
 
 
 # -- every shipped config runs --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``simkv models``: the model presets (built in, and the config.json files of data/configs), each one's layer
+"""``simkv models``: the model presets (built in, and the config.json files of simkv/data/configs), each one's layer
 groups with their bytes per token, and the KV precisions."""
 
 from __future__ import annotations
