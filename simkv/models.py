@@ -65,6 +65,8 @@ class ModelSpec:
     #: A quantized checkpoint's formats per part (its ``quantization_config`` / ``hf_quant_config.json``,
     #: simkv.weights.scheme_of); None: the weights are all in one precision.
     weight_scheme: WeightScheme | None = None
+    #: Each layer's dense MLP size where layers differ (Nemotron-NAS's ``block_configs``); empty: ``intermediate``.
+    layer_intermediate: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("layers", "heads", "kv_heads", "head_dim"):
@@ -85,6 +87,9 @@ class ModelSpec:
             raise ConfigError(f"a model of {self.layers} layers needs {self.layers} layer specs, got {len(self.layer_kv)}")
         if self.layer_kv and all(layer.kind == "none" for layer in self.layer_kv):
             raise ConfigError("no layer keeps a cache: there is no KV memory to simulate")
+        if self.layer_intermediate and (len(self.layer_intermediate) != self.layers or not all(
+                isinstance(v, int) and v >= 0 for v in self.layer_intermediate)):
+            raise ConfigError(f"layer_intermediate needs {self.layers} sizes >= 0, got {len(self.layer_intermediate)}")
         if self.layer_kv and self.sliding_window is not None:
             raise ConfigError("give a window per layer (layer_kv) or one for every layer (sliding_window), not both")
         for field in ("experts", "experts_per_token", "expert_intermediate", "shared_intermediate", "dense_layers",
@@ -196,7 +201,8 @@ class ModelSpec:
             out["attn_in"] = h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)
             out["attn_out"] = self.heads * layer.v_dim * h
         if index < self.layers - self.moe_layers:
-            out["mlp"] = self.mlp_matrices * h * self.intermediate
+            size = self.layer_intermediate[index] if self.layer_intermediate else self.intermediate
+            out["mlp"] = self.mlp_matrices * h * size
         else:
             out["experts"] = self.experts * self.expert_params
             out["shared"] = self.mlp_matrices * h * self.shared_intermediate
@@ -213,9 +219,9 @@ class ModelSpec:
         layer's :meth:`layer_params` (all experts of a MoE) + the embedding table and the LM head
         (one matrix when tied). Biases and norms (under 0.1 %) are left out. 0 when the shape is only
         the attention geometry (a custom model without hidden/intermediate/vocab)."""
-        if not (self.hidden and (self.intermediate or self.experts) and self.vocab):
+        if not (self.hidden and (self.intermediate or self.experts or self.layer_intermediate) and self.vocab):
             return 0
-        if self.layer_kv or self.experts:
+        if self.layer_kv or self.experts or self.layer_intermediate:
             layers = sum(self.layer_params(i) for i in range(self.layers))
         else:  # a uniform dense model: every layer alike
             layers = self.layers * self.layer_params(0)
@@ -454,6 +460,7 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
         model, heads=heads, kv_heads=kv_heads, hidden=model.hidden or model.heads * model.head_dim,
         layer_kv=tp_layers(model.layer_kv, tp) if model.layer_kv else (),
         intermediate=split(model.intermediate, "MLP intermediate size") if model.intermediate else 0,
+        layer_intermediate=tuple(split(v, "MLP intermediate size") for v in model.layer_intermediate),
         expert_intermediate=split(model.expert_intermediate, "expert intermediate size") if model.experts else 0,
         shared_intermediate=split(model.shared_intermediate, "shared-expert intermediate size"),
         vocab=vocab, linear_dims=linear, tp=tp)
