@@ -249,9 +249,10 @@ class ModelSpec:
         return params - self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params
 
     def describe(self) -> str:
-        if not self.layer_kv:
-            gqa = "MHA" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
-            return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}"
+        if not self.layer_kv:  # every group named with its heads, sizes and window
+            gqa = f"MHA {self.heads}" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
+            window = f", window {self.sliding_window}" if self.sliding_window else ""
+            return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}{window}"
         parts = [f"{len(ids)} x {spec.describe()}" for spec, ids in self.groups]
         return f"{self.name}: {self.layers} layers ({'; '.join(parts)})"
 

@@ -31,6 +31,18 @@ def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
     return parse_config(raw, name=name, source=str(path), where=where, hf_quant=modelopt)
 
 
+def field_report(path: str | Path) -> dict:
+    """Which of a config file's fields simkv read and which it set aside as changing no layout (``simkv models
+    --model``): its model type, the module that reads it, and the two lists."""
+    raw = _read_json(Path(path), f"model config {path}")
+    text, model_type = _text_config(raw, f"model config {path}")
+    family = FAMILIES.get(model_type)
+    understood = family.understood() if family else frozenset(COMMON)
+    read = [k for k in text if k in understood or (family and k in family.aliases)]
+    return {"model_type": model_type, "reader": MODULE_OF.get(model_type, "generic decoder"), "read": read,
+            "neutral": [k for k in text if k not in read]}
+
+
 def _quant_file(config: Path) -> Path | None:
     """ModelOpt's ``hf_quant_config.json`` beside a config: in its folder, or ``<prefix>_hf_quant_config.json`` beside
     ``<prefix>_config.json`` (the name a collection of configs gives it)."""
