@@ -145,7 +145,7 @@ def run(job: dict) -> dict:
     pool = scheduler.kv_cache_manager.block_pool
     steps, k, cursor = [], 0, 0
     max_steps = job.get("max_steps", 100_000)
-    while cursor < len(pending) or scheduler.has_requests():
+    while cursor < len(pending) or scheduler.get_num_unfinished_requests():
         while cursor < len(pending) and pending[cursor][1]["arrival_step"] <= k:
             i, r = pending[cursor]
             params = SamplingParams(max_tokens=r["max_new_tokens"], ignore_eos=True, temperature=0.0)
@@ -183,6 +183,12 @@ def run(job: dict) -> dict:
         record["waiting"] = [r.request_id for r in scheduler.waiting]
         steps.append(record)
         k += 1
+        if not ids and not scheduler.running and cursor == len(pending) and scheduler.waiting:
+            # Nothing runs, nothing will arrive, and the waiting head does not fit: vLLM would wait forever
+            # (its startup check that max_model_len fits the pool is what prevents this in a real server).
+            head = scheduler.waiting.peek_request().request_id
+            return {"error": f"stalled at step {k - 1}: request {head} can never be admitted (the pool is too small "
+                             "for its whole prompt: scheduler_reserve_full_isl)", "steps": steps, **described}
         if k >= max_steps:
             return {"error": f"no end after {max_steps} steps", "steps": steps, **described}
     import vllm
