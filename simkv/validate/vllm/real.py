@@ -85,7 +85,7 @@ class RealRun:
 def layer_dicts(model, block_size: int, *, prefix_caching: bool, max_model_len: int) -> tuple[list[dict], int]:
     """The driver's per-layer specs for ``model`` and the attention block size (grown for Mamba layers)."""
     from simkv.precision import get_precision
-    from simkv.serving.kv_groups import conv_columns, paged_kv
+    from simkv.serving.kv.groups import conv_columns, paged_kv
 
     from simkv.kvspec import token_bytes
 
