@@ -35,9 +35,7 @@ from .env import driver_env, require
 DRIVER = Path(__file__).with_name("driver.py")
 #: The model dtype the specs are written at (vLLM's "auto" for a float16 model): 2 bytes per element.
 DTYPE, DTYPE_BYTES = "float16", 2
-#: Bounds on one real run (it costs CPU time on a shared machine).
-MAX_REQUESTS = 500
-MAX_TOKENS = 200_000
+#: Steps after which a real run is stopped (a workload within ``validate --paged``'s bounds ends far sooner).
 MAX_STEPS = 100_000
 #: Seconds one real run may take before it is stopped.
 TIMEOUT_S = 600
@@ -146,19 +144,15 @@ def job(model, requests: Sequence, token_ids: Sequence[Sequence[int]], settings:
 
 
 def check_workload(requests: Sequence) -> None:
-    if not requests:
-        raise ConfigError("the workload has no requests")
-    if len(requests) > MAX_REQUESTS:
-        raise ConfigError(f"{len(requests):,} requests: a real run takes at most {MAX_REQUESTS:,}")
+    """``validate --paged``'s checks (arrival steps, no sessions, at most 500 requests and 100,000 tokens), and one
+    sequence per request: vLLM's scheduler sees each of ``n`` samples as a request of its own."""
+    from ..genai.runner import check_workload as check_paged_workload
+
+    check_paged_workload(requests)
     for r in requests:
-        if r.arrival_step is None:
-            raise ConfigError(f"request {r.id}: the vLLM validation needs arrival_step (the step it is added before)")
         if r.samples > 1 or r.beam > 1:
             raise ConfigError(f"request {r.id}: vLLM's scheduler sees one sequence per request (n > 1 is split into "
                               "requests before it): give samples=1, beam=1")
-    tokens = sum(r.prompt + r.max_new_tokens for r in requests)
-    if tokens > MAX_TOKENS:
-        raise ConfigError(f"the workload holds {tokens:,} tokens: a real run takes at most {MAX_TOKENS:,}")
 
 
 def run_job(payload: dict) -> RealRun:
