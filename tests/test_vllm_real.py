@@ -23,7 +23,7 @@ from simkv.validate.vllm.env import SETUP_COMMAND, is_built
 from simkv.validate.vllm.real import SchedulerSettings, job, run_real
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "data" / "configs" / "tiny"
+TINY = ROOT / "simkv" / "data" / "configs" / "tiny"
 
 needs_vllm = pytest.mark.skipif(not is_built(), reason=f"the vLLM side venv is not built (`{SETUP_COMMAND}`)")
 pytestmark = pytest.mark.vllm
