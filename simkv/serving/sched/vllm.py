@@ -291,9 +291,11 @@ class VllmScheduler:
         return finished
 
 
-def simulate_steps(specs, settings: VllmSettings, requests, token_ids, *, max_steps: int = 100_000) -> list[dict]:
+def simulate_steps(specs, settings: VllmSettings, requests, token_ids, *, max_steps: int = 100_000,
+                   check=None) -> list[dict]:
     """The workload step by step, recorded as the real driver records it (``simkv/validate/vllm/driver.py``):
-    requests arriving at step ``k`` are added (file order) before ``schedule()``."""
+    requests arriving at step ``k`` are added (file order) before ``schedule()``. ``check(scheduler)`` runs after
+    ``schedule()`` and after ``update()`` (tests)."""
     sched = VllmScheduler(specs, settings)
     pending = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step, i))
     order = {str(r.id): i for i, r in enumerate(requests)}
@@ -309,7 +311,11 @@ def simulate_steps(specs, settings: VllmSettings, requests, token_ids, *, max_st
                   "preempted": out["preempted"], "hits": out["hits"],
                   "blocks": {r.id: sched.block_ids(r.id) for r in sched.running},
                   "free_after_schedule": sched.pool.num_free()}
+        if check is not None:
+            check(sched)
         fin = sched.update(out["scheduled"])
+        if check is not None:
+            check(sched)
         record["finished"] = sorted(fin, key=order.get)
         record["free"] = sched.pool.num_free()
         record["running"] = [r.id for r in sched.running]
