@@ -162,7 +162,7 @@ def cli_main(args) -> int:
         print(f"  {'model':<24}{model.name}: {len(real.groups)} groups "
               f"({', '.join(g['spec'].replace('Spec', '') for g in real.groups)})")
         print(f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}")
-        print(f"  {'pool':<24}{settings.num_blocks} blocks of {real.block_size} tokens; "
+        print(f"  {'pool':<24}{settings.num_blocks} blocks (block 0 the null block); "
               f"{data['preemptions']} preemptions, {data['prefix_hit_tokens']} prefix-hit tokens")
         for m in data["first_mismatches"][:5]:
             fields = ", ".join(f"{k} real {v['real']} sim {v['simulated']}" for k, v in list(m["fields"].items())[:3])
