@@ -37,17 +37,30 @@ WAITING, RUNNING, PREEMPTED, FINISHED = "WAITING", "RUNNING", "PREEMPTED", "FINI
 GENERATED_ID = 1_000_000
 
 
-@dataclass
+@dataclass(frozen=True)
 class VllmSettings:
-    """The scheduler and cache settings (vLLM's ``SchedulerConfig`` / ``CacheConfig`` names)."""
+    """The scheduler and cache settings (vLLM's ``SchedulerConfig`` / ``CacheConfig`` names); also the real
+    driver's (:mod:`simkv.validate.vllm.real`)."""
 
-    num_blocks: int
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
+    num_blocks: int = 64  # the whole pool, null block 0 included
+    block_size: int = 16
+    max_num_batched_tokens: int = 64
+    max_num_seqs: int = 8
     max_model_len: int = 4096
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
     enable_prefix_caching: bool = False
+
+    def check(self) -> None:
+        if self.num_blocks < 2:
+            raise ConfigError("num_blocks must be >= 2 (block 0 is vLLM's null block)")
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError("long_prefill_token_threshold must be >= 0")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"unknown vLLM scheduling policy {self.policy!r}; choose fcfs, priority")
 
 
 @dataclass
@@ -97,10 +110,7 @@ class VllmScheduler:
 
     def __init__(self, specs: list[tuple[str, int, int]], settings: VllmSettings) -> None:
         s = self.s = settings
-        if s.num_blocks < 2:
-            raise ConfigError("num_blocks must be >= 2 (block 0 is vLLM's null block)")
-        if s.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"unknown vLLM scheduling policy {s.policy!r}; choose fcfs, priority")
+        s.check()
         if s.enable_prefix_caching and any(kind not in ("full", "mla") for kind, _, _ in specs):
             raise ConfigError("prefix caching under --scheduler vllm is modelled for full-attention groups only "
                               "(vLLM's sliding, chunked and Mamba hit rules are not): drop --prefix-caching")
