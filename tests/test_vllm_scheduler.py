@@ -146,3 +146,22 @@ def test_random_workloads_conserve_blocks_and_are_deterministic(shape, caching, 
         return
     assert first == simulate_steps(specs, cfg, requests, ids, max_steps=5_000)
     assert first[-1]["free"] == blocks - 1 and not first[-1]["running"] and not first[-1]["waiting"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "exactly one of --trace W.csv and --random N"),
+    (["--random", "100000"], "--random must be in 1..500"),
+    (["--random", "3"], "run `simkv setup vllm`"),
+])
+def test_validate_runtime_vllm_bad_input_is_one_line_exit_2(argv, message, tmp_path):
+    """Bad input and a missing side venv: one line on stderr, exit 2, nothing on stdout."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "SIMKV_VLLM_VENV": str(tmp_path / "none"), "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--runtime", "vllm", *argv], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and not done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
