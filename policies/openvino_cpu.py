@@ -53,6 +53,21 @@ write buffer at this inference's shape. Measured (openvino 2026.4.1 CPU, memray,
 So: both buffers in the first inference (R then, with its layer, W), nothing while decoding, a batch growth
 replaces W in its inference and the other buffer at the start of the next one, and a select, a smaller batch,
 ``reset_state()`` or a prompt that fits allocate nothing.
+
+A trim (``trim:N``; ``trim_rule = "rebuild"``). GenAI's ``utils::trim_kv_cache`` (openvino.genai da1db864,
+``src/cpp/src/utils.cpp``) loops over ``request.query_state()``: ``get_state()``, an ROI of the first ``L'``
+tokens, a new ``ov::Tensor`` of that shape, ``copy_to``, ``set_state``. In the plugin
+(``src/plugins/intel_cpu/src/memory_state.cpp``, ``VariableStateKVcache``): ``get_state`` returns a new
+tensor of the whole history (``L0`` tokens) in the state's external type (dequantised from u8/u4);
+``set_state_impl`` keeps the tensor it is given (``m_state = state``, "to extend the lifetime": the one it
+kept before is freed), allocates a dense internal buffer of exactly ``L'`` tokens (``m_internal_mem``; the
+old one freed by the assignment), re-quantises into it, leaves the scale/zero-point buffer at its capacity
+(``PlainTensor::resize`` reallocates only to grow), and allocates a new beam table ``[B, L']``. Measured with
+memray (openvino 2026.4.1, ``simkv validate --ops prefill:64,decode:40,trim:20,prefill:16,decode:10``;
+docs/DESIGN.md §3), per state ``+read-back(L0) +kept(L') [-kept(previous)] +data(L') -data -beam... -read-back``
+in the order ``query_state`` returns them — last layer first, V before K — and the next inference that
+appends grows from the exact ``L'`` as any overflow does (``2 (L' + L1)``), freeing the old scales at their
+own capacity. The kept f32 copy outlives ``reset_state()`` (``reset_impl`` does nothing) until the next trim.
 """
 
 from __future__ import annotations
@@ -80,6 +95,7 @@ class OpenVINOCPU(CPUMechanics):
     accepted_precisions = ("u8", "u4", "bf16", "f16", "f32")
     double_buffered_states = True
     state_writes = {"conv_state": "end", "recurrent_state": "unit"}
+    trim_rule = "rebuild"  # VariableStateKVcache::set_state_impl (class docstring, "A trim")
 
     growth: float = option(2.0, "capacity multiplier on overflow, a ratio >= 1 (the plugin uses 2)")
 

@@ -21,7 +21,7 @@ from simkv.models import (INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, ModelSpec,  # 
                           optimum_intel_weights_precision, weights_bytes)
 from simkv.precision import Precision, get_precision
 from simkv.units import parse_bytes
-from simkv.workload import Workload, chat_session, parse_ops
+from simkv.workload import Trim, Workload, chat_session, parse_ops
 
 if TYPE_CHECKING:  # policies imports simkv, so simkv imports policies only when used
     from policies import Policy
@@ -52,6 +52,8 @@ class Scenario:
             raise ConfigError(f"weights memory must be a non-negative number of bytes, got {self.weights_memory!r}")
         self.precision.check(self.model)  # rejects u4 with an odd head size
         self.policy.check(self.model, self.workload)
+        if any(isinstance(op, Trim) for op in self.workload.ops):
+            self.policy.check_trim(self.model)
 
     @property
     def kv_bytes_per_token(self) -> int:
