@@ -230,7 +230,7 @@ class Policy:
     def check(self, model: ModelSpec, workload: Workload) -> None:
         """Raise :class:`simkv.errors.PolicyError` if this policy cannot run the workload."""
 
-    def check_trim(self, model: ModelSpec) -> None:
+    def check_trim(self, model: ModelSpec, precision: Precision) -> None:
         """Raise :class:`simkv.errors.PolicyError` if a workload with a trim cannot run on this model.
 
         No runtime trims a linear-attention state: GenAI resets a hybrid model's whole state and

@@ -68,6 +68,12 @@ docs/DESIGN.md §3), per state ``+read-back(L0) +kept(L') [-kept(previous)] +dat
 in the order ``query_state`` returns them — last layer first, V before K — and the next inference that
 appends grows from the exact ``L'`` as any overflow does (``2 (L' + L1)``), freeing the old scales at their
 own capacity. The kept f32 copy outlives ``reset_state()`` (``reset_impl`` does nothing) until the next trim.
+``set_state`` on a u4 cache kills the process (SIGSEGV, or glibc's "malloc assertion failure in
+_int_malloc"; measured, openvino 2026.4.1: ``get_state`` works, ``set_state_impl`` quantises only u8 and
+loads anything else as is): a trim of a u4 cache is refused. The order of the states is the plugin's:
+last layer first, V before K, measured for up to 5 attention layers (10 states); with more, ``query_state``
+returns them in the order of the plugin's hash map of state names, which simkv does not reproduce
+(``simkv validate`` then compares a trim's events state by state).
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ import numpy as np
 
 from policies.base import option
 from policies.mechanics import CPUMechanics
-from simkv.errors import ConfigError
+from simkv.errors import ConfigError, PolicyError
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,12 @@ class OpenVINOCPU(CPUMechanics):
         super().__post_init__()
         if not self.growth >= 1:
             raise ConfigError(f"growth must be >= 1, got {self.growth}")
+
+    def check_trim(self, model, precision) -> None:
+        super().check_trim(model, precision)
+        if precision.name == "u4":
+            raise PolicyError("openvino-cpu: set_state on a u4 KV cache crashes the plugin (SIGSEGV, openvino "
+                              "2026.4.1: set_state_impl quantises only u8); a trim needs another --precision")
 
     def capacity(self, needed, prim):
         # ceil(growth x needed) in exact rational arithmetic (growth 2: exactly 2 x needed).

@@ -240,17 +240,24 @@ def chat_session(
     turn_tokens: int = 64,
     turn_decode: int | None = None,
     beam: int = 1,
+    turn_divergence: int = 0,
 ) -> Workload:
     """The common shape: a prompt, ``decode`` generated tokens, then ``turns`` more chat turns.
 
     With ``beam > 1`` every answer is generated with that many beams (fork on
-    the first generated token, select beam 0 on the last).
+    the first generated token, select beam 0 on the last). With ``turn_divergence`` D,
+    the history GenAI re-tokenizes each turn differs from what the cache holds in its last
+    D tokens (an answer's tail, a template's end-of-turn marks): each turn first cuts them off
+    (``trim:D``) and prefills them again with its own tokens (``prefill:turn_tokens + D``),
+    as ``align_cache_and_history`` + ``trim_kv_cache`` do (openvino.genai ``lm_encoding.cpp``,
+    ``utils.cpp``).
     """
     _positive(prompt, "prompt")
     _not_negative(decode, "decode")  # 0: a prompt-only run
     _positive(beam, "beam width")
     if turns < 0:
         raise ConfigError(f"turns must be >= 0, got {turns}")
+    _not_negative(turn_divergence, "turn divergence")
     turn_decode = decode if turn_decode is None else turn_decode
 
     def answer(n: int) -> list[Op]:
@@ -264,5 +271,7 @@ def chat_session(
 
     ops: list[Op] = [Prefill(prompt), *answer(decode)]
     for _ in range(turns):
-        ops += [Prefill(_positive(turn_tokens, "turn tokens")), *answer(_not_negative(turn_decode, "turn decode"))]
+        _positive(turn_tokens, "turn tokens")
+        retokenized = [Trim(turn_divergence)] if turn_divergence else []
+        ops += [*retokenized, Prefill(turn_tokens + turn_divergence), *answer(_not_negative(turn_decode, "turn decode"))]
     return Workload(tuple(ops))
