@@ -152,6 +152,10 @@ class Policy:
     #: With ``trim_rule = "rebuild"``: bytes per element of the tensors a trim reads back and sets
     #: (``get_state`` / ``set_state``: the model's state variable type).
     trim_io_bytes: ClassVar[int] = 4
+    #: The NPU pipeline (policies/openvino_npu.py): besides the units (its generate model's past KV) the engines
+    #: book its models' present outputs, the prefill-to-generate copy and the prefix-cache blocks, as the
+    #: policy's ``plan(workload)`` says step by step (:mod:`simkv.engine.npu`).
+    npu_pipeline: ClassVar[bool] = False
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")

@@ -66,6 +66,10 @@ class ReferenceEngine:
         # inference must rebuild every unit with no room carried ("reset_room").
         self.copies: dict[int, Buffer] = {}
         self.trimmed = False
+        # The NPU pipeline (policy.npu_pipeline): its step plan, present outputs and prefix-cache blocks.
+        self.npu_plan = self.policy.plan(scenario.workload) if self.policy.npu_pipeline else []
+        self.presents: list[Buffer] = []
+        self.blocks: dict[int, list[Buffer]] = {}
 
     def run(self) -> None:
         lay, policy, mem = self.layout, self.policy, self.memory
@@ -157,6 +161,8 @@ class ReferenceEngine:
                                            held[unit], self._order(orders, unit),
                                            immediate=policy.free_old == "immediate", exact=padded[unit])
                 self._run_kernels(where, kernels, lay.units, tokens, inf.batch, stored)
+                if policy.npu_pipeline:
+                    self._npu(where, step)
                 for slot in self.writes_at_end:  # and those written after the last unit
                     self._grow_state(where, slot, 1, inf.batch)
                 batch = inf.batch
@@ -242,6 +248,58 @@ class ReferenceEngine:
         for buf in self.current:
             if buf is not None:
                 buf.used = min(buf.used, kept)
+
+    def _npu(self, where, step: int) -> None:
+        """The NPU pipeline's step (policies/openvino_npu.py, ``plan``), one buffer at a time: the present outputs
+        at the first inference, a prefill's restored and stored prefix-cache blocks, the first generate step's
+        copy of the prefill's KV into the cache (through a staging tensor per K and V for earlier chunks)."""
+        policy, lay, mem, plan = self.policy, self.layout, self.memory, self.npu_plan[step]
+        kv = [s for s in range(len(lay.layer)) if TENSORS[lay.tensor[s]] in ("k", "v") and lay.row_bytes[s]]
+
+        def new(slot: int, kind: str, tokens: int, holds: int) -> Buffer:
+            return mem.alloc(*where, layer=int(lay.layer[slot]), tensor=TENSOR_CODE[TENSORS[lay.tensor[slot]] + kind],
+                             capacity=tokens, batch=1, row_bytes=int(lay.row_bytes[slot]), holds=holds)
+
+        def copy(src: Buffer, dst: Buffer, tokens: int) -> None:
+            used = dst.used
+            mem.copy(*where, src, dst, tokens)
+            if TENSORS[dst.tensor] in ("k", "v"):
+                dst.used = used  # a copy into the cache does not change what it holds
+
+        if not self.presents:
+            for tokens in policy.presents():  # the generate model's, then the prefill model's
+                self.presents += [new(s, "_present", tokens, 0) for s in kv]
+        prefill_present = {s: self.presents[len(kv) + i] for i, s in enumerate(kv)}
+        block = policy.block
+        for key in plan.restored:
+            for s in kv:
+                copy(self.blocks[key][kv.index(s)], self.current[s], block)
+        made = None
+        for action, key in plan.stores:
+            if action == "new":
+                if made is not None:
+                    self.blocks[made[0]] = made[1]
+                buffers = []
+                for s in kv:
+                    buffers.append(new(s, "_block", block, block))
+                    copy(prefill_present[s], buffers[-1], block)
+                made = (key, buffers)
+            else:
+                for buf in self.blocks.pop(key) if action == "evict" else made[1]:
+                    mem.free(*where, buf)
+                made = None if action == "drop" else made
+        if made is not None:
+            self.blocks[made[0]] = made[1]
+        if plan.copied:
+            rest = plan.copied - plan.staged
+            for s in kv:
+                if plan.staged:
+                    past = policy.prompt_size - policy.chunk
+                    staging = new(s, "_copy", past, past)
+                    copy(self.current[s], staging, past)
+                    copy(staging, self.current[s], plan.staged)
+                    mem.free(*where, staging)
+                copy(prefill_present[s], self.current[s], rest)
 
     def _run_kernels(self, where, start: int, stop: int, needed: int, batch: int, stored: int) -> int:
         """Run the kernels of units ``start`` … ``stop - 1`` (their beam tables); returns ``stop``."""
@@ -400,7 +458,7 @@ class ReferenceEngine:
             raise AssertionError("allocator lost track of memory")
         current = [b for b in self.current if b is not None] + ([self.view] if self.view else [])
         current += [b for pair in self.tables for b in pair if b is not None] + self._state_buffers()
-        current += list(self.copies.values())
+        current += list(self.copies.values()) + self.presents + [b for bufs in self.blocks.values() for b in bufs]
         if steady is None:
             steady = sum(b.bytes for b in current)
         if used is None:

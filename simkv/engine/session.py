@@ -24,6 +24,7 @@ from simkv.engine import decode_run, stateless
 from simkv.engine.beam_tables import BeamTables
 from simkv.engine.decode_run import NoPlan
 from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, event_rows, fresh_ids
+from simkv.engine.npu import NpuBuffers
 from simkv.engine.oom import failure, first_failure, limit_headroom
 from simkv.engine.past_view import PastView
 from simkv.engine.residency import touch
@@ -98,6 +99,9 @@ class FastEngine:
         self.copy_bytes = np.zeros(len(lay.layer), dtype=np.int64)
         self.copy_tokens = np.zeros(len(lay.layer), dtype=np.int64)
         self.trimmed = False
+        # The NPU pipeline's present outputs, staging copies and prefix-cache blocks (policy.npu_pipeline).
+        self.npu = NpuBuffers(lay, policy, scenario.workload, request)
+        self.inferred = False  # an inference has run (the NPU's fixed buffers exist)
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -121,7 +125,8 @@ class FastEngine:
             limit_next = False  # the last plan ended on the step before a known limit
             exact_sizes = False  # past the headroom limit: plans size every reallocation exactly
             while remaining and self.oom is None:
-                if self.slot_rows is not None or self.trimmed:  # right after a trim: its next inference alone
+                if self.slot_rows is not None or self.trimmed or self.npu.pending(int(env.now)):
+                    # right after a trim, or the NPU's first generate step after a prefill: that step alone
                     self._step(int(env.now), Inference("decode", 1, self.width, self.width))
                     remaining -= 1
                     yield env.timeout(1)
@@ -239,6 +244,12 @@ class FastEngine:
         else:
             needed = self._needed(inf.tokens)
             deferred = self._inference(step, phase, inf, needed, rows, resident_delta)
+            if self.npu.enabled:
+                npu, self.next_id = self.npu.rows(step, phase, not self.inferred, self.buf[self.npu.data],
+                                                  self.policy.total - self.policy.generate_tokens, self.next_id)
+                rows.append(npu)
+                resident_delta.append(alloc_delta(npu))  # resident = allocated (the policy refuses first touch)
+            self.inferred = True
         peaks = self._allocate(step, phase, before, np.concatenate(rows), np.concatenate(resident_delta))
         if peaks is not None:  # None: out of memory, the run stops
             self._end_step(step, phase, inf, needed, *peaks, deferred)
@@ -574,7 +585,8 @@ class FastEngine:
     def steady(self) -> int:
         """Bytes the live buffers, the past block and the beam tables hold."""
         held = int((self._slot_rows(np.arange(len(self.layout.layer))) * self.layout.row_bytes).sum())
-        return held + self.view.bytes + self.tables.bytes() + self.states.bytes() + int(self.copy_bytes.sum())
+        return (held + self.view.bytes + self.tables.bytes() + self.states.bytes() + int(self.copy_bytes.sum())
+                + self.npu.bytes())
 
     def _used(self) -> int:
         live = self.budget.any() or self.states.live()
