@@ -19,7 +19,7 @@ from simkv.ledger import OPS, TENSORS
 from simkv.memory import replay
 from simkv.scenario import build_scenario, simulate
 
-from conftest import assert_same_run
+from conftest import assert_same_run, workloads
 
 NPU_DEVICE = str(Path(__file__).resolve().parent.parent / "data" / "devices" / "core-ultra-155h-npu.json")
 CHAT = "prefill:700,decode:100,prefill:300,decode:1"
@@ -133,31 +133,13 @@ def test_refusals():
 
 @st.composite
 def npu_scenarios(draw):
-    ops, stored = [f"prefill:{draw(st.integers(1, 900))}"], 0
-    stored = int(ops[0].split(":")[1])
-    for _ in range(draw(st.integers(0, 6))):
-        kind = draw(st.sampled_from(["decode", "turn", "trim", "reset"]))
-        if kind == "decode":
-            n = draw(st.integers(1, 200))
-            ops.append(f"decode:{n}")
-            stored += n
-        elif kind == "turn":
-            n = draw(st.integers(1, 600))
-            ops.append(f"prefill:{n}")
-            stored += n
-        elif kind == "trim" and stored > 1:
-            n = draw(st.integers(1, stored - 1))
-            ops.append(f"trim:{n}")
-            stored -= n
-        else:
-            stored = draw(st.integers(1, 900))
-            ops += ["reset", f"prefill:{stored}"]
+    ops = draw(workloads(kinds=("decode", "turn", "trim", "reset"), prompt=900, turn=600, decode=200))
     options = {"max_prompt_len": 2048, "min_response_len": 2048, "prefill_chunk_size": draw(st.sampled_from([256, 512, 4096])),
                "prefix_caching": draw(st.booleans()), "prefix_block_size": draw(st.sampled_from([64, 128, 100])),
                "prefix_max_blocks": draw(st.integers(1, 12)), "prefill_hint": draw(st.sampled_from(["dynamic", "static"]))}
     try:
         return build_scenario(model=None, layers=draw(st.integers(1, 3)), heads=4, kv_heads=draw(st.sampled_from([1, 2])),
-                              head_dim=16, policy="openvino-npu", policy_options=options, ops=",".join(ops),
+                              head_dim=16, policy="openvino-npu", policy_options=options, ops=ops,
                               device_memory=draw(st.sampled_from(["16GiB", "2MiB"])))
     except SimkvError:  # over MAX_PROMPT_LEN, prefix caching without chunks
         return draw(st.nothing())

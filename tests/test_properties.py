@@ -17,48 +17,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same_run
+from conftest import assert_same_run, workloads
 from simkv import build_scenario, simulate
 from simkv.errors import SimkvError
 from simkv.ledger import ALLOC
 from simkv.memory import replay
-
-
-@st.composite
-def workloads(draw):
-    first = draw(st.integers(1, 300))
-    ops, width, stored = [f"prefill:{first}"], 1, first
-    for _ in range(draw(st.integers(0, 7))):
-        kind = draw(st.sampled_from(["decode", "decode", "turn", "reset", "beam", "reorder", "trim"]))
-        if kind == "decode":
-            n = draw(st.integers(1, 400))
-            ops.append(f"decode:{n}")
-            stored += n
-        elif kind == "turn":
-            n = draw(st.integers(1, 200))
-            ops.append(f"prefill:{n}")
-            stored += n
-        elif kind == "reset":
-            stored = draw(st.integers(1, 300))
-            ops += ["reset", f"prefill:{stored}"]
-            width = 1
-        elif kind == "beam" and width == 1:
-            width = draw(st.integers(2, 4))
-            ops.append(f"fork:{width}")
-            stored += 1
-        elif kind == "beam":
-            ops.append(f"select:{draw(st.integers(0, width - 1))}")
-            width, stored = 1, stored + 1
-        elif kind == "trim" and width == 1 and stored > 1:  # GenAI's chat-history trim (cut back, then go on)
-            n = draw(st.integers(1, stored - 1))
-            ops.append(f"trim:{n}")
-            stored -= n
-        else:
-            ops.append("reorder")
-            stored += 1
-    if draw(st.booleans()):
-        ops.append("reset")
-    return ",".join(ops)
 
 
 @st.composite
