@@ -94,10 +94,13 @@ def session_times(result, device: Device, weights_precision: str | None = None, 
         mla=scenario.policy.mla_compute,
     )
     idle = (steps["phase"] == PHASE_CODE["reset"]) | (new == 0)
+    # A trim runs no model: it takes the time of its copies (a CPU plugin's read-back, kept copy and rebuild).
+    trim = steps["phase"] == PHASE_CODE["trim"]
     seconds = np.where(idle, 0.0, np.broadcast_to(cost.seconds, tokens.shape))
     if calls is not None:  # the calls' compute, then the step's copies
         seconds = np.where(idle, 0.0, calls * (np.broadcast_to(cost.seconds, tokens.shape) - cost.copy_s) + cost.copy_s)
-    copy_s = np.where(idle, 0.0, np.broadcast_to(cost.copy_s, tokens.shape))
+    copy_s = np.where(idle & ~trim, 0.0, np.broadcast_to(cost.copy_s, tokens.shape))
+    seconds = np.where(trim, copy_s, seconds)
     return SessionTimes(device.name, weights_precision, seconds, copy_s, np.broadcast_to(cost.bound, tokens.shape), cost)
 
 

@@ -121,3 +121,17 @@ def test_cli_trim_and_bad_trim():
     bad = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--ops", "prefill:4,trim:9"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "trim:9" in bad.stderr
+
+
+def test_a_trim_takes_the_time_of_its_copies():
+    """No model runs in a trim: its time is its copies (read-back, kept copy, rebuilt data) at the device's copy
+    bandwidth; a keep-trim (static) moves nothing and takes none."""
+    from simkv.cost import get_device
+    from simkv.latency import copy_bytes_per_step, session_times
+
+    device = get_device("xeon-8480")
+    cpu = simulate(scenario("openvino-cpu", "prefill:64,decode:40,trim:20,prefill:16"))
+    times = session_times(cpu, device)
+    assert times.step_s[41] == times.copy_s[41] == pytest.approx(copy_bytes_per_step(cpu)[41] / device.copy_bandwidth)
+    assert copy_bytes_per_step(cpu)[41] == 2 * (104 * 512 + 84 * 512 + 84 * 128)
+    assert session_times(simulate(scenario("static", "prefill:64,decode:40,trim:20", precision="f16")), device).step_s[41] == 0
