@@ -1,7 +1,7 @@
-"""Writes the shipped model configs: data/configs/<name>.json and data/configs/tiny/<arch>.json.
+"""Writes the shipped model configs: simkv/data/configs/<name>.json and simkv/data/configs/tiny/<arch>.json.
 
 Each preset is built with transformers' own config class from the values of the model's published
-``config.json`` on the Hugging Face hub (data/configs/SOURCES.md names the repository and where each
+``config.json`` on the Hugging Face hub (simkv/data/configs/SOURCES.md names the repository and where each
 number was read), then written with ``to_json_file``, so the files have the real format (nested
 ``text_config``, ``layer_types`` as the config class derives them) without a download. A field not set
 below is the config class's default in transformers 5.23 (and does not change simkv's numbers).
@@ -9,7 +9,7 @@ The tiny configs are the six architectures of experiments/hf_layer_kinds/tiny_mo
 
 Run from the repository root with transformers 5.23 installed (the ``transformers`` extra):
 
-    python data/configs/make_configs.py
+    python simkv/data/configs/make_configs.py
 """
 
 from __future__ import annotations
