@@ -4,7 +4,7 @@
 
 One chat on ``openvino-npu`` (GenAI's stateful pipeline over NPUW's LLMCompiledModel, read in source:
 policies/openvino_npu.py), llama-3-8b shapes, f16 KV, int4 weights, priced on the ``core-ultra-155h-npu``
-device file (data/devices/: its efficiencies are assumed, no NPU here — the ratios between the configurations
+device file (simkv/data/devices/: its efficiencies are assumed, no NPU here — the ratios between the configurations
 matter, not the absolute seconds). MAX_PROMPT_LEN 8192, MIN_RESPONSE_LEN 1024, chunk 1024, NPUW's defaults
 otherwise. The chat: a 1,500-token first prompt and a 200-token answer, then turns of 300 user tokens and
 200-token answers while the history fits MAX_PROMPT_LEN. On the NPU GenAI prefills the *whole* history every
@@ -42,9 +42,9 @@ from simkv.cost import get_device
 from simkv.latency import session_times
 from simkv.lab.output import main_for, save_figure, write_csv
 from simkv.ledger import PHASE_CODE, TENSOR_CODE
+from simkv.shipped import DEVICE_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
-DEVICE = ROOT / "data" / "devices" / "core-ultra-155h-npu.json"
+DEVICE = DEVICE_DIR / "core-ultra-155h-npu.json"
 MODEL, WEIGHTS = "llama-3-8b", "int4"
 BASE = {"max_prompt_len": 8192, "min_response_len": 1024, "prefill_chunk_size": 1024}
 CONFIGS = {

@@ -3,7 +3,6 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +17,11 @@ from simkv.latency import session_times
 from simkv.ledger import OPS, TENSORS
 from simkv.memory import replay
 from simkv.scenario import build_scenario, simulate
+from simkv.shipped import DEVICE_DIR
 
 from conftest import assert_same_run, workloads
 
-NPU_DEVICE = str(Path(__file__).resolve().parent.parent / "data" / "devices" / "core-ultra-155h-npu.json")
+NPU_DEVICE = str(DEVICE_DIR / "core-ultra-155h-npu.json")
 CHAT = "prefill:700,decode:100,prefill:300,decode:1"
 
 
