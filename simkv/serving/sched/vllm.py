@@ -379,6 +379,7 @@ class EngineVllm:
             taken[(kind, window)] = k + 1
             self._real.append(by_spec[(kind, window)][k].real_bytes)
         self.by_id: dict[str, object] = {}
+        self._last: dict[str, int] = {}  # the last step's scheduled tokens, for update()
 
     def init_side(self, g) -> None:  # the engine's fast paths' hook (never called: no fast path here)
         raise AssertionError("no fast path runs under --scheduler vllm")
@@ -418,6 +419,7 @@ class EngineVllm:
     def update(self, scheduled, finished) -> None:
         """``update_from_output``; vLLM frees the finished requests' blocks here, in scheduled order."""
         done = self.v.update(self._last)
+        self._last = {}
         if sorted(done, key=int) != [str(g.index) for g in sorted(finished, key=lambda g: g.index)]:
             raise AssertionError(f"vLLM finished {done}, the engine {[g.index for g in finished]}")
         for rid in done:
