@@ -121,7 +121,7 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
     moe = _moe(c, n, family)
     quant = text.get("quantization_config", raw.get("quantization_config"))
     quantized = quant is not None or hf_quant is not None
-    scheme = scheme_of(quant, hf_quant, DTYPE_FORMAT.get(_dtype(raw, text, c, quantized), "bf16"), where)
+    scheme = scheme_of(quant, hf_quant, DTYPE_FORMAT.get(_dtype(raw, text, c, quantized), "bf16"), where, n)
     spec = dict(
         name=name, layers=n, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
         intermediate=moe.pop("intermediate"), vocab=c.int("vocab_size", limits.MAX_WIDTH, default=0),
