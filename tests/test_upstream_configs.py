@@ -203,3 +203,12 @@ def test_docs_family_table_is_current():
     page = (hfconfig.CONFIG_DIR.parents[2] / "docs" / "guide" / "models.md").read_text()
     assert hfconfig.family_table() in page, "regenerate: python -c 'from simkv.hfconfig import family_table; " \
                                             "print(family_table())'"
+
+
+def test_run_header_names_the_heads():
+    """The header names every group's heads: a uniform MHA model its head count (Llama-2-7B: 32 heads of 128, no
+    KV grouping), a GQA model query/KV heads, Nemotron-NAS its attention and no-cache groups."""
+    assert hfconfig.get_model("llama-2-7b").describe() == "llama-2-7b: 32 layers, MHA 32 heads x 128"
+    assert hfconfig.get_model("llama-3-8b").describe() == "llama-3-8b: 32 layers, GQA 32/8 heads x 128"
+    nas = hfconfig.load_config(UPSTREAM / "nvidia--Llama-3_3-Nemotron-Super-49B-v1_config.json", name="super")
+    assert nas.describe() == "super: 80 layers (49 x full: 8 kv heads x 128; 31 x no cache)"
