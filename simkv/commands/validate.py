@@ -133,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
     # Validates the shape and the workload before anything slow happens.
     sc = build_scenario(model=model, **dims, precision="u8", policy="openvino-cpu", prompt=args.prompt, decode=args.decode,
                         turns=args.turns, turn_tokens=args.turn_tokens, turn_decode=args.turn_decode,
-                        beam=args.beam, ops=args.ops, weights_memory=0)  # a host run: KV only
+                        beam=args.beam, turn_divergence=args.turn_divergence, ops=args.ops,
+                        weights_memory=0)  # a host run: KV only
     m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
     from simkv.validate.openvino.cleanrun import ValidateConfig  # these two import neither openvino nor memray
     from simkv.validate.openvino.runner import MISSING_DEPS, check_dependencies, run_validation
