@@ -197,7 +197,8 @@ def vllm_state_bytes(model, layer: LayerKV) -> tuple[int, int]:
     models/config.py ``NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype``; mamba_utils.py
     ``_mamba_state_dtype``), else the model dtype. The one rule serving's vLLM pool and ``simkv models`` use."""
     dtype = DTYPE_BYTES.get(getattr(model, "dtype", "") or "", 2)
-    recurrent = DTYPE_BYTES.get(getattr(model, "ssm_dtype", "") or "", dtype)
+    ssm_dtype = getattr(model, "ssm_dtype", "")
+    recurrent = DTYPE_BYTES.get(ssm_dtype, dtype) if ssm_dtype else dtype
     conv, rec = state_bytes(layer, dtype, recurrent)
     columns = conv_columns(model)
     if columns:
