@@ -120,3 +120,73 @@ def test_cli_scheduler_vllm_bad_input_one_line():
     p = cli("run", "--trace", "azure-conv", "--limit", "5", "--scheduler", "vllm", "--scheduling-policy", "lifo",
             "--device", "h100-sxm")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "lifo" in p.stderr
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.test_serving_speed import FIELDS  # noqa: E402
+
+#: Shapes of the property test: uniform, sliding + full, chunked + full, MLA, Mamba hybrid (prefix caching only
+#: where simkv models vLLM's hits: full-attention groups).
+SHAPES = {"uniform": (False, True), "gemma3": (False,), "llama4": (False,), "deepseek_v3": (False, True),
+          "qwen3_next": (False,)}
+
+
+def shape_model(shape):
+    return (resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16) if shape == "uniform"
+            else resolve_model(str(TINY / f"{shape}.json")))
+
+
+@st.composite
+def vllm_cases(draw):
+    # the full-attention shapes twice: the plain allocation shortcut is theirs
+    shape = draw(st.sampled_from(sorted(SHAPES) + ["uniform", "deepseek_v3"]))
+    prefix = draw(st.sampled_from(SHAPES[shape]))
+    n = draw(st.integers(1, 24))
+    reqs, step = [], 0
+    for i in range(n):
+        step += draw(st.integers(0, 4))
+        kw = {"prefix_id": f"p{draw(st.integers(0, 2))}", "prefix_tokens": 32} if prefix else {}
+        reqs.append(Request(i, draw(st.integers(33 if prefix else 1, 150)), draw(st.integers(1, 50)),
+                            arrival_step=step, **kw))
+    # tight pools (preemptions) to roomy ones; a pool must hold the longest whole prompt (vLLM's admission)
+    blocks = draw(st.integers(8, 48))
+    policy = draw(st.sampled_from(("fcfs", "priority")))
+    return shape, prefix, reqs, blocks, policy
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(vllm_cases())
+def test_vllm_fast_path_equals_reference(case):
+    """``--engine fast`` under vLLM's rules (arithmetic data bytes per table, ``allocate_slots`` of full/MLA groups
+    as a block count) gives byte-identical step tables, request tables and ledgers to the reference (the block walk
+    and vLLM's whole ``allocate_slots``), on random workloads, every shape, tight pools, prefix caching on and off;
+    at every reference step the arithmetic data bytes equal the walk's."""
+    shape, prefix, reqs, blocks, policy = case
+    model = shape_model(shape)
+    walked = []
+
+    def observe(step, eng, live):  # the reference engine's data bytes both ways, after every step's sampling
+        part = eng.sched
+        part.lean = True
+        fast_b = part.data_bytes(live)
+        part.lean = False
+        walked.append(fast_b == part.data_bytes(live))
+
+    out = []
+    for fast in (True, False):
+        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
+                                     prefix_id=r.prefix_id, prefix_tokens=r.prefix_tokens) for r in reqs],
+                     blocks, prefix, scheduling_policy=policy)
+        if not fast:
+            eng.observe = observe
+        try:
+            groups, steps, _, seconds = eng.run(fast=fast)
+        except ConfigError as e:  # a prompt the pool can never admit: the same one-line outcome both ways
+            out.append(str(e))
+            continue
+        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
+                    [tuple(getattr(g, f) for f in FIELDS) for g in groups]))
+    assert out[0] == out[1]
+    assert all(walked)

@@ -330,6 +330,8 @@ class PagedServing:
         bound; default: these requests')."""
         reqs = self.requests
         self.fast = fast and takes_fast_paths(self.sched)
+        if self.vllm:  # vLLM's step-by-step path in arithmetic where the rules reduce to it (--engine fast)
+            self.sched.lean = fast
         # arrivals in steps (arrival_step), else in seconds (arrival_s): also the planned runs and joins
         self.by_step = bool(reqs) and reqs[0].arrival_step is not None
         self.prompts = session_prompts(reqs) if prompts is None else list(prompts)
