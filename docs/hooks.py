@@ -29,10 +29,10 @@ if str(ROOT) not in sys.path:  # the simkv of this tree, not an installed one
 #: rule and where it was read or measured.
 RULES = (
     ("mechanics", "OpenVINO plugin mechanics", "policies/mechanics.py"),
-    ("genai-scheduler", "GenAI continuous-batching scheduler", "simkv/serving/scheduler.py"),
-    ("paged-pool", "Paged block pool", "simkv/serving/paged.py"),
-    ("pool-tensors", "Paged pool tensors", "simkv/serving/pool_tensors.py"),
-    ("kv-managers", "KV-cache managers per layer kind", "simkv/serving/kv_groups.py"),
+    ("genai-scheduler", "GenAI continuous-batching scheduler", "simkv/serving/sched/genai.py"),
+    ("paged-pool", "Paged block pool", "simkv/serving/kv/block_pool.py"),
+    ("pool-tensors", "Paged pool tensors", "simkv/serving/kv/pool_tensors.py"),
+    ("kv-managers", "KV-cache managers per layer kind", "simkv/serving/kv/groups.py"),
     ("contiguous", "Contiguous per-request buffers", "simkv/serving/contiguous.py"),
     ("router", "Replicas and routers", "simkv/serving/router.py"),
     ("cost-model", "The cost model", "simkv/cost.py"),
