@@ -114,6 +114,15 @@ def test_user_pages_read_as_documentation(page):
         assert not found, f"{_rel(page)}: {found.group(0)!r} (history belongs in CHANGELOG.md)"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_source_files_named_exist(page):
+    """A module the docs name (`simkv/serving/router.py`, `policies/fixed.py`, `tests/test_plan.py` …) exists: when
+    code moves, the page that points a reader to it must follow."""
+    text = page.read_text()
+    for path in sorted(set(re.findall(r"(?<![\w/.])((?:simkv|policies|experiments|tests)/[\w/]+\.py)\b", text))):
+        assert (ROOT / path).exists(), f"{_rel(page)} names {path}, which does not exist"
+
+
 def test_readme_is_short_and_points_to_the_site():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
