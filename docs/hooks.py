@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
+import os
 import re
 import sys
 from pathlib import Path
@@ -126,6 +127,7 @@ def generated_pages() -> dict[str, str]:
     from policies import REGISTRY
     from simkv.cli import COMMANDS, build_parser
 
+    os.environ["COLUMNS"] = "100"  # argparse wraps the usage lines to the terminal: the same page everywhere
     top = build_parser()
     sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
     helps = {c.dest: c.help for c in sub._choices_actions}
