@@ -70,7 +70,10 @@ CASES = [pytest.param(page, line, pairs, id=f"{_rel(page)}:{line}")
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> Path:
     """A folder that sees the repository's files (data/, experiments/ …) through links; outputs land in it."""
-    folder = tmp_path_factory.mktemp("docs_commands")
+    return _linked_to_repository(tmp_path_factory.mktemp("docs_commands"))
+
+
+def _linked_to_repository(folder: Path) -> Path:
     for entry in ROOT.iterdir():
         if not entry.name.startswith("."):
             (folder / entry.name).symlink_to(entry)
@@ -162,10 +165,7 @@ def update(paths: list[Path]) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        cwd = Path(tmp)
-        for entry in ROOT.iterdir():
-            if not entry.name.startswith("."):
-                (cwd / entry.name).symlink_to(entry)
+        cwd = _linked_to_repository(Path(tmp))
         for path in paths:
             text = path.read_text()
 
