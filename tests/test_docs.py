@@ -155,6 +155,10 @@ def test_site_builds_without_warnings(tmp_path):
             assert option in page, f"reference/{name}: {option} missing"
     for name in REGISTRY:
         assert (site / "policies" / name / "index.html").exists()
+    for html in site.rglob("index.html"):  # the generated pages read as documentation too
+        if html.parent.parent.name in ("reference", "policies", "rules"):
+            found = re.search(r"[Ii]ssue #\d", html.read_text())
+            assert not found, f"{html.relative_to(site)}: {found.group(0)!r} (from a docstring)"
     for page in PAGES:  # every page under docs/ is built (and, by omitted_files, in the nav)
         if page.parent != ROOT and page.name != "index.md":
             assert (site / page.relative_to(DOCS).with_suffix("") / "index.html").exists(), page
