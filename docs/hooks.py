@@ -38,7 +38,7 @@ RULES = (
     ("router", "Replicas and routers", "simkv/serving/router.py"),
     ("cost-model", "The cost model", "simkv/cost.py"),
     ("layer-kinds", "What each layer keeps", "simkv/kvspec.py"),
-    ("hf-config", "Reading a config.json", "simkv/hfconfig.py"),
+    ("hf-config", "Reading a config.json", "simkv/hfconfig/__init__.py"),
     ("precision", "KV precisions and their metadata", "simkv/precision.py"),
 )
 
