@@ -126,6 +126,18 @@ def test_source_files_named_exist(page):
         assert (ROOT / path).exists(), f"{_rel(page)} names {path}, which does not exist"
 
 
+def test_rule_pages_have_their_modules():
+    """Each runtime-rule page is generated from a module's docstring (docs/hooks.py RULES): when the module moves,
+    this names the entry to fix (the build would only show a traceback)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    for page, _, source in hooks.RULES:
+        assert (ROOT / source).exists(), f"docs/hooks.py RULES: rules/{page}.md reads {source}, which does not exist"
+
+
 def test_readme_is_short_and_points_to_the_site():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
