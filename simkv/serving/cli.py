@@ -85,7 +85,7 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas", type=int, default=1, help="engines, each on a device of its own, behind a router "
                    "(default 1)")
     g.add_argument("--router", default="round-robin", help="with --replicas: round-robin | least-outstanding | "
-                   "least-kv | session (default round-robin; rules in the README, simkv/serving/router.py)")
+                   "least-kv | session (default round-robin; rules in docs/guide/serving.md, simkv/serving/router.py)")
     g.add_argument("--workers", type=int, default=1, help="with --replicas and a router that reads no state "
                    "(round-robin): run the replicas in this many local processes (default 1: in this process)")
     g.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallelism: the model split across N "
