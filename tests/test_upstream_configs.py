@@ -332,3 +332,27 @@ def test_granite_mamba2_weights_and_one_vllm_state_rule(tmp_path):
     assert m.layer_roles(0)["attn_in"] + m.layer_roles(0)["attn_out"] == 19_968 + 528 + 8_192
     pool = paged_kv(m, get_precision("bf16"), 16, "vllm")
     assert sum(g.real_bytes for g in pool.groups if g.kind == "state") == 11_328
+
+
+def test_qwen3_5_recurrent_state_in_mamba_ssm_dtype_under_vllm(tmp_path):
+    """Qwen3.5-35B-A3B (40 layers, full_attention_interval 4: 30 Gated DeltaNet layers; Hk 16, Hv 32, dk = dv 128,
+    kernel 4; bf16; mamba_ssm_dtype float32). vLLM's Qwen3_5ForConditionalGenerationConfig.verify_and_update_config
+    (models/config.py) sets mamba_ssm_cache_dtype "auto" to the file's float32. Per layer: conv_dim
+    2 x 16 x 128 + 32 x 128 = 8,192, K - 1 = 3 columns x 2 B = 49,152; recurrent 32 x 128 x 128 = 524,288 x 4 B
+    = 2,097,152; 2,146,304 x 30 = 64,389,120 (it was 32,931,840 with the recurrent state at 2 B). Without the field
+    (or "auto") the model dtype: 49,152 + 1,048,576 = 1,097,728 x 30 = 32,931,840; a value vLLM does not take is
+    refused in one line."""
+    from simkv.commands.models import describe_model
+
+    path = UPSTREAM / "Qwen--Qwen3.5-35B-A3B_config.json"
+    assert describe_model(str(path))["state_bytes_per_sequence"]["vllm"] == 64_389_120
+    raw = json.loads(path.read_text())
+    for value in (None, "auto"):
+        raw["text_config"]["mamba_ssm_dtype"] = value
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+        assert describe_model(str(tmp_path / "config.json"))["state_bytes_per_sequence"]["vllm"] == 32_931_840
+    raw["text_config"]["mamba_ssm_dtype"] = "fp8"
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="mamba_ssm_dtype must be float32, bfloat16, float16 or auto") as err:
+        hfconfig.load_config(tmp_path)
+    assert "\n" not in str(err.value)
