@@ -71,10 +71,15 @@ def test_engine_steps_are_the_vllm_schedulers(shape, blocks, prefix):
     assert (steps["used_bytes"] <= steps["allocated_bytes"]).all()
 
 
-def test_vllm_takes_the_reference_path_and_fast_equals_it():
-    """The fast paths replay GenAI's rules only (core.takes_fast_paths): under vLLM ``run()`` is the reference."""
-    model = resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
-    fast, ref = engine(model, workload(3), 14), engine(model, workload(3), 14)
+def test_vllm_fast_paths_only_where_planned_runs_model_the_rules():
+    """core.takes_fast_paths: vLLM's planned runs cover full-attention and MLA groups without prefix caching
+    (:mod:`simkv.serving.engine.vllm_run`); a sliding group or prefix caching takes every step the reference way,
+    fast or not, and the result is the reference's."""
+    uniform = resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
+    assert takes_fast_paths(engine(uniform, workload(3), 14).sched)
+    assert not takes_fast_paths(engine(uniform, workload(3, prefix=True), 14, True).sched)
+    gemma = resolve_model(str(TINY / "gemma3.json"))
+    fast, ref = engine(gemma, workload(3), 40), engine(gemma, workload(3), 40)
     assert not takes_fast_paths(fast.sched)
     a, b = fast.run(fast=True), ref.run(fast=False)
     assert a[1].tobytes() == b[1].tobytes() and list(a[3]) == list(b[3])
