@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simkv.cost import get_device
@@ -39,8 +40,8 @@ def workload(seed: int, n: int = 30, prefix: bool = False) -> list[Request]:
 
 
 def engine(model, reqs, blocks: int, prefix: bool = False, **kw) -> PagedServing:
-    cfg = SchedulerConfig(block_size=16, num_kv_blocks=blocks, max_num_batched_tokens=64, max_num_seqs=8,
-                          enable_prefix_caching=prefix, scheduler="vllm", **kw)
+    kw = {"max_num_batched_tokens": 64, "max_num_seqs": 8, **kw}
+    cfg = SchedulerConfig(block_size=16, num_kv_blocks=blocks, enable_prefix_caching=prefix, scheduler="vllm", **kw)
     return PagedServing(reqs, model, get_precision("f16"), cfg, device=get_device("h100-sxm"),
                         weights_bytes=0, device_memory=80 * GIB)
 
@@ -70,10 +71,15 @@ def test_engine_steps_are_the_vllm_schedulers(shape, blocks, prefix):
     assert (steps["used_bytes"] <= steps["allocated_bytes"]).all()
 
 
-def test_vllm_takes_the_reference_path_and_fast_equals_it():
-    """The fast paths replay GenAI's rules only (core.takes_fast_paths): under vLLM ``run()`` is the reference."""
-    model = resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
-    fast, ref = engine(model, workload(3), 14), engine(model, workload(3), 14)
+def test_vllm_fast_paths_only_where_planned_runs_model_the_rules():
+    """core.takes_fast_paths: vLLM's planned runs cover full-attention and MLA groups without prefix caching
+    (:mod:`simkv.serving.engine.vllm_run`); a sliding group or prefix caching takes every step the reference way,
+    fast or not, and the result is the reference's."""
+    uniform = resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
+    assert takes_fast_paths(engine(uniform, workload(3), 14).sched)
+    assert not takes_fast_paths(engine(uniform, workload(3, prefix=True), 14, True).sched)
+    gemma = resolve_model(str(TINY / "gemma3.json"))
+    fast, ref = engine(gemma, workload(3), 40), engine(gemma, workload(3), 40)
     assert not takes_fast_paths(fast.sched)
     a, b = fast.run(fast=True), ref.run(fast=False)
     assert a[1].tobytes() == b[1].tobytes() and list(a[3]) == list(b[3])
@@ -144,12 +150,15 @@ def vllm_cases(draw):
     shape = draw(st.sampled_from(sorted(SHAPES) + ["uniform", "deepseek_v3"]))
     prefix = draw(st.sampled_from(SHAPES[shape]))
     n = draw(st.integers(1, 24))
+    # arrivals in steps, or in seconds (then the planned runs end at the step that starts at or after the arrival)
+    seconds = draw(st.booleans())
     reqs, step = [], 0
     for i in range(n):
-        step += draw(st.integers(0, 4))
+        step += draw(st.integers(0, 4 if not seconds else 40))
         kw = {"prefix_id": f"p{draw(st.integers(0, 2))}", "prefix_tokens": 32} if prefix else {}
+        when = {"arrival_s": step * 1e-4} if seconds else {"arrival_step": step}
         reqs.append(Request(i, draw(st.integers(33 if prefix else 1, 150)), draw(st.integers(1, 50)),
-                            arrival_step=step, **kw))
+                            **when, **kw))
     # tight pools (preemptions) to roomy ones; a pool must hold the longest whole prompt (vLLM's admission)
     blocks = draw(st.integers(8, 48))
     policy = draw(st.sampled_from(("fcfs", "priority")))
@@ -177,7 +186,8 @@ def test_vllm_fast_path_equals_reference(case):
     out = []
     for fast in (True, False):
         eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
-                                     prefix_id=r.prefix_id, prefix_tokens=r.prefix_tokens) for r in reqs],
+                                     arrival_s=r.arrival_s, prefix_id=r.prefix_id, prefix_tokens=r.prefix_tokens)
+                             for r in reqs],
                      blocks, prefix, scheduling_policy=policy)
         if not fast:
             eng.observe = observe
@@ -186,7 +196,42 @@ def test_vllm_fast_path_equals_reference(case):
         except ConfigError as e:  # a prompt the pool can never admit: the same one-line outcome both ways
             out.append(str(e))
             continue
+        v = eng.sched.v  # vLLM's pool after the run: its free queue in order, references, every table
         out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
-                    [tuple(getattr(g, f) for f in FIELDS) for g in groups]))
+                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched, [gt.tables for gt in v.groups]))
     assert out[0] == out[1]
     assert all(walked)
+
+
+@pytest.mark.parametrize("shape,blocks,seqs,policy,gap", [("uniform", 2000, 64, "fcfs", 0.02),
+                                                          ("deepseek_v3", 2000, 64, "fcfs", 0.02),
+                                                          ("uniform", 60, 6, "priority", 2e-7)])
+def test_vllm_planned_runs_are_taken(shape, blocks, seqs, policy, gap):
+    """``--engine fast`` under vLLM's rules plans quiet runs (:mod:`simkv.serving.engine.vllm_run`) for most steps
+    of a workload arriving in seconds — a roomy pool, and a tight one whose queue waits (``max_num_seqs``, the
+    whole prompt not fitting the free blocks) —, and the result is the reference's, byte for byte: step table,
+    request table, ledger, and vLLM's pool after it (free queue order, references, tables)."""
+    rng = np.random.default_rng(3)
+    t, reqs = 0.0, []
+    for i in range(150):
+        t += float(rng.exponential(gap))
+        reqs.append(Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_s=t,
+                            priority=int(rng.integers(0, 3))))
+    model = shape_model(shape)
+    out, engines = [], []
+    for fast in (True, False):
+        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_s=r.arrival_s, priority=r.priority)
+                             for r in reqs], blocks, max_num_seqs=seqs, scheduling_policy=policy)
+        groups, steps, _, seconds = eng.run(fast=fast)
+        v = eng.sched.v
+        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
+                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
+        engines.append((eng, steps))
+    assert out[0] == out[1]
+    (fast_eng, steps), _ = engines
+    planned = len(steps) - fast_eng.slow_steps
+    assert planned > 0.6 * len(steps), (planned, len(steps))
+    if blocks == 60:  # the queue waited (and a tight pool preempted) inside this workload
+        assert steps["preemptions"].sum() > 0 and (steps["requests"] > steps["scheduled_requests"]).sum() > 100
