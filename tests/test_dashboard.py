@@ -14,7 +14,7 @@ from hypothesis import strategies as hst
 
 from policies import REGISTRY
 from simkv import build_scenario, figures, simulate
-from simkv.dashboard import callbacks, components, compute, layout
+from simkv.dashboard import callbacks, components, compute, layout, url
 from simkv.dashboard import state as st
 from simkv.dashboard.server import create_app
 from simkv.dashboard.validation import ReportError, check_report, load_path, load_upload, parse_report
@@ -75,9 +75,9 @@ def report_fixture(n_steps: int = 40) -> dict:
 # -- URL state ---------------------------------------------------------------------------
 
 def test_default_state_has_an_empty_query_string():
-    assert st.encode(st.default_state()) == ""
-    state, ignored = st.decode("")
-    assert state == st.default_state() and ignored == []
+    assert url.encode(url.default_state()) == ""
+    state, ignored = url.decode("")
+    assert state == url.default_state() and ignored == []
 
 
 text = hst.text(alphabet="0123456789abcxyz-+.,:= &?%/#", max_size=12)
@@ -85,9 +85,14 @@ text = hst.text(alphabet="0123456789abcxyz-+.,:= &?%/#", max_size=12)
 
 @hst.composite
 def states(draw):
-    state = st.default_state()
-    for key in draw(hst.lists(hst.sampled_from(st.CONTROLS), max_size=8, unique=True)):
-        state[key] = draw(text) if key != "tab" else draw(hst.sampled_from(st.TABS))
+    state = url.default_state()
+    for key in draw(hst.lists(hst.sampled_from(url.CONTROLS), max_size=8, unique=True)):
+        if key in url.LISTS:  # a multiple choice: its values never hold the comma that separates them
+            state[key] = draw(hst.lists(hst.text(alphabet="0123456789abcxyz-+.:= &?%/#", min_size=1, max_size=8),
+                                        max_size=3))
+        else:
+            state[key] = {"tab": hst.sampled_from(st.TABS), "ws": hst.sampled_from(url.WORKSPACES)}.get(key, text)
+            state[key] = draw(state[key])
     policy = draw(hst.sampled_from(sorted(REGISTRY)))
     state["policy"] = policy
     state["popts"] = {name: draw(hst.one_of(hst.just(default), text))
@@ -98,22 +103,35 @@ def states(draw):
 @settings(max_examples=150, deadline=None)
 @given(states())
 def test_url_round_trip_restores_every_control(state):
-    search = st.encode(state)
-    restored, ignored = st.decode(search)
+    search = url.encode(state)
+    restored, ignored = url.decode(search)
     assert ignored == []
     assert restored == state
 
 
 def test_decode_reports_what_it_cannot_use():
-    state, ignored = st.decode("?policy=fixed&p.tokens=256&p.stagger=3&bogus=1&tab=nowhere")
+    state, ignored = url.decode("?policy=fixed&p.tokens=256&p.stagger=3&bogus=1&tab=nowhere&ws=kitchen")
     assert state["policy"] == "fixed" and state["popts"]["tokens"] == "256"
-    assert set(ignored) == {"p.stagger", "bogus", "tab"} and state["tab"] == "memory"
+    assert set(ignored) == {"p.stagger", "bogus", "tab", "ws"} and state["tab"] == "memory" and state["ws"] == "session"
 
 
 def test_query_string_is_readable():
-    state = st.default_state()
+    state = url.default_state()
     state.update(ops="prefill:32,decode:100,reset", policy="fixed", popts={"tokens": "256"})
-    assert st.encode(state) == "?policy=fixed&ops=prefill:32,decode:100,reset&p.tokens=256"
+    assert url.encode(state) == "?policy=fixed&ops=prefill:32,decode:100,reset&p.tokens=256"
+    state.update(ws="plan", pl_devices=["a100-80gb"], pl_requests="30")
+    assert url.encode(state) == ("?ws=plan&policy=fixed&ops=prefill:32,decode:100,reset&pl_requests=30"
+                                 "&pl_devices=a100-80gb&p.tokens=256")
+
+
+def test_the_workspace_is_in_the_url_and_old_links_open_theirs():
+    """``ws`` names the open workspace; a link from before the workspaces (``?tab=serving``) opens Serving."""
+    assert url.decode("?ws=plan")[0]["ws"] == "plan"
+    for old in ("serving", "plan"):
+        state, ignored = url.decode(f"?tab={old}&sv_requests=40")
+        assert (state["ws"], state["tab"], state["sv_requests"], ignored) == (old, "memory", "40", [])
+    state, _ = url.decode("?pl_devices=h100-sxm,xeon-8480")
+    assert state["pl_devices"] == ["h100-sxm", "xeon-8480"]
 
 
 # -- checking input -----------------------------------------------------------------------
@@ -235,8 +253,44 @@ def test_unexpected_failures_become_one_line(monkeypatch):
 
 
 def test_out_of_memory_is_a_warning_with_the_partial_run():
-    out = callbacks.main_callback(controls(device_memory="256MiB"), popt_values("openvino-gpu"))
+    # 7.48 GiB of weights leave 327 MiB of 7.8 GiB for the KV cache: the run stops partway (it peaks at 406.66 MiB)
+    out = callbacks.main_callback(controls(device_memory="7.8GiB"), popt_values("openvino-gpu"))
     assert out["store"]["ok"] and out["warning"].startswith("Out of memory: out of memory at step")
+    assert out["notice"] == "" and not out["timeline"]["data"] == []
+
+
+@pytest.mark.parametrize("changes, why", [
+    # gemma-3-27b's weights alone exceed the default 16 GiB (the issue's "yellow banner over an empty chart")
+    ({"model": "gemma-3-27b"}, "gemma-3-27b's weights (25.15 GiB) do not fit the device memory (16.00 GiB)"),
+    ({"device_memory": "256MiB"}, "llama-3-8b's weights (7.48 GiB) do not fit the device memory (256.00 MiB)"),
+    # the weights fit, the prompt's KV does not: the first step already runs out
+    ({"prompt": "100000", "decode": "10", "device_memory": "9GiB"},
+     "the first step does not fit: out of memory at step 0"),
+])
+def test_a_run_with_no_room_at_its_first_step_says_why_and_the_fix(changes, why):
+    """Nothing to draw: no figure with an out-of-memory banner over it, but one message with the fix (in the
+    results area, and next to the device memory), and the cards cleared."""
+    out = callbacks.main_callback(controls(**changes), popt_values("openvino-gpu"))
+    assert out["store"] == {"ok": False} and out["warning"] == ""
+    assert out["notice"].startswith(f"Nothing to show: {why}") and "Fix: a device memory of at least " in out["notice"]
+    assert errors_of(out) == {"device_memory": out["notice"]}
+    assert out["status"] == "Invalid input: device memory — see the message in red on the left."
+    assert out["timeline"]["layout"]["annotations"][0]["text"] == "No result: see the message above."
+    assert all(c.children[1].children == "—" for c in out["cards"])
+
+
+def test_the_memory_a_no_room_notice_asks_for_gets_past_the_first_step():
+    """The notice's device memory is the weights plus the session's KV without headroom: a lower bound. With it
+    the run gets past its first step (here it then runs out at step 516, where a reallocation's headroom no
+    longer fits: a partial run, with the out-of-memory warning)."""
+    import re
+
+    out = callbacks.main_callback(controls(model="gemma-3-27b"), popt_values("openvino-gpu"))
+    need = re.search(r"at least ([0-9.]+ GiB)", out["notice"]).group(1)
+    out = callbacks.main_callback(controls(model="gemma-3-27b", device_memory=need.replace(" ", "")),
+                                  popt_values("openvino-gpu"))
+    assert out["store"]["ok"] and out["notice"] == ""
+    assert out["warning"].startswith("Out of memory: out of memory at step 516,")
 
 
 def test_long_runs_are_decimated_for_display_but_keep_their_spikes():
@@ -264,7 +318,7 @@ def test_cli_command_reproduces_the_scenario():
 
 
 def test_restore_leaves_controls_that_are_already_right():
-    current = {k: st.DEFAULTS[k] for k in st.CONTROLS}
+    current = {k: url.DEFAULTS[k] for k in url.CONTROLS}
     popts = popt_values()
     out = callbacks.restore_callback("?prompt=512&policy=fixed&p.tokens=256", current, popts)
     changed = {k: v for k, v in out["controls"].items() if v is not no_update}

@@ -29,7 +29,7 @@ SYNTHETIC = {"sv_workload": "synthetic", "sv_requests": "30", "sv_rate": "3", "s
 
 
 def form(**over) -> dict:
-    return {**st.SERVING_DEFAULTS, **over}
+    return {**sv.DEFAULTS, **over}
 
 
 def cli(argv: list[str], tmp_path: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -102,7 +102,9 @@ def test_bad_input_is_one_line_next_to_its_field(over, key, message):
     errors = dict(zip(sv.KEYS, out["errors"]))
     assert message in errors[key]
     assert [k for k, v in errors.items() if v] == [key]
-    assert out["status"].startswith("Invalid input:") and out["status_class"] == "status invalid"
+    # the message once, next to its field; the status names the field
+    assert out["status"] == f"Invalid input: {sv.LABELS[key]} — see the message in red on the left."
+    assert out["status_class"] == "status invalid"
     assert out["memory"]["layout"]["annotations"][0]["text"].startswith("No result: fix the input marked in red")
     assert out["cards"] == [] and out["cli"] == ""
 
@@ -120,8 +122,11 @@ def test_bad_input_is_one_line_next_to_its_field(over, key, message):
 ])
 def test_what_cannot_be_shown_says_why_and_how_to_run_it(over, message):
     out = sv.serving_callback(form(**over), "serving")
-    assert message in out["status"] and out["status_class"] == "status invalid", out["status"]
+    shown = [out["status"], *out["errors"]]
+    assert sum(message in line for line in shown) == 1 and out["status_class"] == "status invalid", shown
     assert out["cli"].startswith("simkv run --") and out["cards"] == []
+    if not message in out["status"]:  # a limit of a field: the status names it and gives the line to run
+        assert out["status"].startswith("Over the dashboard's limits: ") and out["status"].endswith(out["cli"])
 
 
 def test_the_round_limit_stops_a_paged_run(monkeypatch):
@@ -133,8 +138,8 @@ def test_the_round_limit_stops_a_paged_run(monkeypatch):
     assert out["status_class"] == "status invalid" and out["cards"] == []
 
 
-def test_nothing_runs_while_another_tab_is_open():
-    out = sv.serving_callback(form(sv_requests="abc"), "memory")
+def test_nothing_runs_while_another_workspace_is_open():
+    out = sv.serving_callback(form(sv_requests="abc"), "session")
     assert out["status"] is no_update and out["errors"] == [no_update] * len(sv.KEYS)
 
 

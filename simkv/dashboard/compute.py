@@ -21,6 +21,7 @@ from policies import get_policy
 from simkv import figures
 from simkv.errors import PolicyError, SimkvError
 from simkv.ledger import COLUMNS, OPS, PHASES, TENSORS
+from simkv.metrics import replacing_allocations
 from simkv.hfconfig import resolve_model
 from simkv.precision import get_precision
 from simkv.scenario import Result, Scenario, build_scenario, simulate
@@ -197,7 +198,10 @@ def build(kwargs: dict) -> Scenario:
         errors.update({k: msg for k in _policy_keys(msg, kwargs)})
         raise st.Invalid(errors) from None
     except SimkvError as err:
-        raise st.Invalid({"device_memory" if "device memory" in str(err) else key: str(err)}) from None
+        # the library refusing a model whose weights do not fit the device: its message (with the fix) in full
+        msg = str(err)
+        on_device = "device memory" in msg or "weights" in msg
+        raise st.Invalid({"device_memory" if on_device else key: msg}, notice=msg if "weights" in msg else "") from None
     rows = estimate_ledger_rows(scenario)
     if rows > MAX_LEDGER_ROWS:
         raise st.Invalid({key: (
@@ -268,6 +272,8 @@ class MainView:
     cards: list[dict] = field(default_factory=list)
     status: str = ""
     warning: str | None = None
+    #: Why there is no result, in full, with the fix (shown in place of the figures): see :class:`state.Invalid`.
+    notice: str = ""
     cli: str = ""
     elapsed_ms: float = 0.0
 
@@ -303,21 +309,73 @@ def cards(result: Result) -> list[dict]:
         {"key": "waste", "label": "final waste", "value": f"{m.waste_pct:.1f} %",
          "detail": f"{format_bytes(m.waste_bytes)} unused"},
         {"key": "reallocations", "label": "reallocations", "value": f"{m.realloc_count:,}",
-         "detail": "K/V buffers replaced"},
+         "detail": f"K/V buffers replaced, on {_count(realloc_steps(result), 'step')}"},
         {"key": "bytes_copied", "label": "bytes copied", "value": format_bytes(m.bytes_copied),
          "detail": "by reallocations"},
         {"key": "largest_spike", "label": "largest spike", "value": format_bytes(m.max_spike_bytes), "detail": spike_at},
     ]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def realloc_steps(result: Result) -> int:
+    """Steps on which at least one K/V buffer is replaced (the reallocation markers of the timeline, before
+    thinning): the reallocation card says how many, so the card and the legend count the same thing."""
+    rows = result.ledger.rows
+    return len(np.unique(rows["step"][replacing_allocations(rows)]))
+
+
 def display_figures(result: Result, heat: str = "headroom") -> tuple:
     """The timeline and per-layer heatmap as the dashboard draws them (decimated for display)."""
-    tl = figures.timeline(result, max_points=TIMELINE_POINTS, max_events=MAX_EVENTS, marker_tensors=figures.KV_TENSORS)
-    tl.update_layout(uirevision=str(result.scenario.workload), margin={"t": 40}, title_font_size=13)
+    tl = figures.timeline(result, max_points=TIMELINE_POINTS, max_events=MAX_EVENTS, reallocations=True)
+    tl.update_layout(uirevision=str(result.scenario.workload))
     tl.update_traces(marker={"size": 5, "opacity": 0.75}, selector={"mode": "markers"})
     hm = figures.layer_heatmap(result, value=heat if heat in st.HEAT_VALUES else "headroom", max_columns=HEAT_COLUMNS)
-    hm.update_layout(uirevision=str(result.scenario.workload), margin={"t": 40}, title_font_size=13)
-    return tl, hm
+    hm.update_layout(uirevision=str(result.scenario.workload))
+    return style(tl), style(hm)
+
+
+#: Every axis: full numbers with thousands separators, log axes included (2,000, not "2" after 1,000).
+TICKS = ",~f"
+
+
+def style(fig):
+    """The dashboard's look for a plotly figure, the same in every workspace: axis numbers with thousands
+    separators (and in full on log axes), the legend in one row under the plot, the figure as wide as its box
+    (never a fixed width), the title small. Returns the figure (changed in place); a plain-dict figure (a
+    placeholder) is returned as it is."""
+    if isinstance(fig, dict):
+        return fig
+    fig.update_layout(separators=".,", width=None, height=None, autosize=True, title_font_size=14,
+                      title_x=0.01, title_xanchor="left", margin={"t": 48, "l": 64, "r": 16, "b": 40},
+                      legend={"orientation": "h", "x": 0, "xanchor": "left", "yref": "container", "y": 0,
+                              "yanchor": "bottom", "title": None})
+    fig.update_xaxes(tickformat=TICKS, automargin=True)
+    fig.update_yaxes(tickformat=TICKS, automargin=True)
+    # on a log axis, plotly labels 1, 2 and 5 of each decade (not every digit) when given them: 100, 200, 500, 1,000
+    fig.update_xaxes(dtick="D2", selector={"type": "log"})
+    fig.update_yaxes(dtick="D2", selector={"type": "log"})
+    fig.update_traces(colorbar_tickformat=TICKS, selector={"type": "heatmap"})
+    return fig
+
+
+def no_room_notice(result: Result) -> str:
+    """Why a run that ran out of memory at its first step has nothing to draw, and the fix, in one line; ``""``
+    for any other run (a later out-of-memory keeps its partial run, with a warning)."""
+    if result.oom is None or result.oom.step != 0:
+        return ""
+    s = result.scenario
+    kv = s.precision.kv_bytes_per_token(s.model) * longest_history(s.workload)
+    need = format_bytes(s.weights_memory + kv)
+    if s.weights_memory >= s.device_memory:
+        why = (f"{s.model.name}'s weights ({format_bytes(s.weights_memory)}) do not fit the device memory "
+               f"({format_bytes(s.device_memory)})")
+    else:
+        why = f"the first step does not fit: {result.oom}"
+    return (f"Nothing to show: {why}. Fix: a device memory of at least {need} (the weights and this session's "
+            f"{format_bytes(kv)} of KV, before any headroom), or a smaller model, prompt or KV precision.")
 
 
 def main_view(state: dict) -> MainView:
@@ -327,8 +385,12 @@ def main_view(state: dict) -> MainView:
         kwargs = st.scenario_kwargs(state)
         result = run(kwargs)
     except st.Invalid as err:
-        return MainView(ok=False, errors=err.errors, status="Invalid input: " + "; ".join(err.errors.values()),
+        return MainView(ok=False, errors=err.errors, status=st.invalid_status(err.errors), notice=err.notice,
                         elapsed_ms=1000 * (time.perf_counter() - start))
+    notice = no_room_notice(result)
+    if notice:
+        return MainView(ok=False, errors={"device_memory": notice}, status=st.invalid_status({"device_memory": notice}),
+                        notice=notice, elapsed_ms=1000 * (time.perf_counter() - start))
     tl, hm = display_figures(result, state.get("heat", "headroom"))
     m = result.metrics
     status = (
@@ -386,8 +448,8 @@ def compare_view(kwargs: dict | None, state: dict, quantity: str = "allocated") 
         message = "" if errors else "Choose a policy for run B to compare it with run A (the main controls)."
         return CompareView(ok=False, errors=errors, message=message)
     quantity = quantity if quantity in st.QUANTITIES else "allocated"
-    fig = figures.compare(results, labels, quantity=quantity, max_points=TIMELINE_POINTS)
-    fig.update_layout(margin={"t": 40}, title_font_size=13, uirevision=str(base.scenario.workload))
+    fig = style(figures.compare(results, labels, quantity=quantity, max_points=TIMELINE_POINTS))
+    fig.update_layout(uirevision=str(base.scenario.workload))
     return CompareView(ok=True, errors=errors, figure=fig, labels=labels, rows=figures.delta_table(results, labels))
 
 
