@@ -212,8 +212,7 @@ def validation_callback(contents, path, filename, trigger: str | None = None) ->
     except Exception as err:  # noqa: BLE001
         return {**empty, "message": internal_error(err)}
     try:
-        fig = figures.validation_figure(report)
-        fig.update_layout(margin={"t": 40}, title_font_size=13)
+        fig = compute.style(figures.validation_figure(report))
         rows, note = event_rows(report)
         scenario = report.get("scenario") or {}
         versions = report.get("versions") or {}

@@ -459,7 +459,8 @@ def workspace(values: dict) -> list:
         ]),
         html.Div(className="main", children=[
             html.Div(className="cli", children=["same search: ", html.Code(id="pl-cli")]),
-            html.Div(id="pl-status", className="status", role="status"),
+            html.Div("Set the traffic, the model, the SLO and the devices to choose from on the left, then Run.",
+                     id="pl-status", className="status", role="status"),
             progress("pl-progress", "Searching…"),
             html.Div(id="pl-results", className="results", children=[
                 html.Div(id="pl-recommended", className="pl-rec"),
@@ -473,6 +474,7 @@ def workspace(values: dict) -> list:
                            style_cell_conditional=[
                                {"if": {"column_id": "reason"}, "minWidth": 220, "textAlign": "left"},
                                {"if": {"column_id": "note"}, "width": 16, "color": "#9a6700"},
+                               *({"if": {"column_id": c}, "whiteSpace": "nowrap"} for c in ("device", "status")),
                                *({"if": {"column_id": c}, "textAlign": "left"} for c in TEXT_COLUMNS)],
                            style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5", "whiteSpace": "normal"},
                            style_data_conditional=[
