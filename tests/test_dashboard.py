@@ -221,6 +221,12 @@ def test_main_callback_default_scenario():
     assert card(out, "reallocations") == "795"
     names = [t.name for t in out["timeline"].data]
     assert names[:4] == ["peak in step", "allocated", "resident", "used"] and names[4].startswith("reallocation")
+    # the card counts buffers replaced and says on how many steps; the markers mark those steps (the largest
+    # per bucket of steps): both count 697 (the legend counted 698 steps with any K/V allocation, step 0 included)
+    detail = next(c for c in out["cards"] if c.id == "card-reallocations").children[2].children
+    assert detail == "K/V buffers replaced, on 697 steps"
+    marks = out["timeline"].data[4]
+    assert marks.name == f"reallocations on 697 steps (the largest {len(marks.x)} marked)" and 0 not in marks.x
     assert out["heatmap"].data[0].type == "heatmap"
     assert out["cli"] == "simkv run --model llama-3-8b --policy openvino-gpu --prompt 1024 --decode 2048"
 
@@ -269,14 +275,31 @@ def test_out_of_memory_is_a_warning_with_the_partial_run():
 ])
 def test_a_run_with_no_room_at_its_first_step_says_why_and_the_fix(changes, why):
     """Nothing to draw: no figure with an out-of-memory banner over it, but one message with the fix (in the
-    results area, and next to the device memory), and the cards cleared."""
+    results area; the device memory is marked), and the cards cleared."""
     out = callbacks.main_callback(controls(**changes), popt_values("openvino-gpu"))
     assert out["store"] == {"ok": False} and out["warning"] == ""
     assert out["notice"].startswith(f"Nothing to show: {why}") and "Fix: a device memory of at least " in out["notice"]
-    assert errors_of(out) == {"device_memory": out["notice"]}
-    assert out["status"] == "Invalid input: device memory — see the message in red on the left."
+    # the message once, in full; the status and the device memory point at it
+    assert errors_of(out) == {"device_memory": "too small for this run: see the message on the right"}
+    assert out["status"] == "Nothing to show: no room on the device (why, and the fix, below)."
     assert out["timeline"]["layout"]["annotations"][0]["text"] == "No result: see the message above."
     assert all(c.children[1].children == "—" for c in out["cards"])
+
+
+def test_the_librarys_refusal_of_a_model_that_does_not_fit_is_shown_as_it_says(monkeypatch):
+    """Where the library refuses a model whose weights do not fit before running (one line with the fix), the
+    dashboard shows that line in full, once, as it shows its own no-room notice."""
+    from simkv.errors import ConfigError
+
+    said = "gemma-3-27b: the weights (25.15 GiB) do not fit 16.00 GiB of device memory; use --device h100-sxm"
+
+    def refuse(**kwargs):
+        raise ConfigError(said)
+
+    monkeypatch.setattr(compute, "build_scenario", refuse)
+    out = callbacks.main_callback(controls(model="gemma-3-27b", prompt="7"), popt_values("openvino-gpu"))
+    assert out["notice"] == said and out["status"] == compute.NO_ROOM_STATUS
+    assert errors_of(out) == {"device_memory": compute.NO_ROOM_INLINE} and out["store"] == {"ok": False}
 
 
 def test_the_memory_a_no_room_notice_asks_for_gets_past_the_first_step():
@@ -540,3 +563,89 @@ def test_simkv_app_command_line():
     assert (args.host, args.port, args.debug) == ("127.0.0.1", 8050, False)
     args = build_parser().parse_args(["app", "--host", "0.0.0.0", "--port", "9000", "--debug"])
     assert (args.host, args.port, args.debug) == ("0.0.0.0", 9000, True)
+
+
+# -- the look every figure shares; computing shows progress ----------------------------------------------------
+
+def _axes(fig) -> list:
+    layout = fig.layout
+    return [getattr(layout, k) for k in layout if k.startswith(("xaxis", "yaxis")) and getattr(layout, k) is not None]
+
+
+def test_every_figure_of_every_workspace_has_the_same_look(tmp_path):
+    """Thousands separators on every axis (log axes: 1-2-5 labels in full, so 2,000 ms reads "2,000", not "2"
+    after "1000"), the legend in one row under the plot, no fixed width (the figure fills its box)."""
+    from simkv.dashboard import plan_view as pv
+    from simkv.dashboard import serving_view as sv
+    from simkv.dashboard import tune_view as tv
+
+    session = callbacks.main_callback(controls(), popt_values("openvino-gpu"))
+    kwargs = st.scenario_kwargs(st.default_state())
+    compare = callbacks.compare_callback({"ok": True, "kwargs": kwargs}, {"cmp1_policy": "fixed"}, "allocated", "compare")
+    serving = sv.serving_callback({**sv.DEFAULTS, "sv_requests": "20"}, "serving")
+    plan = pv.plan_callback(1, {**pv.DEFAULTS, "pl_requests": "10", "pl_max_devices": "1"})
+    tune = tv.tune_callback(1, {"ok": True, "kwargs": st.scenario_kwargs({**st.default_state(), "prompt": "64",
+                                                                          "model": "tinyllama-1.1b"})},
+                            dict(tv.DEFAULT_FORM, tune_budget=3, tune_samples=2, tune_search="random"))
+    path = tmp_path / "validate.json"
+    path.write_text(json.dumps(report_fixture()))
+    validation = callbacks.validation_callback(None, str(path), None)
+    figs = {"timeline": session["timeline"], "heatmap": session["heatmap"], "compare": compare["figure"],
+            "serving memory": serving["memory"], "serving requests": serving["requests"],
+            "serving waste": serving["waste"], "plan": plan["figure"], "plan memory": plan["memory"],
+            "tune": tune["figure"], "validation": validation["figure"]}
+    logs = 0
+    for name, fig in figs.items():
+        assert fig.layout.width is None and fig.layout.height is None, name
+        assert fig.layout.separators == ".," and fig.layout.legend.orientation == "h", name
+        assert (fig.layout.legend.yref, fig.layout.legend.y, fig.layout.legend.yanchor) == ("container", 0, "bottom")
+        for axis in _axes(fig):
+            assert axis.tickformat == compute.TICKS, (name, axis)
+            if axis.type == "log":
+                assert axis.dtick == "D2", name
+                logs += 1
+    assert logs == 2  # the plan's two latency axes
+    heat = figs["heatmap"].data[0]
+    assert heat.colorbar.tickformat == compute.TICKS
+
+
+def test_the_delta_table_has_one_column_per_run():
+    """Each run's difference from A sits under its value, so four runs take five columns (not eight): the
+    table fits the Compare tab at 1280 px (the browser test checks it does)."""
+    kwargs = st.scenario_kwargs(st.default_state())
+    values = {"cmp1_policy": "fixed", "cmp2_policy": "openvino-cpu", "cmp3_policy": "exact"}
+    out = callbacks.compare_callback({"ok": True, "kwargs": kwargs}, values, "allocated", "compare")
+    head, body = out["table"].children
+    assert len(head.children.children) == 5
+    peak = body.children[0].children
+    assert peak[0].children == "peak allocated" and peak[1].children == "406.66 MiB"
+    value, diff = peak[2].children
+    assert value == "756.19 MiB" and diff.children == "+349.53 MiB (+85.9 %)" and "worse" in diff.className
+
+
+def test_computing_disables_run_and_shows_progress():
+    """Every callback that computes shows its workspace's progress bar and dims its results while it runs; the
+    searches started by a Run button (Plan, Tune) disable it meanwhile, so a search is not started twice."""
+    app = create_app()
+    running = {}
+    for spec in app._callback_list:
+        if spec.get("running"):
+            inputs = {f"{i['id']}.{i['property']}" for i in spec["inputs"]}
+            running[spec["output"]] = (inputs, spec["running"]["running"], spec["running"]["runningOff"])
+
+    def of(trigger):
+        found = [r for r in running.values() if trigger in r[0]]
+        assert len(found) >= 1, trigger
+        return found
+
+    for trigger, progress, results, button in (
+        ("pl-run.n_clicks", "pl-progress", "pl-results", "pl-run"),
+        ("tune-run.n_clicks", "tune-progress", "tune-results", "tune-run"),
+        ("sv_requests.value", "sv-progress", "sv-results", None),
+        ("prompt.value", "progress", "results", None),
+    ):
+        for _, on, off in of(trigger):
+            assert on[f"{progress}.style"] == {} and off[f"{progress}.style"] == components.HIDDEN
+            assert on[f"{results}.className"] == "results busy" and off[f"{results}.className"] == "results"
+            if button:
+                assert on[f"{button}.disabled"] is True and off[f"{button}.disabled"] is False

@@ -378,6 +378,17 @@ def no_room_notice(result: Result) -> str:
             f"{format_bytes(kv)} of KV, before any headroom), or a smaller model, prompt or KV precision.")
 
 
+#: What the status line and the device memory's error line say when the run has no room (the notice says why).
+NO_ROOM_STATUS = "Nothing to show: no room on the device (why, and the fix, below)."
+NO_ROOM_INLINE = "too small for this run: see the message on the right"
+
+
+def no_room(notice: str, start: float) -> MainView:
+    """The view of a run with no room on its device: the notice in full once, pointers to it elsewhere."""
+    return MainView(ok=False, errors={"device_memory": NO_ROOM_INLINE}, status=NO_ROOM_STATUS, notice=notice,
+                    elapsed_ms=1000 * (time.perf_counter() - start))
+
+
 def main_view(state: dict) -> MainView:
     """What the main panel shows for a state: figures, cards and status, or per-control errors."""
     start = time.perf_counter()
@@ -385,12 +396,13 @@ def main_view(state: dict) -> MainView:
         kwargs = st.scenario_kwargs(state)
         result = run(kwargs)
     except st.Invalid as err:
-        return MainView(ok=False, errors=err.errors, status=st.invalid_status(err.errors), notice=err.notice,
+        if err.notice:
+            return no_room(err.notice, start)
+        return MainView(ok=False, errors=err.errors, status=st.invalid_status(err.errors),
                         elapsed_ms=1000 * (time.perf_counter() - start))
     notice = no_room_notice(result)
     if notice:
-        return MainView(ok=False, errors={"device_memory": notice}, status=st.invalid_status({"device_memory": notice}),
-                        notice=notice, elapsed_ms=1000 * (time.perf_counter() - start))
+        return no_room(notice, start)
     tl, hm = display_figures(result, state.get("heat", "headroom"))
     m = result.metrics
     status = (
