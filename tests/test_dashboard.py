@@ -546,6 +546,19 @@ def test_pattern_matching_order_matches_the_layout():
     assert len(callbacks.ERR_KEYS) == len(set(callbacks.ERR_KEYS))
 
 
+def test_each_form_is_on_the_page_in_the_order_its_callbacks_use():
+    """A Serving or Plan control is one Field: it is on the page, in the URL, and has its error line, in FIELDS'
+    order (the order Dash passes the error lines in, and the callbacks return their messages in)."""
+    from simkv.dashboard import plan_view as pv
+    from simkv.dashboard import serving_view as sv
+
+    page = layout.layout()
+    for view, kind in ((sv, "sv-err"), (pv, "pl-err")):
+        assert [i["key"] for i in _ids(page, kind)] == list(view.KEYS)
+        assert set(view.KEYS) <= set(url.CONTROLS) and all(url.DEFAULTS[k] == view.DEFAULTS[k] for k in view.KEYS)
+        assert len({f.key for f in view.FIELDS}) == len(view.FIELDS)
+
+
 def test_app_builds_and_serves_the_page_for_a_link():
     app = create_app()
     client = app.server.test_client()

@@ -258,8 +258,11 @@ def register(app) -> None:
     )(tune_callback)
 
     @app.callback(output=Output("tune-progress-text", "children"),
-                  inputs={"store": Input("run-store", "data"), "form_values": {k: Input(k, "value") for k in DEFAULT_FORM}})
-    def work(store, form_values):
+                  inputs={"store": Input("run-store", "data"), "tab": Input("tab", "value"),
+                          "form_values": {k: Input(k, "value") for k in DEFAULT_FORM}})
+    def work(store, tab, form_values):
+        if tab != "tune":  # only the open Tab's Run can start a search
+            return no_update
         return work_text((store or {}).get("kwargs") if (store or {}).get("ok") else None, form_values)
 
     @app.callback(Output("tune_params", "placeholder"), Input("policy", "value"))
