@@ -333,7 +333,7 @@ def display_figures(result: Result, heat: str = "headroom") -> tuple:
     tl.update_layout(uirevision=str(result.scenario.workload))
     tl.update_traces(marker={"size": 5, "opacity": 0.75}, selector={"mode": "markers"})
     hm = figures.layer_heatmap(result, value=heat if heat in st.HEAT_VALUES else "headroom", max_columns=HEAT_COLUMNS)
-    hm.update_layout(uirevision=str(result.scenario.workload))
+    hm.update_layout(uirevision=str(result.scenario.workload), yaxis_title="layer and tensor")
     return style(tl), style(hm)
 
 
