@@ -330,34 +330,42 @@ def realloc_steps(result: Result) -> int:
 def display_figures(result: Result, heat: str = "headroom") -> tuple:
     """The timeline and per-layer heatmap as the dashboard draws them (decimated for display)."""
     tl = figures.timeline(result, max_points=TIMELINE_POINTS, max_events=MAX_EVENTS, reallocations=True)
-    tl.update_layout(uirevision=str(result.scenario.workload))
     tl.update_traces(marker={"size": 5, "opacity": 0.75}, selector={"mode": "markers"})
     hm = figures.layer_heatmap(result, value=heat if heat in st.HEAT_VALUES else "headroom", max_columns=HEAT_COLUMNS)
-    hm.update_layout(uirevision=str(result.scenario.workload), yaxis_title="layer and tensor")
-    return style(tl), style(hm)
+    keep = {"uirevision": str(result.scenario.workload)}  # zoom and legend clicks survive a changed control
+    return style(tl, keep), style(hm, {**keep, "yaxis": {"title": {"text": "layer and tensor"}}})
 
 
 #: Every axis: full numbers with thousands separators, log axes included (2,000, not "2" after 1,000).
 TICKS = ",~f"
 
 
-def style(fig):
+def style(fig, layout: dict | None = None):
     """The dashboard's look for a plotly figure, the same in every workspace: axis numbers with thousands
     separators (and in full on log axes), the legend in one row under the plot, the figure as wide as its box
     (never a fixed width), the title small. Returns the figure (changed in place); a plain-dict figure (a
-    placeholder) is returned as it is."""
+    placeholder) is returned as it is. ``layout``: more of the layout to set in the same update (plotly validates
+    each update: a few ms apiece)."""
     if isinstance(fig, dict):
         return fig
-    fig.update_layout(separators=".,", width=None, height=None, autosize=True, title_font_size=14,
-                      title_x=0.01, title_xanchor="left", margin={"t": 48, "l": 64, "r": 16, "b": 40},
-                      legend={"orientation": "h", "x": 0, "xanchor": "left", "yref": "container", "y": 0,
-                              "yanchor": "bottom", "title": None})
-    fig.update_xaxes(tickformat=TICKS, automargin=True)
-    fig.update_yaxes(tickformat=TICKS, automargin=True)
-    # on a log axis, plotly labels 1, 2 and 5 of each decade (not every digit) when given them: 100, 200, 500, 1,000
-    fig.update_xaxes(dtick="D2", selector={"type": "log"})
-    fig.update_yaxes(dtick="D2", selector={"type": "log"})
-    fig.update_traces(colorbar_tickformat=TICKS, selector={"type": "heatmap"})
+    extra = layout or {}
+    layout = {"separators": ".,", "width": None, "height": None, "autosize": True,
+              "title": {"font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+              "margin": {"t": 48, "l": 64, "r": 16, "b": 40},
+              "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container", "y": 0,
+                         "yanchor": "bottom", "title": {"text": None}}}
+    for name, axis in fig.layout.to_plotly_json().items():
+        if name.startswith(("xaxis", "yaxis")):
+            # on a log axis plotly labels 1, 2 and 5 of each decade when given them: 100, 200, 500, 1,000
+            layout[name] = {"tickformat": TICKS, "automargin": True, **({"dtick": "D2"} if axis.get("type") == "log"
+                                                                        else {})}
+    layout.setdefault("xaxis", {"tickformat": TICKS, "automargin": True})
+    layout.setdefault("yaxis", {"tickformat": TICKS, "automargin": True})
+    for key, value in extra.items():
+        layout[key] = {**layout[key], **value} if isinstance(value, dict) and key in layout else value
+    fig.update_layout(layout)
+    if any(t.type == "heatmap" for t in fig.data):
+        fig.update_traces(colorbar_tickformat=TICKS, selector={"type": "heatmap"})
     return fig
 
 
@@ -460,8 +468,8 @@ def compare_view(kwargs: dict | None, state: dict, quantity: str = "allocated") 
         message = "" if errors else "Choose a policy for run B to compare it with run A (the main controls)."
         return CompareView(ok=False, errors=errors, message=message)
     quantity = quantity if quantity in st.QUANTITIES else "allocated"
-    fig = style(figures.compare(results, labels, quantity=quantity, max_points=TIMELINE_POINTS))
-    fig.update_layout(uirevision=str(base.scenario.workload))
+    fig = style(figures.compare(results, labels, quantity=quantity, max_points=TIMELINE_POINTS),
+                {"uirevision": str(base.scenario.workload)})
     return CompareView(ok=True, errors=errors, figure=fig, labels=labels, rows=figures.delta_table(results, labels))
 
 
