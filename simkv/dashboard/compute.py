@@ -369,21 +369,43 @@ def style(fig, layout: dict | None = None):
     return fig
 
 
-def no_room_notice(result: Result) -> str:
+def at_least(n: float) -> str:
+    """A size as :func:`format_bytes` writes it, but rounded up: a device memory given as this holds ``n``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{math.ceil(n * 100 / size) / 100:.2f} {unit}"
+    return f"{math.ceil(n)} B"
+
+
+def no_room_notice(result: Result, kwargs: dict) -> str:
     """Why a run that ran out of memory at its first step has nothing to draw, and the fix, in one line; ``""``
-    for any other run (a later out-of-memory keeps its partial run, with a warning)."""
+    for any other run (a later out-of-memory keeps its partial run, with a warning).
+
+    The fix is a device memory on which the whole session runs as it would with no limit: its weights plus the
+    peak the session allocates when memory does not limit it (the session run again on the dashboard's largest
+    device: cached, and within the same limits), over the policy's ``headroom_limit`` where it has one. On
+    that much no allocation comes near the limit, so the policy sizes every buffer as on the unlimited device
+    (simkv/engine/oom.py: headroom ends once weights + allocated + the new buffer reach headroom_limit x device
+    memory), and the peak fits. Less may do (near the limit the policy gives less headroom, which may or may not
+    fit), so it is named as what runs the session, not as the least that does."""
     if result.oom is None or result.oom.step != 0:
         return ""
     s = result.scenario
-    kv = s.precision.kv_bytes_per_token(s.model) * longest_history(s.workload)
-    need = format_bytes(s.weights_memory + kv)
     if s.weights_memory >= s.device_memory:
         why = (f"{s.model.name}'s weights ({format_bytes(s.weights_memory)}) do not fit the device memory "
                f"({format_bytes(s.device_memory)})")
     else:
         why = f"the first step does not fit: {result.oom}"
-    return (f"Nothing to show: {why}. Fix: a device memory of at least {need} (the weights and this session's "
-            f"{format_bytes(kv)} of KV, before any headroom), or a smaller model, prompt or KV precision.")
+    other = "a smaller model, prompt or KV precision"
+    try:
+        unlimited = run({**kwargs, "device_memory": str(st.MAX_DEVICE_BYTES)})
+    except st.Invalid:  # over the dashboard's limits once memory no longer stops it
+        return f"Nothing to show: {why}. Fix: more device memory, or {other}."
+    peak, limit = unlimited.metrics.peak_allocated_bytes, s.policy.headroom_limit
+    need = (s.weights_memory + peak) / (limit or 1)
+    under = f" stay under the policy's headroom limit, {100 * limit:g} % of the memory" if limit else ""
+    return (f"Nothing to show: {why}. Fix: {at_least(need)} of device memory runs the whole session (its weights and "
+            f"its KV cache's peak of {format_bytes(peak)}{under}), or {other}.")
 
 
 #: What the status line and the device memory's error line say when the run has no room (the notice says why).
@@ -408,7 +430,7 @@ def main_view(state: dict) -> MainView:
             return no_room(err.notice, start)
         return MainView(ok=False, errors=err.errors, status=st.invalid_status(err.errors),
                         elapsed_ms=1000 * (time.perf_counter() - start))
-    notice = no_room_notice(result)
+    notice = no_room_notice(result, kwargs)
     if notice:
         return no_room(notice, start)
     tl, hm = display_figures(result, state.get("heat", "headroom"))
