@@ -86,6 +86,13 @@ def _policies():
     return tuple(REGISTRY)
 
 
+def _serving(name: str):
+    """The library's own list of ``name`` (``SCHEDULERS``, ``MEMORIES``): one it gains shows up here."""
+    from simkv.serving import run
+
+    return tuple(getattr(run, name))
+
+
 #: The Serving workspace's form, in page order. To add a control: one Field here (its URL key, label, default,
 #: choices, when it applies) and, in :func:`command`, the ``simkv run`` flag it becomes.
 FIELDS = (
@@ -101,7 +108,7 @@ FIELDS = (
     Field("sv_precision", "KV precision", st.DEFAULT, lambda: ((st.DEFAULT, "default"), *PRECISIONS),
           hint="default: the runtime's for the device (paged) or the policy's"),
     Field("sv_device", "device", "h100-sxm", _devices),
-    Field("sv_memory", "memory", "paged", ("paged", "contiguous"), hint="GenAI block pool, or per-request buffers",
+    Field("sv_memory", "memory", "paged", lambda: _serving("MEMORIES"), hint="GenAI block pool, or per-request buffers",
           section="Memory"),
     Field("sv_policy", "buffer policy", DEFAULT_POLICY, _policies, shown=lambda v: not _paged(v)),
     Field("sv_policy_opts", "policy options", "", hint="key=value, … e.g. max_prompt_len=4096",
@@ -111,7 +118,7 @@ FIELDS = (
           hint="dynamic: grows with the load", shown=_paged),
     Field("sv_pool_size", "pool size", "", hint="blocks, or GiB",
           shown=lambda v: _paged(v) and v.get("sv_pool") != "dynamic"),
-    Field("sv_scheduler", "scheduler", "continuous", ("continuous", "static", "sequential"), section="Scheduler"),
+    Field("sv_scheduler", "scheduler", "continuous", lambda: _serving("SCHEDULERS"), section="Scheduler"),
     Field("sv_static_batch", "static batch", "8", numeric=True,
           shown=lambda v: not _paged(v) and v.get("sv_scheduler") == "static"),
     Field("sv_max_num_seqs", "max_num_seqs", "256", hint="requests running at once", numeric=True),
