@@ -74,6 +74,11 @@ def _synthetic(v: dict) -> bool:
     return v.get("sv_workload") == "synthetic"
 
 
+def _batches(v: dict) -> bool:
+    """Whether requests run side by side, up to max_num_seqs: paged memory, or continuous contiguous buffers."""
+    return _paged(v) or v.get("sv_scheduler") == "continuous"
+
+
 def _devices():
     from simkv.cost import DEVICES
 
@@ -113,16 +118,20 @@ FIELDS = (
     Field("sv_policy", "buffer policy", DEFAULT_POLICY, _policies, shown=lambda v: not _paged(v)),
     Field("sv_policy_opts", "policy options", "", hint="key=value, … e.g. max_prompt_len=4096",
           placeholder="the policy's defaults", shown=lambda v: not _paged(v)),
-    Field("sv_block_size", "block size (tokens)", "32", numeric=True, shown=_paged),
-    Field("sv_pool", "pool", "dynamic", (("dynamic", "dynamic"), ("blocks", "num_kv_blocks"), ("gib", "cache size")),
-          hint="dynamic: grows with the load", shown=_paged),
+    Field("sv_block_size", "block size (tokens)", "", placeholder="the scheduler's: 32, vLLM 16", numeric=True,
+          shown=_paged),
+    Field("sv_pool", "pool", "dynamic", (("dynamic", "the scheduler's"), ("blocks", "num_kv_blocks"),
+                                         ("gib", "cache size")),
+          hint="GenAI's grows with the load; vLLM's is its share of the device less the weights", shown=_paged),
     Field("sv_pool_size", "pool size", "", hint="blocks, or GiB",
           shown=lambda v: _paged(v) and v.get("sv_pool") != "dynamic"),
     Field("sv_scheduler", "scheduler", "continuous", lambda: _serving("SCHEDULERS"), section="Scheduler"),
     Field("sv_static_batch", "static batch", "8", numeric=True,
           shown=lambda v: not _paged(v) and v.get("sv_scheduler") == "static"),
-    Field("sv_max_num_seqs", "max_num_seqs", "256", hint="requests running at once", numeric=True),
-    Field("sv_max_num_batched_tokens", "batched tokens", "256", hint="max_num_batched_tokens per step", numeric=True),
+    Field("sv_max_num_seqs", "max_num_seqs", "", hint="requests running at once", numeric=True,
+          placeholder="the scheduler's: 256, vLLM the device's", shown=_batches),
+    Field("sv_max_num_batched_tokens", "batched tokens", "", hint="max_num_batched_tokens per step", numeric=True,
+          placeholder="the scheduler's: 256, vLLM the device's", shown=_paged),
 )
 KEYS = tuple(f.key for f in FIELDS)
 DEFAULTS = defaults(FIELDS)
@@ -151,6 +160,11 @@ def _number(values: dict, key: str, lo: int, hi: float, whole: bool = True):
     if number > hi:
         raise ValueError(f"at most {hi:,g} in the dashboard (use `simkv run` for more)")
     return int(number) if whole else number
+
+
+def _optional(values: dict, key: str, lo: int, hi: float):
+    """:func:`_number`, or None for an empty field (the command's own default)."""
+    return _number(values, key, lo, hi) if str(values.get(key) or "").strip() else None
 
 
 def _lengths(text: str) -> str:
@@ -217,12 +231,14 @@ def command(values: dict) -> list[str]:
         check("sv_prompt_dist", _lengths, v["sv_prompt_dist"])
         check("sv_output_dist", _lengths, v["sv_output_dist"])
         check("sv_seed", _number, v, "sv_seed", 0, MAX_SEED)
-    check("sv_max_num_seqs", _number, v, "sv_max_num_seqs", 1, MAX_SEQS)
-    check("sv_max_num_batched_tokens", _number, v, "sv_max_num_batched_tokens", 1, MAX_BATCHED_TOKENS)
+    if _batches(v):
+        check("sv_max_num_seqs", _optional, v, "sv_max_num_seqs", 1, MAX_SEQS)
     if paged:
-        check("sv_block_size", _number, v, "sv_block_size", 1, MAX_BLOCK_SIZE)
-        if v["sv_scheduler"] != "continuous" and "sv_scheduler" not in errors:
-            errors["sv_scheduler"] = "paged memory is GenAI's continuous batching: choose continuous, or contiguous memory"
+        check("sv_max_num_batched_tokens", _optional, v, "sv_max_num_batched_tokens", 1, MAX_BATCHED_TOKENS)
+        check("sv_block_size", _optional, v, "sv_block_size", 1, MAX_BLOCK_SIZE)
+        if v["sv_scheduler"] not in ("continuous", "vllm") and "sv_scheduler" not in errors:
+            errors["sv_scheduler"] = ("paged memory runs under continuous batching, GenAI's or vLLM's: choose "
+                                      "continuous or vllm, or contiguous memory")
         if v["sv_pool"] == "blocks":
             check("sv_pool_size", _number, v, "sv_pool_size", 1, MAX_POOL_BLOCKS)
         elif v["sv_pool"] == "gib":
@@ -245,7 +261,8 @@ def command(values: dict) -> list[str]:
         argv += ["--precision", v["sv_precision"]]
     argv += ["--memory", v["sv_memory"], "--scheduler", v["sv_scheduler"]]
     if paged:
-        argv += ["--block-size", str(got["sv_block_size"])]
+        if got["sv_block_size"]:
+            argv += ["--block-size", str(got["sv_block_size"])]
         if v["sv_pool"] == "blocks":
             argv += ["--num-kv-blocks", str(got["sv_pool_size"])]
         elif v["sv_pool"] == "gib":
@@ -256,8 +273,12 @@ def command(values: dict) -> list[str]:
             argv += ["--policy-opt", f"{key}={value}"]
         if v["sv_scheduler"] == "static":
             argv += ["--static-batch", str(got["sv_static_batch"])]
-    argv += ["--max-num-seqs", str(got["sv_max_num_seqs"]), "--max-num-batched-tokens",
-             str(got["sv_max_num_batched_tokens"]), "--device", v["sv_device"]]
+    # only the flags the run uses, and those set (empty: the scheduler's own default)
+    if got.get("sv_max_num_seqs"):
+        argv += ["--max-num-seqs", str(got["sv_max_num_seqs"])]
+    if got.get("sv_max_num_batched_tokens"):
+        argv += ["--max-num-batched-tokens", str(got["sv_max_num_batched_tokens"])]
+    argv += ["--device", v["sv_device"]]
     return argv
 
 
