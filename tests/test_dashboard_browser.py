@@ -428,6 +428,7 @@ def test_switching_workspaces_keeps_each_ones_state_and_the_url(page):
     workspace(page, "Session")
     expect(page.locator("#prompt")).to_have_value("512")
     expect(page.locator("#pl_requests")).to_be_hidden()
+    expect(page).to_have_url(re.compile(r"\?prompt=512&pl_requests=30$"))  # the Session is the default: no ws
     page.go_back()  # back: the Plan workspace as it was
     expect(page.locator("#ws .tab--selected")).to_have_text("Plan")
     expect(page.locator("#pl_requests")).to_have_value("30")
