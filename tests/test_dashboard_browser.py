@@ -319,7 +319,8 @@ def test_tune_tab_runs_and_a_click_opens_the_point(page):
 
 
 def test_serving_tab_runs_and_follows_its_inputs(page):
-    open_app(page, "?sv_requests=40")
+    # the device and the KV precision given, so the numbers below do not move with the defaults
+    open_app(page, "?sv_requests=40&sv_device=h100-sxm&sv_precision=u8")
     workspace(page, "Serving")
     expect(page).to_have_url(re.compile(r"ws=serving"))
     fig = wait_figure(page, "sv-memory-graph", "memory over time: paged, 40 requests")
