@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Per workspace: its link, a Run button to press (or None), and the figure (and a text of its title) to wait for.
 SHOTS = {
     "session": ("?ws=session", None, ("timeline-graph", "openvino-gpu")),
-    "serving": ("?ws=serving&sv_requests=40&sv_pool=blocks&sv_pool_size=60", None,
-                ("sv-memory-graph", "memory over time")),
+    "serving": ("?ws=serving&sv_requests=40&sv_device=h100-sxm&sv_precision=u8&sv_pool=blocks&sv_pool_size=60",
+                None, ("sv-memory-graph", "memory over time")),
     "plan": ("?ws=plan&pl_requests=30&pl_max_devices=2", "#pl-run", ("pl-graph", "simkv plan")),
 }
 WAIT = """([id, text]) => { const gd = document.querySelector('#' + id + ' .js-plotly-plot');
