@@ -171,15 +171,17 @@ def test_the_table_fits_the_page_and_says_once_what_every_deployment_shares():
     1280 px page with its reason column read in full (the issue: the reason column was cut)."""
     view = pv.plan_view(form())
     ids = [c["id"] for c in view["columns"]]
-    assert view["shared"] == "every deployment: KV bf16, block 16, pool 0.9"
-    assert {"KV", "block", "pool"}.isdisjoint(ids) and ids[-1] == "reason"
+    assert view["shared"] == "every deployment: scheduler vllm, KV bf16, block 16, pool 0.9"
+    assert {"scheduler", "KV", "block", "pool"}.isdisjoint(ids) and ids[-1] == "reason"
     assert all((r["KV"], r["block"], r["pool"]) == ("bf16", 16, "0.9") for r in view["rows"])  # the rows keep them
     assert ids == ["note", "status", "devices", "device", "tp", "replicas", "router", "batched tokens", "cost",
                    "ttft_p99 (ms)", "tpot_p99 (ms)", "reason"]
     # a CPU and a GPU: two KV precisions, block sizes and pools, so those columns are back; one device each, so
     # no router (its column goes, and "-" is not worth a word)
     view = pv.plan_view(form(pl_requests="10", pl_max_devices="1", pl_devices=["xeon-8480", "h100-sxm"]))
-    assert {"KV", "block", "pool"} <= {c["id"] for c in view["columns"]} and view["shared"] == ""
+    assert {"scheduler", "KV", "block", "pool"} <= {c["id"] for c in view["columns"]} and view["shared"] == ""
+    assert [(r["device"], r["scheduler"]) for r in view["rows"][:3:2]] == [("xeon-8480", "continuous"),
+                                                                           ("h100-sxm", "vllm")]
     assert "router" not in {c["id"] for c in view["columns"]}
 
 
@@ -257,7 +259,7 @@ def test_plan_workspace_runs_and_shows_the_recommendation(app_page):
     expect(page.locator("#pl-run")).to_be_disabled()
     expect(page.locator("#pl-progress")).to_be_visible()
     expect(page.locator("#pl-progress")).to_contain_text("Searching 16 deployments × 30 requests")
-    expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, tp 1, 1 replica")
+    expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, vLLM scheduler, tp 1, 1 replica")
     expect(page.locator("#pl-run")).to_be_enabled()
     expect(page.locator("#pl-progress")).to_be_hidden()
     expect(page.locator("#pl-rec-detail")).to_contain_text("ttft_p99")

@@ -89,7 +89,7 @@ DEFAULTS = defaults(FIELDS)
 DEFAULT_FORM = DEFAULTS
 LABELS = {f.key: f.label for f in FIELDS}
 #: What makes a deployment (the columns of a plan row that say which deployment it is).
-DEPLOYMENT = ("device", "devices", "tp", "replicas", "router", "precision", "block_size", "pool",
+DEPLOYMENT = ("device", "scheduler", "devices", "tp", "replicas", "router", "precision", "block_size", "pool",
               "max_num_batched_tokens", "policy")
 
 
@@ -254,10 +254,11 @@ def _key(d: dict) -> tuple:
 
 
 #: Columns of the plan table: row key → header (the SLO latencies and the reason follow).
-TABLE_COLUMNS = {"note": "", "status": "status", "devices": "devices", "device": "device", "tp": "tp",
+TABLE_COLUMNS = {"note": "", "status": "status", "devices": "devices", "device": "device", "scheduler": "scheduler",
+                 "tp": "tp",
                  "replicas": "replicas", "router": "router", "KV": "KV", "block": "block", "pool": "pool",
                  "batched tokens": "batched", "cost": "cost"}
-TEXT_COLUMNS = {"note", "status", "device", "router", "KV", "pool", "reason"}
+TEXT_COLUMNS = {"note", "status", "device", "scheduler", "router", "KV", "pool", "reason"}
 RECOMMENDED = "★"
 
 
@@ -277,7 +278,7 @@ def table(result) -> tuple[list[dict], list[dict], str]:
     rows = []
     for _, r, status, reason in found:
         row = {"note": RECOMMENDED if rec is not None and r is rec else "", "status": status, "devices": r["devices"],
-               "device": r["device"], "tp": r["tp"], "replicas": r["replicas"], "router": r["router"],
+               "device": r["device"], "scheduler": r.get("scheduler", ""), "tp": r["tp"], "replicas": r["replicas"], "router": r["router"],
                "KV": r["precision"], "block": r["block_size"], "pool": r["pool"],
                "batched tokens": r["max_num_batched_tokens"], "cost": round(result.cost(r), 4)}
         for s in slo:
@@ -287,7 +288,7 @@ def table(result) -> tuple[list[dict], list[dict], str]:
         rows.append(row)
     headers = {**TABLE_COLUMNS, "cost": "$/h" if result.prices else "cost (devices)",
                **{f"{s.name} (ms)": f"{s.name} (ms)" for s in slo}, "reason": "reason"}
-    constant = {k: rows[0][k] for k in ("device", "router", "KV", "block", "pool", "batched tokens")
+    constant = {k: rows[0][k] for k in ("device", "scheduler", "router", "KV", "block", "pool", "batched tokens")
                 if rows and all(r[k] == rows[0][k] for r in rows)}
     shared = ", ".join(f"{headers[k]} {v}" for k, v in constant.items() if v != "-")  # "-": no router (one replica)
     columns = [{"name": name, "id": k, "type": "text" if k in TEXT_COLUMNS else "numeric",
