@@ -56,6 +56,8 @@ class ModelSpec:
     #: Mamba-2 layers instead (Granite-4-H, Nemotron-H): (heads H, head size P, groups G, state size N, conv kernel
     #: K); the mixer's inner size is H x P (:meth:`layer_roles`).
     mamba_dims: tuple[int, int, int, int, int] | None = None
+    #: Mamba-1 layers instead (Jamba): (inner size I, state size N, conv kernel K, time-step rank R).
+    mamba1_dims: tuple[int, int, int, int] | None = None
     #: The recurrent state's dtype where vLLM keeps it in another than the model's (Nemotron-H's
     #: ``mamba_ssm_cache_dtype``); "": the model's dtype.
     ssm_dtype: str = ""
@@ -128,6 +130,10 @@ class ModelSpec:
                 isinstance(v, int) and v > 0 for v in self.mamba_dims)):
             raise ConfigError("mamba_dims are five positive integers (heads, head size, groups, state size, conv "
                               f"kernel), got {self.mamba_dims!r}")
+        if self.mamba1_dims is not None and (len(self.mamba1_dims) != 4 or not all(
+                isinstance(v, int) and v > 0 for v in self.mamba1_dims)):
+            raise ConfigError("mamba1_dims are four positive integers (inner size, state size, conv kernel, time-step "
+                              f"rank), got {self.mamba1_dims!r}")
         if self.moe_at and (len(set(self.moe_at)) != len(self.moe_at) or not all(
                 isinstance(i, int) and 0 <= i < self.layers for i in self.moe_at)
                 or self.layers - len(self.moe_at) != self.dense_layers or not self.experts):
@@ -196,7 +202,11 @@ class ModelSpec:
           ``MambaMixer2.__init__``, transformers ``NemotronHMamba2Mixer`` / ``GraniteMoeHybridMambaLayer``):
           ``in_proj`` hidden x (2 I + 2 G N + H) (z, x, B, C, dt), the depthwise ``conv1d`` (I + 2 G N) x K,
           ``out_proj`` I x hidden; its ``A_log``, ``D``, ``dt_bias`` (H each) and gated norm (I) are vectors, left
-          out as every norm and bias is;
+          out as every norm and bias is; Mamba-1 (``mamba1_dims`` = (I, N, K, R); vLLM mamba_mixer.py
+          ``MambaMixer.__init__``, transformers ``JambaMambaMixer``): ``in_proj`` hidden x 2 I (x, z), the depthwise
+          ``conv1d`` I x K, ``x_proj`` I x (R + 2 N) (dt, B, C), ``dt_proj`` R x I, the state matrix ``A_log`` I x N
+          (vLLM keeps it as float32 ``A``; counted here at the layer's format, < 0.01 % of Jamba's weights),
+          ``out_proj`` I x hidden; ``D`` (I) and the dt/B/C norms are vectors, left out;
         - none: a layer that reads another layer's KV (``reuses``) has that layer's projections; one without
           attention has none.
 
@@ -217,10 +227,14 @@ class ModelSpec:
             inner, conv_dim = heads * head, heads * head + 2 * groups * state
             out["attn_in"] = h * (inner + conv_dim + heads) + conv_dim * kernel
             out["attn_out"] = inner * h
+        elif layer.kind == "linear" and self.mamba1_dims:
+            inner, state, kernel, rank = self.mamba1_dims
+            out["attn_in"] = h * 2 * inner + inner * kernel + inner * (rank + 2 * state) + rank * inner + inner * state
+            out["attn_out"] = inner * h
         elif layer.kind == "linear":
             if self.linear_dims is None:
                 raise ConfigError(f"model {self.name}: the weights of its linear-attention layers are not sized "
-                                  "(no Gated DeltaNet, short-conv or Mamba-2 dimensions: Mamba-1 is not counted)")
+                                  "(no Gated DeltaNet, short-conv, Mamba-1 or Mamba-2 dimensions)")
             kh, vh, dk, dv, kernel = self.linear_dims
             out["attn_in"] = h * (2 * kh * dk + 2 * vh * dv) + h * 2 * vh + (2 * kh * dk + vh * dv) * kernel
             out["attn_out"] = vh * dv * h
@@ -518,6 +532,9 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
     mamba = model.mamba_dims
     if mamba is not None:  # MambaMixer2: heads and groups column-parallel (state dims whole)
         mamba = (split(mamba[0], "Mamba heads"), mamba[1], split(mamba[2], "Mamba groups"), *mamba[3:])
+    mamba1 = model.mamba1_dims
+    if mamba1 is not None:  # MambaMixer: every projection split by the inner channels (the state size and rank whole)
+        mamba1 = (split(mamba1[0], "Mamba inner size"), *mamba1[1:])
     return replace(
         model, heads=heads, kv_heads=kv_heads, hidden=model.hidden or model.heads * model.head_dim,
         layer_kv=tp_layers(model.layer_kv, tp) if model.layer_kv else (),
@@ -525,4 +542,4 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
         layer_intermediate=tuple(split(v, "MLP intermediate size") for v in model.layer_intermediate),
         expert_intermediate=split(model.expert_intermediate, "expert intermediate size") if model.experts else 0,
         shared_intermediate=split(model.shared_intermediate, "shared-expert intermediate size"),
-        vocab=vocab, linear_dims=linear, mamba_dims=mamba, tp=tp)
+        vocab=vocab, linear_dims=linear, mamba_dims=mamba, mamba1_dims=mamba1, tp=tp)

@@ -131,6 +131,7 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         linear_dims=_linear_dims(c) if family and family.state is gated_delta_net else None,
         short_conv=c.int("conv_L_cache", limits.MAX_HEAD_DIM) if family and family.short_conv else 0,
         mamba_dims=family.mamba_dims(c) if family and family.mamba_dims else None,
+        mamba1_dims=family.mamba1_dims(c) if family and family.mamba1_dims else None,
         mlp_matrices=family.mlp_matrices if family else 3,
         ssm_dtype=family.ssm_dtype(c) if family and family.ssm_dtype else "",
         weights_refused=family.weights_refused(c) if family and family.weights_refused else "",
