@@ -56,6 +56,11 @@ class ModelSpec:
     #: Mamba-2 layers instead (Granite-4-H, Nemotron-H): (heads H, head size P, groups G, state size N, conv kernel
     #: K); the mixer's inner size is H x P (:meth:`layer_roles`).
     mamba_dims: tuple[int, int, int, int, int] | None = None
+    #: Attention's query projection also yields an output gate (Qwen3-Next / 3.5 / 3.6 ``attn_output_gate``): q_proj
+    #: is twice as wide.
+    attn_output_gate: bool = False
+    #: Full-attention layers whose values are their keys (Gemma-4 ``attention_k_eq_v``): no v_proj.
+    full_k_eq_v: bool = False
     #: Mamba-1 layers instead (Jamba): (inner size I, state size N, conv kernel K, time-step rank R).
     mamba1_dims: tuple[int, int, int, int] | None = None
     #: The recurrent state's dtype where vLLM keeps it in another than the model's (Nemotron-H's
@@ -207,8 +212,17 @@ class ModelSpec:
           ``conv1d`` I x K, ``x_proj`` I x (R + 2 N) (dt, B, C), ``dt_proj`` R x I, the state matrix ``A_log`` I x N
           (vLLM keeps it as float32 ``A``; counted here at the layer's format, < 0.01 % of Jamba's weights),
           ``out_proj`` I x hidden; ``D`` (I) and the dt/B/C norms are vectors, left out;
-        - none: a layer that reads another layer's KV (``reuses``) has that layer's projections; one without
-          attention has none.
+        - an attention layer's q doubles with ``attn_output_gate`` (transformers ``Qwen3NextAttention`` /
+          ``Qwen3_5Attention``: q_proj hidden x heads x head_dim x 2, query and gate; vLLM qwen3_next.py
+          ``QKVParallelLinear(..., total_num_heads * (1 + attn_output_gate))``); a full layer of ``full_k_eq_v``
+          has no v_proj (transformers modeling_gemma4.py ``Gemma4TextAttention.__init__``: ``v_proj = None`` where
+          ``attention_k_eq_v`` and not sliding; the checkpoint ships k_proj only — vLLM gemma4.py loads that K into
+          the K and V slots of its ``QKVParallelLinear``, so its resident copy holds the V-sized slot too, which
+          this count, the checkpoint's, leaves out);
+        - none: a layer that reads another layer's KV (``reuses``) has only that layer's q and o projections
+          (transformers ``Gemma4TextAttention.__init__``: "Layers sharing kv states don't need any weight
+          matrices" beyond q_proj / o_proj; vLLM gemma4.py builds a bare q_proj for a KV-shared layer); one
+          without attention has none.
 
         MLP: ``mlp_matrices x hidden x intermediate`` for a dense layer (every layer of a dense model, the first
         ``dense_layers`` of a MoE, or those ``moe_at`` does not name; ``layer_intermediate`` where sizes differ,
@@ -216,7 +230,8 @@ class ModelSpec:
         shared experts (``mlp_matrices x hidden x shared_intermediate``) and the router (hidden x experts).
         """
         layer = self.kv_layers[index]
-        if layer.kind == "none" and layer.reuses is not None:
+        shares_kv = layer.kind == "none" and layer.reuses is not None
+        if shares_kv:
             layer = self.kv_layers[layer.reuses]
         h = self.hidden
         out = dict.fromkeys(LAYER_ROLES, 0)
@@ -251,7 +266,10 @@ class ModelSpec:
                 out["attn_in"] += self.q_lora_rank * n * d + h * d + h * n
             out["attn_out"] = heads * layer.v_dim * h
         else:
-            out["attn_in"] = h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)
+            q = h * self.heads * layer.k_dim * (2 if self.attn_output_gate else 1)
+            kv = 0 if shares_kv else h * layer.kv_heads * (
+                layer.k_dim if self.full_k_eq_v and layer.kind == "full" else layer.k_dim + layer.v_dim)
+            out["attn_in"] = q + kv
             out["attn_out"] = self.heads * layer.v_dim * h
         if not (index in self.moe_at if self.moe_at else index >= self.layers - self.moe_layers):
             size = self.layer_intermediate[index] if self.layer_intermediate else self.intermediate

@@ -370,6 +370,38 @@ def test_state_and_latent_shapes_equal_a_real_forward(tmp_path, name):
         assert spec_model.weight_params == params
 
 
+WEIGHT_VARIANTS = {
+    # Gemma-4: k_eq_v full layers (no v_proj) and two KV-shared layers (q_proj and o_proj only)
+    "gemma4_k_eq_v_shared": {"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 6,
+                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                             "global_head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+                             "num_kv_shared_layers": 2, "intermediate_size": 96, "sliding_window": 8,
+                             "hidden_size_per_layer_input": 0,
+                             "layer_types": ["sliding_attention", "full_attention"] * 3},
+    # Qwen3.5: q_proj with the output gate (x 2) beside Gated DeltaNet layers
+    "qwen3_5_output_gate": {"model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 4,
+                            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                            "intermediate_size": 96, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                            "linear_key_head_dim": 8, "linear_value_head_dim": 8},
+}
+
+
+@pytest.mark.transformers
+@needs_hf
+@pytest.mark.parametrize("name", WEIGHT_VARIANTS)
+def test_weight_matrices_equal_transformers(tmp_path, name):
+    """simkv's weight matrices equal those of the model transformers builds from the config: every parameter of two
+    or more dimensions (norms and biases left out, as simkv does)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = write(tmp_path, {"vocab_size": 96, **WEIGHT_VARIANTS[name]})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config))
+    params = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    assert hfconfig.load_config(config).weight_params == params
+
+
 # -- malformed configs: one line, exit 2 --------------------------------------------------------------------------
 
 GOOD = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}

@@ -343,6 +343,26 @@ def test_jamba_mamba1_state_and_weights_by_hand():
     assert m.moe_at[:2] == (1, 3) and m.layer_roles(4)["attn_in"] == 4_096 * 4_096 + 4_096 * 2 * 1_024
 
 
+def test_output_gate_and_k_eq_v_attention_weights_by_hand(tmp_path):
+    """Qwen3.5-27B's full layer 3 (hidden 5,120; 24 heads, 4 KV heads, head_dim 256; attn_output_gate): q_proj
+    5,120 x 24 x 256 x 2 (query and gate) = 62,914,560 + k, v 5,120 x 4 x 512 = 10,485,760 = 73,400,320; o_proj
+    24 x 256 x 5,120 = 31,457,280. Gemma-4-26B-A4B's full layer 5 (hidden 2,816; 16 heads; global_head_dim 512,
+    2 global KV heads; attention_k_eq_v): q 2,816 x 16 x 512 = 23,068,672 + k only 2,816 x 2 x 512 = 2,883,584 =
+    25,952,256; its sliding layer 0 (8 KV heads x 256): q 11,534,336 + k, v 2,816 x 8 x 512 = 11,534,336. A
+    Qwen3.5 file that turns the gate off is refused: vLLM reads it, transformers always gates."""
+    qwen = hfconfig.load_config(UPSTREAM / "Qwen--Qwen3.5-27B_config.json")
+    assert (qwen.layer_roles(3)["attn_in"], qwen.layer_roles(3)["attn_out"]) == (73_400_320, 31_457_280)
+    gemma = hfconfig.load_config(UPSTREAM / "google--gemma-4-26B-A4B_config.json")
+    assert (gemma.layer_roles(5)["attn_in"], gemma.layer_roles(5)["attn_out"]) == (25_952_256, 23_068_672)
+    assert gemma.layer_roles(0)["attn_in"] == 23_068_672
+    raw = json.loads((UPSTREAM / "Qwen--Qwen3.5-27B_config.json").read_text())
+    raw["text_config"]["attn_output_gate"] = False
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="attn_output_gate False: vLLM then builds no output gate") as err:
+        hfconfig.load_config(tmp_path)
+    assert "\n" not in str(err.value)
+
+
 def test_granite_mamba2_weights_and_one_vllm_state_rule(tmp_path):
     """A Granite-4-H config (hidden 64; layers mamba, attention, mamba, mamba; mamba_n_heads 8, mamba_d_head auto =
     2 x 64 / 8 = 16, groups 2, d_state 12, d_conv 3; bf16) is sized by ``simkv models --model`` (it failed on its

@@ -57,7 +57,7 @@ FAMILIES = {
                            "max_position_embeddings": 131072, "sliding_window": 512, "attention_k_eq_v": False,
                            "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
                            "hidden_size_per_layer_input": 256},
-                          layers=gemma4_layers, aliases={"top_k_experts": "num_experts_per_tok"},
+                          layers=gemma4_layers, k_eq_v=lambda c: bool(c.get("attention_k_eq_v")), aliases={"top_k_experts": "num_experts_per_tok"},
                           reads=("global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
                                  "num_kv_shared_layers", "enable_moe_block", "top_k_experts", "num_experts",
                                  "moe_intermediate_size", "use_double_wide_mlp", "hidden_size_per_layer_input",

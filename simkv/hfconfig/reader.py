@@ -132,6 +132,8 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         short_conv=c.int("conv_L_cache", limits.MAX_HEAD_DIM) if family and family.short_conv else 0,
         mamba_dims=family.mamba_dims(c) if family and family.mamba_dims else None,
         mamba1_dims=family.mamba1_dims(c) if family and family.mamba1_dims else None,
+        attn_output_gate=bool(family and family.output_gate and family.output_gate(c)),
+        full_k_eq_v=bool(family and family.k_eq_v and family.k_eq_v(c)),
         mlp_matrices=family.mlp_matrices if family else 3,
         ssm_dtype=family.ssm_dtype(c) if family and family.ssm_dtype else "",
         weights_refused=family.weights_refused(c) if family and family.weights_refused else "",
