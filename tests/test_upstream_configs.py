@@ -133,6 +133,14 @@ EXPECTED = {
 FILES = sorted(p for p in UPSTREAM.glob("*_config.json") if not p.name.endswith("hf_quant_config.json"))
 
 
+def models_json(path) -> dict:
+    """``simkv models --model PATH --json``, run as a user runs it (exit 0)."""
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_every_shipped_upstream_config_is_listed():
     assert sorted(p.name[: -len("_config.json")] for p in FILES) == sorted(EXPECTED)
 
@@ -231,10 +239,7 @@ def test_index_cache_layers_keep_no_indexer_key(tmp_path):
     (1,152 B): 21 x 1,284 + 57 x 1,152 = 26,964 + 65,664 = 92,628 B per token; the indexer weights only on the 21.
     An indexer_types list that disagrees with vLLM's rule is refused in one line."""
     path = UPSTREAM / "zai-org--GLM-5.3_config.json"
-    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+    d = models_json(path)
     assert d["kv_bytes_per_token"]["vllm"] == 92_628
     with_key, without = d["groups"]
     assert with_key["layers"] == [0, 1, 2, *range(6, 78, 4)] and with_key["bytes_per_token"]["vllm"] == 26_964
@@ -328,10 +333,7 @@ def test_jamba_mamba1_state_and_weights_by_hand():
     from simkv.commands.models import describe_model
 
     path = UPSTREAM / "ai21labs--AI21-Jamba-1.5-Mini_config.json"
-    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+    d = models_json(path)
     assert d["kv_bytes_per_token"]["vllm"] == 16_384
     assert d["state_bytes_per_sequence"] == describe_model(str(path))["state_bytes_per_sequence"]
     assert (d["state_bytes_per_sequence"]["vllm"], d["state_bytes_per_sequence"]["transformers"]) == (
@@ -379,10 +381,7 @@ def test_granite_mamba2_weights_and_one_vllm_state_rule(tmp_path):
                                 "mamba_d_state": 12, "mamba_n_groups": 2, "mamba_d_conv": 3, "num_local_experts": 0,
                                 "intermediate_size": 96, "shared_intermediate_size": 96, "vocab_size": 100,
                                 "dtype": "bfloat16", "layers_block_type": ["mamba", "attention", "mamba", "mamba"]}))
-    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+    d = models_json(path)
     assert d["state_bytes_per_sequence"]["vllm"] == 11_328
     m = hfconfig.load_config(path)
     assert m.layer_roles(0)["attn_in"] + m.layer_roles(0)["attn_out"] == 19_968 + 528 + 8_192
