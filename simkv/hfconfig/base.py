@@ -220,6 +220,12 @@ class Family:
     num_layers: Callable[[Config], int] | None = None
     #: Mamba-2 layers' (heads, head size, groups, state size, conv kernel), for their weights and vLLM's conv.
     mamba_dims: Callable[[Config], tuple[int, int, int, int, int]] | None = None
+    #: ModelSpec.attn_output_gate / full_k_eq_v from the config (a q_proj with an output gate; full layers with
+    #: no v_proj).
+    output_gate: Callable[[Config], bool] | None = None
+    k_eq_v: Callable[[Config], bool] | None = None
+    #: Mamba-1 layers' (inner, state size, conv kernel, time-step rank), for their weights and vLLM's conv.
+    mamba1_dims: Callable[[Config], tuple[int, int, int, int]] | None = None
     #: Matrices per MLP and expert: 3 gated (SwiGLU), 2 for a plain up/down MLP (Nemotron-H's relu²).
     mlp_matrices: int = 3
     #: The recurrent state's dtype vLLM keeps where it is not the model's (Nemotron-H's mamba_ssm_cache_dtype).

@@ -25,6 +25,17 @@ def gated_delta_net(c: Config) -> tuple[int, int]:
     return (2 * hk * dk + hv * dv) * kernel, hv * dk * dv
 
 
+def output_gate(c: Config) -> bool:
+    """Every full-attention layer's q_proj yields the query and an output gate: transformers builds it so always
+    (modeling_qwen3_next.py / modeling_qwen3_5.py ``q_proj``: heads x head_dim x 2), vLLM where
+    ``getattr(config, "attn_output_gate", True)`` (qwen3_next.py ``Qwen3NextAttention``): a file that turns it
+    off is one the two runtimes build differently, refused."""
+    if c.get("attn_output_gate", True) is not True:
+        raise c.fail(f"attn_output_gate {c.get('attn_output_gate')!r}: vLLM then builds no output gate, transformers "
+                     "always one; simkv follows neither alone")
+    return True
+
+
 def _types(c: Config, n: int, window) -> list[str]:
     return every(c, "full_attention_interval", 4, "linear_attention", n)
 
@@ -41,19 +52,19 @@ FAMILIES = {
                           "max_position_embeddings": 32768, "num_experts": 512, "num_experts_per_tok": 10,
                           "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
                           "mlp_only_layers": None, "decoder_sparse_step": 1, **_GDN},
-                         types=_types, state=gated_delta_net, reads=_READS,
+                         types=_types, state=gated_delta_net, reads=_READS, output_gate=output_gate,
                          source="transformers 5.23 configuration_qwen3_next.py, modeling_qwen3_next.py"),
     "qwen3_5_text": Family({"num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
                             "intermediate_size": 12288, "vocab_size": 248320, "tie_word_embeddings": False,
                             "max_position_embeddings": 32768, **_GDN},
-                           types=_types, state=gated_delta_net, reads=_READS, ssm_dtype=_QWEN3_5_SSM,
+                           types=_types, state=gated_delta_net, reads=_READS, output_gate=output_gate, ssm_dtype=_QWEN3_5_SSM,
                            source="transformers 5.23 configuration_qwen3_5.py Qwen3_5TextConfig; vLLM "
                                   "models/config.py Qwen3_5ForConditionalGenerationConfig"),
     "qwen3_5_moe_text": Family({"num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
                                 "vocab_size": 248320, "tie_word_embeddings": False, "max_position_embeddings": 32768,
                                 "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
                                 "num_experts_per_tok": 8, "num_experts": 256, **_GDN},
-                               types=_types, state=gated_delta_net, reads=_READS, ssm_dtype=_QWEN3_5_SSM,
+                               types=_types, state=gated_delta_net, reads=_READS, output_gate=output_gate, ssm_dtype=_QWEN3_5_SSM,
                                source="transformers 5.23 configuration_qwen3_5_moe.py Qwen3_5MoeTextConfig; vLLM "
                                       "models/config.py Qwen3_5ForConditionalGenerationConfig"),
 }
