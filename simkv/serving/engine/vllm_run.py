@@ -3,8 +3,8 @@
 
 In such a run (``Scheduler.schedule`` / ``update_from_output``, ``vllm/v1/core/sched/scheduler.py``, vLLM 0.33.0;
 rules S1–S9 and K1–K3 of docs/research/vllm-scheduler.md) every running request decodes one token per step, the
-requests still in their prompt take the rest of the token budget in running order, nothing is preempted and
-nothing is admitted; a request that samples its ``max_tokens``-th token finishes and frees its blocks at the end
+requests still in their prompt take the rest of the token budget in running order, nothing is preempted, and
+only arrivals that vLLM admits at their own step are admitted (below); a request that samples its ``max_tokens``-th token finishes and frees its blocks at the end
 of that step. Planned with numpy: per request the tokens, context and blocks per step (:func:`planned_run._schedule`,
 the same arithmetic as GenAI's quiet runs), the step costs through the one vectorised cost model
 (:meth:`planned_run.Run.time`), then carried out (:func:`commit`): the blocks are taken and freed through vLLM's own
@@ -25,11 +25,22 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
   free queue only shrinks inside ``schedule()``); the step that does not is a preemption and ends the run.
   Freed blocks go to the free queue's front (``free_blocks`` → ``prepend_n``), table reversed, in scheduled order;
   new ones come off its front (``popleft_n``): replayed through :class:`VllmBlockPool` itself.
-* Waiting requests stay waiting (no admission in a run): a step with budget left and fewer than ``max_num_seqs``
-  running tries the queue's head, and that try must fail — its whole sequence does not fit the free blocks
-  (``full_sequence_must_fit``, ``scheduler_reserve_full_isl``): a failed try changes nothing. The step where it
-  would fit ends the run. Arrivals end the run too (the step they arrive at goes the step-by-step way: GenAI's
-  joins, :mod:`.joins`, are not reused).
+* Waiting requests (S2, S4): a step with no preemption (``if not preempted_reqs``), budget left and fewer than
+  ``max_num_seqs`` running (``max_num_active_reqs``) tries the queue's head in ``schedule()``'s waiting loop, and
+  admits it where its whole sequence fits the free blocks after the running
+  requests' allocations of that step (``kv_cache_manager.allocate_slots(..., full_sequence_must_fit=True)`` under
+  ``scheduler_reserve_full_isl``: ``get_num_blocks_to_allocate(num_tokens=full_num_tokens)`` against the free
+  blocks);
+  a failed try ``break``s the loop and changes nothing. A request waiting when the run starts stays waiting: the
+  step where it would be admitted ends the run (:func:`_first_bad`).
+* Arrivals (:func:`_join`; ``add_request`` before the step's ``schedule()``, S7: ``FCFSRequestQueue`` appends): one arriving to an empty queue is that step's head; where the try above admits it, it joins the run
+  (``self.running.append(request)``, last in running order: it takes ``min(prompt, budget left)`` tokens, then the
+  budget the requests before it leave — vLLM's order and the planned arithmetic's agree, as every prompt ahead of it
+  completes before it gets a token); where the try fails it waits and becomes the head the later steps try (the
+  run goes on while those tries fail). One arriving behind a waiting request waits (the loop breaks at the head).
+  Under the priority policy (S7: a heap ordered by ``Request.__lt__``) an arrival that would share the queue with another
+  waiting request ends the run. The cut is made at the first step with a preemption, a decode token past the
+  budget, nobody scheduled, or an admission by the head; arrivals at or after it arrive the step-by-step way.
 * ``long_prefill_token_threshold`` > 0 caps every chunk (when more than one request is eligible): no run.
 * No request reaches ``max_model_len`` (the engine's is unbounded: it stops at ``max_new_tokens``).
 """
