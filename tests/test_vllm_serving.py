@@ -204,6 +204,24 @@ def test_vllm_fast_path_equals_reference(case):
     assert all(walked)
 
 
+def fast_equals_reference(model, reqs, blocks: int, **kw):
+    """The workload through ``--engine fast`` and the reference (fresh requests each); asserts the two equal byte
+    for byte — step table, request table, ledger, vLLM's pool after it (free queue order, references) — and returns
+    the fast engine and its step table."""
+    out, engines = [], []
+    for fast in (True, False):
+        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
+                                     arrival_s=r.arrival_s, priority=r.priority) for r in reqs], blocks, **kw)
+        groups, steps, _, seconds = eng.run(fast=fast)
+        v = eng.sched.v
+        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
+                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
+        engines.append((eng, steps))
+    assert out[0] == out[1]
+    return engines[0]
+
+
 @pytest.mark.parametrize("shape,blocks,seqs,policy,gap", [("uniform", 2000, 64, "fcfs", 0.02),
                                                           ("deepseek_v3", 2000, 64, "fcfs", 0.02),
                                                           ("uniform", 60, 6, "priority", 2e-7)])
@@ -218,19 +236,8 @@ def test_vllm_planned_runs_are_taken(shape, blocks, seqs, policy, gap):
         t += float(rng.exponential(gap))
         reqs.append(Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_s=t,
                             priority=int(rng.integers(0, 3))))
-    model = shape_model(shape)
-    out, engines = [], []
-    for fast in (True, False):
-        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_s=r.arrival_s, priority=r.priority)
-                             for r in reqs], blocks, max_num_seqs=seqs, scheduling_policy=policy)
-        groups, steps, _, seconds = eng.run(fast=fast)
-        v = eng.sched.v
-        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
-                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
-                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
-        engines.append((eng, steps))
-    assert out[0] == out[1]
-    (fast_eng, steps), _ = engines
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=seqs,
+                                            scheduling_policy=policy)
     planned = len(steps) - fast_eng.slow_steps
     assert planned > 0.6 * len(steps), (planned, len(steps))
     if blocks == 60:  # the queue waited (and a tight pool preempted) inside this workload
@@ -262,20 +269,8 @@ def test_vllm_arrivals_join_planned_runs(shape, blocks, policy, monkeypatch):
         t += float(rng.exponential(20))
         reqs.append(Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_step=int(t),
                             priority=int(rng.integers(0, 3))))
-    model = shape_model(shape)
-    out, engines = [], []
-    for fast in (True, False):
-        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
-                                     priority=r.priority) for r in reqs], blocks, max_num_seqs=64,
-                     scheduling_policy=policy)
-        groups, steps, _, seconds = eng.run(fast=fast)
-        v = eng.sched.v
-        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
-                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
-                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
-        engines.append((eng, steps))
-    assert out[0] == out[1]
-    (fast_eng, steps), _ = engines
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=64,
+                                            scheduling_policy=policy)
     assert fast_eng.slow_steps < 0.15 * len(steps), (fast_eng.slow_steps, len(steps))
     assert counts["admitted"] > 50, counts
     if blocks == 60 and policy == "fcfs":  # the queue waited inside runs
