@@ -204,6 +204,24 @@ def test_vllm_fast_path_equals_reference(case):
     assert all(walked)
 
 
+def fast_equals_reference(model, reqs, blocks: int, **kw):
+    """The workload through ``--engine fast`` and the reference (fresh requests each); asserts the two equal byte
+    for byte — step table, request table, ledger, vLLM's pool after it (free queue order, references) — and returns
+    the fast engine and its step table."""
+    out, engines = [], []
+    for fast in (True, False):
+        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
+                                     arrival_s=r.arrival_s, priority=r.priority) for r in reqs], blocks, **kw)
+        groups, steps, _, seconds = eng.run(fast=fast)
+        v = eng.sched.v
+        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
+                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
+        engines.append((eng, steps))
+    assert out[0] == out[1]
+    return engines[0]
+
+
 @pytest.mark.parametrize("shape,blocks,seqs,policy,gap", [("uniform", 2000, 64, "fcfs", 0.02),
                                                           ("deepseek_v3", 2000, 64, "fcfs", 0.02),
                                                           ("uniform", 60, 6, "priority", 2e-7)])
@@ -218,20 +236,42 @@ def test_vllm_planned_runs_are_taken(shape, blocks, seqs, policy, gap):
         t += float(rng.exponential(gap))
         reqs.append(Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_s=t,
                             priority=int(rng.integers(0, 3))))
-    model = shape_model(shape)
-    out, engines = [], []
-    for fast in (True, False):
-        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_s=r.arrival_s, priority=r.priority)
-                             for r in reqs], blocks, max_num_seqs=seqs, scheduling_policy=policy)
-        groups, steps, _, seconds = eng.run(fast=fast)
-        v = eng.sched.v
-        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
-                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
-                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
-        engines.append((eng, steps))
-    assert out[0] == out[1]
-    (fast_eng, steps), _ = engines
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=seqs,
+                                            scheduling_policy=policy)
     planned = len(steps) - fast_eng.slow_steps
     assert planned > 0.6 * len(steps), (planned, len(steps))
     if blocks == 60:  # the queue waited (and a tight pool preempted) inside this workload
         assert steps["preemptions"].sum() > 0 and (steps["requests"] > steps["scheduled_requests"]).sum() > 100
+
+
+@pytest.mark.parametrize("shape,blocks,policy", [("uniform", 2000, "fcfs"), ("deepseek_v3", 2000, "fcfs"),
+                                                 ("uniform", 60, "fcfs"), ("uniform", 60, "priority")])
+def test_vllm_arrivals_join_planned_runs(shape, blocks, policy, monkeypatch):
+    """Arrivals inside a planned run under vLLM's rules (:func:`simkv.serving.engine.vllm_run._join`) join it where
+    vLLM's waiting loop admits them at their step, or wait through it where the try fails (a tight pool: the whole
+    prompt does not fit the free blocks), and the result is the reference's byte for byte; the runs are taken
+    (arrivals every ~20 steps, ~20 running at once: most arrivals land inside a run)."""
+    from simkv.serving.engine import vllm_run
+
+    counts = {"admitted": 0, "waiting": 0}
+    join = vllm_run._join
+
+    def counting(*args, **kwargs):
+        joiners = join(*args, **kwargs)
+        for j in joiners:
+            counts["admitted" if j.row is not None else "waiting"] += 1
+        return joiners
+
+    monkeypatch.setattr(vllm_run, "_join", counting)
+    rng = np.random.default_rng(3)
+    t, reqs = 0.0, []
+    for i in range(150):
+        t += float(rng.exponential(20))
+        reqs.append(Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_step=int(t),
+                            priority=int(rng.integers(0, 3))))
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=64,
+                                            scheduling_policy=policy)
+    assert fast_eng.slow_steps < 0.15 * len(steps), (fast_eng.slow_steps, len(steps))
+    assert counts["admitted"] > 50, counts
+    if blocks == 60 and policy == "fcfs":  # the queue waited inside runs
+        assert counts["waiting"] > 10, counts

@@ -680,12 +680,21 @@ class PagedServing:
         return len(joined)
 
     def _vllm_run(self, live: list[Group], pending: int) -> int | None:
-        """A quiet run of steps under vLLM's rules (:mod:`.vllm_run`), carried out; 0 (nobody joins it), or None."""
-        run = vllm_run.plan(self, live, pending)
-        if run is None:
+        """A quiet run of steps under vLLM's rules (:mod:`.vllm_run`), the arrivals inside it joining it or waiting
+        through it, carried out; returns how many arrived (appended to ``live``), or None."""
+        planned = vllm_run.plan(self, live, pending)
+        if planned is None:
             return None
-        self._carried(*vllm_run.commit(self, run, self.step))
-        return 0
+        run, joiners = planned
+        table, sampled = vllm_run.commit(self, run, joiners, self.step)
+        joined = [j.g for j in joiners]
+        self.groups.extend(joined)
+        live.extend(joined)
+        admitted = [j.g.index for j in joiners if j.row is not None]
+        if admitted:  # requests the run scheduled are no longer untouched
+            self.cold = max(self.cold, admitted[-1] + 1)
+        self._carried(table, sampled)
+        return len(joined)
 
     def _carried(self, table: dict, sampled: int) -> None:
         """A run's steps taken: its step-table columns and costs recorded, the clock and the step moved on."""

@@ -3,8 +3,8 @@
 
 In such a run (``Scheduler.schedule`` / ``update_from_output``, ``vllm/v1/core/sched/scheduler.py``, vLLM 0.33.0;
 rules S1–S9 and K1–K3 of docs/research/vllm-scheduler.md) every running request decodes one token per step, the
-requests still in their prompt take the rest of the token budget in running order, nothing is preempted and
-nothing is admitted; a request that samples its ``max_tokens``-th token finishes and frees its blocks at the end
+requests still in their prompt take the rest of the token budget in running order, nothing is preempted, and
+only arrivals that vLLM admits at their own step are admitted (below); a request that samples its ``max_tokens``-th token finishes and frees its blocks at the end
 of that step. Planned with numpy: per request the tokens, context and blocks per step (:func:`planned_run._schedule`,
 the same arithmetic as GenAI's quiet runs), the step costs through the one vectorised cost model
 (:meth:`planned_run.Run.time`), then carried out (:func:`commit`): the blocks are taken and freed through vLLM's own
@@ -25,34 +25,50 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
   free queue only shrinks inside ``schedule()``); the step that does not is a preemption and ends the run.
   Freed blocks go to the free queue's front (``free_blocks`` → ``prepend_n``), table reversed, in scheduled order;
   new ones come off its front (``popleft_n``): replayed through :class:`VllmBlockPool` itself.
-* Waiting requests stay waiting (no admission in a run): a step with budget left and fewer than ``max_num_seqs``
-  running tries the queue's head, and that try must fail — its whole sequence does not fit the free blocks
-  (``full_sequence_must_fit``, ``scheduler_reserve_full_isl``): a failed try changes nothing. The step where it
-  would fit ends the run. Arrivals end the run too (the step they arrive at goes the step-by-step way: GenAI's
-  joins, :mod:`.joins`, are not reused).
+* Waiting requests (S2, S4): a step with no preemption (``if not preempted_reqs``), budget left and fewer than
+  ``max_num_seqs`` running (``max_num_active_reqs``) tries the queue's head in ``schedule()``'s waiting loop, and
+  admits it where its whole sequence fits the free blocks after the running
+  requests' allocations of that step (``kv_cache_manager.allocate_slots(..., full_sequence_must_fit=True)`` under
+  ``scheduler_reserve_full_isl``: ``get_num_blocks_to_allocate(num_tokens=full_num_tokens)`` against the free
+  blocks);
+  a failed try ``break``s the loop and changes nothing. A request waiting when the run starts stays waiting: the
+  step where it would be admitted ends the run (:func:`_first_bad`).
+* Arrivals (:func:`_join`; ``add_request`` before the step's ``schedule()``, S7: ``FCFSRequestQueue`` appends): one arriving to an empty queue is that step's head; where the try above admits it, it joins the run
+  (``self.running.append(request)``, last in running order: it takes ``min(prompt, budget left)`` tokens, then the
+  budget the requests before it leave — vLLM's order and the planned arithmetic's agree, as every prompt ahead of it
+  completes before it gets a token); where the try fails it waits and becomes the head the later steps try (the
+  run goes on while those tries fail). One arriving behind a waiting request waits (the loop breaks at the head).
+  Under the priority policy (S7: a heap ordered by ``Request.__lt__``) an arrival that would share the queue with another
+  waiting request ends the run. The cut is made at the first step with a preemption, a decode token past the
+  budget, nobody scheduled, or an admission by the head; arrivals at or after it arrive the step-by-step way.
 * ``long_prefill_token_threshold`` > 0 caps every chunk (when more than one request is eligible): no run.
 * No request reaches ``max_model_len`` (the engine's is unbounded: it stops at ``max_new_tokens``).
 """
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
-from simkv.serving.engine.planned_run import KMAX, Run, _advance, _schedule
+from simkv.serving.engine.planned_run import JOINS_PER_RUN, KMAX, Run, _advance, _matrix, _schedule, prompt_share
 from simkv.serving.sched.vllm import FINISHED as V_FINISHED
 from simkv.serving.sched.vllm import GENERATED_ID
+from simkv.serving.sched.vllm import RUNNING as V_RUNNING
+from simkv.serving.sched.group import Group
 
 
-def plan(eng, live: list, pending: int) -> Run | None:
-    """The run the present requests make before the next arrival (``requests[pending]``), or None when the present
-    state allows no run of at least two steps. Reads the engine; changes nothing."""
+def plan(eng, live: list, pending: int) -> tuple[Run, list] | None:
+    """The run the present requests make, with the arrivals from ``requests[pending]`` on joining it or waiting
+    through it (:func:`_join`), or None when the present state allows no run of at least two steps. Returns the run
+    and its joiners (:class:`Joiner`, in arrival order). Reads the engine; changes nothing."""
     sched = eng.sched
     v = sched.v
     s = v.s
     if (not v.plain or s.long_prefill_token_threshold or eng.trace_requests or eng.observe is not None
             or not v.running or eng.tensors.total != eng.pool.total):
         return None
-    K = _horizon(eng, pending)
+    K = _horizon(eng)
     if K < 2:
         return None
     by_id = sched.by_id
@@ -93,63 +109,216 @@ def plan(eng, live: list, pending: int) -> Run | None:
         held += (ctx + (bs - 1)) // bs
     held = np.maximum(held, nb[:, None]) * alive
     used = v.pool.used() - int(nb.sum()) + held.sum(axis=0)  # after each step's allocations, before its frees
-    room = v.pool.num_blocks - 1
-    bad = used > room  # a preemption
     new = tok.sum(axis=0)
-    bad |= new == 0  # (every step schedules someone: the run ends after the last request's last step)
-    if v.waiting:  # the head's try must fail wherever it is made
-        head = v._peek()
-        whole = sum(-(-head.num_tokens // bs) for bs in sizes)
-        running = alive.sum(axis=0)  # (the finished leave running in update_from_output, after the step)
-        tried = (budget - new > 0) & (running < s.max_num_seqs)
-        bad |= tried & (whole <= room - used)
-    if bad.any():
-        K = int(bad.argmax())
-        if K < 2:
-            return None
+    # the waiting queue's head, tried at every step from the first (FCFS: the queue's first; priority: the heap's)
+    head = np.full(K, NONE, dtype=np.int64)
+    if v.waiting:
+        head[:] = _whole(v._peek().num_tokens, sizes)
+    K = _first_bad(v, used, new, alive.sum(axis=0), head)
+    if K < 2:
+        return None
     pairs_m, seen = eng.work.arrays(tok, ctx)
     sampled = (tok > 0) & (ctx >= P[:, None])
     run = Run(K=K, tok=[tok[:, :K]], ctx=[ctx[:, :K]], held=[held[:, :K]], alive=[alive[:, :K]],
               sampled=[sampled[:, :K]], nb=nb.tolist(), fin=fin.tolist(), start=start.tolist(), dec=dec.tolist(),
-              nd=nd[:K], taken=taken[:K], used=used[:K], new=new[:K], pairs=pairs_m.sum(axis=0)[:K],
-              kvr=seen.sum(axis=0)[:K], logits=sampled.sum(axis=0)[:K],
+              nd=nd[:K].copy(), taken=taken[:K].copy(), used=used[:K].copy(), new=new[:K].copy(),
+              pairs=pairs_m.sum(axis=0)[:K], kvr=seen.sum(axis=0)[:K], logits=sampled.sum(axis=0)[:K],
               decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
                             if eng.timer.decode_rate_differs else None), ahead=pending, rows=rows,
               passive=len(v.waiting))
     run.time(eng.timer, eng.t)
-    if not eng.by_step:  # a step starting at or after the next arrival (or a router's limit) is not the run's
-        stop = eng.limit
-        if pending < len(eng.requests):
-            stop = min(stop, eng.requests[pending].arrival_s)
-        k = int(np.searchsorted(run.times[:-1], stop)) + 1  # step k starts at times[k - 1]
+    if not eng.by_step:  # a step starting at or after a router's limit is not the run's
+        k = int(np.searchsorted(run.times[:-1], eng.limit)) + 1  # step k starts at times[k - 1]
         run.cut(k)
         if run.K < 2:
             return None
-    return run
+    joiners = _join(eng, run, pending, alive.sum(axis=0)[:run.K].copy(), head[:run.K].copy(), sizes)
+    if run.K < 2:
+        return None
+    return run, joiners
 
 
-def _horizon(eng, pending: int) -> int:
-    """Steps a run may take: at most KMAX, before the next arrival (in steps), the step limit and the stall bound."""
-    K = min(KMAX, eng.max_steps - eng.step, eng.progress_step + eng.stall_limit + 1 - eng.step)
-    if eng.by_step and pending < len(eng.requests):
-        K = min(K, eng.requests[pending].arrival_step - eng.step)
-    return K
+#: No request waits (the head's whole sequence, in blocks, where one does).
+NONE = 1 << 62
 
 
-def commit(eng, run: Run, step0: int):
-    """Carry the run out from step ``step0``: blocks taken and freed through vLLM's pool in its order (per step each
-    scheduled request's new blocks in running order, group by group; then the finished requests' tables freed in
-    scheduled order), vLLM's requests and the engine's advanced. Returns the step-table columns and the tokens
-    sampled."""
+def _whole(tokens: int, sizes: list) -> int:
+    """The blocks of a whole sequence of ``tokens`` in every group (``full_sequence_must_fit``)."""
+    return sum(-(-tokens // bs) for bs in sizes)
+
+
+def _first_bad(v, used, new, running, head) -> int:
+    """The first step a run cannot take (its length where every step can): a preemption (the blocks held after the
+    step's allocations pass the pool's), a step scheduling nobody, or a waiting head that is tried — budget left and
+    fewer than ``max_num_seqs`` running (the finished leave ``running`` in ``update_from_output``, after the step)
+    — and whose whole sequence fits the free blocks (it would be admitted)."""
+    room = v.pool.num_blocks - 1
+    s = v.s
+    tried = (s.max_num_batched_tokens - new > 0) & (running < s.max_num_seqs)
+    bad = (used > room) | (new == 0) | tried & (head <= room - used)
+    return int(bad.argmax()) if bad.any() else len(used)
+
+
+class Joiner:
+    """An arrival inside a run: its engine group, the run step it arrives at, and its row when vLLM admits it
+    (None: it waits through the run)."""
+
+    __slots__ = ("g", "k", "row")
+
+    def __init__(self, g, k: int, row: int | None) -> None:
+        self.g, self.k, self.row = g, k, row
+
+
+def _join(eng, run: Run, pending: int, running, head, sizes: list) -> list:
+    """The arrivals from ``requests[pending]`` on that arrive inside ``run``, each added to vLLM's waiting queue at
+    its step (``Scheduler.add_request``; before that step's ``schedule()``), in arrival order:
+
+    * admitted at its step (a row of the run from there on) where ``schedule()``'s waiting loop would admit it —
+      the queue was empty (it is the head), no preemption in the step (the run has none), budget left after the
+      running requests and those admitted before it, fewer than ``max_num_seqs`` running, and its whole prompt's
+      blocks fit the free blocks after the step's allocations (``allocate_slots(..., full_sequence_must_fit=True)``).
+      It takes ``min(prompt, budget left)`` tokens, and later the budget the running requests before it leave (it
+      is last in ``running``); the run is cut where its blocks or decode token no longer fit;
+    * left waiting (it is the queue's head, or behind one: the waiting loop ``break``s at the head) where the try
+      fails: the run goes on while every later try of the head fails too (:func:`_first_bad`), as before.
+
+    Under the priority policy an arrival that would share the heap with another waiting request ends the run (the
+    heap's order, not the arrival's, picks the head). The run ends at an arrival after :data:`JOINS_PER_RUN`."""
+    v = eng.sched.v
+    s = v.s
+    reqs = eng.requests
+    budget = s.max_num_batched_tokens
+    room = v.pool.num_blocks - 1
+    waiting = bool(v.waiting)
+    joiners: list[Joiner] = []
+    index = pending
+    while index < len(reqs) and run.K >= 2:
+        req = reqs[index]
+        if eng.by_step:
+            k = req.arrival_step - eng.step
+        else:  # step k starts at times[k - 1]: the first step starting at or after the arrival
+            k = int(np.searchsorted(run.times[:-1], req.arrival_s)) + 1
+        if k >= run.K:
+            break
+        if len(joiners) >= JOINS_PER_RUN or (s.policy == "priority" and (waiting or (
+                index + 1 < len(reqs) and _step_of(eng, run, reqs[index + 1]) == k))):
+            run.cut(k)
+            break
+        g = Group(req, index, eng.prompts[index])
+        if g.n != 1:
+            run.cut(k)
+            break
+        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
+        g.added_step = eng.step + k
+        whole = _whole(g.P, sizes)
+        admit = (not waiting and budget - run.new[k] > 0 and running[k] < s.max_num_seqs
+                 and whole <= room - run.used[k])
+        if admit:
+            _add_row(eng, run, g, k, running, sizes)
+            joiners.append(Joiner(g, k, len(run.fin) - 1))
+        else:
+            if not waiting:
+                head[k:] = whole
+                waiting = True
+            joiners.append(Joiner(g, k, None))
+        index += 1
+    K = min(run.K, _first_bad(v, run.used[:run.K], run.new[:run.K], running[:run.K], head[:run.K]))
+    if not eng.by_step and K >= 2:  # (the joiners' work lengthened the steps after theirs: a router's limit again)
+        K = min(K, int(np.searchsorted(run.times[:K - 1], eng.limit)) + 1)
+    run.cut(K)
+    while joiners and joiners[-1].k >= run.K:  # (the run was cut at or before their arrival)
+        if joiners.pop().row is not None:
+            for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled):
+                rows.pop()
+            for col in (run.nb, run.fin, run.start, run.dec):
+                col.pop()
+    return joiners
+
+
+def _step_of(eng, run: Run, req) -> int:
+    """The run step a request arrives at."""
+    if eng.by_step:
+        return req.arrival_step - eng.step
+    return int(np.searchsorted(run.times[:-1], req.arrival_s)) + 1
+
+
+def _add_row(eng, run: Run, g, k: int, running, sizes: list) -> None:
+    """An admitted arrival's row from step ``k`` on, added to the run's sums (``running``: requests in vLLM's
+    ``running`` per step). It is last in ``running``: its tokens are the budget the others leave, until its prompt is
+    scheduled (:func:`planned_run.prompt_share`), then one per step until its ``max_tokens``-th sample. The run is
+    cut at the first step where its decode token passes the budget (the decoders before it take theirs first);
+    preemptions are the caller's (:func:`_first_bad`)."""
+    budget = eng.sched.v.s.max_num_batched_tokens
+    K = run.K
+    n = K - k
+    got, decodes = prompt_share(np.maximum(budget - run.new[k:K], 0), g.P, g.G)
+    tok = got.copy()
+    alive = np.ones(n, dtype=bool)
+    sampled = np.zeros(n, dtype=bool)
+    if decodes:  # it samples from the step its prompt completes, decodes in steps s .. f after k
+        s, f = decodes
+        start, fin = k + s, k + f
+        tok[s:f + 1] += 1
+        alive[f + 1:] = False
+        sampled[s - 1:f + 1] = True
+        run.nd[k + s:k + f + 1] += 1
+    else:  # still in its prompt
+        start = fin = KMAX
+    ctx = np.add.accumulate(tok)
+    held = np.zeros_like(ctx)
+    for bs in sizes:
+        held += (ctx + (bs - 1)) // bs
+    held *= alive
+    pairs, seen = eng.work.arrays(tok, ctx)
+    run.add_row(k, tok, ctx, held, alive, sampled, fin, start)
+    run.taken[k:K] += got
+    run.used[k:K] += held
+    run.new[k:K] += tok
+    running[k:K] += alive
+    run.pairs[k:K] += pairs
+    run.kvr[k:K] += seen
+    run.logits[k:K] += sampled
+    if run.decode_pairs is not None:
+        run.decode_pairs[k:K] += np.where(tok == 1, pairs, 0)
+    run.retime(eng.timer, k)
+    over = run.new[k:K] > budget
+    if over.any():
+        run.cut(k + int(over.argmax()))
+
+
+def _horizon(eng) -> int:
+    """Steps a run may take: at most KMAX, the step limit and the stall bound (arrivals join it: :func:`_join`)."""
+    return min(KMAX, eng.max_steps - eng.step, eng.progress_step + eng.stall_limit + 1 - eng.step)
+
+
+def commit(eng, run: Run, joiners: list, step0: int):
+    """Carry the run out from step ``step0``: the joiners added to vLLM's waiting queue (``add_request``) and to the
+    engine, the admitted ones moved to ``running`` (last, in arrival order); blocks taken and freed through vLLM's
+    pool in its order (per step each scheduled request's new blocks in running order, group by group; then the
+    finished requests' tables freed in scheduled order); vLLM's requests and the engine's advanced. Returns the
+    step-table columns and the tokens sampled."""
     sched = eng.sched
     v = sched.v
     K = run.K
-    tok, ctx, held, alive, sampled = (m[0][:, :K] for m in (run.tok, run.ctx, run.held, run.alive, run.sampled))
+    tok, ctx, held, alive, sampled = (_matrix(m, K) for m in (run.tok, run.ctx, run.held, run.alive, run.sampled))
     fin = np.array(run.fin, dtype=np.int64)
     running = list(v.running)
+    waits = np.zeros(K, dtype=np.int64)  # joiners waiting, per step
+    for j in joiners:
+        sched.add_group(j.g)
+        if j.row is None:
+            waits[j.k:] += 1
+            continue
+        r = v.requests[str(j.g.index)]
+        v.waiting.remove(r)  # (the head: it arrived to an empty queue, or after the others admitted at its step)
+        r.status = V_RUNNING
+        running.append(r)
+    if v.s.policy == "priority":
+        heapq.heapify(v.waiting)
+    held_start = np.array(run.nb, dtype=np.int64)
     inc = held.copy()
     inc[:, 1:] -= held[:, :-1]
-    inc[:, 0] -= np.array(run.nb, dtype=np.int64)
+    inc[:, 0] -= held_start
     kk, jj = np.nonzero((inc > 0).T)  # allocations, step by step, running order
     fj = np.flatnonzero(fin < K)
     key_k = np.concatenate((kk, fin[fj]))
@@ -175,10 +344,10 @@ def commit(eng, run: Run, step0: int):
             r.status = V_FINISHED
             del v.requests[r.id]
             del sched.by_id[r.id]
-    if len(fj):
-        gone = set(fj.tolist())
-        v.running[:] = [r for j, r in enumerate(running) if j not in gone]
-    n_sampled = _advance(run.rows, ctx, sampled, np.array(run.dec), fin, run.times[:K], K, step0)
+    gone = set(fj.tolist())
+    v.running[:] = [r for j, r in enumerate(running) if j not in gone]
+    rows = run.rows + [j.g for j in joiners if j.row is not None]
+    n_sampled = _advance(rows, ctx, sampled, np.array(run.dec), fin, run.times[:K], K, step0)
     used = run.used[:K]
     alloc_b = eng.pool.total * eng.block_bytes
     in_use = used * eng.block_bytes
@@ -187,7 +356,7 @@ def commit(eng, run: Run, step0: int):
         bs = gt.block_size
         used_b += np.where(alive, ctx // bs * real + ctx % bs * real // bs, 0).sum(axis=0)
     table = {
-        "step": step0 + np.arange(K), "time_s": run.times[:K], "requests": alive.sum(axis=0) + run.passive,
+        "step": step0 + np.arange(K), "time_s": run.times[:K], "requests": alive.sum(axis=0) + run.passive + waits,
         "scheduled_requests": (tok > 0).sum(axis=0), "blocks_used": used, "blocks_total": eng.pool.total,
         "allocated_bytes": alloc_b, "used_bytes": used_b, "step_s": run.sec[:K], "scheduled_tokens": run.new[:K],
         "peak_bytes": alloc_b, "reserved_bytes": alloc_b - in_use, "internal_bytes": in_use - used_b,

@@ -16,7 +16,7 @@ Rules (docs/research/vllm-scheduler.md, K1–K5):
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 NULL = 0
 
@@ -26,12 +26,15 @@ def cdiv(a: int, b: int) -> int:
 
 
 class VllmBlockPool:
-    """``BlockPool`` with its free queue: an ordered dict of free block ids (front = next handed out)."""
+    """``BlockPool`` with its free queue of block ids (front = next handed out): an ordered dict with prefix caching
+    (a prefix hit takes a block out of the queue's middle, ``touch``), a deque without (blocks leave only at the
+    front and return only to it: ``popleft_n`` and ``prepend_n`` at C speed)."""
 
     def __init__(self, num_blocks: int, prefix_caching: bool) -> None:
         self.num_blocks = num_blocks
         self.caching = prefix_caching
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.free_queue = (OrderedDict.fromkeys(range(1, num_blocks)) if prefix_caching
+                           else deque(range(1, num_blocks)))
         self.ref = [0] * num_blocks
         self.hash_of: list = [None] * num_blocks
         #: (block hash, group id) -> the cached blocks with it, first cached first (``cached_block_hash_to_block``).
@@ -54,6 +57,14 @@ class VllmBlockPool:
     def get_new_blocks(self, n: int) -> list[int]:
         if n > len(self.free_queue):
             raise ValueError(f"cannot get {n} free blocks from the pool")
+        if not self.caching:
+            pop, ref = self.free_queue.popleft, self.ref
+            out = [pop() for _ in range(n)]
+            for b in out:
+                ref[b] = 1
+            if out:
+                self.touched = max(self.touched, max(out) + 1)
+            return out
         out = []
         for _ in range(n):
             b, _ = self.free_queue.popitem(last=False)
@@ -92,6 +103,13 @@ class VllmBlockPool:
 
     def free_blocks(self, ordered) -> int:
         """Returns how many of the blocks another table still holds (shared once less)."""
+        if not self.caching:  # (every block is one table's: refs 1 -> 0, all to the front in the given order)
+            first = [b for b in ordered if b != NULL]
+            ref = self.ref
+            for b in first:
+                ref[b] -= 1
+            self.free_queue.extendleft(reversed(first))
+            return 0
         first, last = [], []
         still_held = 0
         for b in ordered:
