@@ -66,6 +66,9 @@ class ModelSpec:
     weights_refused: str = ""
     #: The weights' dtype in the config (``torch_dtype``), the KV dtype of transformers; "" if not given.
     dtype: str = ""
+    #: What vLLM's ``--kv-cache-dtype auto`` becomes for this checkpoint (simkv.weights.vllm_auto_kv_dtype): "fp8"
+    #: for a ModelOpt or compressed-tensors checkpoint with an FP8 KV cache, "nvfp4"; "": the model's dtype.
+    vllm_kv_dtype: str = ""
     #: Where the numbers come from (a config file, a published config).
     source: str = ""
     #: The context the model was trained for (``max_position_embeddings``); 0: not given.
@@ -451,6 +454,22 @@ def checkpoint_weights_precision(model: ModelSpec) -> str:
     without a dtype: f16; 2 B per parameter either way)."""
     if model.weight_scheme is not None:
         return CHECKPOINT
+    return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
+
+
+def vllm_kv_precision(model: ModelSpec) -> str:
+    """The KV precision vLLM keeps with ``--kv-cache-dtype auto`` (its default): the checkpoint's KV format where
+    its quantization config names one (:attr:`ModelSpec.vllm_kv_dtype`: fp8), else the model dtype
+    (vllm/utils/torch_utils.py ``get_kv_cache_torch_dtype``: bf16 for a bfloat16 config, else f16). One rule for
+    ``simkv run --scheduler vllm``, ``simkv tune-serving`` and ``simkv plan``'s vLLM devices."""
+    if model.vllm_kv_dtype == "fp8":
+        if any(layer.indexer for layer in model.kv_layers):
+            raise ConfigError(f"model {model.name}: its checkpoint asks vLLM for an fp8 KV cache, which vLLM lays out "
+                              "per sparse-MLA backend (fp8_ds_mla) for a model with an indexer: not modelled")
+        return "fp8"
+    if model.vllm_kv_dtype:
+        raise ConfigError(f"model {model.name}: its checkpoint asks vLLM for a {model.vllm_kv_dtype} KV cache, "
+                          "which simkv does not model; give --precision")
     return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
 
 

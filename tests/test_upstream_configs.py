@@ -289,7 +289,8 @@ def test_nemotron_h_56b_dense_mlp_layers_and_latent_moe_weights_refused():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    assert d["kv_bytes_per_token"]["vllm"] == 8 * 2 * 2 * 128 * 2 and "moe_latent_size" in d["weights"]["refused"]
+    # vLLM: fp8 KV (its hf_quant_config.json kv_cache_quant_algo FP8: vLLM's auto KV dtype), 1 B per element
+    assert d["kv_bytes_per_token"]["vllm"] == 8 * 2 * 2 * 128 * 1 and "moe_latent_size" in d["weights"]["refused"]
     super_ = hfconfig.load_config(UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4_config.json")
     with pytest.raises(ConfigError, match="its weights are not sized: Nemotron-H latent MoE") as err:
         super_.weight_params
@@ -332,3 +333,69 @@ def test_granite_mamba2_weights_and_one_vllm_state_rule(tmp_path):
     assert m.layer_roles(0)["attn_in"] + m.layer_roles(0)["attn_out"] == 19_968 + 528 + 8_192
     pool = paged_kv(m, get_precision("bf16"), 16, "vllm")
     assert sum(g.real_bytes for g in pool.groups if g.kind == "state") == 11_328
+
+
+def test_qwen3_5_recurrent_state_in_mamba_ssm_dtype_under_vllm(tmp_path):
+    """Qwen3.5-35B-A3B (40 layers, full_attention_interval 4: 30 Gated DeltaNet layers; Hk 16, Hv 32, dk = dv 128,
+    kernel 4; bf16; mamba_ssm_dtype float32). vLLM's Qwen3_5ForConditionalGenerationConfig.verify_and_update_config
+    (models/config.py) sets mamba_ssm_cache_dtype "auto" to the file's float32. Per layer: conv_dim
+    2 x 16 x 128 + 32 x 128 = 8,192, K - 1 = 3 columns x 2 B = 49,152; recurrent 32 x 128 x 128 = 524,288 x 4 B
+    = 2,097,152; 2,146,304 x 30 = 64,389,120 (it was 32,931,840 with the recurrent state at 2 B). Without the field
+    (or "auto") the model dtype: 49,152 + 1,048,576 = 1,097,728 x 30 = 32,931,840; a value vLLM does not take is
+    refused in one line."""
+    from simkv.commands.models import describe_model
+
+    path = UPSTREAM / "Qwen--Qwen3.5-35B-A3B_config.json"
+    assert describe_model(str(path))["state_bytes_per_sequence"]["vllm"] == 64_389_120
+    raw = json.loads(path.read_text())
+    for value in (None, "auto"):
+        raw["text_config"]["mamba_ssm_dtype"] = value
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+        assert describe_model(str(tmp_path / "config.json"))["state_bytes_per_sequence"]["vllm"] == 32_931_840
+    raw["text_config"]["mamba_ssm_dtype"] = "fp8"
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="mamba_ssm_dtype must be float32, bfloat16, float16 or auto") as err:
+        hfconfig.load_config(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_checkpoint_fp8_kv_is_vllms_auto_kv_dtype(tmp_path):
+    """vLLM 0.33's --kv-cache-dtype auto takes the checkpoint's KV format (vllm/utils/torch_utils.py
+    resolve_kv_cache_dtype_string: ModelOpt kv_cache_quant_algo FP8 → fp8_e4m3; attention.py Attention.__init__:
+    a compressed-tensors kv_cache_scheme → fp8). Llama-3.1-70B-Instruct-FP8 (hf_quant_config.json
+    kv_cache_quant_algo FP8): 80 layers x 2 x 8 heads x 128 x 1 B = 163,840 B per token under vLLM (bf16 for
+    transformers: 327,680). Qwen3.6-27B-NVFP4 (config.json kv_cache_scheme 8-bit float, dynamic false): 16 full
+    layers x 2 x 4 x 256 x 1 B = 32,768. Qwen3-32B-FP8 (quant_method fp8, no KV scheme): bf16, 16 x ... = 64 x 2 x
+    8 x 128 x 2 = 262,144. A compressed-tensors config with a kv_cache_scheme: fp8, 2 x 2 x 2 x 16 x 1 B = 128.
+    GLM-5-NVFP4 (fp8 KV on a sparse-MLA model: vLLM's fp8_ds_mla, per backend): vLLM's column null, the reason
+    given. serving's vLLM pool follows: one h100-sxm block of 16 tokens holds 16 x 163,840 = 2,621,440 B."""
+    from simkv.commands.models import describe_model
+
+    def vllm(path):
+        d = describe_model(str(path))
+        return d["kv_bytes_per_token"]["vllm"], d["kv_precision"]["vllm"]
+
+    assert vllm(UPSTREAM / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json") == (163_840, "fp8")
+    assert describe_model(str(UPSTREAM / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json"))[
+        "kv_bytes_per_token"]["transformers"] == 327_680
+    assert vllm(UPSTREAM / "nvidia--Qwen3.6-27B-NVFP4_config.json") == (32_768, "fp8")
+    assert vllm(UPSTREAM / "Qwen--Qwen3-32B-FP8_config.json") == (262_144, "bf16")
+    d = describe_model(str(UPSTREAM / "nvidia--GLM-5-NVFP4_config.json"))
+    assert d["kv_bytes_per_token"]["vllm"] is None and "fp8_ds_mla" in d["vllm_kv_refused"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+                                "dtype": "bfloat16", "quantization_config": {
+                                    "quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {"group_0": {
+                                        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+                                                                           "strategy": "tensor"}}},
+                                    "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                                        "dynamic": False, "symmetric": True}}}))
+    assert hfconfig.load_config(path).vllm_kv_dtype == "fp8"
+    run = [sys.executable, "-m", "simkv.cli", "run", "--model",
+           str(UPSTREAM / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json"), "--scheduler", "vllm", "--synthetic",
+           "--requests", "4", "--device", "h100-sxm"]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "under two 2,621,440-byte blocks" in out.stderr  # 70B FP8 fills one H100
+    out = subprocess.run([*run, "--precision", "bf16"], capture_output=True, text=True, timeout=120)
+    assert "under two 5,242,880-byte blocks" in out.stderr  # an explicit precision wins, as in vLLM

@@ -150,6 +150,19 @@ def alternate(c: Config, n: int, window) -> list[str]:
     return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
 
 
+def ssm_dtype_from(key: str) -> Callable[[Config], str]:
+    """The reader of a config field that names the recurrent state's dtype for vLLM (its ``MambaDType``:
+    vllm/config/cache.py; "auto" or absent: the model dtype, mamba_utils.py ``_mamba_state_dtype``)."""
+    def read(c: Config) -> str:
+        value = c.get(key)
+        if value in (None, "auto"):
+            return ""
+        if value not in ("float32", "bfloat16", "float16"):
+            raise c.fail(f"{key} must be float32, bfloat16, float16 or auto, got {_short(value)}")
+        return value
+    return read
+
+
 def mamba_inner(c: Config, expand_key: str = "mamba_expand") -> int:
     expand = c.int(expand_key, limits.MAX_HEADS)
     inner = expand * c.int("hidden_size", limits.MAX_WIDTH)

@@ -14,7 +14,7 @@ from simkv.hfconfig.qwen3_next import gated_delta_net
 from simkv.hfconfig.registry import FAMILIES, MODULE_OF, REFUSED, WRAPPERS
 from simkv.kvspec import LayerKV
 from simkv.models import ModelSpec
-from simkv.weights import scheme_of
+from simkv.weights import scheme_of, vllm_auto_kv_dtype
 
 
 def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
@@ -135,6 +135,7 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         ssm_dtype=family.ssm_dtype(c) if family and family.ssm_dtype else "",
         weights_refused=family.weights_refused(c) if family and family.weights_refused else "",
         dtype=_dtype(raw, text, c, quantized), source=source, weight_scheme=scheme,
+        vllm_kv_dtype=vllm_auto_kv_dtype(quant, hf_quant),
         context=c.int("max_position_embeddings", limits.MAX_TOKENS, default=0),
         layer_intermediate=family.per_layer_mlp(c, n) if family and family.per_layer_mlp else (),
     )
