@@ -53,7 +53,6 @@ import numpy as np
 
 from simkv.serving.engine.planned_run import JOINS_PER_RUN, KMAX, Run, _advance, _matrix, _schedule, prompt_share
 from simkv.serving.sched.vllm import FINISHED as V_FINISHED
-from simkv.serving.sched.vllm import GENERATED_ID
 from simkv.serving.sched.vllm import RUNNING as V_RUNNING
 from simkv.serving.sched.group import Group
 
@@ -291,6 +290,61 @@ def _horizon(eng) -> int:
     return min(KMAX, eng.max_steps - eng.step, eng.progress_step + eng.stall_limit + 1 - eng.step)
 
 
+def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
+    """The run's block events in vLLM's order (``kinds``/``js``/``slots``: 0 = allocate / 1 = free, the row, its
+    tokens after the step), through
+    vLLM's pool and group tables: an allocation takes ``cdiv(ctx, block_size) − len(table)`` blocks per group, group
+    by group (``allocate_slots`` → ``get_new_blocks``: ``popleft_n``); a free gives each group's table back, reversed
+    (``SingleTypeKVCacheManager.free`` → ``free_blocks``: ``prepend_n``). Without prefix caching (every group plain,
+    no hash, no null block in a table) the same, slice by slice on the free queue's stack
+    (:class:`~simkv.serving.kv.vllm_pool.FrontStack`): refs 0 → 1 → 0, nothing cached."""
+    pool = v.pool
+    groups = v.groups
+    if pool.caching:  # (no planned run has prefix caching today: the pool's own calls, block by block)
+        for slot, kind, j in zip(slots, kinds, js):
+            r = running[j]
+            if kind:
+                v._free(r)
+            else:
+                for gt in groups:
+                    gt.allocate(r.id, slot)
+        return
+    st = pool.free_queue.stack
+    ref = pool.ref
+    top = pool.touched
+    per_group = [(gt.tables, gt.block_size, gt.num_cached, gt.nulls) for gt in groups]
+    for slot, kind, j in zip(slots, kinds, js):
+        rid = running[j].id
+        if kind:
+            for tables, _, num_cached, nulls in per_group:
+                table = tables.pop(rid, [])
+                num_cached.pop(rid, None)
+                nulls.pop(rid, None)
+                for b in table:
+                    ref[b] = 0
+                st.extend(table)  # prepend_n(reversed(table)): its last block at the front
+            continue
+        for tables, bs, _, _ in per_group:
+            table = tables.get(rid)
+            if table is None:
+                table = tables[rid] = []
+            n = -(-slot // bs) - len(table)
+            if n > 0:
+                if n > len(st):
+                    raise ValueError(f"cannot get {n} free blocks from the pool")
+                cut = len(st) - n
+                out = st[cut:]
+                del st[cut:]
+                out.reverse()
+                for b in out:
+                    ref[b] = 1
+                m = max(out) + 1
+                if m > top:
+                    top = m
+                table.extend(out)
+    pool.touched = top
+
+
 def commit(eng, run: Run, joiners: list, step0: int):
     """Carry the run out from step ``step0``: the joiners added to vLLM's waiting queue (``add_request``) and to the
     engine, the admitted ones moved to ``running`` (last, in arrival order); blocks taken and freed through vLLM's
@@ -326,20 +380,14 @@ def commit(eng, run: Run, joiners: list, step0: int):
     key_j = np.concatenate((jj, fj))
     order = np.lexsort((key_j, key_kind, key_k))
     groups = v.groups
-    for k, kind, j in zip(key_k[order].tolist(), key_kind[order].tolist(), key_j[order].tolist()):
-        r = running[j]
-        if kind:
-            v._free(r)
-        else:
-            slot = int(ctx[j, k])
-            for gt in groups:
-                gt.allocate(r.id, slot)
+    key_j, key_k = key_j[order], key_k[order]
+    _replay(v, running, ctx[key_j, key_k].tolist(), key_kind[order].tolist(), key_j.tolist())
     ctx_end = ctx[:, -1].tolist()
     outs = sampled.sum(axis=1).tolist()
     for j, r in enumerate(running):  # vLLM's requests: computed tokens, sampled ids, the finished gone
         r.computed = ctx_end[j]
         if outs[j]:
-            r.tokens.extend([GENERATED_ID + r.index] * outs[j])
+            r.sample(outs[j])
         if fin[j] < K:
             r.status = V_FINISHED
             del v.requests[r.id]
