@@ -48,6 +48,7 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 import numpy as np
 
@@ -109,11 +110,7 @@ def plan(eng, live: list, pending: int) -> tuple[Run, list] | None:
     held = np.maximum(held, nb[:, None]) * alive
     used = v.pool.used() - int(nb.sum()) + held.sum(axis=0)  # after each step's allocations, before its frees
     new = tok.sum(axis=0)
-    # the waiting queue's head, tried at every step from the first (FCFS: the queue's first; priority: the heap's)
-    head = np.full(K, NONE, dtype=np.int64)
-    if v.waiting:
-        head[:] = _whole(v._peek().num_tokens, sizes)
-    K = _first_bad(v, used, new, alive.sum(axis=0), head)
+    K = _first_bad(v, used, new)
     if K < 2:
         return None
     pairs_m, seen = eng.work.arrays(tok, ctx)
@@ -131,14 +128,10 @@ def plan(eng, live: list, pending: int) -> tuple[Run, list] | None:
         run.cut(k)
         if run.K < 2:
             return None
-    joiners = _join(eng, run, pending, alive.sum(axis=0)[:run.K].copy(), head[:run.K].copy(), sizes)
+    joiners, admits = _join(eng, run, pending, alive.sum(axis=0)[:run.K].copy(), sizes)
     if run.K < 2:
         return None
-    return run, joiners
-
-
-#: No request waits (the head's whole sequence, in blocks, where one does).
-NONE = 1 << 62
+    return run, joiners, admits
 
 
 def _whole(tokens: int, sizes: list) -> int:
@@ -146,15 +139,12 @@ def _whole(tokens: int, sizes: list) -> int:
     return sum(-(-tokens // bs) for bs in sizes)
 
 
-def _first_bad(v, used, new, running, head) -> int:
+def _first_bad(v, used, new) -> int:
     """The first step a run cannot take (its length where every step can): a preemption (the blocks held after the
-    step's allocations pass the pool's), a step scheduling nobody, or a waiting head that is tried — budget left and
-    fewer than ``max_num_seqs`` running (the finished leave ``running`` in ``update_from_output``, after the step)
-    — and whose whole sequence fits the free blocks (it would be admitted)."""
+    step's allocations pass the pool's) or a step scheduling nobody. (Admissions from the waiting queue are
+    :func:`_join`'s.)"""
     room = v.pool.num_blocks - 1
-    s = v.s
-    tried = (s.max_num_batched_tokens - new > 0) & (running < s.max_num_seqs)
-    bad = (used > room) | (new == 0) | tried & (head <= room - used)
+    bad = (used > room) | (new == 0)
     return int(bad.argmax()) if bad.any() else len(used)
 
 
@@ -168,72 +158,101 @@ class Joiner:
         self.g, self.k, self.row = g, k, row
 
 
-def _join(eng, run: Run, pending: int, running, head, sizes: list) -> list:
-    """The arrivals from ``requests[pending]`` on that arrive inside ``run``, each added to vLLM's waiting queue at
-    its step (``Scheduler.add_request``; before that step's ``schedule()``), in arrival order:
+def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
+    """The waiting queue through the run, step by step as ``schedule()`` walks it: the arrivals from
+    ``requests[pending]`` on added at their step (``Scheduler.add_request``, before that step's ``schedule()``; S7:
+    ``FCFSRequestQueue`` appends), and the queue's head tried at every step of the run in ``schedule()``'s waiting
+    loop (S2, S4). The head is admitted (a row of the run from that step on, last in ``running``:
+    :func:`_add_row`) where the loop admits it — no preemption in the step (``if not preempted_reqs``: the run has
+    none), budget left after the running requests and those admitted before it in the step, fewer than
+    ``max_num_seqs`` running (``max_num_active_reqs``), and its whole prompt's blocks fit the free blocks after the
+    step's allocations (``allocate_slots(..., full_sequence_must_fit=True)`` under ``scheduler_reserve_full_isl``);
+    then the next request is the head, tried in the same step. A failed try ``break``s the loop: the head and
+    everyone behind it wait. The same rule for a request that was waiting when the run started and for an arrival
+    (one arriving to an empty queue is the head at its step; one arriving behind another waits behind it).
 
-    * admitted at its step (a row of the run from there on) where ``schedule()``'s waiting loop would admit it —
-      the queue was empty (it is the head), no preemption in the step (the run has none), budget left after the
-      running requests and those admitted before it, fewer than ``max_num_seqs`` running, and its whole prompt's
-      blocks fit the free blocks after the step's allocations (``allocate_slots(..., full_sequence_must_fit=True)``).
-      It takes ``min(prompt, budget left)`` tokens, and later the budget the running requests before it leave (it
-      is last in ``running``); the run is cut where its blocks or decode token no longer fit;
-    * left waiting (it is the queue's head, or behind one: the waiting loop ``break``s at the head) where the try
-      fails: the run goes on while every later try of the head fails too (:func:`_first_bad`), as before.
-
-    Under the priority policy an arrival that would share the heap with another waiting request ends the run (the
-    heap's order, not the arrival's, picks the head). The run ends at an arrival after :data:`JOINS_PER_RUN`."""
+    The run is cut (the step-by-step path takes over) at an admission the arithmetic does not model — a request
+    preempted before (its recompute), or a parallel sample —, after :data:`JOINS_PER_RUN` arrivals or admissions,
+    and under the priority policy where an arrival would share the queue with another waiting request (the heap's
+    order, not the arrival's, picks the head); an admission whose blocks pass the pool at a later step cuts the run
+    there (a preemption). Returns the joiners (the arrivals, admitted or not) and the requests admitted from the
+    queue, each in order."""
     v = eng.sched.v
     s = v.s
     reqs = eng.requests
     budget = s.max_num_batched_tokens
     room = v.pool.num_blocks - 1
-    waiting = bool(v.waiting)
+    by_id = eng.sched.by_id
+    queue = deque(v.waiting_order())  # (VRequest, or the Joiner of an arrival), head first
     joiners: list[Joiner] = []
+    admits: list = []  # (step, engine group, its Joiner or None), in row order
     index = pending
-    while index < len(reqs) and run.K >= 2:
-        req = reqs[index]
-        if eng.by_step:
-            k = req.arrival_step - eng.step
-        else:  # step k starts at times[k - 1]: the first step starting at or after the arrival
-            k = int(np.searchsorted(run.times[:-1], req.arrival_s)) + 1
-        if k >= run.K:
+    k = 0  # the step whose waiting loop comes next
+    while run.K >= 2:
+        while queue:  # the head's tries at steps k .. before the next arrival's
+            ka = _step_of(eng, run, reqs[index]) if index < len(reqs) else KMAX + 1
+            top = queue[0]
+            g = top.g if isinstance(top, Joiner) else by_id[top.id]
+            end = min(ka, run.K)
+            if k >= end:
+                break
+            whole = _whole(g.P if isinstance(top, Joiner) else top.num_tokens, sizes)
+            fits = ((budget - run.new[k:end] > 0) & (running[k:end] < s.max_num_seqs)
+                    & (whole <= room - run.used[k:end]))
+            if not fits.any():
+                k = end
+                break
+            k += int(fits.argmax())
+            if (len(joiners) + len(admits) >= JOINS_PER_RUN or not isinstance(top, Joiner)
+                    and (top.preemptions or top.computed or top.outputs or g.maxc)):
+                run.cut(k)
+                break
+            queue.popleft()
+            _add_row(eng, run, g, k, running, sizes)
+            if run.K > k:
+                over = run.used[k:run.K] > room  # (its blocks at a later step: a preemption there)
+                if over.any():
+                    run.cut(k + int(over.argmax()))
+            joiner = top if isinstance(top, Joiner) else None
+            if joiner is not None:
+                joiner.row = len(run.fin) - 1
+            admits.append((k, g, joiner))
+        if index >= len(reqs):
             break
-        if len(joiners) >= JOINS_PER_RUN or (s.policy == "priority" and (waiting or (
-                index + 1 < len(reqs) and _step_of(eng, run, reqs[index + 1]) == k))):
-            run.cut(k)
+        ka = _step_of(eng, run, reqs[index])
+        if ka >= run.K:
+            break
+        k = max(k, ka)
+        req = reqs[index]
+        if len(joiners) + len(admits) >= JOINS_PER_RUN or (s.policy == "priority" and (queue or (
+                index + 1 < len(reqs) and _step_of(eng, run, reqs[index + 1]) == ka))):
+            run.cut(ka)
             break
         g = Group(req, index, eng.prompts[index])
         if g.n != 1:
-            run.cut(k)
+            run.cut(ka)
             break
-        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
-        g.added_step = eng.step + k
-        whole = _whole(g.P, sizes)
-        admit = (not waiting and budget - run.new[k] > 0 and running[k] < s.max_num_seqs
-                 and whole <= room - run.used[k])
-        if admit:
-            _add_row(eng, run, g, k, running, sizes)
-            joiners.append(Joiner(g, k, len(run.fin) - 1))
-        else:
-            if not waiting:
-                head[k:] = whole
-                waiting = True
-            joiners.append(Joiner(g, k, None))
+        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[ka - 1])
+        g.added_step = eng.step + ka
+        j = Joiner(g, ka, None)
+        joiners.append(j)
+        queue.append(j)
         index += 1
-    K = min(run.K, _first_bad(v, run.used[:run.K], run.new[:run.K], running[:run.K], head[:run.K]))
+    K = min(run.K, _first_bad(v, run.used[:run.K], run.new[:run.K]))
     if not eng.by_step and K >= 2:  # (the joiners' work lengthened the steps after theirs: a router's limit again)
         K = min(K, int(np.searchsorted(run.times[:K - 1], eng.limit)) + 1)
     run.cut(K)
-    while joiners and joiners[-1].k >= run.K:  # (the run was cut at or before their arrival)
-        if joiners.pop().row is not None:
-            for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled):
-                rows.pop()
-            for col in (run.nb, run.fin, run.start, run.dec):
-                col.pop()
-    return joiners
-
-
+    while admits and admits[-1][0] >= run.K:  # (the run was cut at or before their admission)
+        _, _, j = admits.pop()
+        for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled):
+            rows.pop()
+        for col in (run.nb, run.fin, run.start, run.dec):
+            col.pop()
+        if j is not None:
+            j.row = None
+    while joiners and joiners[-1].k >= run.K:  # (arrived at or after the cut)
+        joiners.pop()
+    return joiners, admits
 def _step_of(eng, run: Run, req) -> int:
     """The run step a request arrives at."""
     if eng.by_step:
@@ -345,30 +364,34 @@ def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
     pool.touched = top
 
 
-def commit(eng, run: Run, joiners: list, step0: int):
+def commit(eng, run: Run, joiners: list, admits: list, step0: int):
     """Carry the run out from step ``step0``: the joiners added to vLLM's waiting queue (``add_request``) and to the
-    engine, the admitted ones moved to ``running`` (last, in arrival order); blocks taken and freed through vLLM's
-    pool in its order (per step each scheduled request's new blocks in running order, group by group; then the
-    finished requests' tables freed in scheduled order); vLLM's requests and the engine's advanced. Returns the
-    step-table columns and the tokens sampled."""
+    engine; the admitted ones (``admits``: arrivals and requests waiting before the run, in admission order) moved
+    from the waiting queue to ``running``, last; blocks taken and freed through vLLM's pool in its order (per step
+    each scheduled request's new blocks in running order, group by group; then the finished requests' tables freed
+    in scheduled order); vLLM's requests and the engine's advanced. Returns the step-table columns and the tokens
+    sampled."""
     sched = eng.sched
     v = sched.v
     K = run.K
     tok, ctx, held, alive, sampled = (_matrix(m, K) for m in (run.tok, run.ctx, run.held, run.alive, run.sampled))
     fin = np.array(run.fin, dtype=np.int64)
     running = list(v.running)
-    waits = np.zeros(K, dtype=np.int64)  # joiners waiting, per step
+    waits = np.zeros(K, dtype=np.int64)  # requests waiting, per step, besides those waiting all through the run
     for j in joiners:
         sched.add_group(j.g)
-        if j.row is None:
-            waits[j.k:] += 1
-            continue
-        r = v.requests[str(j.g.index)]
-        v.waiting.remove(r)  # (the head: it arrived to an empty queue, or after the others admitted at its step)
+        waits[j.k:] += 1
+    gone = set()
+    for k, g, j in admits:
+        r = v.requests[str(g.index)]
+        gone.add(r.id)
         r.status = V_RUNNING
         running.append(r)
-    if v.s.policy == "priority":
-        heapq.heapify(v.waiting)
+        waits[k:] -= 1
+    if gone:
+        v.waiting[:] = [r for r in v.waiting if r.id not in gone]
+        if v.s.policy == "priority":
+            heapq.heapify(v.waiting)
     held_start = np.array(run.nb, dtype=np.int64)
     inc = held.copy()
     inc[:, 1:] -= held[:, :-1]
@@ -392,9 +415,9 @@ def commit(eng, run: Run, joiners: list, step0: int):
             r.status = V_FINISHED
             del v.requests[r.id]
             del sched.by_id[r.id]
-    gone = set(fj.tolist())
-    v.running[:] = [r for j, r in enumerate(running) if j not in gone]
-    rows = run.rows + [j.g for j in joiners if j.row is not None]
+    done = set(fj.tolist())
+    v.running[:] = [r for j, r in enumerate(running) if j not in done]
+    rows = run.rows + [g for _, g, _ in admits]
     n_sampled = _advance(rows, ctx, sampled, np.array(run.dec), fin, run.times[:K], K, step0)
     used = run.used[:K]
     alloc_b = eng.pool.total * eng.block_bytes
