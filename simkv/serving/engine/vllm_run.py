@@ -129,6 +129,9 @@ def plan(eng, live: list, pending: int) -> tuple[Run, list] | None:
         if run.K < 2:
             return None
     joiners, admits = _join(eng, run, pending, alive.sum(axis=0)[:run.K].copy(), sizes)
+    # the next plan's length follows this run's (any cut is exact: only the work wasted on steps never taken
+    # changes — an overloaded queue admits requests nearly every step and cuts runs short)
+    sched.run_horizon = min(KMAX, max(MIN_HORIZON, 2 * run.K))
     if run.K < 2:
         return None
     return run, joiners, admits
@@ -304,9 +307,15 @@ def _add_row(eng, run: Run, g, k: int, running, sizes: list) -> None:
         run.cut(k + int(over.argmax()))
 
 
+#: The shortest horizon a run is planned for after short runs.
+MIN_HORIZON = 32
+
+
 def _horizon(eng) -> int:
-    """Steps a run may take: at most KMAX, the step limit and the stall bound (arrivals join it: :func:`_join`)."""
-    return min(KMAX, eng.max_steps - eng.step, eng.progress_step + eng.stall_limit + 1 - eng.step)
+    """Steps a run may take: at most KMAX — twice the last run's length, at least :data:`MIN_HORIZON` —, the step
+    limit and the stall bound (arrivals join it: :func:`_join`)."""
+    return min(eng.sched.run_horizon or KMAX, eng.max_steps - eng.step,
+               eng.progress_step + eng.stall_limit + 1 - eng.step)
 
 
 def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
@@ -388,10 +397,11 @@ def commit(eng, run: Run, joiners: list, admits: list, step0: int):
         r.status = V_RUNNING
         running.append(r)
         waits[k:] -= 1
-    if gone:
+    if gone and v.s.policy == "priority":
         v.waiting[:] = [r for r in v.waiting if r.id not in gone]
-        if v.s.policy == "priority":
-            heapq.heapify(v.waiting)
+        heapq.heapify(v.waiting)
+    elif gone:  # FCFS: the admitted are the queue's first, in its order (joiners appended behind the waiting)
+        del v.waiting[:len(gone)]
     held_start = np.array(run.nb, dtype=np.int64)
     inc = held.copy()
     inc[:, 1:] -= held[:, :-1]

@@ -417,6 +417,8 @@ class EngineVllm:
             self._real.append(by_spec[(kind, window)][k].real_bytes)
         self.by_id: dict[str, object] = {}
         self._last: dict[str, int] = {}  # the last step's scheduled tokens, for update()
+        #: Steps the engine's next planned run is planned for (None: the longest; engine/vllm_run.py adapts it).
+        self.run_horizon: int | None = None
 
     @property
     def lean(self) -> bool:
