@@ -24,23 +24,25 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
   ``update_from_output`` after it, so a step fits when the blocks held after its allocations fit the pool (the
   free queue only shrinks inside ``schedule()``); the step that does not is a preemption and ends the run.
   Freed blocks go to the free queue's front (``free_blocks`` → ``prepend_n``), table reversed, in scheduled order;
-  new ones come off its front (``popleft_n``): replayed through :class:`VllmBlockPool` itself.
+  new ones come off its front (``popleft_n``): replayed on vLLM's pool in that order (:func:`_replay`).
 * Waiting requests (S2, S4): a step with no preemption (``if not preempted_reqs``), budget left and fewer than
   ``max_num_seqs`` running (``max_num_active_reqs``) tries the queue's head in ``schedule()``'s waiting loop, and
   admits it where its whole sequence fits the free blocks after the running
   requests' allocations of that step (``kv_cache_manager.allocate_slots(..., full_sequence_must_fit=True)`` under
   ``scheduler_reserve_full_isl``: ``get_num_blocks_to_allocate(num_tokens=full_num_tokens)`` against the free
   blocks);
-  a failed try ``break``s the loop and changes nothing. A request waiting when the run starts stays waiting: the
-  step where it would be admitted ends the run (:func:`_first_bad`).
-* Arrivals (:func:`_join`; ``add_request`` before the step's ``schedule()``, S7: ``FCFSRequestQueue`` appends): one arriving to an empty queue is that step's head; where the try above admits it, it joins the run
-  (``self.running.append(request)``, last in running order: it takes ``min(prompt, budget left)`` tokens, then the
-  budget the requests before it leave — vLLM's order and the planned arithmetic's agree, as every prompt ahead of it
-  completes before it gets a token); where the try fails it waits and becomes the head the later steps try (the
-  run goes on while those tries fail). One arriving behind a waiting request waits (the loop breaks at the head).
-  Under the priority policy (S7: a heap ordered by ``Request.__lt__``) an arrival that would share the queue with another
-  waiting request ends the run. The cut is made at the first step with a preemption, a decode token past the
-  budget, nobody scheduled, or an admission by the head; arrivals at or after it arrive the step-by-step way.
+  a failed try ``break``s the loop and changes nothing; an admission makes the next request the head, tried in the
+  same step. A request waiting when the run starts is admitted inside the run by that rule (:func:`_join`), as an
+  arrival is: it joins ``running`` last (``self.running.append(request)``) and takes ``min(prompt, budget left)``
+  tokens, then the budget the requests before it leave (vLLM's order and the planned arithmetic's agree: every
+  prompt ahead of it completes before it gets a token). A request preempted before (its recompute) ends the run
+  where it would be admitted.
+* Arrivals (:func:`_join`; ``add_request`` before the step's ``schedule()``, S7: ``FCFSRequestQueue`` appends): one
+  arriving to an empty queue is that step's head, tried as above; one arriving behind a waiting request waits
+  behind it. Under the priority policy (S7: a heap ordered by ``Request.__lt__``) an arrival that would share the
+  queue with another waiting request ends the run. The cut is made at the first step with a preemption (an
+  admitted request's blocks included), a decode token past the budget, or nobody scheduled; arrivals at or after
+  it arrive the step-by-step way.
 * ``long_prefill_token_threshold`` > 0 caps every chunk (when more than one request is eligible): no run.
 * No request reaches ``max_model_len`` (the engine's is unbounded: it stops at ``max_new_tokens``).
 """
