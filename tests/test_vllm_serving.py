@@ -257,10 +257,10 @@ def test_vllm_arrivals_join_planned_runs(shape, blocks, policy, monkeypatch):
     join = vllm_run._join
 
     def counting(*args, **kwargs):
-        joiners = join(*args, **kwargs)
+        joiners, admits = join(*args, **kwargs)
         for j in joiners:
             counts["admitted" if j.row is not None else "waiting"] += 1
-        return joiners
+        return joiners, admits
 
     monkeypatch.setattr(vllm_run, "_join", counting)
     rng = np.random.default_rng(3)
@@ -275,3 +275,33 @@ def test_vllm_arrivals_join_planned_runs(shape, blocks, policy, monkeypatch):
     assert counts["admitted"] > 50, counts
     if blocks == 60 and policy == "fcfs":  # the queue waited inside runs
         assert counts["waiting"] > 10, counts
+
+
+@pytest.mark.parametrize("shape,blocks,seqs,policy", [("uniform", 4000, 16, "fcfs"), ("uniform", 400, 64, "fcfs"),
+                                                      ("deepseek_v3", 4000, 16, "fcfs"),
+                                                      ("uniform", 4000, 16, "priority")])
+def test_vllm_waiting_queue_admitted_inside_planned_runs(shape, blocks, seqs, policy, monkeypatch):
+    """An overloaded queue (150 requests arriving in the first steps; ``max_num_seqs`` or the pool holding most of
+    them back): the waiting queue's head is admitted inside a planned run at the step vLLM's waiting loop admits it
+    (a running request finished, or blocks freed), then the next head tried in the same step
+    (:func:`simkv.serving.engine.vllm_run._join`), and the result is the reference's byte for byte; the runs are
+    taken (most admissions from the queue happen inside runs)."""
+    from simkv.serving.engine import vllm_run
+
+    counts = {"queue": 0, "arrivals": 0}
+    join = vllm_run._join
+
+    def counting(*args, **kwargs):
+        joiners, admits = join(*args, **kwargs)
+        for _, _, j in admits:
+            counts["queue" if j is None else "arrivals"] += 1
+        return joiners, admits
+
+    monkeypatch.setattr(vllm_run, "_join", counting)
+    rng = np.random.default_rng(5)
+    reqs = [Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_step=i // 50,
+                    priority=int(rng.integers(0, 3))) for i in range(150)]
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=seqs,
+                                            scheduling_policy=policy)
+    assert fast_eng.slow_steps < 0.3 * len(steps), (fast_eng.slow_steps, len(steps))
+    assert counts["queue"] > 60, counts

@@ -685,14 +685,13 @@ class PagedServing:
         planned = vllm_run.plan(self, live, pending)
         if planned is None:
             return None
-        run, joiners = planned
-        table, sampled = vllm_run.commit(self, run, joiners, self.step)
+        run, joiners, admits = planned
+        table, sampled = vllm_run.commit(self, run, joiners, admits, self.step)
         joined = [j.g for j in joiners]
         self.groups.extend(joined)
         live.extend(joined)
-        admitted = [j.g.index for j in joiners if j.row is not None]
-        if admitted:  # requests the run scheduled are no longer untouched
-            self.cold = max(self.cold, admitted[-1] + 1)
+        if admits:  # requests the run scheduled are no longer untouched
+            self.cold = max(self.cold, max(g.index for _, g, _ in admits) + 1)
         self._carried(table, sampled)
         return len(joined)
 

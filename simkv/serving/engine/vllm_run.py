@@ -24,23 +24,25 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
   ``update_from_output`` after it, so a step fits when the blocks held after its allocations fit the pool (the
   free queue only shrinks inside ``schedule()``); the step that does not is a preemption and ends the run.
   Freed blocks go to the free queue's front (``free_blocks`` → ``prepend_n``), table reversed, in scheduled order;
-  new ones come off its front (``popleft_n``): replayed through :class:`VllmBlockPool` itself.
+  new ones come off its front (``popleft_n``): replayed on vLLM's pool in that order (:func:`_replay`).
 * Waiting requests (S2, S4): a step with no preemption (``if not preempted_reqs``), budget left and fewer than
   ``max_num_seqs`` running (``max_num_active_reqs``) tries the queue's head in ``schedule()``'s waiting loop, and
   admits it where its whole sequence fits the free blocks after the running
   requests' allocations of that step (``kv_cache_manager.allocate_slots(..., full_sequence_must_fit=True)`` under
   ``scheduler_reserve_full_isl``: ``get_num_blocks_to_allocate(num_tokens=full_num_tokens)`` against the free
   blocks);
-  a failed try ``break``s the loop and changes nothing. A request waiting when the run starts stays waiting: the
-  step where it would be admitted ends the run (:func:`_first_bad`).
-* Arrivals (:func:`_join`; ``add_request`` before the step's ``schedule()``, S7: ``FCFSRequestQueue`` appends): one arriving to an empty queue is that step's head; where the try above admits it, it joins the run
-  (``self.running.append(request)``, last in running order: it takes ``min(prompt, budget left)`` tokens, then the
-  budget the requests before it leave — vLLM's order and the planned arithmetic's agree, as every prompt ahead of it
-  completes before it gets a token); where the try fails it waits and becomes the head the later steps try (the
-  run goes on while those tries fail). One arriving behind a waiting request waits (the loop breaks at the head).
-  Under the priority policy (S7: a heap ordered by ``Request.__lt__``) an arrival that would share the queue with another
-  waiting request ends the run. The cut is made at the first step with a preemption, a decode token past the
-  budget, nobody scheduled, or an admission by the head; arrivals at or after it arrive the step-by-step way.
+  a failed try ``break``s the loop and changes nothing; an admission makes the next request the head, tried in the
+  same step. A request waiting when the run starts is admitted inside the run by that rule (:func:`_join`), as an
+  arrival is: it joins ``running`` last (``self.running.append(request)``) and takes ``min(prompt, budget left)``
+  tokens, then the budget the requests before it leave (vLLM's order and the planned arithmetic's agree: every
+  prompt ahead of it completes before it gets a token). A request preempted before (its recompute) ends the run
+  where it would be admitted.
+* Arrivals (:func:`_join`; ``add_request`` before the step's ``schedule()``, S7: ``FCFSRequestQueue`` appends): one
+  arriving to an empty queue is that step's head, tried as above; one arriving behind a waiting request waits
+  behind it. Under the priority policy (S7: a heap ordered by ``Request.__lt__``) an arrival that would share the
+  queue with another waiting request ends the run. The cut is made at the first step with a preemption (an
+  admitted request's blocks included), a decode token past the budget, or nobody scheduled; arrivals at or after
+  it arrive the step-by-step way.
 * ``long_prefill_token_threshold`` > 0 caps every chunk (when more than one request is eligible): no run.
 * No request reaches ``max_model_len`` (the engine's is unbounded: it stops at ``max_new_tokens``).
 """
@@ -48,12 +50,12 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 import numpy as np
 
 from simkv.serving.engine.planned_run import JOINS_PER_RUN, KMAX, Run, _advance, _matrix, _schedule, prompt_share
 from simkv.serving.sched.vllm import FINISHED as V_FINISHED
-from simkv.serving.sched.vllm import GENERATED_ID
 from simkv.serving.sched.vllm import RUNNING as V_RUNNING
 from simkv.serving.sched.group import Group
 
@@ -110,11 +112,7 @@ def plan(eng, live: list, pending: int) -> tuple[Run, list] | None:
     held = np.maximum(held, nb[:, None]) * alive
     used = v.pool.used() - int(nb.sum()) + held.sum(axis=0)  # after each step's allocations, before its frees
     new = tok.sum(axis=0)
-    # the waiting queue's head, tried at every step from the first (FCFS: the queue's first; priority: the heap's)
-    head = np.full(K, NONE, dtype=np.int64)
-    if v.waiting:
-        head[:] = _whole(v._peek().num_tokens, sizes)
-    K = _first_bad(v, used, new, alive.sum(axis=0), head)
+    K = _first_bad(v, used, new)
     if K < 2:
         return None
     pairs_m, seen = eng.work.arrays(tok, ctx)
@@ -132,14 +130,13 @@ def plan(eng, live: list, pending: int) -> tuple[Run, list] | None:
         run.cut(k)
         if run.K < 2:
             return None
-    joiners = _join(eng, run, pending, alive.sum(axis=0)[:run.K].copy(), head[:run.K].copy(), sizes)
+    joiners, admits = _join(eng, run, pending, alive.sum(axis=0)[:run.K].copy(), sizes)
+    # the next plan's length follows this run's (any cut is exact: only the work wasted on steps never taken
+    # changes — an overloaded queue admits requests nearly every step and cuts runs short)
+    sched.run_horizon = min(KMAX, max(MIN_HORIZON, 2 * run.K))
     if run.K < 2:
         return None
-    return run, joiners
-
-
-#: No request waits (the head's whole sequence, in blocks, where one does).
-NONE = 1 << 62
+    return run, joiners, admits
 
 
 def _whole(tokens: int, sizes: list) -> int:
@@ -147,15 +144,12 @@ def _whole(tokens: int, sizes: list) -> int:
     return sum(-(-tokens // bs) for bs in sizes)
 
 
-def _first_bad(v, used, new, running, head) -> int:
+def _first_bad(v, used, new) -> int:
     """The first step a run cannot take (its length where every step can): a preemption (the blocks held after the
-    step's allocations pass the pool's), a step scheduling nobody, or a waiting head that is tried — budget left and
-    fewer than ``max_num_seqs`` running (the finished leave ``running`` in ``update_from_output``, after the step)
-    — and whose whole sequence fits the free blocks (it would be admitted)."""
+    step's allocations pass the pool's) or a step scheduling nobody. (Admissions from the waiting queue are
+    :func:`_join`'s.)"""
     room = v.pool.num_blocks - 1
-    s = v.s
-    tried = (s.max_num_batched_tokens - new > 0) & (running < s.max_num_seqs)
-    bad = (used > room) | (new == 0) | tried & (head <= room - used)
+    bad = (used > room) | (new == 0)
     return int(bad.argmax()) if bad.any() else len(used)
 
 
@@ -169,72 +163,101 @@ class Joiner:
         self.g, self.k, self.row = g, k, row
 
 
-def _join(eng, run: Run, pending: int, running, head, sizes: list) -> list:
-    """The arrivals from ``requests[pending]`` on that arrive inside ``run``, each added to vLLM's waiting queue at
-    its step (``Scheduler.add_request``; before that step's ``schedule()``), in arrival order:
+def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
+    """The waiting queue through the run, step by step as ``schedule()`` walks it: the arrivals from
+    ``requests[pending]`` on added at their step (``Scheduler.add_request``, before that step's ``schedule()``; S7:
+    ``FCFSRequestQueue`` appends), and the queue's head tried at every step of the run in ``schedule()``'s waiting
+    loop (S2, S4). The head is admitted (a row of the run from that step on, last in ``running``:
+    :func:`_add_row`) where the loop admits it — no preemption in the step (``if not preempted_reqs``: the run has
+    none), budget left after the running requests and those admitted before it in the step, fewer than
+    ``max_num_seqs`` running (``max_num_active_reqs``), and its whole prompt's blocks fit the free blocks after the
+    step's allocations (``allocate_slots(..., full_sequence_must_fit=True)`` under ``scheduler_reserve_full_isl``);
+    then the next request is the head, tried in the same step. A failed try ``break``s the loop: the head and
+    everyone behind it wait. The same rule for a request that was waiting when the run started and for an arrival
+    (one arriving to an empty queue is the head at its step; one arriving behind another waits behind it).
 
-    * admitted at its step (a row of the run from there on) where ``schedule()``'s waiting loop would admit it —
-      the queue was empty (it is the head), no preemption in the step (the run has none), budget left after the
-      running requests and those admitted before it, fewer than ``max_num_seqs`` running, and its whole prompt's
-      blocks fit the free blocks after the step's allocations (``allocate_slots(..., full_sequence_must_fit=True)``).
-      It takes ``min(prompt, budget left)`` tokens, and later the budget the running requests before it leave (it
-      is last in ``running``); the run is cut where its blocks or decode token no longer fit;
-    * left waiting (it is the queue's head, or behind one: the waiting loop ``break``s at the head) where the try
-      fails: the run goes on while every later try of the head fails too (:func:`_first_bad`), as before.
-
-    Under the priority policy an arrival that would share the heap with another waiting request ends the run (the
-    heap's order, not the arrival's, picks the head). The run ends at an arrival after :data:`JOINS_PER_RUN`."""
+    The run is cut (the step-by-step path takes over) at an admission the arithmetic does not model — a request
+    preempted before (its recompute), or a parallel sample —, after :data:`JOINS_PER_RUN` arrivals or admissions,
+    and under the priority policy where an arrival would share the queue with another waiting request (the heap's
+    order, not the arrival's, picks the head); an admission whose blocks pass the pool at a later step cuts the run
+    there (a preemption). Returns the joiners (the arrivals, admitted or not) and the requests admitted from the
+    queue, each in order."""
     v = eng.sched.v
     s = v.s
     reqs = eng.requests
     budget = s.max_num_batched_tokens
     room = v.pool.num_blocks - 1
-    waiting = bool(v.waiting)
+    by_id = eng.sched.by_id
+    queue = deque(v.waiting_order())  # (VRequest, or the Joiner of an arrival), head first
     joiners: list[Joiner] = []
+    admits: list = []  # (step, engine group, its Joiner or None), in row order
     index = pending
-    while index < len(reqs) and run.K >= 2:
-        req = reqs[index]
-        if eng.by_step:
-            k = req.arrival_step - eng.step
-        else:  # step k starts at times[k - 1]: the first step starting at or after the arrival
-            k = int(np.searchsorted(run.times[:-1], req.arrival_s)) + 1
-        if k >= run.K:
+    k = 0  # the step whose waiting loop comes next
+    while run.K >= 2:
+        while queue:  # the head's tries at steps k .. before the next arrival's
+            ka = _step_of(eng, run, reqs[index]) if index < len(reqs) else KMAX + 1
+            top = queue[0]
+            g = top.g if isinstance(top, Joiner) else by_id[top.id]
+            end = min(ka, run.K)
+            if k >= end:
+                break
+            whole = _whole(g.P if isinstance(top, Joiner) else top.num_tokens, sizes)
+            fits = ((budget - run.new[k:end] > 0) & (running[k:end] < s.max_num_seqs)
+                    & (whole <= room - run.used[k:end]))
+            if not fits.any():
+                k = end
+                break
+            k += int(fits.argmax())
+            if (len(joiners) + len(admits) >= JOINS_PER_RUN or not isinstance(top, Joiner)
+                    and (top.preemptions or top.computed or top.outputs or g.maxc)):
+                run.cut(k)
+                break
+            queue.popleft()
+            _add_row(eng, run, g, k, running, sizes)
+            if run.K > k:
+                over = run.used[k:run.K] > room  # (its blocks at a later step: a preemption there)
+                if over.any():
+                    run.cut(k + int(over.argmax()))
+            joiner = top if isinstance(top, Joiner) else None
+            if joiner is not None:
+                joiner.row = len(run.fin) - 1
+            admits.append((k, g, joiner))
+        if index >= len(reqs):
             break
-        if len(joiners) >= JOINS_PER_RUN or (s.policy == "priority" and (waiting or (
-                index + 1 < len(reqs) and _step_of(eng, run, reqs[index + 1]) == k))):
-            run.cut(k)
+        ka = _step_of(eng, run, reqs[index])
+        if ka >= run.K:
+            break
+        k = max(k, ka)
+        req = reqs[index]
+        if len(joiners) + len(admits) >= JOINS_PER_RUN or (s.policy == "priority" and (queue or (
+                index + 1 < len(reqs) and _step_of(eng, run, reqs[index + 1]) == ka))):
+            run.cut(ka)
             break
         g = Group(req, index, eng.prompts[index])
         if g.n != 1:
-            run.cut(k)
+            run.cut(ka)
             break
-        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
-        g.added_step = eng.step + k
-        whole = _whole(g.P, sizes)
-        admit = (not waiting and budget - run.new[k] > 0 and running[k] < s.max_num_seqs
-                 and whole <= room - run.used[k])
-        if admit:
-            _add_row(eng, run, g, k, running, sizes)
-            joiners.append(Joiner(g, k, len(run.fin) - 1))
-        else:
-            if not waiting:
-                head[k:] = whole
-                waiting = True
-            joiners.append(Joiner(g, k, None))
+        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[ka - 1])
+        g.added_step = eng.step + ka
+        j = Joiner(g, ka, None)
+        joiners.append(j)
+        queue.append(j)
         index += 1
-    K = min(run.K, _first_bad(v, run.used[:run.K], run.new[:run.K], running[:run.K], head[:run.K]))
+    K = min(run.K, _first_bad(v, run.used[:run.K], run.new[:run.K]))
     if not eng.by_step and K >= 2:  # (the joiners' work lengthened the steps after theirs: a router's limit again)
         K = min(K, int(np.searchsorted(run.times[:K - 1], eng.limit)) + 1)
     run.cut(K)
-    while joiners and joiners[-1].k >= run.K:  # (the run was cut at or before their arrival)
-        if joiners.pop().row is not None:
-            for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled):
-                rows.pop()
-            for col in (run.nb, run.fin, run.start, run.dec):
-                col.pop()
-    return joiners
-
-
+    while admits and admits[-1][0] >= run.K:  # (the run was cut at or before their admission)
+        _, _, j = admits.pop()
+        for rows in (run.tok, run.ctx, run.held, run.alive, run.sampled):
+            rows.pop()
+        for col in (run.nb, run.fin, run.start, run.dec):
+            col.pop()
+        if j is not None:
+            j.row = None
+    while joiners and joiners[-1].k >= run.K:  # (arrived at or after the cut)
+        joiners.pop()
+    return joiners, admits
 def _step_of(eng, run: Run, req) -> int:
     """The run step a request arrives at."""
     if eng.by_step:
@@ -286,35 +309,101 @@ def _add_row(eng, run: Run, g, k: int, running, sizes: list) -> None:
         run.cut(k + int(over.argmax()))
 
 
+#: The shortest horizon a run is planned for after short runs.
+MIN_HORIZON = 32
+
+
 def _horizon(eng) -> int:
-    """Steps a run may take: at most KMAX, the step limit and the stall bound (arrivals join it: :func:`_join`)."""
-    return min(KMAX, eng.max_steps - eng.step, eng.progress_step + eng.stall_limit + 1 - eng.step)
+    """Steps a run may take: at most KMAX — twice the last run's length, at least :data:`MIN_HORIZON` —, the step
+    limit and the stall bound (arrivals join it: :func:`_join`)."""
+    return min(eng.sched.run_horizon or KMAX, eng.max_steps - eng.step,
+               eng.progress_step + eng.stall_limit + 1 - eng.step)
 
 
-def commit(eng, run: Run, joiners: list, step0: int):
+def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
+    """The run's block events in vLLM's order (``kinds``/``js``/``slots``: 0 = allocate / 1 = free, the row, its
+    tokens after the step), through
+    vLLM's pool and group tables: an allocation takes ``cdiv(ctx, block_size) − len(table)`` blocks per group, group
+    by group (``allocate_slots`` → ``get_new_blocks``: ``popleft_n``); a free gives each group's table back, reversed
+    (``SingleTypeKVCacheManager.free`` → ``free_blocks``: ``prepend_n``). Without prefix caching (every group plain,
+    no hash, no null block in a table) the same, slice by slice on the free queue's stack
+    (:class:`~simkv.serving.kv.vllm_pool.FrontStack`): refs 0 → 1 → 0, nothing cached."""
+    pool = v.pool
+    groups = v.groups
+    if pool.caching:  # (no planned run has prefix caching today: the pool's own calls, block by block)
+        for slot, kind, j in zip(slots, kinds, js):
+            r = running[j]
+            if kind:
+                v._free(r)
+            else:
+                for gt in groups:
+                    gt.allocate(r.id, slot)
+        return
+    st = pool.free_queue.stack
+    ref = pool.ref
+    top = pool.touched
+    per_group = [(gt.tables, gt.block_size, gt.num_cached, gt.nulls) for gt in groups]
+    for slot, kind, j in zip(slots, kinds, js):
+        rid = running[j].id
+        if kind:
+            for tables, _, num_cached, nulls in per_group:
+                table = tables.pop(rid, [])
+                num_cached.pop(rid, None)
+                nulls.pop(rid, None)
+                for b in table:
+                    ref[b] = 0
+                st.extend(table)  # prepend_n(reversed(table)): its last block at the front
+            continue
+        for tables, bs, _, _ in per_group:
+            table = tables.get(rid)
+            if table is None:
+                table = tables[rid] = []
+            n = -(-slot // bs) - len(table)
+            if n > 0:
+                if n > len(st):
+                    raise ValueError(f"cannot get {n} free blocks from the pool")
+                cut = len(st) - n
+                out = st[cut:]
+                del st[cut:]
+                out.reverse()
+                for b in out:
+                    ref[b] = 1
+                m = max(out) + 1
+                if m > top:
+                    top = m
+                table.extend(out)
+    pool.touched = top
+
+
+def commit(eng, run: Run, joiners: list, admits: list, step0: int):
     """Carry the run out from step ``step0``: the joiners added to vLLM's waiting queue (``add_request``) and to the
-    engine, the admitted ones moved to ``running`` (last, in arrival order); blocks taken and freed through vLLM's
-    pool in its order (per step each scheduled request's new blocks in running order, group by group; then the
-    finished requests' tables freed in scheduled order); vLLM's requests and the engine's advanced. Returns the
-    step-table columns and the tokens sampled."""
+    engine; the admitted ones (``admits``: arrivals and requests waiting before the run, in admission order) moved
+    from the waiting queue to ``running``, last; blocks taken and freed through vLLM's pool in its order (per step
+    each scheduled request's new blocks in running order, group by group; then the finished requests' tables freed
+    in scheduled order); vLLM's requests and the engine's advanced. Returns the step-table columns and the tokens
+    sampled."""
     sched = eng.sched
     v = sched.v
     K = run.K
     tok, ctx, held, alive, sampled = (_matrix(m, K) for m in (run.tok, run.ctx, run.held, run.alive, run.sampled))
     fin = np.array(run.fin, dtype=np.int64)
     running = list(v.running)
-    waits = np.zeros(K, dtype=np.int64)  # joiners waiting, per step
+    waits = np.zeros(K, dtype=np.int64)  # requests waiting, per step, besides those waiting all through the run
     for j in joiners:
         sched.add_group(j.g)
-        if j.row is None:
-            waits[j.k:] += 1
-            continue
-        r = v.requests[str(j.g.index)]
-        v.waiting.remove(r)  # (the head: it arrived to an empty queue, or after the others admitted at its step)
+        waits[j.k:] += 1
+    gone = set()
+    for k, g, j in admits:
+        r = v.requests[str(g.index)]
+        gone.add(r.id)
         r.status = V_RUNNING
         running.append(r)
-    if v.s.policy == "priority":
+        waits[k:] -= 1
+    if gone and v.s.policy == "priority":
+        v.waiting[:] = [r for r in v.waiting if r.id not in gone]
         heapq.heapify(v.waiting)
+    elif gone:  # FCFS: the admitted are the queue's first, in its order (joiners appended behind the waiting)
+        del v.waiting[:len(gone)]
     held_start = np.array(run.nb, dtype=np.int64)
     inc = held.copy()
     inc[:, 1:] -= held[:, :-1]
@@ -326,27 +415,21 @@ def commit(eng, run: Run, joiners: list, step0: int):
     key_j = np.concatenate((jj, fj))
     order = np.lexsort((key_j, key_kind, key_k))
     groups = v.groups
-    for k, kind, j in zip(key_k[order].tolist(), key_kind[order].tolist(), key_j[order].tolist()):
-        r = running[j]
-        if kind:
-            v._free(r)
-        else:
-            slot = int(ctx[j, k])
-            for gt in groups:
-                gt.allocate(r.id, slot)
+    key_j, key_k = key_j[order], key_k[order]
+    _replay(v, running, ctx[key_j, key_k].tolist(), key_kind[order].tolist(), key_j.tolist())
     ctx_end = ctx[:, -1].tolist()
     outs = sampled.sum(axis=1).tolist()
     for j, r in enumerate(running):  # vLLM's requests: computed tokens, sampled ids, the finished gone
         r.computed = ctx_end[j]
         if outs[j]:
-            r.tokens.extend([GENERATED_ID + r.index] * outs[j])
+            r.sample(outs[j])
         if fin[j] < K:
             r.status = V_FINISHED
             del v.requests[r.id]
             del sched.by_id[r.id]
-    gone = set(fj.tolist())
-    v.running[:] = [r for j, r in enumerate(running) if j not in gone]
-    rows = run.rows + [j.g for j in joiners if j.row is not None]
+    done = set(fj.tolist())
+    v.running[:] = [r for j, r in enumerate(running) if j not in done]
+    rows = run.rows + [g for _, g, _ in admits]
     n_sampled = _advance(rows, ctx, sampled, np.array(run.dec), fin, run.times[:K], K, step0)
     used = run.used[:K]
     alloc_b = eng.pool.total * eng.block_bytes

@@ -69,7 +69,7 @@ class VRequest:
 
     id: str
     index: int  # arrival order (arrival_time)
-    tokens: list  # prompt + generated token ids
+    tokens: list  # prompt + generated token ids, kept only with prefix caching (the block hashes read them)
     prompt: int
     max_tokens: int
     priority: int = 0
@@ -77,14 +77,17 @@ class VRequest:
     status: str = WAITING
     preemptions: int = 0
     hashes: list = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
+    num_tokens: int = 0  # prompt + generated (``Request.num_tokens``)
 
     @property
     def outputs(self) -> int:
-        return len(self.tokens) - self.prompt
+        return self.num_tokens - self.prompt
+
+    def sample(self, n: int = 1) -> None:
+        """``n`` generated tokens appended (their ids only where prefix caching hashes them)."""
+        self.num_tokens += n
+        if self.tokens is not None:
+            self.tokens.extend([GENERATED_ID + self.index] * n)
 
     def __lt__(self, other: "VRequest") -> bool:  # Request.__lt__: (priority, arrival_time, request_id)
         return (self.priority, self.index, self.id) < (other.priority, other.index, other.id)
@@ -149,7 +152,10 @@ class VllmScheduler:
     # -- requests ----------------------------------------------------------------------------------
 
     def add(self, rid: str, index: int, prompt_ids, max_tokens: int, priority: int = 0) -> None:
-        r = VRequest(str(rid), index, list(prompt_ids), len(prompt_ids), max_tokens, priority)
+        n = len(prompt_ids)
+        # the token ids only where block hashes read them (without prefix caching a prompt is its length)
+        ids = list(prompt_ids) if self.s.enable_prefix_caching else None
+        r = VRequest(str(rid), index, ids, n, max_tokens, priority, num_tokens=n)
         self._rehash(r)
         self.requests[r.id] = r
         self._push(r)
@@ -321,7 +327,7 @@ class VllmScheduler:
             r = self.requests[rid]
             if r.computed < r.num_tokens:
                 continue  # a partial prefill chunk samples nothing
-            r.tokens.append(GENERATED_ID + r.index)
+            r.sample()
             self._rehash(r)
             if r.outputs >= r.max_tokens or r.num_tokens >= self.s.max_model_len:  # check_stop
                 r.status = FINISHED
@@ -411,6 +417,8 @@ class EngineVllm:
             self._real.append(by_spec[(kind, window)][k].real_bytes)
         self.by_id: dict[str, object] = {}
         self._last: dict[str, int] = {}  # the last step's scheduled tokens, for update()
+        #: Steps the engine's next planned run is planned for (None: the longest; engine/vllm_run.py adapts it).
+        self.run_horizon: int | None = None
 
     @property
     def lean(self) -> bool:
