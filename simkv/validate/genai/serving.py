@@ -336,10 +336,10 @@ def summary_lines(data: dict) -> list[str]:
              f"{data['device']} ({m['layers']} layers, hidden {m['hidden']}, {m['heads']}/{m['kv_heads']} heads x "
              f"{m['head_dim']}, weights {data['weights_precision']}, KV {data['kv_precision']})"]
     if "steps" in data:
-        lines.append(f"  {'step':<16}{'measured ms':>12}{'simkv ms':>10}{'error':>9}{'spread':>8}")
+        lines.append(f"  {'step':<18}{'measured ms':>12}{'simkv ms':>10}{'error':>9}{'spread':>8}")
         for r in data["steps"]["rows"]:
             name = f"{r['kind']} {'batch' if r['kind'] == 'decode' else 'chunk'} {r['size']}"
-            lines.append(f"  {name:<16}{r['measured_ms']:>12.2f}{r['predicted_ms']:>10.2f}{r['error_pct']:>+8.1f}%"
+            lines.append(f"  {name:<18}{r['measured_ms']:>12.2f}{r['predicted_ms']:>10.2f}{r['error_pct']:>+8.1f}%"
                          f"{r['spread_pct']:>7.1f}%{'' if r['within'] else '  !'}")
         for kind, s in data["steps"]["slopes"].items():
             a, b = list(s.values())
