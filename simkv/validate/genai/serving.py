@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from simkv.errors import ConfigError
+from simkv.errors import ConfigError, SimkvError
 
 __all__ = ["LiveConfig", "workload", "predict_steps", "simulate_requests", "compare_requests", "validate_serving",
            "cli_main", "summary_lines"]
@@ -402,16 +402,14 @@ def cli_main(args) -> int:
     from .runner import MISSING_DEPS, _one_line, check_dependencies
 
     cfg = config_from_args(args)
-    try:
+    try:  # the CLI prints a SimkvError as one line and exits 2
         check_dependencies()
     except ImportError:
-        print(f"simkv validate: error: {MISSING_DEPS}", file=sys.stderr)
-        return 2
+        raise ConfigError(MISSING_DEPS) from None
     try:
         data = validate_serving(cfg, progress=sys.stderr.isatty())
     except RuntimeError as err:
-        print(f"simkv validate: error: {_one_line(err)}", file=sys.stderr)
-        return 2
+        raise SimkvError(_one_line(err)) from None
     from ..report import emit
 
     return emit(args, data, summary_lines=summary_lines, ok=ok)
