@@ -21,6 +21,7 @@ from pathlib import Path
 
 
 def run(out: Path, quick: bool) -> None:
+    from simkv.cost import host_preset_path
     from simkv.lab.output import MissingPackage
     from simkv.validate.genai.serving import LiveConfig, summary_lines, validate_serving
 
@@ -28,6 +29,8 @@ def run(out: Path, quick: bool) -> None:
         import openvino_genai  # noqa: F401
     except ImportError:
         raise MissingPackage("openvino-genai", "pip install 'simkv[openvino]'") from None
+    if not host_preset_path().is_file():  # a measurement of this host, taken on a quiet machine: never made here
+        raise MissingPackage("the host preset", "run `taskset -c 0 simkv calibrate --threads 1` on a quiet machine first")
     cfg = LiveConfig(decode_batches=(1, 16), prefill_chunks=(64, 256), requests=20, repeats=1) if quick else LiveConfig()
     data = validate_serving(cfg, progress=True)
     out.mkdir(parents=True, exist_ok=True)
