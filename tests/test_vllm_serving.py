@@ -72,12 +72,12 @@ def test_engine_steps_are_the_vllm_schedulers(shape, blocks, prefix):
 
 
 def test_vllm_fast_paths_only_where_planned_runs_model_the_rules():
-    """core.takes_fast_paths: vLLM's planned runs cover full-attention and MLA groups without prefix caching
-    (:mod:`simkv.serving.engine.vllm_run`); a sliding group or prefix caching takes every step the reference way,
-    fast or not, and the result is the reference's."""
+    """core.takes_fast_paths: vLLM's planned runs cover full-attention and MLA groups, prefix caching on or off
+    (:mod:`simkv.serving.engine.vllm_run`); a sliding group takes every step the reference way, fast or not, and
+    the result is the reference's."""
     uniform = resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
     assert takes_fast_paths(engine(uniform, workload(3), 14).sched)
-    assert not takes_fast_paths(engine(uniform, workload(3, prefix=True), 14, True).sched)
+    assert takes_fast_paths(engine(uniform, workload(3, prefix=True), 14, True).sched)
     gemma = resolve_model(str(TINY / "gemma3.json"))
     fast, ref = engine(gemma, workload(3), 40), engine(gemma, workload(3), 40)
     assert not takes_fast_paths(fast.sched)
@@ -155,7 +155,9 @@ def vllm_cases(draw):
     reqs, step = [], 0
     for i in range(n):
         step += draw(st.integers(0, 4 if not seconds else 40))
-        kw = {"prefix_id": f"p{draw(st.integers(0, 2))}", "prefix_tokens": 32} if prefix else {}
+        # with prefix caching, shared prefixes (hits) beside requests of their own (planned runs take those)
+        family = draw(st.integers(0, 3)) if prefix else 3
+        kw = {"prefix_id": f"p{family}", "prefix_tokens": 32} if family < 3 else {}
         when = {"arrival_s": step * 1e-4} if seconds else {"arrival_step": step}
         reqs.append(Request(i, draw(st.integers(33 if prefix else 1, 150)), draw(st.integers(1, 50)),
                             **when, **kw))
@@ -199,7 +201,8 @@ def test_vllm_fast_path_equals_reference(case):
         v = eng.sched.v  # vLLM's pool after the run: its free queue in order, references, every table
         out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
                     [tuple(getattr(g, f) for f in FIELDS) for g in groups],
-                    list(v.pool.free_queue), v.pool.ref, v.pool.touched, [gt.tables for gt in v.groups]))
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched, [gt.tables for gt in v.groups],
+                    v.pool.hash_of, {k: list(b) for k, b in v.pool.cached.items()}))
     assert out[0] == out[1]
     assert all(walked)
 

@@ -54,9 +54,9 @@ SCHEDULER_RULES = ("genai", "vllm")
 
 def takes_fast_paths(sched) -> bool:
     """Whether the engine may plan quiet runs for this scheduler: GenAI's (:mod:`.planned_run`, and squeezed runs,
-    :mod:`.squeezed`), or vLLM's over full-attention and MLA groups without prefix caching (:mod:`.vllm_run`);
+    :mod:`.squeezed`), or vLLM's over full-attention and MLA groups, prefix caching on or off (:mod:`.vllm_run`);
     every other case takes the step-by-step reference path, fast or not. The one place this is decided."""
-    return isinstance(sched, ContinuousScheduler) or isinstance(sched, EngineVllm) and sched.v.plain
+    return isinstance(sched, ContinuousScheduler) or isinstance(sched, EngineVllm) and sched.v.plannable
 
 
 def memory_path(device) -> str:

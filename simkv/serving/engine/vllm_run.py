@@ -67,9 +67,11 @@ def plan(eng, live: list, pending: int) -> tuple[Run, list] | None:
     sched = eng.sched
     v = sched.v
     s = v.s
-    if (not v.plain or s.long_prefill_token_threshold or eng.trace_requests or eng.observe is not None
+    if (not v.plannable or s.long_prefill_token_threshold or eng.trace_requests or eng.observe is not None
             or not v.running or eng.tensors.total != eng.pool.total):
         return None
+    if v.pool.caching and any(gt.shared for gt in v.groups):
+        return None  # a prefix hit's block held by two tables: a finish frees fewer blocks than its table
     K = _horizon(eng)
     if K < 2:
         return None
@@ -209,7 +211,8 @@ def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
                 break
             k += int(fits.argmax())
             if (len(joiners) + len(admits) >= JOINS_PER_RUN or not isinstance(top, Joiner)
-                    and (top.preemptions or top.computed or top.outputs or g.maxc)):
+                    and (top.preemptions or top.computed or top.outputs or g.maxc)
+                    or v.pool.caching and not _misses(eng, g, sizes)):
                 run.cut(k)
                 break
             queue.popleft()
@@ -258,6 +261,16 @@ def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
     while joiners and joiners[-1].k >= run.K:  # (arrived at or after the cut)
         joiners.pop()
     return joiners, admits
+
+
+def _misses(eng, g, sizes: list) -> bool:
+    """Prefix caching: the admitted request's lookup (``get_computed_blocks`` → ``find_longest_cache_hit``, at most
+    ``num_tokens − 1`` tokens in whole blocks) surely finds nothing: its prompt has no whole block to look up, or it
+    is alone in its family (no other request's first token is its own: no block anywhere can carry its first
+    block's chained hash, so the hit stops at block 0). Any other admission may hit and ends the run there."""
+    return g.P - 1 < min(sizes) or eng.solo(g.index)
+
+
 def _step_of(eng, run: Run, req) -> int:
     """The run step a request arrives at."""
     if eng.by_step:
@@ -330,7 +343,7 @@ def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
     (:class:`~simkv.serving.kv.vllm_pool.FrontStack`): refs 0 → 1 → 0, nothing cached."""
     pool = v.pool
     groups = v.groups
-    if pool.caching:  # (no planned run has prefix caching today: the pool's own calls, block by block)
+    if pool.caching:  # the pool's own calls, block by block: evictions, hashes, cached blocks to the tail
         for slot, kind, j in zip(slots, kinds, js):
             r = running[j]
             if kind:
@@ -338,6 +351,8 @@ def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
             else:
                 for gt in groups:
                     gt.allocate(r.id, slot)
+                for gt in groups:
+                    gt.cache_blocks(r.id, r.hashes, slot)
         return
     st = pool.free_queue.stack
     ref = pool.ref
@@ -390,7 +405,7 @@ def commit(eng, run: Run, joiners: list, admits: list, step0: int):
     running = list(v.running)
     waits = np.zeros(K, dtype=np.int64)  # requests waiting, per step, besides those waiting all through the run
     for j in joiners:
-        sched.add_group(j.g)
+        sched.add_group(j.g, eng.tokens[j.g.index] if eng.tokens is not None else None)
         waits[j.k:] += 1
     gone = set()
     for k, g, j in admits:
@@ -408,7 +423,21 @@ def commit(eng, run: Run, joiners: list, admits: list, step0: int):
     inc = held.copy()
     inc[:, 1:] -= held[:, :-1]
     inc[:, 0] -= held_start
-    kk, jj = np.nonzero((inc > 0).T)  # allocations, step by step, running order
+    event = inc > 0
+    if v.pool.caching:  # and the steps a block becomes full (cache_full_blocks gives it its hash then)
+        filled = np.zeros_like(ctx)
+        for gt in v.groups:
+            filled += ctx // gt.block_size
+        grew = filled.copy()
+        grew[:, 1:] -= filled[:, :-1]
+        grew[:, 0] -= sum((ctx[:, 0] - tok[:, 0]) // gt.block_size for gt in v.groups)
+        event |= grew > 0
+        for _, g, _ in admits:  # the admission's lookup found nothing (_misses): add_hit([]) registered it
+            rid = str(g.index)
+            for gt in v.groups:
+                gt.tables.setdefault(rid, [])
+                gt.num_cached[rid] = 0
+    kk, jj = np.nonzero(event.T)  # allocations (and caching), step by step, running order
     fj = np.flatnonzero(fin < K)
     key_k = np.concatenate((kk, fin[fj]))
     key_kind = np.concatenate((np.zeros(len(kk), dtype=np.int64), np.ones(len(fj), dtype=np.int64)))
@@ -416,13 +445,15 @@ def commit(eng, run: Run, joiners: list, admits: list, step0: int):
     order = np.lexsort((key_j, key_kind, key_k))
     groups = v.groups
     key_j, key_k = key_j[order], key_k[order]
-    _replay(v, running, ctx[key_j, key_k].tolist(), key_kind[order].tolist(), key_j.tolist())
     ctx_end = ctx[:, -1].tolist()
     outs = sampled.sum(axis=1).tolist()
-    for j, r in enumerate(running):  # vLLM's requests: computed tokens, sampled ids, the finished gone
-        r.computed = ctx_end[j]
+    for j, r in enumerate(running):  # sampled ids and their block hashes first (the replay caches blocks by them)
         if outs[j]:
             r.sample(outs[j])
+            v._rehash(r)
+    _replay(v, running, ctx[key_j, key_k].tolist(), key_kind[order].tolist(), key_j.tolist())
+    for j, r in enumerate(running):  # vLLM's requests: computed tokens, the finished gone
+        r.computed = ctx_end[j]
         if fin[j] < K:
             r.status = V_FINISHED
             del v.requests[r.id]

@@ -124,6 +124,9 @@ class VllmScheduler:
         #: Groups that never skip a block and share none (full attention or MLA, prefix caching off): their
         #: ``allocate_slots`` is the block count alone (:meth:`_allocate_plain`).
         self.plain = not s.enable_prefix_caching and all(kind in ("full", "mla") for kind, _, _ in specs)
+        #: Groups the engine's planned runs cover (:mod:`simkv.serving.engine.vllm_run`): full attention and MLA,
+        #: prefix caching on or off (nothing leaves a window; a run replays the caching through this pool).
+        self.plannable = all(kind in ("full", "mla") for kind, _, _ in specs)
         #: The serving engine's fast path (set by it): arithmetic shortcuts where the rules reduce to them.
         self.lean = False
         self.running: list[VRequest] = []
