@@ -210,16 +210,17 @@ def test_vllm_fast_path_equals_reference(case):
 def fast_equals_reference(model, reqs, blocks: int, **kw):
     """The workload through ``--engine fast`` and the reference (fresh requests each); asserts the two equal byte
     for byte — step table, request table, ledger, vLLM's pool after it (free queue order, references) — and returns
-    the fast engine and its step table."""
+    the fast engine and its step table. With prefix caching, the cache too (each block's hash, each hash's blocks)."""
     out, engines = [], []
     for fast in (True, False):
         eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
-                                     arrival_s=r.arrival_s, priority=r.priority) for r in reqs], blocks, **kw)
+                                     arrival_s=r.arrival_s, priority=r.priority, prefix_id=r.prefix_id,
+                                     prefix_tokens=r.prefix_tokens) for r in reqs], blocks, **kw)
         groups, steps, _, seconds = eng.run(fast=fast)
         v = eng.sched.v
         out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
                     [tuple(getattr(g, f) for f in FIELDS) for g in groups],
-                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched, v.pool.hash_of, v.pool.cached))
         engines.append((eng, steps))
     assert out[0] == out[1]
     return engines[0]
@@ -308,3 +309,29 @@ def test_vllm_waiting_queue_admitted_inside_planned_runs(shape, blocks, seqs, po
                                             scheduling_policy=policy)
     assert fast_eng.slow_steps < 0.3 * len(steps), (fast_eng.slow_steps, len(steps))
     assert counts["queue"] > 60, counts
+
+
+@pytest.mark.parametrize("shape,blocks", [("uniform", 120), ("deepseek_v3", 120), ("uniform", 2000)])
+def test_vllm_planned_runs_with_prefix_caching(shape, blocks):
+    """Prefix caching inside planned runs (:mod:`simkv.serving.engine.vllm_run`): blocks hashed as they fill, freed
+    cached blocks at the free queue's tail, evicted from its front when the pool is short (120 blocks for ~1,500
+    blocks' worth of requests; 2,000: nothing evicted), a request of its own admitted inside a run (its lookup cannot hit), one sharing a
+    prefix (a third of them: 48 tokens, 3 whole blocks) ending the run at its admission (the hit is the step-by-step
+    path's). The result is the reference's byte for byte (step table, request table, ledger, free queue, every
+    block's hash and the cache); the runs are taken, prefix hits happen, and cached blocks were evicted (a short pool)."""
+    rng = np.random.default_rng(11)
+    t, reqs = 0.0, []
+    for i in range(150):
+        t += float(rng.exponential(0.02))
+        shared = {"prefix_id": "p0", "prefix_tokens": 48} if i % 3 == 0 else {}
+        reqs.append(Request(i, int(rng.integers(49, 300)), int(rng.integers(1, 120)), arrival_s=t, **shared))
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, prefix=True, max_num_seqs=64)
+    planned = len(steps) - fast_eng.slow_steps
+    assert planned > 0.5 * len(steps), (planned, len(steps))
+    assert sum(1 for g in fast_eng.groups if g.prefix_hit) > 20
+    pool = fast_eng.sched.v.pool
+    filled = sum((g.P + g.generated - 1) // 16 for g in fast_eng.groups)  # full blocks computed, at least
+    if blocks == 120:  # a short pool: every block handed out, most cached blocks evicted again
+        assert pool.touched == pool.num_blocks and len(pool.cached) < filled // 4
+    else:  # a roomy one: every full block still cached
+        assert len(pool.cached) >= filled - len(fast_eng.groups)

@@ -71,8 +71,9 @@ class VllmBlockPool:
                            else FrontStack(range(1, num_blocks)))
         self.ref = [0] * num_blocks
         self.hash_of: list = [None] * num_blocks
-        #: (block hash, group id) -> the cached blocks with it, first cached first (``cached_block_hash_to_block``).
-        self.cached: dict[object, dict[int, None]] = {}
+        #: (block hash, group id) -> the cached blocks with it, first cached first (``cached_block_hash_to_block``;
+        #: a short list: two blocks share a hash only where two requests computed the same block at once).
+        self.cached: dict[object, list[int]] = {}
         #: Block ids handed out so far are all below this (the engine's resident pool: ``BlockPool.touched``).
         self.touched = 0
 
@@ -100,26 +101,22 @@ class VllmBlockPool:
                 self.touched = max(self.touched, max(out) + 1)
             return out
         out = []
+        popitem, ref, hash_of, cached = self.free_queue.popitem, self.ref, self.hash_of, self.cached
         for _ in range(n):
-            b, _ = self.free_queue.popitem(last=False)
-            if self.caching:
-                self._evict(b)
-            self.ref[b] = 1
+            b = popitem(last=False)[0]
+            key = hash_of[b]
+            if key is not None:  # evicted: its hash out of the cache (_maybe_evict_cached_block)
+                hash_of[b] = None
+                holders = cached[key]
+                if len(holders) == 1:
+                    del cached[key]
+                else:
+                    holders.remove(b)
+            ref[b] = 1
             out.append(b)
         if out:
             self.touched = max(self.touched, max(out) + 1)
         return out
-
-    def _evict(self, b: int) -> None:
-        key = self.hash_of[b]
-        if key is None:
-            return
-        self.hash_of[b] = None
-        holders = self.cached.get(key)
-        if holders is not None:
-            holders.pop(b, None)
-            if not holders:
-                del self.cached[key]
 
     def touch(self, blocks) -> int:
         """A prefix hit: each block's ref count + 1, out of the free queue if it was free (``BlockPool.touch``).
@@ -146,19 +143,19 @@ class VllmBlockPool:
             return 0
         first, last = [], []
         still_held = 0
+        ref, hash_of, queue = self.ref, self.hash_of, self.free_queue
         for b in ordered:
             if b == NULL:
                 continue
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                (first if self.hash_of[b] is None or not self.caching else last).append(b)
+            ref[b] -= 1
+            if ref[b] == 0:
+                (first if hash_of[b] is None else last).append(b)
             else:
                 still_held += 1
         for b in reversed(first):  # prepend_n: the list's order at the queue's front
-            self.free_queue[b] = None
-            self.free_queue.move_to_end(b, last=False)
-        for b in last:
-            self.free_queue[b] = None
+            queue[b] = None
+            queue.move_to_end(b, last=False)
+        queue.update(dict.fromkeys(last))  # append_n: the cached ones at the tail, in order
         return still_held
 
     def cache(self, b: int, key) -> None:
@@ -166,11 +163,15 @@ class VllmBlockPool:
         if self.hash_of[b] is not None:
             return
         self.hash_of[b] = key
-        self.cached.setdefault(key, {})[b] = None
+        holders = self.cached.get(key)
+        if holders is None:
+            self.cached[key] = [b]
+        else:
+            holders.append(b)
 
     def cached_block(self, key) -> int | None:
         holders = self.cached.get(key)
-        return next(iter(holders)) if holders else None
+        return holders[0] if holders else None
 
 
 class GroupTables:
@@ -255,9 +256,10 @@ class GroupTables:
         if cached >= full:
             return
         table = self.tables[rid]
+        cache, gid = self.pool.cache, self.gid
         for i in range(cached, full):
             if table[i] != NULL:
-                self.pool.cache(table[i], (hashes[i], self.gid))
+                cache(table[i], (hashes[i], gid))
         self.num_cached[rid] = full
 
     def free(self, rid: str) -> None:
