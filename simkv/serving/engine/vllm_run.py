@@ -17,9 +17,19 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
   budget it is left starves whoever follows it (``while ... and token_budget > 0``), so a run needs every prompt
   still being prefilled *after* every decoder in ``running``; then decoders-then-prompts is vLLM's order too (a
   prompt that completes decodes at its place, one token, whatever that place is).
-* Blocks per request: ``allocate_slots`` of full-attention and MLA groups without prefix caching
-  (:attr:`VllmScheduler.plain`) is ``cdiv(computed + n, block_size) − len(table)`` new blocks per group; nothing
-  leaves a window. Sliding, chunked and Mamba groups and prefix caching are left to the step-by-step path.
+* Blocks per request: ``allocate_slots`` of full-attention and MLA groups (:attr:`VllmScheduler.plannable`) is
+  ``cdiv(computed + n, block_size) − len(table)`` new blocks per group; nothing leaves a window. Sliding, chunked
+  and Mamba groups are left to the step-by-step path.
+* Prefix caching (``enable_prefix_caching``): a request's block hashes are chained over its full blocks of known
+  tokens (``Request.update_block_hashes``; :meth:`VllmScheduler._rehash`), and ``allocate_slots`` ends with
+  ``cache_blocks`` (``BlockPool.cache_full_blocks``): the blocks that became full that step get their hashes. Freed
+  blocks with a hash go to the free queue's tail, the rest to its front (``free_blocks``); a new block off the
+  front evicts its hash (``_maybe_evict_cached_block``). None of it changes how many blocks are free (a cached free
+  block is free), so the run's arithmetic is the same; the replay (:func:`_replay`) makes each step's allocations,
+  its caching and its frees through vLLM's pool in vLLM's order. What a run does not plan: a prefix hit. An
+  admission inside a run whose lookup (``get_computed_blocks``) could find a block — a request not alone in its
+  family (:meth:`PagedServing.solo`) with a whole block to look up — ends the run there (:func:`_misses`); a run
+  does not start while a hit's block is held by two tables (a finish would free fewer blocks than its table).
 * Pool: vLLM allocates all of a step's blocks in ``schedule()`` and frees the finished requests' in
   ``update_from_output`` after it, so a step fits when the blocks held after its allocations fit the pool (the
   free queue only shrinks inside ``schedule()``); the step that does not is a preemption and ends the run.
@@ -340,7 +350,9 @@ def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
     by group (``allocate_slots`` → ``get_new_blocks``: ``popleft_n``); a free gives each group's table back, reversed
     (``SingleTypeKVCacheManager.free`` → ``free_blocks``: ``prepend_n``). Without prefix caching (every group plain,
     no hash, no null block in a table) the same, slice by slice on the free queue's stack
-    (:class:`~simkv.serving.kv.vllm_pool.FrontStack`): refs 0 → 1 → 0, nothing cached."""
+    (:class:`~simkv.serving.kv.vllm_pool.FrontStack`): refs 0 → 1 → 0, nothing cached. With prefix caching, each
+    allocation is followed by ``cache_blocks`` (the blocks full at ``slot`` tokens get their hashes: ``r.hashes``
+    holds them all, computed from the run's sampled tokens first), through the pool's own calls."""
     pool = v.pool
     groups = v.groups
     if pool.caching:  # the pool's own calls, block by block: evictions, hashes, cached blocks to the tail
