@@ -128,7 +128,7 @@ def test_cli_scheduler_vllm_bad_input_one_line():
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "lifo" in p.stderr
 
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.test_serving_speed import FIELDS  # noqa: E402
@@ -167,8 +167,18 @@ def vllm_cases(draw):
     return shape, prefix, reqs, blocks, policy
 
 
+def shared(i: int, prompt: int, new_tokens: int, step: int = 0, family: str = "p0") -> Request:
+    """A request of an explicit example: a 32-token prefix shared with its family, arriving at ``step``."""
+    return Request(i, prompt, new_tokens, arrival_step=step, prefix_id=family, prefix_tokens=32)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(vllm_cases())
+# A waiting head that may hit the prefix cache, tried where its whole prompt does not fit without the hit: 7 blocks;
+# step 0 request 0 takes its 64 tokens (4 blocks, its first two cached), request 1 (33 tokens: 3 blocks whole)
+# waits for budget; step 1 request 0 decodes (5 blocks held), and request 1's lookup hits 2 blocks (32 tokens), so
+# it needs 1 new block of the 2 free and is admitted — the planned run had tried it without the hit (3 > 2).
+@example(("deepseek_v3", True, [shared(0, 64, 3), shared(1, 33, 1)], 8, "fcfs"))
 def test_vllm_fast_path_equals_reference(case):
     """``--engine fast`` under vLLM's rules (arithmetic data bytes per table, ``allocate_slots`` of full/MLA groups
     as a block count) gives byte-identical step tables, request tables and ledgers to the reference (the block walk

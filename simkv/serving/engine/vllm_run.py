@@ -26,9 +26,11 @@ Where vLLM's rules differ from GenAI's, and what that asks of a run:
   blocks with a hash go to the free queue's tail, the rest to its front (``free_blocks``); a new block off the
   front evicts its hash (``_maybe_evict_cached_block``). None of it changes how many blocks are free (a cached free
   block is free), so the run's arithmetic is the same; the replay (:func:`_replay`) makes each step's allocations,
-  its caching and its frees through vLLM's pool in vLLM's order. What a run does not plan: a prefix hit. An
-  admission inside a run whose lookup (``get_computed_blocks``) could find a block — a request not alone in its
-  family (:meth:`PagedServing.solo`) with a whole block to look up — ends the run there (:func:`_misses`); a run
+  its caching and its frees through vLLM's pool in vLLM's order. What a run does not plan: a prefix hit. The
+  waiting loop's first try of a head whose lookup (``get_computed_blocks``) could find a block — a request not
+  alone in its family (:meth:`PagedServing.solo`) with a whole block to look up, or one preempted before (its own
+  blocks may still be cached) — ends the run there (:func:`_misses`), whether its whole prompt fits or not: a hit
+  block is not allocated, so the hit may admit a prompt whose blocks do not fit without it; a run
   does not start while a hit's block is held by two tables (a finish would free fewer blocks than its table).
 * Pool: vLLM allocates all of a step's blocks in ``schedule()`` and frees the finished requests' in
   ``update_from_output`` after it, so a step fits when the blocks held after its allocations fit the pool (the
@@ -189,7 +191,8 @@ def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
     (one arriving to an empty queue is the head at its step; one arriving behind another waits behind it).
 
     The run is cut (the step-by-step path takes over) at an admission the arithmetic does not model — a request
-    preempted before (its recompute), or a parallel sample —, after :data:`JOINS_PER_RUN` arrivals or admissions,
+    preempted before (its recompute), or a parallel sample —, at the first try (budget and ``max_num_seqs`` allow
+    it, whether its blocks fit or not) of a head whose prefix lookup may hit (its hit blocks are not allocated), after :data:`JOINS_PER_RUN` arrivals or admissions,
     and under the priority policy where an arrival would share the queue with another waiting request (the heap's
     order, not the arrival's, picks the head); an admission whose blocks pass the pool at a later step cuts the run
     there (a preemption). Returns the joiners (the arrivals, admitted or not) and the requests admitted from the
@@ -213,16 +216,19 @@ def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
             end = min(ka, run.K)
             if k >= end:
                 break
-            whole = _whole(g.P if isinstance(top, Joiner) else top.num_tokens, sizes)
-            fits = ((budget - run.new[k:end] > 0) & (running[k:end] < s.max_num_seqs)
-                    & (whole <= room - run.used[k:end]))
+            resumed = not isinstance(top, Joiner) and bool(top.preemptions or top.computed or top.outputs or g.maxc)
+            # a lookup that may hit lowers the blocks the admission needs (a hit block is not allocated): where it
+            # is tried at all (budget, max_num_seqs) it may be admitted, so the run ends at its first try
+            may_hit = v.pool.caching and (resumed or not _misses(eng, g, sizes))
+            fits = (budget - run.new[k:end] > 0) & (running[k:end] < s.max_num_seqs)
+            if not may_hit:
+                whole = _whole(g.P if isinstance(top, Joiner) else top.num_tokens, sizes)
+                fits &= whole <= room - run.used[k:end]
             if not fits.any():
                 k = end
                 break
             k += int(fits.argmax())
-            if (len(joiners) + len(admits) >= JOINS_PER_RUN or not isinstance(top, Joiner)
-                    and (top.preemptions or top.computed or top.outputs or g.maxc)
-                    or v.pool.caching and not _misses(eng, g, sizes)):
+            if len(joiners) + len(admits) >= JOINS_PER_RUN or resumed or may_hit:
                 run.cut(k)
                 break
             queue.popleft()
