@@ -1,4 +1,4 @@
-"""GenAI's KV-cache eviction (simkv/serving/eviction.py): the configuration, its checks and the rule, by hand.
+"""GenAI's KV-cache eviction (simkv/serving/sched/eviction.py): the configuration, its checks and the rule, by hand.
 
 The rule (openvino.genai ``cache_eviction.cpp``, docs/DESIGN.md §4d): with ``T`` tokens held after the forward
 of a step, a sequence past its prompt drops ``floor(T / B) - max / B`` blocks once ``T >= max + B``; KVCrush with
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from simkv.errors import ConfigError
-from simkv.serving.eviction import CacheEviction, parse_cache_eviction
+from simkv.serving.sched.eviction import CacheEviction, parse_cache_eviction
 
 B = 32
 

@@ -91,6 +91,9 @@ def _add_paged_validate_arguments(p) -> None:
                    help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
     g.add_argument("--no-dynamic-split-fuse", action="store_true", help="vLLM mode: whole prompts, no chunks")
     g.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching")
+    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]",
+                   help="GenAI's cache eviction (use_cache_eviction; tokens, B in blocks; 'on': GenAI's defaults "
+                        "start=32,recent=128,max=672): with --random, every workload runs with it")
     g.add_argument("--no-memray", action="store_true", help="skip recording the pool allocations (faster)")
 
 

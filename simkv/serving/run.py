@@ -107,6 +107,11 @@ class ServingResult:
     oom: dict | None = None
     #: Paged: the pools' largest in-step bytes without the CPU plugin's scratch buffers (which are never touched).
     pool_peak: int = 0
+    #: Paged: the step at which one of GenAI's checks throws out of ``step()`` ({"step", "check", "reason"}: cache
+    #: eviction, simkv.serving.sched.eviction; the run ended there).
+    runtime_stop: dict | None = None
+    #: Paged, with cache eviction: the blocks sequences dropped (every layer's count; the same in each).
+    evicted_blocks: int = 0
 
     def _block_bytes(self) -> int:
         return self.block_bytes
@@ -385,7 +390,7 @@ def _result(spec: ServingSpec, eng, device) -> ServingResult:
     groups, steps, prog = out[0], out[1], out[2]
     if spec.memory == "paged":
         return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, eng.stopped, eng.pool.touched,
-                             eng.block_bytes, eng.oom, eng.resident_peak)
+                             eng.block_bytes, eng.oom, eng.resident_peak, eng.runtime_stop, eng.sched.evicted_blocks)
     return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0, None, 0)
 
 

@@ -34,6 +34,7 @@ from simkv.serving.kv.block_pool import BlockPool
 from simkv.serving.kv.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
 from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.eviction import check_eviction, check_request
 from simkv.serving.sched.genai import ContinuousScheduler, GpuCheck, prepare_tokens
 from simkv.serving.sched.group import RUNNING, UNFINISHED, Group
 from simkv.serving.engine.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
@@ -195,6 +196,11 @@ class PagedServing:
         self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks, kv=kv,
                                          state_pool=self.state_pool, budget=budget, gpu=gpu)
         self.side_pools = [self.sched.pools[grp.pool] for grp in kv.side]
+        if config.cache_eviction is not None:
+            check_eviction(config.cache_eviction, self.bs, prefix_caching=config.enable_prefix_caching,
+                           plain=self.sched.simple and kv.manager == "genai")
+            for req in requests:
+                check_request(req)
         #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
         self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
         self.kv_token = self.work.kv_token
@@ -306,6 +312,9 @@ class PagedServing:
         self.stopped = None
         #: Out of memory: {"step", "reason", ...} of the step whose pool allocation did not fit (the run ends there).
         self.oom = None
+        #: One of GenAI's checks threw out of ``step()`` (cache eviction, simkv.serving.sched.eviction):
+        #: {"step", "check", "reason"} of that step (the run ends there).
+        self.runtime_stop = None
         #: The largest bytes the pools held inside a (re)allocating step, the CPU plugin's scratch left out.
         self.resident_peak = 0
         self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
@@ -328,6 +337,8 @@ class PagedServing:
     def add(self, req: Request, prompt: int, tokens=None) -> None:
         """A request routed here (arrivals in seconds, not before those given so far): it joins at the first
         step that starts at or after its arrival, as if it had been in ``requests`` from the start."""
+        if self.cfg.cache_eviction is not None:
+            check_request(req)
         self.requests.append(req)
         self.prompts.append(prompt)
         if self.tokens is not None:
@@ -400,6 +411,10 @@ class PagedServing:
                 self._slow_step(live)
                 if self.oom is not None:
                     self._stop_out_of_memory(live, self.pending)
+                    break
+                if self.runtime_stop is not None:
+                    left = self._leave_unfinished(live, self.pending)
+                    self.stopped = f"{self.runtime_stop['reason']}; {left:,} requests left unfinished"
                     break
                 live[:] = [g for g in live if g.status == RUNNING]
             elif joined == HELD:
@@ -563,6 +578,14 @@ class PagedServing:
             self.timer.record_idle()
         else:
             new, pairs, kv_read, logits, decode_pairs = step_work(scheduled, self.work)
+            if self.sched.eviction is not None:  # after the forward, before sampling (GenAI's order)
+                stop = self.sched.evict(scheduled)
+                if stop is not None:  # GenAI's step() throws here: the run ends without this step's row
+                    check, where = stop
+                    self.runtime_stop = {"step": step, "check": check,
+                                         "reason": f"GenAI's step() throws at step {step:,} (cache eviction): "
+                                                   f"\"{check}\" in {where}"}
+                    return
             dt = self.timer.step(new, pairs, kv_read, copied, logits, decode_pairs)
         t += dt
         self.est.append(dt)
@@ -657,17 +680,8 @@ class PagedServing:
         to come is UNFINISHED, and the step and the reason are reported (``simkv run``, ``--json``: ``oom``)."""
         from simkv.units import format_bytes
 
-        for g in live:
-            g.status = UNFINISHED
-        for index in range(pending, len(self.requests)):
-            req = self.requests[index]
-            g = Group(req, index, self.prompts[index])
-            g.added_s = req.arrival_s if req.arrival_s is not None else self.t
-            g.added_step = req.arrival_step if req.arrival_step is not None else self.step
-            g.status = UNFINISHED
-            self.groups.append(g)
+        left = self._leave_unfinished(live, pending)
         o = self.oom
-        left = len(live) + len(self.requests) - pending
         why = ("GenAI's CPU path grows a dynamic pool with no memory check (scheduler.hpp _try_increase_cache:769, "
                "_reserve_dynamic_capacity_for_active_sequences)" if self.memory_path == "cpu" else
                "GenAI reserves for arriving prompts with no memory check (scheduler.hpp "
@@ -679,6 +693,20 @@ class PagedServing:
                        f"{format_bytes(self.device_memory)}; {why}, and the allocation throws out of step() "
                        f"(std::bad_alloc on Linux); {left:,} requests left unfinished")
         self.stopped = o["reason"]
+
+    def _leave_unfinished(self, live: list[Group], pending: int) -> int:
+        """The run ends here: every request present or still to come is UNFINISHED (those to come get their
+        groups). Returns how many."""
+        for g in live:
+            g.status = UNFINISHED
+        for index in range(pending, len(self.requests)):
+            req = self.requests[index]
+            g = Group(req, index, self.prompts[index])
+            g.added_s = req.arrival_s if req.arrival_s is not None else self.t
+            g.added_step = req.arrival_step if req.arrival_step is not None else self.step
+            g.status = UNFINISHED
+            self.groups.append(g)
+        return len(live) + len(self.requests) - pending
 
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])

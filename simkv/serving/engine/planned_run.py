@@ -248,6 +248,8 @@ def _present(eng, live: list, reach: int):
     cfg, sched, pool = eng.cfg, eng.sched, eng.pool
     if eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
         return None
+    if cfg.cache_eviction is not None:
+        return None
     prefix = cfg.enable_prefix_caching
     if prefix and not sched.simple:
         return None

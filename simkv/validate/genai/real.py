@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["KVLayout", "kv_layout", "RealRun", "run_real", "read_pool_events", "PIPELINE_PROPERTIES", "POOL_FRAME",
-           "MAX_STEPS", "RealStop", "RealCrash", "assertion"]
+           "MAX_STEPS", "RealCrash", "assertion"]
 
 #: A real run stops (as an error) after this many steps.
 MAX_STEPS = 50_000
@@ -88,6 +88,9 @@ class RealRun:
     transient_events: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: ``step()`` threw (one of GenAI's checks): {"step": k, "check": :func:`assertion`'s line}; ``steps`` holds
+    #: the steps before it.
+    stop: dict | None = None
 
 
 def _generation_config(r, seed: int):
@@ -109,21 +112,21 @@ def _generation_config(r, seed: int):
     return g
 
 
-def _scheduler_config(opts, eviction: dict | None = None):
-    """GenAI's ``SchedulerConfig`` from simkv's, and ``use_cache_eviction`` with its ``CacheEvictionConfig``
-    (``eviction``: :meth:`simkv.serving.eviction.CacheEviction.genai`; NORM_SUM, no rotation, SnapKV window 8:
-    GenAI's defaults) when given."""
+def _scheduler_config(opts):
+    """GenAI's ``SchedulerConfig`` from simkv's, with ``use_cache_eviction`` and its ``CacheEvictionConfig``
+    (:meth:`simkv.serving.sched.eviction.CacheEviction.genai`; NORM_SUM and no rotation, GenAI's defaults) when
+    ``opts.cache_eviction`` is set."""
     import openvino_genai as og
 
     sc = og.SchedulerConfig()
     for name, value in opts.genai().items():
         setattr(sc, name, value)
-    if eviction is not None:
+    if opts.cache_eviction is not None:
+        eviction = opts.cache_eviction.genai()
         sc.use_cache_eviction = True
-        args = (eviction["start"], eviction["recent"], eviction["max"], og.AggregationMode.NORM_SUM)
-        if eviction.get("kvcrush"):
-            args += (False, 8, og.KVCrushConfig(eviction["kvcrush"]))
-        sc.cache_eviction_config = og.CacheEvictionConfig(*args)
+        sc.cache_eviction_config = og.CacheEvictionConfig(
+            eviction["start"], eviction["recent"], eviction["max"], og.AggregationMode.NORM_SUM, False,
+            eviction["snapkv"], og.KVCrushConfig(eviction["kvcrush"]))
     return sc
 
 
@@ -132,17 +135,16 @@ PIPELINE_PROPERTIES = {"INFERENCE_NUM_THREADS": 1}
 
 
 def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model_path: str | Path,
-             *, trace: bool = False, seed: int = 0, progress: bool = False, eviction: dict | None = None) -> RealRun:
-    """Drive the real pipeline step by step (:mod:`.runner`'s docstring, points 2-4); with ``eviction``
-    (:func:`_scheduler_config`) GenAI's cache eviction is on. An error out of ``step()`` (GenAI's assertions)
-    is a :class:`RealStop`: the step it came from and the assertion's message."""
+             *, trace: bool = False, seed: int = 0, progress: bool = False) -> RealRun:
+    """Drive the real pipeline step by step (:mod:`.runner`'s docstring, points 2-4), with GenAI's cache eviction
+    when ``opts.cache_eviction`` is set. An error out of ``step()`` (one of GenAI's assertions) ends the run:
+    ``RealRun.stop`` names the step and the check."""
     import openvino as ov
     import openvino_genai as og
 
     t0 = time.perf_counter()
     layout = kv_layout(model_path, PIPELINE_PROPERTIES)
-    pipe = og.ContinuousBatchingPipeline(str(model_path), _scheduler_config(opts, eviction), "CPU",
-                                         dict(PIPELINE_PROPERTIES))
+    pipe = og.ContinuousBatchingPipeline(str(model_path), _scheduler_config(opts), "CPU", dict(PIPELINE_PROPERTIES))
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step, i))
     max_steps = min(MAX_STEPS, max(r.arrival_step for r in requests)
                     + 4 * sum(r.prompt + r.max_new_tokens * r.sequences for r in requests) + 64)
@@ -163,6 +165,7 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
 
         bar = tqdm(desc="real steps", unit="step", leave=False, file=sys.stderr)
     nxt, k = 0, 0
+    stop = None
     try:
         while nxt < len(order) or pipe.has_non_finished_requests():
             if k >= max_steps:
@@ -179,8 +182,9 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
                         pipe.step()
                 else:
                     pipe.step()
-            except RuntimeError as err:  # an assertion of GenAI's: where, and which
-                raise RealStop(k, str(err)) from None
+            except RuntimeError as err:  # one of GenAI's assertions: the run ends here
+                stop = {"step": k, "check": assertion(str(err))}
+                break
             m = pipe.get_metrics()
             total_bytes = int(m.kv_cache_size_in_bytes)
             if total_bytes % layout.block_bytes:
@@ -212,10 +216,11 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
         if recorder is not None:
             recorder.__exit__(None, None, None)
     del pipe
-    run = RealRun(steps=steps, layout=layout, warnings=warnings)
+    run = RealRun(steps=steps, layout=layout, warnings=warnings, stop=stop)
     if recorder is not None:
-        try:
-            run.pool_events, run.transient_events = read_pool_events(recorder.path, len(steps), layout)
+        try:  # (a step that threw has its start marker)
+            run.pool_events, run.transient_events = read_pool_events(recorder.path, len(steps) + (stop is not None),
+                                                                     layout)
         finally:
             recorder.cleanup()
     if opts.num_kv_blocks and steps and steps[-1]["blocks_total"] != opts.num_kv_blocks:
@@ -345,8 +350,7 @@ class RealWorker:
         self.proc = subprocess.Popen([sys.executable, "-m", "simkv.validate.genai.real"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
 
-    def run(self, requests: Sequence, token_ids, opts, model_path, *, trace: bool, seed: int,
-            eviction: dict | None = None) -> RealRun:
+    def run(self, requests: Sequence, token_ids, opts, model_path, *, trace: bool, seed: int) -> RealRun:
         import json
         from dataclasses import asdict
 
@@ -354,14 +358,13 @@ class RealWorker:
             self._start()
         task = {"requests": [asdict(r) | {"token_ids": None} for r in requests],
                 "token_ids": [list(t) for t in token_ids], "opts": opts.genai(), "model": str(model_path),
-                "trace": trace, "seed": seed, "eviction": eviction}
+                "trace": trace, "seed": seed,
+                "eviction": opts.cache_eviction.genai() if opts.cache_eviction is not None else None}
         self.proc.stdin.write(json.dumps(task) + "\n")
         self.proc.stdin.flush()
         for line in self.proc.stdout:
             if line.startswith(_RESULT):
                 out = json.loads(line[len(_RESULT):])
-                if "stop" in out:
-                    raise RealStop(out["stop"]["step"], out["stop"]["message"])
                 if "error" in out:
                     raise RuntimeError(out["error"])
                 run = out["run"]
@@ -383,33 +386,18 @@ class RealCrash(RuntimeError):
     """The pipeline's process died (a signal from native code) while running a workload."""
 
 
-class RealStop(RuntimeError):
-    """``step()`` threw (one of GenAI's ``OPENVINO_ASSERT`` checks): at which step, and the check in one line
-    (:func:`assertion`)."""
-
-    def __init__(self, step: int, message: str) -> None:
-        self.step = step
-        self.message = message
-        self.check = assertion(message)
-        super().__init__(f"step() threw at step {step}: {self.check}")
-
-
 def assertion(message: str) -> str:
-    """GenAI's assertion message in one line: ``file:line: reason`` (``Check '...' failed at
-    .../block_manager.hpp:416:`` then the reason), else the message's last line."""
+    """GenAI's assertion message in one line: ``file:line: Check 'expression': reason`` (from ``Check '...' failed
+    at .../block_manager.hpp:416:`` and the reason on the next line), else the message's last line."""
     import re
 
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    where = None
-    reason = []
     for i, ln in enumerate(lines):
-        m = re.search(r"failed at .*?([\w.]+\.(?:cpp|hpp|h)):(\d+)", ln)
+        m = re.search(r"(Check '.*') failed at .*?([\w.]+\.(?:cpp|hpp|h)):(\d+)", ln)
         if m:
-            where = f"{m.group(1)}:{m.group(2)}"
             reason = [x for x in lines[i + 1:] if not x.startswith("Exception from")][:1]
-    if where is None:
-        return lines[-1] if lines else message
-    return f"{where}: {reason[0]}" if reason else where
+            return f"{m.group(2)}:{m.group(3)}: {m.group(1)}" + (f": {reason[0]}" if reason else "")
+    return lines[-1] if lines else message
 
 
 def _signal_name(code: int) -> str:
@@ -428,16 +416,16 @@ def _child() -> int:
 
     from simkv.serving.requests import Request
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.eviction import CacheEviction
 
     for line in sys.stdin:
         task = json.loads(line)
         requests = [Request(**r) for r in task["requests"]]
         try:
-            run = run_real(requests, task["token_ids"], SchedulerConfig(**task["opts"]), task["model"],
-                           trace=task["trace"], seed=task["seed"], eviction=task.get("eviction"))
+            eviction = task["eviction"]
+            opts = SchedulerConfig(**task["opts"], cache_eviction=CacheEviction(**eviction) if eviction else None)
+            run = run_real(requests, task["token_ids"], opts, task["model"], trace=task["trace"], seed=task["seed"])
             out = {"run": asdict(run)}
-        except RealStop as stop:
-            out = {"stop": {"step": stop.step, "message": stop.message}}
         except RuntimeError as err:
             out = {"error": str(err)}
         sys.stdout.write(_RESULT + json.dumps(out) + "\n")
