@@ -66,6 +66,10 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
                    "windows keep every block, linear-attention states in a pool of their own) | vllm (vLLM's hybrid "
                    "manager: a block table per group of layers, windows and chunks free blocks, MLA as its latent, a "
                    "state block per running request; GenAI's scheduling either way; default genai)")
+    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]",
+                   help="paged: GenAI's cache eviction (use_cache_eviction): a request keeps its first start and last "
+                   "recent tokens and at most max (tokens, multiples of the block size; kvcrush: blocks KVCrush keeps; "
+                   "'on': start=32,recent=128,max=672; default off)")
     g.add_argument("--on-oom", default="preempt", help=f"when a request's memory does not fit: {' | '.join(ON_OOM)} "
                    "(default preempt: by recompute, GenAI's victim rule)")
     g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
@@ -112,6 +116,7 @@ def spec_from_args(args):
     from simkv.serving.requests import load_trace, synthetic
     from simkv.serving.run import DEFAULT_DEVICE, ServingSpec, context_of
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.eviction import parse_cache_eviction
 
     if args.trace and args.synthetic:
         raise ConfigError("give --trace or --synthetic, not both")
@@ -135,7 +140,10 @@ def spec_from_args(args):
     cfg = SchedulerConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
-                          on_oom=args.on_oom, kv_manager=args.kv_manager)
+                          on_oom=args.on_oom, kv_manager=args.kv_manager,
+                          cache_eviction=parse_cache_eviction(args.cache_eviction))
+    if cfg.cache_eviction is not None and args.memory != "paged":
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged")
     device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:
@@ -205,7 +213,9 @@ def render(result) -> str:
     mem = (f"paged, block {sp.paged.block_size}" + (f", {sp.paged.num_kv_blocks} blocks" if sp.paged.num_kv_blocks else
            f", {sp.paged.cache_size} GiB" if sp.paged.cache_size else ", dynamic pool")
            + (", prefix caching" if sp.paged.enable_prefix_caching else "")
-           + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")) if sp.memory == "paged" else \
+           + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")
+           + (f", cache eviction {sp.paged.cache_eviction.label()}" if sp.paged.cache_eviction else "")) \
+        if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"
     alloc = m["mean_allocated_bytes"] or 1
     lines = [
@@ -236,6 +246,9 @@ def render(result) -> str:
         lines.append(f"  {'internal waste':<24}{m['waste_internal_pct_of_in_use']:.2f} % of the "
                      f"{format_bytes(m['mean_in_use_bytes'])} in blocks in use (last-block slack)")
         lines.append(f"  {'prefix cache hit rate':<24}{100 * m['prefix_hit_rate']:.1f} % of prompt tokens")
+        if sp.paged.cache_eviction is not None:
+            lines.append(f"  {'cache eviction':<24}{result.evicted_blocks:,} blocks dropped "
+                         f"({format_bytes(result.evicted_blocks * result.block_bytes)})")
     if result.stopped:
         lines.append(f"  {'OUT OF MEMORY' if result.oom else 'NOT FINISHED':<24}{result.stopped}")
     lines.append(f"  {'reallocations':<24}{m['realloc_count']:,}; {format_bytes(m['bytes_copied'])} copied")

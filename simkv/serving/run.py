@@ -234,6 +234,9 @@ class ServingResult:
             out["scenario"]["tp"] = sp.tp
         out["oom"] = self.oom["reason"] if self.oom else None
         out["stopped"] = self.stopped
+        if sp.memory == "paged" and sp.paged.cache_eviction is not None:
+            out["evicted_blocks"] = self.evicted_blocks
+            out["runtime_stop"] = self.runtime_stop
         out["per_layer"] = self.per_layer()
         return out
 
