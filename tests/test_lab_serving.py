@@ -63,6 +63,27 @@ def test_tune_serving_golden_pool_size(tmp_path):
     assert out["recommendation"]["objectives"]["peak:max"] <= 61440.0
 
 
+def test_tune_serving_searches_cache_eviction(tmp_path):
+    # One request: prompt 150, 400 new tokens; toy model, u8 KV, block 32 (10,240 B).
+    #   no eviction, dynamic pool: sized min(2P, P + 400) = 300 tokens (10 blocks), grown by 256 tokens (8 blocks)
+    #     when the 11th is needed: 18 blocks = 184,320 B (the baseline);
+    #   eviction at max 192: the request keeps at most 192/32 + 1 = 7 blocks (its prompt's 5 are never dropped);
+    #     a dynamic pool still reserves the 10 (GenAI reserves as without eviction): 102,400 B;
+    #   a fixed pool of 7: enough with eviction (71,680 B); without, the request needs an 8th block no one can
+    #     free, the step schedules nothing, it is IGNORED: infeasible.
+    trace = write_trace(tmp_path / "t.csv", [(0.0, 150, 400)])
+    res = simkv("tune", "--serving", "--trace", str(trace), *TOY, "--device-memory", "1GiB",
+                "--param", "cache_eviction_max=0,192", "--param", "num_kv_blocks=0,7", "--objective", "pool:max",
+                "--search", "grid", "--workers", "1", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["baseline"]["objectives"] == {"pool:max": 18 * 10240.0}
+    assert out["recommendation"]["params"] == {"cache_eviction_max": 192, "num_kv_blocks": 7}
+    assert out["recommendation"]["objectives"] == {"pool:max": 7 * 10240.0}
+    assert out["command"].endswith("--num-kv-blocks 7 --cache-eviction start=32,recent=128,max=192")
+    assert out["evaluated"] == 4
+
+
 def test_tune_serving_front_and_reproducing_command(tmp_path):
     # A bursty toy trace; the recommendation must be feasible, no worse than GenAI's defaults on every
     # objective, the front mutually non-dominated, and the printed `simkv run` line must give its numbers.

@@ -245,3 +245,21 @@ def test_a_bad_precision_is_one_line_before_any_run(capsys):
     assert main(["plan", "--synthetic", "--requests", "20", "--devices", "h100-sxm", "--max-devices", "1",
                  "--precisions", "bf16,xyz", "--workers", "1"]) == 2
     assert "unknown precision 'xyz'" in capsys.readouterr().err
+
+
+def test_cache_eviction_reaches_every_deployment_and_the_reproduce_line(slow_device, tmp_path, capsys):
+    # one request decoding past GenAI's default max (672 + 32): with eviction its KV stops growing, and the
+    # reproduce line carries the flag; plans without eviction keep their point ids (the key only has it when set)
+    trace = tmp_path / "long.csv"
+    trace.write_text("id,arrival,prompt,max_new_tokens\n0,0,600,300\n")
+    space = plan.Space((slow_device,), max_devices=1, tp=(1,), max_num_batched_tokens=(1024,), pools=("0.5",))
+    base = plan.Target({"trace": str(trace), "limit": None}, "llama-3.1-8b", plan.parse_slo("tpot_p99=1s"))
+    assert "cache_eviction" not in base.key()
+    ev = plan.Target(base.workload, base.model, base.slo, cache_eviction="start=32,recent=128,max=672")
+    plain, evicting = (plan.run_plan(t, space, workers=1).recommended for t in (base, ev))
+    assert "--cache-eviction start=32,recent=128,max=672" in plan.command(evicting)
+    assert "--cache-eviction" not in plan.command(plain)
+    assert plan.spec_of(evicting).paged.cache_eviction.max == 672
+    assert main(["plan", "--trace", str(trace), "--devices", slow_device, "--max-devices", "1",
+                 "--memory", "contiguous", "--cache-eviction", "on"]) == 2
+    assert "use --memory paged" in capsys.readouterr().err

@@ -66,6 +66,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--no-dynamic-split-fuse", action="store_true", help="GenAI's vLLM mode (whole prompts first; "
                    "--max-num-seqs applies) in every deployment")
     s.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching in every deployment")
+    s.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]",
+                   help="GenAI's cache eviction in every paged deployment (as simkv run; default off)")
     s.add_argument("--kv-manager", default="genai", help="genai or vllm (as simkv run; default genai)")
     s.add_argument("--memory", default="paged", choices=("paged", "contiguous"), help="paged pool (default) or "
                    "contiguous per-request buffers under --policies")
@@ -94,6 +96,7 @@ def _check_path(path: str, suffixes: tuple[str, ...], flag: str) -> Path:
 def target_from_args(args):
     """The :class:`~simkv.lab.plan.Target` and :class:`~simkv.lab.plan.Space` the flags describe."""
     from simkv.lab import plan
+    from simkv.serving.sched.eviction import parse_cache_eviction
 
     if bool(args.trace) == bool(args.synthetic):
         raise ConfigError("give --trace PATH or --synthetic")
@@ -109,9 +112,13 @@ def target_from_args(args):
     devices = plan._str_list(args.devices)
     if not devices:
         raise ConfigError("--devices names no device")
+    eviction = parse_cache_eviction(args.cache_eviction)
+    if eviction is not None and args.memory != "paged":
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged")
     target = plan.Target(workload, args.model, plan.parse_slo(args.slo), kv_manager=args.kv_manager,
                          prefix_caching=args.prefix_caching, max_num_seqs=args.max_num_seqs, memory=args.memory,
-                         max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse)
+                         max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse,
+                         cache_eviction=eviction.label() if eviction is not None else None)
     if args.max_num_seqs <= 0:
         raise ConfigError("--max-num-seqs must be positive")
     space = plan.Space(devices, args.max_devices, plan._int_list(args.tp, "--tp"),

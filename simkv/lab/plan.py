@@ -183,13 +183,19 @@ class Target:
     memory: str = "paged"
     max_context: int | None = None
     dynamic_split_fuse: bool = True
+    #: GenAI's cache eviction in every deployment (``--cache-eviction``'s form, simkv.serving.sched.eviction), or None.
+    cache_eviction: str | None = None
 
     def key(self) -> dict:
-        """The fixed inputs as stored with every row (and hashed into its point id)."""
-        return {"workload": json.dumps(self.workload, sort_keys=True), "model": self.model or "custom",
-                "slo": ",".join(f"{s.name}={s.limit_s!r}" for s in self.slo), "kv_manager": self.kv_manager,
-                "prefix_caching": self.prefix_caching, "max_num_seqs": self.max_num_seqs, "memory": self.memory,
-                "max_context": self.max_context, "dynamic_split_fuse": self.dynamic_split_fuse}
+        """The fixed inputs as stored with every row (and hashed into its point id; the cache eviction only when
+        set, so the points of plans without it keep their ids)."""
+        out = {"workload": json.dumps(self.workload, sort_keys=True), "model": self.model or "custom",
+               "slo": ",".join(f"{s.name}={s.limit_s!r}" for s in self.slo), "kv_manager": self.kv_manager,
+               "prefix_caching": self.prefix_caching, "max_num_seqs": self.max_num_seqs, "memory": self.memory,
+               "max_context": self.max_context, "dynamic_split_fuse": self.dynamic_split_fuse}
+        if self.cache_eviction is not None:
+            out["cache_eviction"] = self.cache_eviction
+        return out
 
 
 @dataclass
@@ -393,6 +399,7 @@ def spec_of(point: dict):
     from policies import get_policy
     from simkv.precision import get_precision
     from simkv.serving import SchedulerConfig, ServingSpec
+    from simkv.serving.sched.eviction import parse_cache_eviction
 
     model, _, weights, cache = _device_share(point)
     precision = get_precision(point["precision"])
@@ -400,7 +407,8 @@ def spec_of(point: dict):
     cfg = SchedulerConfig(block_size=point["block_size"] or SchedulerConfig.block_size, cache_size=cache,
                           max_num_batched_tokens=point["max_num_batched_tokens"], max_num_seqs=point["max_num_seqs"],
                           enable_prefix_caching=point["prefix_caching"], kv_manager=point["kv_manager"],
-                          dynamic_split_fuse=point["dynamic_split_fuse"])
+                          dynamic_split_fuse=point["dynamic_split_fuse"],
+                          cache_eviction=parse_cache_eviction(point.get("cache_eviction")))
     requests = list(_requests(point["workload"], point["model"], point["max_context"]))
     policy = get_policy(point["policy"]) if point["memory"] == "contiguous" else "openvino-cpu"
     return ServingSpec(requests, model, precision, "continuous", point["memory"], cfg, device=point["device"],
@@ -619,6 +627,8 @@ def command(row: dict) -> str:
         words.append("--prefix-caching")
     if row["kv_manager"] != "genai":
         words += ["--kv-manager", row["kv_manager"]]
+    if row.get("cache_eviction"):
+        words += ["--cache-eviction", row["cache_eviction"]]
     if row["memory"] != "paged":
         words += ["--memory", row["memory"], "--policy", row["policy"]]
     if row["max_context"] is not None:
