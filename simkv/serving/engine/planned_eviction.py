@@ -49,7 +49,6 @@ def drops(ev: CacheEviction, bs: int, ctx: np.ndarray, start: np.ndarray, fin: n
     before the run."""
     n, K = ctx.shape
     D = np.zeros((n, K), dtype=np.int64)
-    ks = np.arange(K, dtype=np.int64)
     s0 = np.asarray(start, dtype=np.int64)
     last = np.minimum(np.asarray(fin, dtype=np.int64), K - 1)
     rows = np.flatnonzero((s0 < K) & (s0 <= last))
@@ -64,14 +63,16 @@ def drops(ev: CacheEviction, bs: int, ctx: np.ndarray, start: np.ndarray, fin: n
         x1 = y0 + (j1 - s)
         n1 = x1 // bs - mb
         d1 = np.where((n1 > b) & (b > 0), n1 - b, n1)
-        after = j1 + bs - x1 % bs  # the next drop (one block), then every bs steps
         lim = last[rows]
-        sub = D[rows]
-        first = (ks[None, :] == j1[:, None]) & (j1[:, None] <= lim[:, None])
-        sub[first] = np.broadcast_to(d1[:, None], sub.shape)[first]
-        q = ks[None, :] - after[:, None]
-        sub += ((q >= 0) & (q % bs == 0) & (ks[None, :] <= lim[:, None])).astype(np.int64)
-        D[rows] = sub
+        hit = j1 <= lim
+        D[rows[hit], j1[hit]] = d1[hit]
+        after = j1 + bs - x1 % bs  # the next drop (one block), then every bs steps up to the row's last step
+        count = np.where(after <= lim, (lim - after) // bs + 1, 0)
+        total = int(count.sum())
+        if total:
+            first = np.cumsum(count) - count
+            at = np.repeat(after, count) + bs * (np.arange(total) - np.repeat(first, count))
+            D[np.repeat(rows, count), at] += 1
     before = np.zeros_like(D)
     np.cumsum(D[:, :-1], axis=1, out=before[:, 1:])
     return ctx - ev0[:, None] - before * bs, D

@@ -501,18 +501,29 @@ def _hand_out_evicting(held, drop, nb, start, fin, K: int, live: list, pool, fre
     events += [(k, 2, 0, j, -c) for k, j, c in zip(dk.tolist(), dj.tolist(), drop[dj, dk].tolist())]
     events += [(f, 3, 0 if f >= start[j] else 1, j, 0) for j, f in enumerate(fin) if f < K]
     events.sort()
-    alloc_many, release = pool.allocate_many, pool.release
+    # (no prefix caching with eviction: a block off the free list's front, as allocate_many takes it; a dropped one
+    # to its back, as release puts it; the blocks ever handed out counted at the end)
+    free, ref, alloc_many, release_many = pool.free, pool.ref, pool.allocate_many, pool.release_many
+    popleft = free.popleft
+    top = -1
     for _, kind, _, j, c in events:
         g = live[j]
         if kind == 3:
             free_group(g)
         elif kind == 2:
             table = g.tables[0]
-            for b in table[first : first - c]:
-                release(b)
+            release_many(table[first : first - c])
             del table[first : first - c]
+        elif c == 1 and free:
+            b = popleft()
+            ref[b] = 1
+            if b > top:
+                top = b
+            g.tables[0].append(b)
         else:
             g.tables[0].extend(alloc_many(c))
+    if top >= 0 and pool.touched <= top:
+        pool.touched = top + 1
 
 
 def _hand_out_events(held, nb, start, fin, K: int, live: list, pool, free_group) -> None:
