@@ -177,6 +177,8 @@ def test_cli_runs_with_eviction_and_refuses_bad_values():
         bad = cli("--cache-eviction", flag, "--prefix-caching")
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
         assert (message or "blocks across layers must be freed simultaneously") in bad.stderr
+    bad = cli("--cache-eviction", "on", "--memory", "contiguous")
+    assert bad.returncode == 2 and "use --memory paged --scheduler continuous" in bad.stderr
 
 
 # --------------------------------------------------------------------------- planned runs = the reference

@@ -114,7 +114,7 @@ def target_from_args(args):
         raise ConfigError("--devices names no device")
     eviction = parse_cache_eviction(args.cache_eviction)
     if eviction is not None and args.memory != "paged":
-        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged")
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged --scheduler continuous")
     target = plan.Target(workload, args.model, plan.parse_slo(args.slo), kv_manager=args.kv_manager,
                          prefix_caching=args.prefix_caching, max_num_seqs=args.max_num_seqs, memory=args.memory,
                          max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse,

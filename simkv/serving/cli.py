@@ -143,8 +143,6 @@ def spec_from_args(args):
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
                           on_oom=args.on_oom, kv_manager=args.kv_manager,
                           cache_eviction=parse_cache_eviction(args.cache_eviction))
-    if cfg.cache_eviction is not None and args.memory != "paged":
-        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged")
     device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:

@@ -296,6 +296,8 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("num_kv_blocks and cache_size must be >= 0")
     if cfg.num_kv_blocks and cfg.cache_size:
         raise ConfigError("give num_kv_blocks or cache_size, not both")
+    if cfg.cache_eviction is not None and (spec.memory != "paged" or spec.scheduler != "continuous"):
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged --scheduler continuous")
     context = spec.max_context if spec.max_context is not None else context_of(spec.model)
     check_workload(spec.requests, context)
     device = get_device(spec.device)
