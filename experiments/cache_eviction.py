@@ -7,7 +7,7 @@ OpenVINO GenAI's ``use_cache_eviction`` (docs/DESIGN.md §4d, docs/guide/cache-e
 step once past the prompt. This serves two workloads with qwen3-8b shapes under continuous batching (GenAI's
 scheduler, ``simkv.serving.serve``) on two presets, without eviction and at three budgets:
 
-* workloads — ``azure-conv``: the first 2,000 requests of the Azure LLM conversation trace 2023 (``data/traces``,
+* workloads — ``azure-conv``: the first 2,000 requests of the Azure LLM conversation trace 2023 (``simkv/data/traces``,
   arrival times as recorded; ``--quick``: 200); ``long-chats``: 24 synthetic chats of 6 turns (``--quick``: 6 of
   3), each turn's prompt the whole history (GenAI's stateless requests re-send it) plus 200-600 new tokens, 300-900
   generated, a turn every 20 s, chats starting over the first minute;
