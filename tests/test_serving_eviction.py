@@ -11,6 +11,7 @@ next step. The golden sequences at ``B = 32`` were also measured on the real pip
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -177,6 +178,10 @@ def test_cli_runs_with_eviction_and_refuses_bad_values():
         bad = cli("--cache-eviction", flag, "--prefix-caching")
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
         assert (message or "blocks across layers must be freed simultaneously") in bad.stderr
+    two = cli("--cache-eviction", "start=32,recent=32,max=96", "--replicas", "2", "--json")
+    out = json.loads(two.stdout)
+    assert out["evicted_blocks"] == sum(r["evicted_blocks"] for r in out["replicas"]) > 0
+    assert out["scenario"]["paged"]["cache_eviction"] == "start=32,recent=32,max=96"
     bad = cli("--cache-eviction", "on", "--memory", "contiguous")
     assert bad.returncode == 2 and "use --memory paged --scheduler continuous" in bad.stderr
 

@@ -526,7 +526,11 @@ class ReplicasResult:
         scenario = self.replicas[0].summary()["scenario"]
         out["scenario"] = dict(scenario, replicas=len(self.replicas), router=self.spec.router)
         out["stopped"] = self.stopped
-        out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped) for k, res in enumerate(self.replicas)]
+        if self.spec.paged.cache_eviction is not None:  # (every replica's drops; each replica's own are in its row)
+            out["evicted_blocks"] = sum(res.evicted_blocks for res in self.replicas)
+        out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped,
+                                **({"evicted_blocks": res.evicted_blocks} if self.spec.paged.cache_eviction else {}))
+                           for k, res in enumerate(self.replicas)]
         return out
 
 class _Callback:
