@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from simkv.serving.requests import Request, check_workload
 from simkv.serving.sched.config import SchedulerConfig
 from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED
 
-SCHEDULERS = ("sequential", "static", "continuous")
+SCHEDULERS = ("sequential", "static", "continuous", "vllm")
 MEMORIES = ("contiguous", "paged")
 ON_OOM = ("wait", "preempt", "reject")
 DEFAULT_DEVICE = "xeon-8480"
@@ -359,7 +359,9 @@ def _watched(progress, watch, replica: int):
 def _engine(spec: ServingSpec, device, requests: list[Request], progress):
     """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
     cfg = spec.paged
-    if spec.scheduler == "continuous" and spec.memory == "paged":
+    if spec.scheduler in ("continuous", "vllm") and spec.memory == "paged":
+        if (spec.scheduler == "vllm") != (cfg.scheduler == "vllm"):  # the one switch: GenAI's rules or vLLM's
+            cfg = spec.paged = replace(cfg, scheduler="vllm" if spec.scheduler == "vllm" else "genai")
         from simkv.serving.engine.core import PagedServing
 
         eng = PagedServing(requests, spec.device_model, spec.precision, cfg, device=device,
@@ -395,7 +397,8 @@ def _result(spec: ServingSpec, eng, device) -> ServingResult:
     groups, steps, prog = out[0], out[1], out[2]
     if spec.memory == "paged":
         return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, eng.stopped, eng.pool.touched,
-                             eng.block_bytes, eng.oom, eng.resident_peak, eng.runtime_stop, eng.sched.evicted_blocks)
+                             eng.block_bytes, eng.oom, eng.resident_peak, eng.runtime_stop,
+                             getattr(eng.sched, "evicted_blocks", 0))
     return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0, None, 0)
 
 

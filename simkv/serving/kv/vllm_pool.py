@@ -36,9 +36,20 @@ class VllmBlockPool:
         self.hash_of: list = [None] * num_blocks
         #: (block hash, group id) -> the cached blocks with it, first cached first (``cached_block_hash_to_block``).
         self.cached: dict[object, dict[int, None]] = {}
+        #: Block ids handed out so far are all below this (the engine's resident pool: ``BlockPool.touched``).
+        self.touched = 0
 
     def num_free(self) -> int:
         return len(self.free_queue)
+
+    @property
+    def total(self) -> int:
+        """Blocks the pool's tensors hold, the null block included (the serving engine's ledger)."""
+        return self.num_blocks
+
+    def used(self) -> int:
+        """Blocks held by requests (the null block is never counted; cached free blocks are free)."""
+        return self.num_blocks - 1 - len(self.free_queue)
 
     def get_new_blocks(self, n: int) -> list[int]:
         if n > len(self.free_queue):
@@ -50,6 +61,8 @@ class VllmBlockPool:
                 self._evict(b)
             self.ref[b] = 1
             out.append(b)
+        if out:
+            self.touched = max(self.touched, max(out) + 1)
         return out
 
     def _evict(self, b: int) -> None:

@@ -30,7 +30,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from simkv.errors import ConfigError
-from simkv.serving.kv.vllm_pool import GroupTables, VllmBlockPool
+from simkv.serving.kv.vllm_pool import NULL, GroupTables, VllmBlockPool
 
 WAITING, RUNNING, PREEMPTED, FINISHED = "WAITING", "RUNNING", "PREEMPTED", "FINISHED"
 #: Generated tokens' ids start here (as the real driver's: distinct per request, never a prompt's).
@@ -339,3 +339,177 @@ def simulate_steps(specs, settings: VllmSettings, requests, token_ids, *, max_st
         if k >= max_steps:
             raise ConfigError(f"no end after {max_steps} steps")
     return steps
+
+
+class EngineVllm:
+    """:class:`VllmScheduler` as the serving engine asks any scheduler (:class:`simkv.serving.engine.core.PagedServing`,
+    the same questions it asks GenAI's :class:`~simkv.serving.sched.genai.ContinuousScheduler`):
+
+    * :meth:`add_group` a request that arrived; :meth:`schedule` one step (sets each scheduled request's
+      ``scheduled`` tokens; a preempted one's counters go back to 0, a prefix hit's ``processed`` to the hit);
+    * :meth:`update` after the engine sampled (``update_from_output``: vLLM appends each sampled token and frees
+      what finished; the engine's finished must be vLLM's); :meth:`free_group` (a request the engine drops);
+    * metrics: :attr:`pool` (``total`` and ``used()`` blocks), :meth:`data_bytes`; ``copies`` / ``state_copies``
+      (none: vLLM copies no block).
+
+    The engine's :class:`~simkv.serving.sched.group.Group` keeps the counters the cost model and the request table
+    read (``processed``, ``maxc``, ``generated``, times); vLLM's own :class:`VRequest` keeps its queues and tables.
+    """
+
+    #: No GenAI fast path reads this scheduler (the engine takes the reference path: core.takes_fast_paths).
+    simple = False
+    dynamic = False
+    windowed = False
+    copies = state_copies = 0
+
+    def __init__(self, kv, settings: VllmSettings) -> None:
+        specs = group_specs(kv, settings.max_model_len)
+        self.v = VllmScheduler(specs, settings)
+        self.pool = self.v.pool
+        self.pools = [self.pool]
+        self.kv = kv
+        # bytes of data in one block of each vLLM group (simkv's groups in vLLM's order, as group_specs gives it)
+        by_spec: dict[tuple, list] = {}
+        for g in sorted(kv.groups, key=lambda g: min(g.layers)):
+            by_spec.setdefault(("mamba" if g.kind == "state" else g.kind, g.window), []).append(g)
+        taken: dict[tuple, int] = {}
+        self._real = []
+        for kind, _, window in specs:
+            k = taken.get((kind, window), 0)
+            taken[(kind, window)] = k + 1
+            self._real.append(by_spec[(kind, window)][k].real_bytes)
+        self.by_id: dict[str, object] = {}
+        self._last: dict[str, int] = {}  # the last step's scheduled tokens, for update()
+
+    def init_side(self, g) -> None:  # the engine's fast paths' hook (never called: no fast path here)
+        raise AssertionError("no fast path runs under --scheduler vllm")
+
+    def add_group(self, g, tokens=None) -> None:
+        """A request arrives (``Scheduler.add_request``): prompt token ids are the trace's (prefix caching) or ids
+        unique to the request (never a hit)."""
+        if g.n != 1:
+            raise ConfigError("--scheduler vllm: parallel samples (n > 1) and beams are not modelled")
+        rid = str(g.index)
+        ids = tokens if tokens is not None else range(g.P)
+        self.v.add(rid, g.index, ids, g.G, int(getattr(g.req, "priority", 0) or 0))
+        self.by_id[rid] = g
+
+    def schedule(self, live) -> tuple[int, list]:
+        out = self.v.schedule()
+        for rid in out["preempted"]:
+            g = self.by_id[rid]
+            g.processed = 0  # recompute: vLLM's num_computed_tokens = 0
+            g.preemptions += 1
+        for rid, hit in out["hits"].items():
+            g = self.by_id[rid]
+            g.processed = hit
+            if hit and g.maxc == 0:
+                g.prefix_hit = hit
+        scheduled = []
+        total = 0
+        for rid, n in out["scheduled"].items():
+            g = self.by_id[rid]
+            g.scheduled = n
+            total += n
+            scheduled.append(g)
+        scheduled.sort(key=lambda g: g.index)
+        self._last = out["scheduled"]
+        return total, scheduled
+
+    def update(self, scheduled, finished) -> None:
+        """``update_from_output``; vLLM frees the finished requests' blocks here, in scheduled order."""
+        done = self.v.update(self._last)
+        self._last = {}
+        if sorted(done, key=int) != [str(g.index) for g in sorted(finished, key=lambda g: g.index)]:
+            raise AssertionError(f"vLLM finished {done}, the engine {[g.index for g in finished]}")
+        for rid in done:
+            del self.by_id[rid]
+
+    def free_group(self, g) -> None:
+        """Drop a request vLLM still holds (the engine gave up on it: nothing could be scheduled)."""
+        rid = str(g.index)
+        r = self.v.requests.pop(rid, None)
+        if r is None:
+            return
+        if r in self.v.running:
+            self.v.running.remove(r)
+        elif r in self.v.waiting:
+            self.v.waiting.remove(r)
+            if self.v.s.policy == "priority":
+                heapq.heapify(self.v.waiting)
+        self.v._free(r)
+        self.by_id.pop(rid, None)
+
+    def data_bytes(self, live) -> int:
+        """Bytes of data the blocks in use hold: per group, each running request's non-null blocks less its last
+        block's unfilled slots (a Mamba page whole), at the group's bytes per block; a prefix-shared block once."""
+        total = 0
+        for gt, real in zip(self.v.groups, self._real):
+            seen = set()
+            for rid, table in gt.tables.items():
+                g = self.by_id.get(rid)
+                ctx = (g.processed + g.scheduled) if g is not None else 0
+                for i, b in enumerate(table):
+                    if b == NULL or b in seen:
+                        continue
+                    seen.add(b)
+                    if gt.kind == "mamba":
+                        total += real
+                    else:
+                        filled = min(gt.block_size, max(ctx - i * gt.block_size, 0))
+                        total += real * filled // gt.block_size
+        return total
+
+
+#: ``max_model_len`` of the engine's vLLM scheduler: no length stop (simkv's run rejects prompts at or above the
+#: model's context before the engine, ``--max-context``; a request ends at its ``max_new_tokens``).
+UNBOUNDED_MODEL_LEN = 1 << 40
+#: Bytes per activation element (bf16/f16) and per logit (the sampler's fp32 logits).
+ACTIVATION_BYTES, LOGIT_BYTES = 2, 4
+
+
+def profile_peak_bytes(model, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """The activation peak of vLLM's profile run, as simkv models it (a profile run's peak is measured by the
+    real vLLM, not computable from the config: this is the model). ``Worker.determine_available_memory``
+    (``vllm/v1/worker/gpu_worker.py``) runs ``profile_run``: a dummy forward of ``max_num_batched_tokens`` tokens,
+    then the sampler on ``max_num_seqs`` rows of logits. simkv takes the peak as the larger of
+
+    * the forward's live tensors inside one layer, per token: the residual stream and the normed input
+      (``2 × hidden``), the fused QKV output (``(heads + 2 × kv_heads) × head_dim``) and the MLP's gate and up
+      outputs (``2 × intermediate``; an MoE layer's ``experts_per_token`` experts), at 2 B per element;
+    * the sampler's ``max_num_seqs × vocab`` fp32 logits.
+
+    Left out: CUDA-graph memory (not applied unless ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``), the allocator's
+    fragmentation and non-torch memory (NCCL, the CUDA context) that ``memory_profiling`` also counts."""
+    inter = model.intermediate or model.expert_intermediate * max(model.experts_per_token, 1)
+    per_token = 2 * model.hidden + (model.heads + 2 * model.kv_heads) * model.head_dim + 2 * inter
+    return max(max_num_batched_tokens * per_token * ACTIVATION_BYTES, max_num_seqs * model.vocab * LOGIT_BYTES)
+
+
+def num_gpu_blocks(block_bytes: int, device_memory: int, weights_bytes: int, activation_bytes: int,
+                   gpu_memory_utilization: float) -> int:
+    """vLLM's pool size: ``requested_memory = total × gpu_memory_utilization`` less the non-KV memory (weights and
+    the profile run's peak, ``determine_available_memory``), divided by one block's bytes over every layer
+    sharing it (``kv_cache_utils.get_num_blocks``: ``available // page_size // num_layers``, the page size unified
+    across groups), the null block included."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
+    available = int(device_memory * gpu_memory_utilization) - weights_bytes - activation_bytes
+    blocks = available // block_bytes if available > 0 else 0
+    if blocks < 2:
+        raise ConfigError(f"no KV cache fits: {gpu_memory_utilization} × {device_memory:,} B less {weights_bytes:,} B "
+                          f"weights and {activation_bytes:,} B activations leaves {max(available, 0):,} B, under two "
+                          f"{block_bytes:,}-byte blocks (vLLM: \"No available memory for the cache blocks\")")
+    return blocks
+
+
+def batch_defaults(device_name: str, device_memory: int) -> tuple[int, int]:
+    """vLLM's ``max_num_batched_tokens`` and ``max_num_seqs`` when not given, for a server
+    (``UsageContext.OPENAI_API_SERVER``; ``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``, vLLM 0.33.0):
+    a device of ≥ 160 GiB 16384 / 1024; ≥ 70 GiB and not an A100 (H100, H200) 8192 / 1024; others 2048 / 256."""
+    gib = 1024 ** 3
+    if device_memory >= 160 * gib:
+        return 16384, 1024
+    if device_memory >= 70 * gib and "a100" not in device_name.lower():
+        return 8192, 1024
+    return 2048, 256
