@@ -100,6 +100,10 @@ def _add_paged_validate_arguments(p) -> None:
     g.add_argument("--block-size", type=int, default=16, metavar="N", help="--runtime vllm: tokens per block (default 16)")
     g.add_argument("--max-model-len", type=int, default=4096, metavar="N",
                    help="--runtime vllm: max_model_len (default 4096)")
+    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="--runtime vllm: fcfs | priority (the trace's priority column; --random draws 0..3)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                   help="--runtime vllm: most prompt tokens per request per step when several prefill (0: off)")
 
 
 def main(args: argparse.Namespace) -> int:
