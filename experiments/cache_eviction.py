@@ -7,10 +7,11 @@ OpenVINO GenAI's ``use_cache_eviction`` (docs/DESIGN.md §4d, docs/guide/cache-e
 step once past the prompt. This serves two workloads with qwen3-8b shapes under continuous batching (GenAI's
 scheduler, ``simkv.serving.serve``) on two presets, without eviction and at three budgets:
 
-* workloads — ``azure-conv``: the first 2,000 requests of the Azure LLM conversation trace 2023 (``simkv/data/traces``,
-  arrival times as recorded; ``--quick``: 200); ``long-chats``: 24 synthetic chats of 6 turns (``--quick``: 6 of
-  3), each turn's prompt the whole history (GenAI's stateless requests re-send it) plus 200-600 new tokens, 300-900
-  generated, a turn every 20 s, chats starting over the first minute;
+* workloads — ``azure-conv``: the first 2,000 requests of the Azure LLM conversation trace 2023
+  (``simkv/data/traces``, arrival times as recorded); ``long-chats``: 24 synthetic chats of 6 turns, each turn's
+  prompt the whole history (GenAI's stateless requests re-send it) plus 200-600 new tokens, 300-900 generated, a turn
+  every 20 s, chats starting over the first minute (``--quick``: 100 trace requests, 6 chats of 3 turns, eviction
+  off and at 672 only);
 * devices — ``xeon-8480`` (GenAI's CPU: block 32, u8 KV) and ``h100-sxm`` (block 16, f16 KV), each with the
   weights beside the KV (bf16) and two pools: GenAI's dynamic pool, and a fixed pool of 20,000 (CPU) or 12,000
   (H100) tokens' blocks, small enough that requests queue and are preempted without eviction;
@@ -46,7 +47,9 @@ MODEL = "qwen3-8b"
 DEVICES = {"xeon-8480": (32, "u8", 20_000), "h100-sxm": (16, "f16", 12_000)}
 #: label → the --cache-eviction value (None: off)
 BUDGETS = {"off": None, "1024": "max=1024", "672": "max=672", "256": "max=256", "672, snapkv 0": "max=672,snapkv=0"}
-TRACE_REQUESTS, QUICK_TRACE_REQUESTS = 2000, 200
+#: ``--quick``: off and GenAI's default only (the figure's lines then have two points)
+QUICK_BUDGETS = ("off", "672")
+TRACE_REQUESTS, QUICK_TRACE_REQUESTS = 2000, 100
 GIB = 2**30
 
 
@@ -93,10 +96,11 @@ def measure(workload: str, requests: list[Request], device: str, pool: str, budg
 def run(out: Path, quick: bool) -> None:
     """Every workload × device × pool × budget: the CSV, the markdown table, a figure per workload."""
     rows = []
+    budgets = QUICK_BUDGETS if quick else BUDGETS
     for name, requests in workloads(quick).items():
         for device in DEVICES:
             for pool in ("dynamic", "fixed"):
-                for budget in BUDGETS:
+                for budget in budgets:
                     rows.append(measure(name, requests, device, pool, budget))
     write_csv(out / "eviction.csv", rows)
     (out / "eviction.md").write_text(table(rows), encoding="utf-8")
@@ -127,7 +131,8 @@ def table(rows: list[dict]) -> str:
 
 def figure(rows: list[dict], workload: str) -> go.Figure:
     """Per device and pool, against the budget: KV in use (peak, mean), TTFT p99, TPOT p99, requests served."""
-    budgets = [b for b in BUDGETS if "snapkv" not in b]
+    seen = {r["eviction"] for r in rows}
+    budgets = [b for b in BUDGETS if "snapkv" not in b and b in seen]
     fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.1, vertical_spacing=0.16,
                         subplot_titles=("KV in blocks in use: peak (solid), mean (dotted), GiB", "TTFT p99, s",
                                         "TPOT p99, ms", "requests served, % (preemptions on hover)"))

@@ -173,8 +173,9 @@ def test_cli_runs_with_eviction_and_refuses_bad_values():
     ok = cli("--cache-eviction", "start=32,recent=32,max=96")
     assert ok.returncode == 0, ok.stderr
     assert "cache eviction start=32,recent=32,max=96" in ok.stdout and "blocks dropped" in ok.stdout
-    for flag, message in (("recent=32,max=100", "multiple of the block size 32"), ("max=64", "larger than start + recent"),
-                          ("start=32,middle=3", "takes start=N"), ("start=32", None)):
+    for flag, message in (("recent=32,max=100", "multiple of the block size 32"),
+                          ("max=64", "larger than start + recent"), ("start=32,middle=3", "takes start=N"),
+                          ("start=32", None)):
         bad = cli("--cache-eviction", flag, "--prefix-caching")
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
         assert (message or "blocks across layers must be freed simultaneously") in bad.stderr
@@ -255,7 +256,8 @@ def test_blocks_held_follow_from_lengths(case):
 def test_planned_runs_carry_evicting_decoders():
     # 64 requests decoding past max at once: every step one of them drops a block; the planned runs take them
     rng = np.random.default_rng(3)
-    reqs = [Request(i, int(rng.integers(100, 400)), int(rng.integers(200, 600)), arrival_s=0.001 * i) for i in range(64)]
+    reqs = [Request(i, int(rng.integers(100, 400)), int(rng.integers(200, 600)), arrival_s=0.001 * i)
+            for i in range(64)]
     eng = _same(reqs, cache_eviction=EV)
     assert eng.sched.evicted_blocks > 500
     assert eng.slow_steps < 0.2 * len(eng.finish()[1])
