@@ -218,17 +218,17 @@ class Space:
 
 def device_defaults(device, model) -> dict:
     """What a device's usual runtime uses when the plan names nothing (``Device.runtime``): vLLM (h100-sxm,
-    a100-80gb) schedules with vLLM V1's scheduler (``--scheduler vllm``), keeps KV in the model's dtype
-    (``kv_cache_dtype="auto"``), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool sized from
+    a100-80gb) schedules with vLLM V1's scheduler (``--scheduler vllm``), keeps KV as ``kv_cache_dtype="auto"`` does
+    (:func:`simkv.models.vllm_kv_precision`: the checkpoint's fp8 KV, else the model's dtype), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool sized from
     ``gpu_memory_utilization`` 0.9 (vLLM's ``num_gpu_blocks``: the weights and the profile run's peak taken out;
     plan-facts §2.1); OpenVINO GenAI's continuous-batching scheduler,
     GenAI u8 KV on CPU (f16 on a GPU: the plugin's inference precision), blocks of 32 on CPU and 16 on GPU,
     and its dynamic pool (``SchedulerConfig`` defaults, DESIGN §4b)."""
-    from simkv.models import checkpoint_weights_precision
+    from simkv.models import vllm_kv_precision
     from simkv.serving.engine.core import memory_path
 
     if device.runtime == "vllm":
-        return {"precision": checkpoint_weights_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION),
+        return {"precision": vllm_kv_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION),
                 "scheduler": "vllm"}
     gpu = memory_path(device) == "gpu"
     return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic",

@@ -169,6 +169,7 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
                  scheduler: str = "continuous") -> ServingTarget:
     """A target from the flag values of ``simkv tune --serving`` (the same meaning as ``simkv run --trace``)."""
     from simkv.hfconfig import resolve_model
+    from simkv.models import vllm_kv_precision
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving import SchedulerConfig, ServingSpec, load_trace
@@ -184,9 +185,8 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
         raise ConfigError(f"--serving-scheduler: unknown {scheduler!r}; choose {', '.join(SCHEDULERS)}")
     vllm = scheduler == "vllm"
     spec_model = resolve_model(model, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
-    # GenAI's CPU default for the paged cache; vLLM's kv_cache_dtype "auto" (the model's dtype), as simkv run
-    default = ("bf16" if getattr(spec_model, "dtype", "") == "bfloat16" else "f16") if vllm else "u8"
-    prec = get_precision(precision or default)
+    # GenAI's CPU default for the paged cache; vLLM's kv_cache_dtype "auto", as simkv run
+    prec = get_precision(precision or (vllm_kv_precision(spec_model) if vllm else "u8"))
     prec.check(spec_model)
     requests = load_trace(trace, limit=limit)
     device = device or DEFAULT_DEVICE
