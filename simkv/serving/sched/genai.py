@@ -129,28 +129,7 @@ class ContinuousScheduler:
 
     def required_blocks(self, g: Group) -> int:
         """``BlockManager::required_blocks_count`` for the scheduled tokens."""
-        need = self._need(g, g.scheduled)
-        count, seen = 0, set()
-        for table in g.tables:
-            if not table:
-                count += need
-                continue
-            if len(table) > need:
-                continue
-            last = table[-1]
-            if last in seen:
-                continue
-            extra = need - len(table)
-            if last is None:  # a window dropped every block: only new ones
-                count += extra
-                continue
-            seen.add(last)
-            refs = self.pool.ref[last]
-            if refs > 1:
-                count += refs - 1 if extra == 0 else extra * refs
-            else:
-                count += extra
-        return count
+        return _required(g.tables, self._need(g, g.scheduled), self.pool.ref)
 
     def can_append(self, g: Group) -> bool:
         if self.simple:
