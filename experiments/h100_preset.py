@@ -1,6 +1,6 @@
 """Check the h100-sxm preset against the real H100 measurements (experiments/data/h100.json).
 
-Three numbers of the preset come from this file (see simkv/cost.py, h100-sxm sources): the copy ceiling
+Three numbers of the preset come from this file (see data/devices/h100-sxm.json, its sources): the copy ceiling
 (KV-stream efficiency and copy bandwidth), one decode point (llama-2-7b, batch 1, context 128: weight-stream
 efficiency) and one prefill point (llama-2-7b, 2,048 tokens: FLOP efficiency). Every other row is held out.
 This script re-derives those three numbers and prints predicted vs measured step time for every row.

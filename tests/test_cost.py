@@ -1,4 +1,4 @@
-"""The cost model: golden values worked out by hand from the formula in simkv/cost.py."""
+"""The cost model: golden values worked out by hand from the formula in simkv/cost/ (its package docstring)."""
 
 import json
 

@@ -1,6 +1,6 @@
 """The cost model for today's models (issue #19, point 4): weights of mixtures of experts, MLA and linear
 attention, the experts a step reads, attention per layer kind. Every number is worked out by hand from the
-formulas in simkv/models.py, simkv/kvspec.py and simkv/cost.py (their docstrings give the sources)."""
+formulas in simkv/models.py, simkv/kvspec.py and simkv/cost/ (their docstrings give the sources)."""
 
 from __future__ import annotations
 
