@@ -158,7 +158,7 @@ class Device:
 DEVICE_DIR = CONFIG_DIR.parent / "devices"
 
 #: The presets, in the order they are listed (each is ``DEVICE_DIR/<name>.json``).
-PRESET_NAMES = ("h100-sxm", "a100-80gb", "arc-a770", "xeon-8480", "core-ultra-155h-igpu")
+PRESET_NAMES = ("h100-sxm", "a100-80gb", "arc-a770", "xeon-8480", "core-ultra-155h-igpu", "h200-sxm", "b200")
 
 
 def host_preset_path() -> Path:

@@ -62,7 +62,7 @@ def _load_interconnect(path: Path) -> Interconnect:
 
 
 #: The interconnect presets, in the order they are listed (each is ``INTERCONNECT_DIR/<name>.json``).
-INTERCONNECT_NAMES = ("nvlink4", "nvlink3", "pcie")
+INTERCONNECT_NAMES = ("nvlink4", "nvlink3", "pcie", "nvlink5")
 
 #: Interconnect presets by name (what ``Device.interconnect`` names).
 INTERCONNECTS: dict[str, Interconnect] = {
