@@ -18,7 +18,7 @@ and four memory modes:
   (doubling; additive staggered headroom), one stateful session per request on a shared device budget.
 
 Waste = allocated − used (the tokens' KV), time-weighted over the run (each step weighted by its simulated
-duration), split as the serving step table does (``simkv/serving/engine.py``, ``contiguous.py``):
+duration), split as the serving step table does (``simkv/serving/engine/core.py``, ``contiguous.py``):
 
 * **reserved, unused** — paged: free blocks of the pool (the dynamic pool grows for bursts and never shrinks);
   contiguous: headroom the request's own later tokens will fill (the paper's "reservation");

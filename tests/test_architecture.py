@@ -25,6 +25,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engines", ("simkv.layout", "simkv.engine", "simkv.reference", "simkv.chains", "simkv.steps",
                  "simkv.memory", "simkv.metrics", "simkv.latency")),
     ("scenario", ("simkv.scenario", "simkv.figures", "simkv.flags")),
+    # serving's rooms, lowest first: workloads and KV pools, the schedulers, the engine and its fast paths, the rest
+    ("serving: workloads and KV", ("simkv.serving.requests", "simkv.serving.kv")),
+    ("serving: schedulers", ("simkv.serving.sched",)),
+    ("serving: engine", ("simkv.serving.engine",)),
     ("serving", ("simkv.serving",)),
     ("lab and validate", ("simkv.lab", "simkv.validate")),
     ("dashboard", ("simkv.dashboard",)),

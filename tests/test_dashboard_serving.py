@@ -126,7 +126,7 @@ def test_what_cannot_be_shown_says_why_and_how_to_run_it(over, message):
 
 def test_the_round_limit_stops_a_paged_run(monkeypatch):
     # 300 requests on a 100-block pool preempt all along: 206 scheduler rounds since squeezed runs plan a full
-    # pool's steps (simkv/serving/squeezed.py); a limit of 50 stops it
+    # pool's steps (simkv/serving/engine/squeezed.py); a limit of 50 stops it
     monkeypatch.setitem(sv.MAX_ROUNDS, "paged", 50)
     out = sv.serving_callback(form(sv_requests="300", sv_pool="blocks", sv_pool_size="100"), "serving")
     assert "stopped after 50 scheduler rounds (the dashboard's limit); requests keep waiting for memory" in out["status"]

@@ -27,8 +27,10 @@ from simkv.cost import get_device
 from simkv.models import custom_model
 from simkv.precision import get_precision
 from simkv.serving import Request
-from simkv.serving.engine import PagedServing, memory_path
-from simkv.serving.scheduler import IGNORED, UNFINISHED, GpuCheck, SchedulerConfig, gpu_available
+from simkv.serving.engine.core import PagedServing, memory_path
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.genai import GpuCheck, gpu_available
+from simkv.serving.sched.group import IGNORED, UNFINISHED
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = custom_model(layers=2, heads=2, head_dim=8)

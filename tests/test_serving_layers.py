@@ -3,7 +3,7 @@ layer specs (the model values are the published ones, /work/shared/MODELS.md §5
 on OpenVINO GenAI 2026.4.1, experiments/genai_layer_kinds/README.md), and the planned runs equal to the
 step-by-step reference on windowed, chunked, MLA and hybrid models under both KV-cache managers.
 
-Rules (simkv/serving/kv_groups.py, docs/DESIGN.md §4c, §7): GenAI — one block spans every attention layer, MLA
+Rules (simkv/serving/kv/groups.py, docs/DESIGN.md §4c, §7): GenAI — one block spans every attention layer, MLA
 decompressed, windows keep every block, linear-attention states in a pool of their own (one block per live
 sequence; checkpoints every interval with prefix caching); vLLM — a block table per group of layers in one pool of
 unified pages, sliding windows free the blocks before ``computed - W + 1``, chunks those before the current chunk,
@@ -24,9 +24,10 @@ from simkv.lab.traces import AZURE_CONV
 from simkv.models import ModelSpec
 from simkv.precision import get_precision
 from simkv.serving import Request, ServingSpec, load_trace, serve
-from simkv.serving.engine import PagedServing
-from simkv.serving.kv_groups import paged_kv
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
+from simkv.serving.engine.core import PagedServing
+from simkv.serving.kv.groups import paged_kv
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED
 
 F16, BF16 = get_precision("f16"), get_precision("bf16")
 DEVICE = get_device("xeon-8480")

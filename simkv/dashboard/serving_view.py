@@ -238,7 +238,7 @@ def check_work(spec) -> None:
     """Refuse, before running, what exceeds the token and (contiguous) ledger-row limits."""
     from simkv.dashboard.compute import estimate_ledger_rows
     from simkv.serving.contiguous import request_scenario
-    from simkv.serving.engine import session_prompts
+    from simkv.serving.engine.core import session_prompts
 
     prompts = session_prompts(spec.requests)
     tokens = sum(prompts) + sum(r.max_new_tokens for r in spec.requests)

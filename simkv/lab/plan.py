@@ -214,7 +214,7 @@ def device_defaults(device, model) -> dict:
     GenAI u8 KV on CPU (f16 on a GPU: the plugin's inference precision), blocks of 32 on CPU and 16 on GPU,
     and its dynamic pool (``SchedulerConfig`` defaults, DESIGN §4b)."""
     from simkv.models import checkpoint_weights_precision
-    from simkv.serving.engine import memory_path
+    from simkv.serving.engine.core import memory_path
 
     if device.runtime == "vllm":
         return {"precision": checkpoint_weights_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION)}

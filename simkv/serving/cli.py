@@ -111,7 +111,7 @@ def spec_from_args(args):
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
     from simkv.serving.run import DEFAULT_DEVICE, ServingSpec, context_of
-    from simkv.serving.scheduler import SchedulerConfig
+    from simkv.serving.sched.config import SchedulerConfig
 
     if args.trace and args.synthetic:
         raise ConfigError("give --trace or --synthetic, not both")

@@ -12,9 +12,10 @@ import numpy as np
 
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
-from simkv.serving.kv_groups import KV_MANAGERS
+from simkv.serving.kv.groups import KV_MANAGERS
 from simkv.serving.requests import Request, check_workload
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED
 
 SCHEDULERS = ("sequential", "static", "continuous")
 MEMORIES = ("contiguous", "paged")
@@ -131,7 +132,7 @@ class ServingResult:
         return {name: np.asarray(col) for name, col in zip(REQUEST_COLUMNS, cols)}
 
     def write_steps(self, path: str | Path) -> Path:
-        from simkv.serving.engine import STEP_COLUMNS
+        from simkv.serving.engine.core import STEP_COLUMNS
 
         return _write_csv(path, STEP_COLUMNS, zip(*(self.steps[c].tolist() for c in STEP_COLUMNS)))
 
@@ -349,7 +350,7 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress):
     """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
     cfg = spec.paged
     if spec.scheduler == "continuous" and spec.memory == "paged":
-        from simkv.serving.engine import PagedServing
+        from simkv.serving.engine.core import PagedServing
 
         eng = PagedServing(requests, spec.device_model, spec.precision, cfg, device=device,
                            weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
@@ -393,7 +394,7 @@ def _serve_replicas(spec: ServingSpec, device, bar, watch=None) -> ReplicasResul
     (:func:`simkv.serving.router.route`); each replica's result is a :class:`ServingResult` of its share."""
     from dataclasses import replace
 
-    from simkv.serving.engine import prompt_token_ids, session_prompts
+    from simkv.serving.engine.core import prompt_token_ids, session_prompts
     from simkv.serving.router import STATEFUL, route
 
     reqs = spec.requests
@@ -476,7 +477,7 @@ class ReplicasResult:
 
     def write_steps(self, path: str | Path) -> Path:
         """Every replica's step table in one file, replica by replica, with the replica last."""
-        from simkv.serving.engine import STEP_COLUMNS
+        from simkv.serving.engine.core import STEP_COLUMNS
 
         rows = [row + (k,) for k, res in enumerate(self.replicas)
                 for row in zip(*(res.steps[c].tolist() for c in STEP_COLUMNS))]

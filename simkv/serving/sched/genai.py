@@ -37,71 +37,19 @@ Rules read in openvinotoolkit/openvino.genai ``src/cpp/src/continuous_batching/s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from simkv.serving.paged import BlockPool, prefix_hash, token_hashes
+from simkv.serving.kv.block_pool import BlockPool, prefix_hash, token_hashes
+from simkv.serving.sched.group import IGNORED, REJECTED, RUNNING, Group
+
+if TYPE_CHECKING:
+    from simkv.serving.sched.config import SchedulerConfig
 
 GROWTH_TOKENS = 256  # Scheduler::m_cache_growth_num_tokens
 INITIAL_MULTIPLIER = 2  # Scheduler::m_kv_blocks_initial_multiplier
 
-RUNNING, FINISHED, IGNORED, REJECTED = "RUNNING", "FINISHED", "IGNORED", "REJECTED"
-#: Still running when the simulation stopped (a step limit, or requests that never finish).
-UNFINISHED = "UNFINISHED"
-
-
-#: The fields of GenAI's ``SchedulerConfig`` that simkv models, by GenAI's names and in this order
-#: (``openvino_genai.SchedulerConfig``; ``src/cpp/include/openvino/genai/scheduler_config.hpp``).
-GENAI_FIELDS = ("num_kv_blocks", "cache_size", "max_num_batched_tokens", "max_num_seqs", "dynamic_split_fuse",
-                "enable_prefix_caching")
-
-
-@dataclass
-class SchedulerConfig:
-    """OpenVINO GenAI's ``SchedulerConfig`` (its field names and defaults), and simkv's extensions.
-
-    The one scheduler configuration of the paged serving model (``ServingSpec.paged``) and of
-    ``simkv validate --paged``, which hands the GenAI fields to the real pipeline (:meth:`genai`).
-    """
-
-    #: simkv extension: tokens per block. GenAI takes the block size from the device plugin (32 on CPU,
-    #: 16 on GPU), not from its SchedulerConfig.
-    block_size: int = 32
-    # GenAI's SchedulerConfig (GENAI_FIELDS): num_kv_blocks = cache_size = 0 is the dynamic pool.
-    num_kv_blocks: int = 0
-    #: Pool size in GiB. GenAI takes whole GB (an integer); the simulator also takes a fraction.
-    cache_size: float = 0.0
-    max_num_batched_tokens: int = 256
-    max_num_seqs: int = 256
-    dynamic_split_fuse: bool = True
-    enable_prefix_caching: bool = False
-    #: simkv extension: what happens when a sequence needs a block and none is free: "preempt" (GenAI),
-    #: "wait" (the sequence skips steps until blocks free up) or "reject" (it is dropped).
-    on_oom: str = "preempt"
-    #: simkv extension: the CPU plugin allocates and frees 2·L scratch buffers of the new pool tensors' sizes
-    #: at every pool (re)allocation (measured by ``simkv validate --paged``): the in-step peak is twice the pool.
-    transient_buffers: bool = True
-    #: simkv extension: the KV-cache manager (simkv.serving.kv_groups): "genai" (one block spans every
-    #: attention layer, windows keep every block, linear-attention state in a pool of its own, MLA decompressed)
-    #: or "vllm" (vLLM's hybrid manager: a block table per group of layers, windows and chunks free blocks, MLA as
-    #: its latent, a Mamba state block per running request). The scheduling rules stay GenAI's.
-    kv_manager: str = "genai"
-
-    @property
-    def dynamic(self) -> bool:
-        """No ``num_kv_blocks`` and no ``cache_size``: the pool is sized and grown by the scheduler."""
-        return self.num_kv_blocks == 0 and self.cache_size == 0
-
-    def genai(self) -> dict:
-        """The GenAI fields, as ``openvino_genai.SchedulerConfig`` takes them (``cache_size`` an int)."""
-        return {name: int(self.cache_size) if name == "cache_size" else getattr(self, name) for name in GENAI_FIELDS}
-
-    def summary(self) -> dict:
-        """The ``paged`` object of ``simkv run --json``: every field, the pool size under its older key,
-        ``cache_size_gib``."""
-        return {"cache_size_gib" if name == "cache_size" else name: value for name, value in vars(self).items()}
 
 
 class GpuCheck(NamedTuple):
@@ -125,56 +73,10 @@ def gpu_available(gpu: GpuCheck, used: int) -> int:
     return min((gpu.total - used11) % (1 << 64), gpu.max_alloc * gpu.tensors)
 
 
-class Group:
-    """A request in the pipeline (GenAI's ``SequenceGroup``): its sequences' block tables and counters."""
-
-    __slots__ = ("req", "index", "P", "G", "n", "processed", "maxc", "generated", "scheduled", "waiting",
-                 "tables", "status", "tokens", "full_hashes", "preemptions", "prefix_hit", "first_token_s",
-                 "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens", "dropped",
-                 "side")
-
-    def __init__(self, req, index: int, prompt_tokens: int) -> None:
-        self.req = req
-        self.index = index  # position in the request order
-        self.P = prompt_tokens
-        self.G = req.max_new_tokens
-        self.n = req.sequences
-        self.processed = 0
-        self.maxc = 0
-        self.generated = 0
-        self.scheduled = 0
-        self.waiting = False
-        self.tables: list[list[int]] = [[]]  # one block table per running sequence
-        self.status = RUNNING
-        self.tokens = None  # prompt token ids (prefix caching only)
-        self.seq_tokens = None  # per sequence: prompt + generated tokens (prefix caching only)
-        self.full_hashes = None
-        self.preemptions = 0
-        self.prefix_hit = 0
-        self.first_token_s = self.finish_s = None
-        self.added_s = 0.0
-        self.added_step = 0
-        self.first_token_step = self.finish_step = None
-        self.dropped = 0  # leading blocks released because they left a sliding window (None in the tables)
-        #: The side groups' tables (simkv.serving.kv_groups: vLLM's other groups, GenAI's linear-attention
-        #: pool): per side group, one table per running sequence; None for a layout with one group.
-        self.side: list[list[list]] | None = None
-
-    # sequence_group.hpp
-    def can_generate(self) -> bool:
-        return self.maxc >= self.P
-
-    def available(self) -> int:
-        return max(max(self.P, self.maxc) - self.processed, 1)
-
-    def running_seqs(self) -> int:
-        return len(self.tables)
-
-
 class ContinuousScheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool, *, dynamic: bool, max_blocks: int, kv=None,
                  state_pool: BlockPool | None = None, budget: int = 0, gpu: GpuCheck | None = None) -> None:
-        """``kv``: the paged layout (:class:`simkv.serving.kv_groups.PagedKV`; None: one full group of
+        """``kv``: the paged layout (:class:`simkv.serving.kv.groups.PagedKV`; None: one full group of
         ``config.block_size``). ``state_pool``: GenAI's linear-attention pool; ``budget``, ``max_blocks``: the device's
         bytes for both pools, and in KV blocks (a dynamic pool is not capped by them: it is out of memory where it
         is allocated, docs/DESIGN.md §7); ``gpu``: GenAI's GPU growth check (None: the CPU path, no check)."""
@@ -186,7 +88,7 @@ class ContinuousScheduler:
         self.max_blocks = max_blocks  # the device's byte budget, in blocks
         self.copies = 0  # copy-on-write block copies this step
         self.pool_limited = False  # the pool could not grow when asked to this step
-        # the layout's groups beyond one plain full table (simkv.serving.kv_groups)
+        # the layout's groups beyond one plain full table (simkv.serving.kv.groups)
         self.kv = kv
         self.group0 = None if kv is None else kv.groups[0]
         self.side = () if kv is None else kv.side
@@ -416,7 +318,7 @@ class ContinuousScheduler:
         then the shortest cached partial tail of the first missing one; a fully restored
         prompt recomputes its last token."""
         if not self.pool.prefix_caching or self.side:
-            return  # (a hybrid model's prompts are computed whole: simkv.serving.kv_groups)
+            return  # (a hybrid model's prompts are computed whole: simkv.serving.kv.groups)
         plan, content = [], 0
         while content < g.P:
             prev, nxt = content, min(content + self.bs, g.P)

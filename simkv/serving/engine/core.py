@@ -10,7 +10,7 @@ With arrivals in seconds, an idle engine jumps to the next arrival; with
 ``arrival_step`` it takes idle steps, as a program calling ``step()`` in a loop does.
 
 :class:`PagedServing` conducts the loop and holds its state; one step the reference way is
-:mod:`.slow_path`, the pool's tensors in the ledger :mod:`.pool_tensors`, quiet runs of steps
+:mod:`.slow_path`, the pool's tensors in the ledger :mod:`..kv.pool_tensors`, quiet runs of steps
 planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 """
 
@@ -26,16 +26,17 @@ from operator import attrgetter
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.serving import planned_run, squeezed
-from simkv.serving.costing import Work
-from simkv.serving.joins import join
-from simkv.serving.kv_groups import overridden, paged_kv
-from simkv.serving.paged import BlockPool
-from simkv.serving.pool_tensors import PoolTensors
+from simkv.serving.engine import planned_run, squeezed
+from simkv.serving.engine.costing import Work
+from simkv.serving.engine.joins import join
+from simkv.serving.kv.groups import overridden, paged_kv
+from simkv.serving.kv.block_pool import BlockPool
+from simkv.serving.kv.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
-from simkv.serving.scheduler import (RUNNING, UNFINISHED, ContinuousScheduler, GpuCheck, Group, SchedulerConfig,
-                                     prepare_tokens)
-from simkv.serving.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.genai import ContinuousScheduler, GpuCheck, prepare_tokens
+from simkv.serving.sched.group import RUNNING, UNFINISHED, Group
+from simkv.serving.engine.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
 _index = attrgetter("index")
@@ -148,7 +149,7 @@ def prompt_token_ids(requests: list[Request]) -> list[list]:
 
 
 class PagedServing:
-    """Continuous batching over a paged pool, step by step (GenAI's rules; see :mod:`.scheduler`)."""
+    """Continuous batching over a paged pool, step by step (GenAI's rules; see :mod:`..sched.genai`)."""
 
     def __init__(self, requests: list[Request], model, precision, config: SchedulerConfig, *, device,
                  weights_bytes: int, device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
@@ -170,7 +171,7 @@ class PagedServing:
                 raise ConfigError("bytes per block given by hand need a model whose attention layers are all alike "
                                   "under the GenAI manager")
             kv = overridden(kv, block_bytes, tensor_block_bytes)
-        #: The paged memory's layout (simkv.serving.kv_groups): groups, block bytes, tensors.
+        #: The paged memory's layout (simkv.serving.kv.groups): groups, block bytes, tensors.
         self.kv = kv
         self.bs = kv.block_size
         self.block_bytes = kv.block_bytes

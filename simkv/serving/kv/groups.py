@@ -114,7 +114,7 @@ class PagedKV:
 
     manager: str
     #: ``groups[0]`` is the scheduler's own table (the first full group, else the first attention group); the
-    #: others are side groups (:class:`simkv.serving.scheduler.SideTables`).
+    #: others are side groups (:class:`simkv.serving.sched.genai.SideTables`).
     groups: tuple[BlockGroup, ...]
     #: Bytes of one block of the KV pool.
     block_bytes: int

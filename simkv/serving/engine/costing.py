@@ -212,7 +212,7 @@ class StepTimer:
         ran = estimated > 0
         if not np.allclose(seconds[ran], estimated[ran], rtol=1e-9, atol=1e-15):
             raise SimkvError("the cost model is not affine in its inputs; serving time needs an update of "
-                             "simkv/serving/costing.py")
+                             "simkv/serving/engine/costing.py")
         return np.where(ran, seconds, 0.0), c
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simkv.serving.scheduler import FINISHED
+from simkv.serving.sched.group import FINISHED
 
 #: Longest run of steps planned at once (bounds the arrays of a plan).
 KMAX = 512
@@ -66,7 +66,7 @@ class Run:
     ahead: int  # the run ends before the arrival of requests[ahead] at the latest
     sec: np.ndarray | None = None
     times: np.ndarray | None = None
-    #: A layout of several groups (simkv.serving.kv_groups): the state pool's blocks in use per step, and per
+    #: A layout of several groups (simkv.serving.kv.groups): the state pool's blocks in use per step, and per
     #: group the present requests' table lengths at the start (newcomers start empty).
     used1: np.ndarray | None = None
     nbg: list | None = None
@@ -210,7 +210,7 @@ def blocks(eng, ctx: np.ndarray, prev: np.ndarray, alive: np.ndarray, nbg: list)
     """A layout of several groups over planned steps (``ctx``/``prev``: tokens processed after/before each step;
     ``nbg``: per group the table lengths at the start). Returns per pool the blocks held per step, per group the
     table entries per request and step, where a window drops blocks at the end of a step, and the bytes of data
-    the blocks hold per step (:func:`simkv.serving.slow_path.used_bytes`)."""
+    the blocks hold per step (:func:`simkv.serving.engine.slow_path.used_bytes`)."""
     n, K = ctx.shape
     per_pool = [np.zeros(K, dtype=np.int64), np.zeros(K, dtype=np.int64)]
     entries, used_b = [], np.zeros(K, dtype=np.int64)
@@ -482,7 +482,7 @@ def _hand_out_prefix(eng, ctx, held, nb, sampled, start, fin, K: int, live: list
     The reference also re-hashes a decoding sequence's last block at every step, by the context after the step;
     here only its last such hash is given (before the block is freed, before a new block follows it, at the end of
     the run). The hashes in between are seen by no one: every request here is alone in its family and was never
-    preempted (:func:`_present`; newcomers: :func:`simkv.serving.joins.join`), so no other block has, had or
+    preempted (:func:`_present`; newcomers: :func:`simkv.serving.engine.joins.join`), so no other block has, had or
     will get one of them (a hash chain starts with the prompt's first tokens), and nothing is restored during
     the run. Allocations and frees are the reference's, in its order, so the clock, the free list, the
     overwritable store and its evictions are too."""

@@ -5,7 +5,7 @@ A small pool serving more than it holds spends most steps like this (llama-2-7b 
 conversation trace: a preemption every ~10 steps, three in four of them the tail prompt losing one block to a
 decoder that crosses a block boundary). A planned run (:mod:`.planned_run`) ends at each such step; here the
 steps are taken one by one with a handful of integers each, while every scheduling rule of the reference
-(:meth:`simkv.serving.scheduler.ContinuousScheduler.schedule`) gives the same outcome as these:
+(:meth:`simkv.serving.sched.genai.ContinuousScheduler.schedule`) gives the same outcome as these:
 
 * the present requests, in request order, are decoders (every one generating: processed == maxc >= prompt),
   then at most one *tail* request holding processed tokens (a prompt in progress, or a preempted request
@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from simkv.errors import SimkvError
-from simkv.serving.planned_run import JOINS_PER_RUN, _horizon
-from simkv.serving.scheduler import FINISHED, RUNNING, Group
+from simkv.serving.engine.planned_run import JOINS_PER_RUN, _horizon
+from simkv.serving.sched.group import FINISHED, RUNNING, Group
 
 
 class _Tail:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simkv.serving.planned_run import KMAX, Run, blocks, prompt_share, reserves
-from simkv.serving.scheduler import Group, prepare_tokens
+from simkv.serving.engine.planned_run import KMAX, Run, blocks, prompt_share, reserves
+from simkv.serving.sched.genai import prepare_tokens
+from simkv.serving.sched.group import Group
 
 
 def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()) -> list[Group]:

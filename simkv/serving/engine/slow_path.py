@@ -8,7 +8,9 @@ step with ``run(fast=False)``, the reference the planned runs are tested against
 
 from __future__ import annotations
 
-from simkv.serving.scheduler import FINISHED, IGNORED, RUNNING, fork_samples
+from simkv.serving.sched.genai import fork_samples
+
+from simkv.serving.sched.group import FINISHED, IGNORED, RUNNING
 
 
 def internal_slack(live, pool, bs: int) -> int:
@@ -35,7 +37,7 @@ def internal_slack(live, pool, bs: int) -> int:
 
 def used_bytes(live, sched) -> tuple[int, int]:
     """Bytes of data the blocks in use hold, in the KV pool and in the state pool, for a layout of several
-    groups (:mod:`simkv.serving.kv_groups`): per token group the held blocks' slots less the last blocks'
+    groups (:mod:`simkv.serving.kv.groups`): per token group the held blocks' slots less the last blocks'
     unfilled ones, at the group's bytes per slot; per state group its blocks whole. A block shared by several
     sequences counts once."""
     kv = sched.kv
@@ -77,7 +79,7 @@ def ignore_all(live, sched, t: float, step: int) -> None:
 
 def step_work(scheduled, work):
     """What the forward pass of the ``scheduled`` groups computes: new tokens, attended pairs,
-    KV read (:class:`simkv.serving.costing.Work`: tokens, or bytes), logits, and the pairs of one-token queries
+    KV read (:class:`simkv.serving.engine.costing.Work`: tokens, or bytes), logits, and the pairs of one-token queries
     (:mod:`simkv.cost`: decode_pairs)."""
     new = pairs = kv_read = logits = decode_pairs = 0
     for g in scheduled:
