@@ -150,7 +150,7 @@ def plan(eng, live: list, pending: int) -> Run | None:
         used = base + held.sum(axis=0)
         bad = used > pool.total
     else:  # every group's blocks: the KV pool's and the state pool's in use per step
-        nbg, start_held = _tables_at_start(eng, live)
+        nbg, start_held = _tables_at_start(eng, rows)  # (the passive tail has no row and holds no block)
         per_pool = blocks(eng, ctx, _before(ctx, proc), alive, nbg)[0]
         used = pool.used() - start_held[0] + per_pool[0]
         bad = used > pool.total
@@ -184,7 +184,9 @@ def _before(ctx: np.ndarray, proc) -> np.ndarray:
 
 
 def _tables_at_start(eng, live: list):
-    """Per group, each present request's table length; and per pool, the blocks they hold."""
+    """Per group, each given request's table length; and per pool, the blocks they hold. Given the requests with a
+    row (:func:`_present`'s ``rows``), not every present one: the untouched tail of a fixed pool's queue holds no
+    block and has no row in the run's matrices (all present ones gave 787 lengths against 777 rows: a crash)."""
     groups = eng.kv.groups
     nbg, held = [], [0, 0]
     for gi, grp in enumerate(groups):
