@@ -73,6 +73,9 @@ class ServingSpec:
     #: them — its share of the weights (``weights_bytes`` is per device), of the KV heads, of the FLOPs — and each
     #: step adds its all-reduces (simkv.cost.allreduce_s); ``device_memory`` is each device's.
     tp: int = 1
+    #: Closed-loop load (simkv.serving.closed_loop): this many clients send the requests in order, each its next
+    #: when its previous ended (the requests' arrival times are not used); None: each request at its arrival.
+    concurrency: int | None = None
 
     @property
     def device_model(self):
@@ -314,6 +317,8 @@ def serve(spec: ServingSpec, progress=False, watch=None):
 
     device = check_spec(spec)
     check_router(spec.replicas, spec.router, spec.requests, spec.workers)
+    if spec.concurrency is not None:
+        return _serve_closed_loop(spec, device, progress, watch)
     bar = None
     if callable(progress):
         bar = _Callback(progress)
@@ -324,6 +329,38 @@ def serve(spec: ServingSpec, progress=False, watch=None):
             return _serve_replicas(spec, device, bar, watch)
         eng = _engine(spec, device, spec.requests, _watched(bar.update_to if bar else None, watch, 0))
         eng.start(spec.engine == "fast") if spec.memory == "paged" else eng.start()
+        eng.advance()
+    finally:
+        if bar:
+            bar.close()
+    return _result(spec, eng, device)
+
+
+def _serve_closed_loop(spec: ServingSpec, device, progress=False, watch=None) -> ServingResult:
+    """``spec.concurrency`` clients send ``spec.requests`` in order, each its next when its previous ended
+    (:class:`simkv.serving.closed_loop.ClosedLoop`), to one engine with paged memory."""
+    from simkv.serving.closed_loop import ClosedLoop
+    from simkv.serving.engine.core import prompt_token_ids
+
+    if spec.replicas > 1:
+        raise ConfigError("--concurrency drives one engine; with --replicas the clients would need a router's "
+                          "placement per request (give --replicas 1, or replay arrivals with --rate)")
+    if spec.memory != "paged" or spec.scheduler != "continuous":
+        raise ConfigError("--concurrency needs --memory paged and --scheduler continuous (the serving engine whose "
+                          "steps let a completed request send the next)")
+    reqs = spec.requests
+    if reqs and reqs[0].arrival_s is None:
+        raise ConfigError("--concurrency sends requests by completions, in seconds: the trace counts arrivals in "
+                          "steps (arrival_step)")
+    tokens = prompt_token_ids(reqs) if spec.paged.enable_prefix_caching else None
+    loop = ClosedLoop(reqs, spec.concurrency, tokens)
+    bar = _Callback(progress) if callable(progress) else _progress_bar(len(reqs)) if progress else None
+    try:
+        first = loop.first()
+        eng = _engine(spec, device, first, _watched(bar.update_to if bar else None, watch, 0), client=loop)
+        eng.start(spec.engine == "fast", prompts=[r.prompt for r in first],
+                  tokens=tokens[: len(first)] if tokens is not None else None,
+                  longest=max((r.prompt + r.max_new_tokens for r in reqs), default=0))
         eng.advance()
     finally:
         if bar:
@@ -346,8 +383,8 @@ def _watched(progress, watch, replica: int):
     return callback
 
 
-def _engine(spec: ServingSpec, device, requests: list[Request], progress):
-    """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
+def _engine(spec: ServingSpec, device, requests: list[Request], progress, client=None):
+    """The engine that serves ``requests`` as ``spec`` says (not yet run); ``client``: a closed loop's clients."""
     cfg = spec.paged
     if spec.scheduler == "continuous" and spec.memory == "paged":
         from simkv.serving.engine.core import PagedServing
@@ -356,7 +393,7 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress):
                            weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
                            block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                            trace_requests=spec.trace_requests, max_steps=spec.max_steps,
-                           max_preemptions=spec.max_preemptions, progress=progress)
+                           max_preemptions=spec.max_preemptions, progress=progress, client=client)
         if spec.engine not in ("fast", "reference"):
             raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
         return _bind(eng, progress)

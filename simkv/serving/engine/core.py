@@ -35,7 +35,7 @@ from simkv.serving.kv.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
 from simkv.serving.sched.config import SchedulerConfig
 from simkv.serving.sched.genai import ContinuousScheduler, GpuCheck, prepare_tokens
-from simkv.serving.sched.group import RUNNING, UNFINISHED, Group
+from simkv.serving.sched.group import FINISHED, RUNNING, UNFINISHED, Group
 from simkv.serving.engine.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
@@ -155,8 +155,12 @@ class PagedServing:
                  weights_bytes: int, device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
                  max_steps: int = 10_000_000,
                  trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS,
-                 max_preemptions: int | None = None) -> None:
+                 max_preemptions: int | None = None, client=None) -> None:
         self.requests = requests
+        #: A closed loop's clients (simkv.serving.closed_loop.ClosedLoop; None: the requests' own arrivals): every
+        #: request that ends sends the next one (:meth:`_completions`), so no run of steps goes past a step in which
+        #: one ends (planned_run.plan, joins.join; squeezed runs are not taken).
+        self.client = client
         self.model, self.cfg = model, config
         if config.block_size <= 0:
             raise ConfigError("block size and block bytes must be positive")
@@ -335,6 +339,16 @@ class PagedServing:
             self.family.append(tokens[0])
             self.families[tokens[0]] += 1
 
+    def _completions(self, live: list[Group]) -> None:
+        """A closed loop: each request of ``live`` that ended in the steps just taken (in request order) sends the
+        next request, at the time it ended (simkv.serving.closed_loop; a run of steps ends at the step in which the
+        first one ends, so every request ended here ended at ``self.t``, but a FINISHED one's own time is used)."""
+        for g in sorted((g for g in live if g.status != RUNNING), key=_index):
+            sent = self.client.completed(g.finish_s if g.status == FINISHED else self.t)
+            if sent is None:
+                return
+            self.add(sent[0], sent[0].prompt, sent[1])
+
     def solo(self, index: int) -> bool:
         """Prefix caching: ``requests[index]`` is the only request of its family (no other request's blocks can
         have the hash of one of its blocks: its prompt cannot be restored from them, nor theirs from its own)."""
@@ -401,12 +415,16 @@ class PagedServing:
                 if self.oom is not None:
                     self._stop_out_of_memory(live, self.pending)
                     break
+                if self.client is not None:
+                    self._completions(live)
                 live[:] = [g for g in live if g.status == RUNNING]
             elif joined == HELD:
                 break
             else:
                 self.pending += joined
                 pos = self.cold_pos(live)  # (an untouched request is running: only the others can have ended)
+                if self.client is not None:
+                    self._completions(live[:pos])
                 live[:pos] = [g for g in live[:pos] if g.status == RUNNING]
             if bar is not None and not by_step:
                 bar(self.pending)
@@ -611,6 +629,8 @@ class PagedServing:
             if run is None:
                 return None
             joined = join(self, run, live, pending)
+        if self.client is not None and run.fin and min(run.fin) + 1 < run.K:
+            run.cut(min(run.fin) + 1)  # a closed loop: the run ends with the step in which a request ends
         if run.K < 2:
             return None
         if (run.times[:-1] >= self.limit).any():

@@ -135,6 +135,8 @@ def plan(eng, live: list, pending: int) -> Run | None:
     if present is None:
         return None
     proc, P, G, gen, nb, rows, passive = present
+    if eng.client is not None and (proc >= P).any():  # a closed loop: no step after the first decoder's last
+        horizon = min(horizon, int((G - gen)[proc >= P].min()))
     scheduled = _schedule(proc, P, G, gen, budget, horizon)
     if scheduled is None:
         return None
@@ -160,6 +162,11 @@ def plan(eng, live: list, pending: int) -> Run | None:
         held = np.zeros_like(ctx)  # (per request only for one group: the groups are counted again at the commit)
     if bad.any():
         K = int(bad.argmax())
+        if K < 2:
+            return None
+    if eng.client is not None and len(fin):
+        # a closed loop: the run ends with the step in which the first request ends (it sends the next request)
+        K = min(K, int(fin.min()) + 1)
         if K < 2:
             return None
     pairs_m, seen = eng.work.arrays(tok, ctx)
