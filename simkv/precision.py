@@ -6,7 +6,8 @@ Bytes are counted as the runtimes lay them out (DESIGN.md §2, §3):
   (scale, zero-point) pair per token per head: ``[cap, B, H_kv, 2]`` × 4 B.
 * GPU plugin, i8: data ``[B, H_kv, cap, S]`` plus an f16 (scale, zero-point)
   pair per token per head, interleaved ``[B, H_kv, cap, 2]`` × 2 B.
-* f32 / f16 / bf16: data only.
+* f32 / f16 / bf16: data only; fp8 (vLLM's ``--kv-cache-dtype fp8``): data only, 1 B per element, with one
+  scale per layer tensor (not per token).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ PRECISIONS: dict[str, Precision] = {
         Precision("u8", 8, meta_bytes_per_head=8, note="CPU plugin: f32 scale + zero-point per token per head"),
         Precision("u4", 4, meta_bytes_per_head=8, note="CPU plugin: f32 scale + zero-point per token per head"),
         Precision("i8", 8, meta_bytes_per_head=4, note="GPU plugin: f16 scale + zero-point per token per head"),
+        Precision("fp8", 8, note="vLLM --kv-cache-dtype fp8 (e4m3): one byte per element, a per-tensor scale "
+                  "(vllm/config/cache.py CacheDType; no per-token metadata)"),
     )
 }
 

@@ -71,6 +71,11 @@ class Device:
     runtime: str = "openvino"
     #: How the devices of a tensor-parallel group talk (a key of :data:`INTERCONNECTS`).
     interconnect: str = "pcie"
+    #: The peak (a key of ``peak_flops``) the weight matmuls of a quantized checkpoint run at, per weight format
+    #: (simkv.weights' names; ``int4`` covers every ``int4-gN``): the kernel the device's runtime picks for it —
+    #: fp8 W8A8 tensor cores, or a weight-only kernel that dequantises in the GEMM and multiplies in bf16
+    #: (:meth:`gemm_precision`; docs/research/latency-facts.md §4). A format not listed: ``compute_precision``.
+    gemm_kernels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -96,6 +101,18 @@ class Device:
             raise ConfigError(f"device {self.name}: peak_flops needs positive values")
         if self.compute_precision not in self.peak_flops:
             raise ConfigError(f"device {self.name}: no peak for compute precision {self.compute_precision!r}")
+        for fmt, peak in self.gemm_kernels.items():
+            if peak not in self.peak_flops:
+                raise ConfigError(f"device {self.name}: gemm_kernels[{fmt!r}] = {peak!r} has no peak")
+
+    def gemm_precision(self, weights_format: str) -> str:
+        """The peak the weight matmuls of a checkpoint stored in ``weights_format`` run at on this device
+        (:attr:`gemm_kernels`; ``int4-g128`` as ``int4``), else :attr:`compute_precision`."""
+        kernels = self.gemm_kernels
+        if weights_format in kernels:
+            return kernels[weights_format]
+        family = weights_format.split("-")[0]
+        return kernels.get(family, self.compute_precision)
 
     def attention_time(self, kv_s: Any, compute_s: Any) -> Any:
         """Attention's time from its two terms: the larger (a roofline) or, without overlap, their sum."""
@@ -140,6 +157,7 @@ class Device:
         d = asdict(self)
         d["peak_flops"] = dict(self.peak_flops)
         d["sources"] = dict(self.sources)
+        d["gemm_kernels"] = dict(self.gemm_kernels)
         return d
 
     @classmethod
@@ -149,7 +167,8 @@ class Device:
         if unknown:
             raise ConfigError(f"device file has unknown keys: {', '.join(sorted(unknown))}")
         try:
-            return cls(**{**data, "peak_flops": dict(data["peak_flops"]), "sources": dict(data.get("sources", {}))})
+            return cls(**{**data, "peak_flops": dict(data["peak_flops"]), "sources": dict(data.get("sources", {})),
+                          "gemm_kernels": dict(data.get("gemm_kernels", {}))})
         except (TypeError, KeyError, ValueError) as exc:
             raise ConfigError(f"bad device description: {exc}") from None
 
@@ -227,5 +246,6 @@ def device_summary(device: Device) -> dict[str, Any]:
         "attention_overlap": device.attention_overlap,
         "runtime": device.runtime,
         "interconnect": device.interconnect,
+        "gemm_kernels": dict(device.gemm_kernels),
         "sources": dict(device.sources),
     }

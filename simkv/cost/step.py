@@ -41,7 +41,6 @@ class StepCost:
     allreduce_s: Any = 0.0
 
 
-
 def step_cost(
     model: ModelSpec,
     device: Device,
@@ -57,6 +56,7 @@ def step_cost(
     decode_pairs: Any = 0,
     attention_flops: Any = 0,
     decode_flops: Any = 0,
+    gemm_precision: str | None = None,
 ) -> StepCost:
     """Time of one step (or of many, when arguments are arrays; they broadcast).
 
@@ -69,6 +69,9 @@ def step_cost(
     ``decode_pairs``: the part of them that belongs to one-token queries. A model whose layers attend
     different positions gives its attention arithmetic as ``attention_flops`` instead (:func:`attention_work`),
     ``decode_flops`` of it from one-token queries; the two ways add.
+    ``gemm_precision``: the peak the transformer layers' weight matmuls run at where it is not ``precision``'s
+    (a quantized checkpoint's kernel on this device, :meth:`Device.gemm_precision`: fp8 weights on an H100 run
+    W8A8 fp8 GEMMs); the LM head and attention stay at ``precision``.
     """
     peak = device.peak(precision) * device.flops_efficiency
     decode_rate = device.decode_attention_flops or peak
@@ -87,7 +90,11 @@ def step_cost(
     matmul_flops = 2.0 * (matmul_params(model) - head) * n + 2.0 * head * logits
     flops = matmul_flops + per_pair * pairs + aflops
     weights_s, kv_s = w / weights_bw, (kr + kw) / kv_bw
-    matmul_compute_s = matmul_flops / peak
+    if gemm_precision is None or gemm_precision == (precision or device.compute_precision):
+        matmul_compute_s = matmul_flops / peak
+    else:  # the layers' GEMMs at their kernel's peak, the LM head at the compute precision's
+        gemm_peak = device.peak(gemm_precision) * device.flops_efficiency
+        matmul_compute_s = 2.0 * (matmul_params(model) - head) * n / gemm_peak + 2.0 * head * logits / peak
     attention_compute_s = (per_pair * (pairs - dpairs) + (aflops - dflops)) / peak + (per_pair * dpairs + dflops) / decode_rate
     matmul_s = np.maximum(weights_s, matmul_compute_s)
     attention_s = device.attention_time(kv_s, attention_compute_s)

@@ -76,6 +76,9 @@ class ServingSpec:
     #: Closed-loop load (simkv.serving.closed_loop): this many clients send the requests in order, each its next
     #: when its previous ended (the requests' arrival times are not used); None: each request at its arrival.
     concurrency: int | None = None
+    #: The peak the layers' weight matmuls run at (simkv.cost.step_cost ``gemm_precision``: a quantized
+    #: checkpoint's kernel on the device, simkv.cost.Device.gemm_precision); None: the device's compute precision.
+    gemm_precision: str | None = None
 
     @property
     def device_model(self):
@@ -393,7 +396,8 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress, client
                            weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
                            block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                            trace_requests=spec.trace_requests, max_steps=spec.max_steps,
-                           max_preemptions=spec.max_preemptions, progress=progress, client=client)
+                           max_preemptions=spec.max_preemptions, progress=progress, client=client,
+                           gemm_precision=spec.gemm_precision)
         if spec.engine not in ("fast", "reference"):
             raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
         return _bind(eng, progress)
