@@ -40,8 +40,8 @@ json.dump(CLOCK.to_dict(), CLOCK_FILE)
 CLOCK_FILE.close()
 
 
-def run(requests, concurrency, engine="fast", model=MODEL, **cfg):
-    spec = ServingSpec(requests, model, F16, paged=SchedulerConfig(**{"block_size": 4, "max_num_batched_tokens": 64,
+def run(requests, concurrency, engine="fast", model=MODEL, lag=1, **cfg):
+    spec = ServingSpec(requests, model, F16, async_scheduling=lag == 2, paged=SchedulerConfig(**{"block_size": 4, "max_num_batched_tokens": 64,
                                                                       **cfg}),
                        device=CLOCK_FILE.name, device_memory=10**12, concurrency=concurrency, engine=engine)
     return serve(spec)
@@ -66,6 +66,27 @@ def test_who_is_sent_when_by_hand():
     assert ended == pytest.approx([3.0, 1.0, 4.0, 6.0, 6.0], abs=1e-12)
     assert all(rows[i][5] == FINISHED for i in range(5))
     assert len(res.steps) == 6 and list(res.steps["scheduled_requests"]) == [2, 1, 2, 1, 1, 2]
+
+
+def test_async_scheduling_makes_the_next_request_wait_for_two_steps_in_flight():
+    # The same load under vLLM's async scheduling: a request sent at t (when another ended) arrives only after the
+    # step after next was scheduled, i.e. just after the end of the step that started at t; latencies count from t.
+    #  step 0 @0: 0 and 1 prefill; 1 ends at 1 -> sends 2 at 1 (it arrives after step 1, at 2+)
+    #  step 1 @1: 0 decodes
+    #  step 2 @2: 2 arrived after the step started; 0's last token: ends at 3 -> sends 3 at 3 (arrives at 4+)
+    #  step 3 @3: 2 prefills (first token at 4)
+    #  step 4 @4: 2's last token, ends at 5 -> sends 4 at 5 (arrives at 6+); 3 arrived after 4: waits
+    #  step 5 @5: 3 prefills (first token at 6)
+    #  step 6 @6: 3's last token, ends at 7; 4 arrived after 6: waits
+    #  step 7 @7: 4 prefills, its only token: ends at 8
+    reqs = [Request(i, 4, g, arrival_s=0.0) for i, g in enumerate([3, 1, 2, 2, 1])]
+    for engine in ("reference", "fast"):
+        res = run(reqs, 2, engine, lag=2)
+        rows = {r[0]: r for r in res.request_rows()}
+        assert [rows[i][1] for i in range(5)] == [0.0, 0.0, 1.0, 3.0, 5.0]  # sent
+        assert [rows[i][6] for i in range(5)] == pytest.approx([1.0, 1.0, 3.0, 3.0, 3.0], abs=1e-12)  # TTFT
+        assert [rows[i][1] + rows[i][8] for i in range(5)] == pytest.approx([3.0, 1.0, 5.0, 7.0, 8.0], abs=1e-12)
+        assert len(res.steps) == 8 and list(res.steps["scheduled_requests"]) == [2, 1, 1, 1, 1, 1, 1, 1]
 
 
 def test_simultaneous_completions_send_the_next_requests_in_order_and_an_idle_engine_waits_for_them():
@@ -116,15 +137,15 @@ def loads(draw):
                max_num_seqs=draw(st.sampled_from([2, 8, 256])), on_oom=draw(st.sampled_from(["preempt", "wait"])),
                kv_manager=draw(st.sampled_from(["genai", "vllm"])))
     cfg["enable_prefix_caching"] = cfg["kv_manager"] == "genai" and draw(st.booleans())
-    return reqs, draw(st.integers(1, 12)), cfg, draw(st.sampled_from([MODEL, LAYERED]))
+    return reqs, draw(st.integers(1, 12)), cfg, draw(st.sampled_from([MODEL, LAYERED])), draw(st.sampled_from([1, 2]))
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(loads())
 def test_fast_equals_reference_under_a_closed_loop(case):
-    reqs, concurrency, cfg, model = case
-    ref = run(reqs, concurrency, "reference", model, **cfg)
-    fast = run(reqs, concurrency, "fast", model, **cfg)
+    reqs, concurrency, cfg, model, lag = case
+    ref = run(reqs, concurrency, "reference", model, lag, **cfg)
+    fast = run(reqs, concurrency, "fast", model, lag, **cfg)
     assert np.array_equal(ref.steps, fast.steps)
     assert _rows(ref) == _rows(fast)
     assert ref.ledger == fast.ledger
@@ -156,10 +177,12 @@ def test_planned_runs_end_where_a_request_ends(monkeypatch):
     monkeypatch.setattr(planned_run, "plan", spy)
     rng = np.random.default_rng(3)
     reqs = [Request(i, int(rng.integers(20, 200)), int(rng.integers(100, 400)), arrival_s=0.0) for i in range(200)]
-    ref = run(reqs, 16, "reference", max_num_batched_tokens=256)
-    fast = run(reqs, 16, "fast", max_num_batched_tokens=256)
-    assert np.array_equal(ref.steps, fast.steps) and _rows(ref) == _rows(fast)
-    assert sum(lengths) > 0.5 * len(fast.steps) and max(lengths) >= 4
+    for lag in (1, 2):
+        lengths.clear()
+        ref = run(reqs, 16, "reference", lag=lag, max_num_batched_tokens=256)
+        fast = run(reqs, 16, "fast", lag=lag, max_num_batched_tokens=256)
+        assert np.array_equal(ref.steps, fast.steps) and _rows(ref) == _rows(fast)
+        assert sum(lengths) > 0.5 * len(fast.steps) and max(lengths) >= 4
 
 
 def test_cli_refuses_what_it_cannot_drive():

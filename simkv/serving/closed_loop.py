@@ -22,6 +22,11 @@ its tokenizer. So the next request joins no earlier than the step after the one 
 the smallest time after t (``nextafter(t, inf)``), which the engine's rule — a request joins the first step that
 starts at or after its arrival — places exactly there. The client's round trip itself is not modelled beyond that
 (no source gives it; docs/research/latency-facts.md §3).
+
+With vLLM's ``--async-scheduling`` (``EngineCore.step_with_batch_queue``, a queue of two batches) the engine
+schedules the step after next while the next one runs, before the step that ended at t has even returned its
+outputs: the next request then misses one more step, ``lag = 2`` steps in flight instead of 1. It still counts its
+latency from t (``Request.sent_s``). An engine with nothing in flight takes a sent request at once.
 """
 
 from __future__ import annotations
@@ -36,10 +41,14 @@ from simkv.serving.requests import Request
 class ClosedLoop:
     """The clients of a closed-loop run over ``requests`` (sent in their order, whatever arrival they carry)."""
 
-    def __init__(self, requests: list[Request], concurrency: int, tokens: list | None = None) -> None:
+    def __init__(self, requests: list[Request], concurrency: int, tokens: list | None = None, lag: int = 1) -> None:
         check_closed_loop(requests, concurrency)
+        if lag not in (1, 2):
+            raise ConfigError(f"a closed loop's lag is 1 step in flight, or 2 with async scheduling; got {lag!r}")
         self.requests = requests
         self.concurrency = concurrency
+        #: Steps in flight a sent request waits for (1; 2 under vLLM's async scheduling): see the module docstring.
+        self.lag = lag
         #: Each request's prompt token ids (prefix caching: simkv.serving.engine.core.prompt_token_ids of the whole
         #: list, whose shared prefixes are numbered in request order); None without prefix caching.
         self.tokens = tokens

@@ -76,6 +76,9 @@ class ServingSpec:
     #: Closed-loop load (simkv.serving.closed_loop): this many clients send the requests in order, each its next
     #: when its previous ended (the requests' arrival times are not used); None: each request at its arrival.
     concurrency: int | None = None
+    #: vLLM's ``--async-scheduling``: a closed loop's next request waits for two steps in flight, not one
+    #: (simkv.serving.closed_loop).
+    async_scheduling: bool = False
     #: The peak the layers' weight matmuls run at (simkv.cost.step_cost ``gemm_precision``: a quantized
     #: checkpoint's kernel on the device, simkv.cost.Device.gemm_precision); None: the device's compute precision.
     gemm_precision: str | None = None
@@ -296,6 +299,8 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("give num_kv_blocks or cache_size, not both")
     context = spec.max_context if spec.max_context is not None else context_of(spec.model)
     check_workload(spec.requests, context)
+    if spec.async_scheduling and spec.concurrency is None:
+        raise ConfigError("--async-scheduling changes when a closed loop's next request is scheduled: give --concurrency")
     device = get_device(spec.device)
     device.check_tp(spec.tp)
     spec.device_model  # refuses a --tp that does not split the model, one line
@@ -356,7 +361,7 @@ def _serve_closed_loop(spec: ServingSpec, device, progress=False, watch=None) ->
         raise ConfigError("--concurrency sends requests by completions, in seconds: the trace counts arrivals in "
                           "steps (arrival_step)")
     tokens = prompt_token_ids(reqs) if spec.paged.enable_prefix_caching else None
-    loop = ClosedLoop(reqs, spec.concurrency, tokens)
+    loop = ClosedLoop(reqs, spec.concurrency, tokens, lag=2 if spec.async_scheduling else 1)
     bar = _Callback(progress) if callable(progress) else _progress_bar(len(reqs)) if progress else None
     try:
         first = loop.first()

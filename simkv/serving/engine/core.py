@@ -17,8 +17,10 @@ planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 from __future__ import annotations
 
 import functools
+import math
 import gc
 from bisect import bisect_left
+from dataclasses import replace
 from collections import Counter
 from itertools import repeat
 from operator import attrgetter
@@ -161,6 +163,9 @@ class PagedServing:
         #: request that ends sends the next one (:meth:`_completions`), so no run of steps goes past a step in which
         #: one ends (planned_run.plan, joins.join; squeezed runs are not taken).
         self.client = client
+        #: A closed loop whose requests wait for steps in flight (``client.lag`` > 1): [steps still to end, time
+        #: sent, request, token ids] of each request sent and not yet arrived (:meth:`_due`).
+        self.deferred: list[list] = []
         self.model, self.cfg = model, config
         if config.block_size <= 0:
             raise ConfigError("block size and block bytes must be positive")
@@ -342,12 +347,33 @@ class PagedServing:
     def _completions(self, live: list[Group]) -> None:
         """A closed loop: each request of ``live`` that ended in the steps just taken (in request order) sends the
         next request, at the time it ended (simkv.serving.closed_loop; a run of steps ends at the step in which the
-        first one ends, so every request ended here ended at ``self.t``, but a FINISHED one's own time is used)."""
+        first one ends, so every request ended here ended at ``self.t``, but a FINISHED one's own time is used). With
+        ``client.lag`` L > 1 it reaches the engine only after L − 1 more steps have ended (:meth:`_due`)."""
         for g in sorted((g for g in live if g.status != RUNNING), key=_index):
-            sent = self.client.completed(g.finish_s if g.status == FINISHED else self.t)
+            t = g.finish_s if g.status == FINISHED else self.t
+            sent = self.client.completed(t)
             if sent is None:
                 return
-            self.add(sent[0], sent[0].prompt, sent[1])
+            req, tokens = sent
+            if self.client.lag > 1:
+                self.deferred.append([self.client.lag - 1, t, req, tokens])
+            else:
+                self.add(req, req.prompt, tokens)
+
+    def _due(self, steps: int | None) -> None:
+        """A closed loop with a lag: ``steps`` more steps ended (None: the engine is idle, nothing is in flight);
+        each sent request whose steps in flight have all ended now arrives (just after ``self.t``; its latencies count
+        from when it was sent)."""
+        due = []
+        for entry in self.deferred:
+            entry[0] = 0 if steps is None else entry[0] - steps
+            if entry[0] <= 0:
+                due.append(entry)
+        if due:
+            self.deferred = [e for e in self.deferred if e[0] > 0]
+            arrival = math.nextafter(self.t, math.inf)
+            for _, t, req, tokens in due:
+                self.add(replace(req, arrival_s=max(arrival, req.arrival_s), sent_s=t), req.prompt, tokens)
 
     def solo(self, index: int) -> bool:
         """Prefix caching: ``requests[index]`` is the only request of its family (no other request's blocks can
@@ -364,7 +390,10 @@ class PagedServing:
         bar = self.progress
         live = self.live
         self.limit = limit
-        while (self.pending < len(reqs) or live) and self.stopped is None and self.oom is None:
+        while (self.pending < len(reqs) or live or self.deferred) and self.stopped is None and self.oom is None:
+            if self.deferred and not live and (self.pending >= len(reqs) or reqs[self.pending].arrival_s
+                                               > math.nextafter(self.t, math.inf)):
+                self._due(None)  # nothing in flight, nothing about to start: the sent requests arrive at once
             tokens_out = self.sampled + self.pending
             if tokens_out != self.progress_mark:
                 self.progress_mark, self.progress_step = tokens_out, self.step
@@ -393,6 +422,7 @@ class PagedServing:
                     pending += 1
             self.pending = pending
             joined = None
+            steps_before = self.step
             if self.fast and live and self.step >= self.plan_from:
                 # A full fixed pool keeps preempting: once a squeezed run (:mod:`.squeezed`) was planned where a
                 # planned run was not, squeezed runs only (their states include a planned run's: the same pools)
@@ -416,6 +446,7 @@ class PagedServing:
                     self._stop_out_of_memory(live, self.pending)
                     break
                 if self.client is not None:
+                    self._due(1)
                     self._completions(live)
                 live[:] = [g for g in live if g.status == RUNNING]
             elif joined == HELD:
@@ -424,6 +455,7 @@ class PagedServing:
                 self.pending += joined
                 pos = self.cold_pos(live)  # (an untouched request is running: only the others can have ended)
                 if self.client is not None:
+                    self._due(self.step - steps_before)
                     self._completions(live[:pos])
                 live[:pos] = [g for g in live[:pos] if g.status == RUNNING]
             if bar is not None and not by_step:
@@ -703,7 +735,7 @@ class PagedServing:
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])
         self.sched.init_side(g)
-        g.added_s, g.added_step = (req.arrival_s if req.arrival_s is not None else self.t), self.step
+        g.added_s, g.added_step = (req.sent if req.arrival_s is not None else self.t), self.step
         if self.tokens is not None:
             prepare_tokens(g, self.tokens[index], self.bs)
             self.sched.restore(g)

@@ -57,7 +57,7 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
         if not _add_newcomer(eng, run, g, k):
             run.cut(k)
             break
-        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
+        g.added_s = req.sent if req.arrival_s is not None else float(run.times[k - 1])
         g.added_step = eng.step + k
         joined.append(g)
         if targets is not None:
