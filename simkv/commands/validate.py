@@ -73,6 +73,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
     o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
+    s = p.add_argument_group("silicon (--silicon: measured serving benchmarks vs simkv's serving simulation)")
+    s.add_argument("--silicon", metavar="PATH.csv", help="simulate every row of a silicon_sample.csv (AIConfigurator's "
+                   "columns: model, precision, TP, concurrency, ISL/OSL, measured TTFT/TPOT) as its benchmark ran it "
+                   "and print measured vs predicted TTFT and TPOT, |error| per model and overall")
+    s.add_argument("--configs", metavar="DIR", help="--silicon: the models' config.json files (default: the folder "
+                   "'configs' beside the CSV)")
+    s.add_argument("--match", metavar="TEXT", help="--silicon: only the rows whose id contains TEXT")
+    s.add_argument("--workers", type=int, default=1, metavar="N", help="--silicon: rows simulated in N processes "
+                   "(default 1; the results do not depend on it)")
     return p
 
 
@@ -95,6 +104,10 @@ def _add_paged_validate_arguments(p) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.silicon:  # measured serving benchmarks vs the serving simulation (simkv/validate/silicon.py)
+        from simkv.validate.silicon import cli_main as silicon_main
+
+        return silicon_main(args)
     if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai/)
         from simkv.validate.genai.runner import cli_main
 
