@@ -143,3 +143,17 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path):
                              capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
     shutil.rmtree(tmp_path)
+
+
+def test_another_predictors_errors_beside_on_the_same_rows(tmp_path):
+    path = _tiny_csv(tmp_path, [ROW, {**ROW, "id": "q2"}])
+    beside = tmp_path / "aic.csv"
+    # q1 predicted 10 % over the measured TTFT (50 ms) and 20 % under the TPOT (5 ms); q2 not predicted by it
+    beside.write_text("id,aic_ttft_ms,aic_tpot_ms,aic_error\nq1,55.0,4.0,\nq2,,,ValueError: no data\n")
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--silicon", str(path), "--beside",
+                          str(beside), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    b = data["summary"]["overall"]["beside"]
+    assert b["rows"] == 1 and b["ttft_median_abs_error"] == pytest.approx(0.10) and b["tpot_median_abs_error"] == pytest.approx(0.20)
+    assert data["rows"][1]["beside_ttft_ms"] is None and data["rows"][1]["beside_error"] == "ValueError: no data"

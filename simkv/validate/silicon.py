@@ -338,8 +338,31 @@ def _stats(errors: list[float]) -> tuple[float | None, float | None]:
     return float(np.median(a)), float(np.percentile(a, 90))
 
 
-def summary(outcomes: list[Outcome]) -> dict:
-    """Median and p90 |error| of TTFT and TPOT per model and overall, and the rows not modelled by reason."""
+def read_beside(path: str | Path) -> dict[str, tuple[float | None, float | None, str]]:
+    """Another predictor's predictions of the same rows (``id, aic_ttft_ms, aic_tpot_ms, aic_error``, as
+    experiments/silicon_aic.py writes AIConfigurator's): id → (TTFT ms, TPOT ms, its error or "")."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if not {"id", "aic_ttft_ms", "aic_tpot_ms"} <= set(reader.fieldnames or []):
+                raise ConfigError(f"{path}: needs the columns id, aic_ttft_ms, aic_tpot_ms (experiments/silicon_aic.py)")
+            out = {}
+            for rec in reader:
+                try:
+                    ttft = float(rec["aic_ttft_ms"]) if rec["aic_ttft_ms"] else None
+                    tpot = float(rec["aic_tpot_ms"]) if rec["aic_tpot_ms"] else None
+                except ValueError:
+                    raise ConfigError(f"{path}: row {rec['id']!r} has a prediction that is not a number") from None
+                out[rec["id"]] = (ttft, tpot, rec.get("aic_error") or "")
+            return out
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def summary(outcomes: list[Outcome], beside: dict | None = None) -> dict:
+    """Median and p90 |error| of TTFT and TPOT per model and overall, and the rows not modelled by reason; with
+    ``beside`` (:func:`read_beside`) that predictor's errors too, on the rows simkv models that it predicts."""
     by_model: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by_model.setdefault(o.row.model_path, []).append(o)
@@ -347,8 +370,15 @@ def summary(outcomes: list[Outcome]) -> dict:
     def block(items: list[Outcome]) -> dict:
         done = [o for o in items if o.reason is None]
         ttft, tpot = _stats([o.ttft_error for o in done]), _stats([o.tpot_error for o in done])
-        return {"rows": len(items), "modelled": len(done), "ttft_median_abs_error": ttft[0],
-                "ttft_p90_abs_error": ttft[1], "tpot_median_abs_error": tpot[0], "tpot_p90_abs_error": tpot[1]}
+        out = {"rows": len(items), "modelled": len(done), "ttft_median_abs_error": ttft[0],
+               "ttft_p90_abs_error": ttft[1], "tpot_median_abs_error": tpot[0], "tpot_p90_abs_error": tpot[1]}
+        if beside is not None:
+            both = [(o, beside[o.row.id]) for o in done if beside.get(o.row.id, (None,))[0] is not None]
+            ttft = _stats([b[0] / o.row.ttft_ms - 1 for o, b in both])
+            tpot = _stats([b[1] / o.row.tpot_ms - 1 for o, b in both])
+            out["beside"] = {"rows": len(both), "ttft_median_abs_error": ttft[0], "ttft_p90_abs_error": ttft[1],
+                             "tpot_median_abs_error": tpot[0], "tpot_p90_abs_error": tpot[1]}
+        return out
 
     reasons: dict[str, int] = {}
     for o in outcomes:
@@ -358,26 +388,31 @@ def summary(outcomes: list[Outcome]) -> dict:
             "not_modelled": reasons}
 
 
-def to_json(outcomes: list[Outcome]) -> dict:
+def to_json(outcomes: list[Outcome], beside: dict | None = None) -> dict:
     """Every row (its id, what was measured, the prediction or null with the reason) and the summary."""
     rows = []
     for o in outcomes:
         r = o.row
-        rows.append({"id": r.id, "model": r.model_path, "precision": r.precision or "bf16", "tp": r.tp, "isl": r.isl,
+        extra = {}
+        if beside is not None:
+            b = beside.get(r.id, (None, None, "no prediction"))
+            extra = {"beside_ttft_ms": b[0], "beside_tpot_ms": b[1], "beside_error": b[2] or None}
+        rows.append({**extra, "id": r.id, "model": r.model_path, "precision": r.precision or "bf16", "tp": r.tp, "isl": r.isl,
                      "osl": r.osl, "concurrency": r.concurrency, "protocol": protocol(r),
                      "measured_ttft_ms": r.ttft_ms, "measured_tpot_ms": r.tpot_ms,
                      "predicted_ttft_ms": o.predicted_ttft_ms, "predicted_tpot_ms": o.predicted_tpot_ms,
                      "ttft_error": o.ttft_error, "tpot_error": o.tpot_error, "reason": o.reason, "notes": o.notes})
-    return {"rows": rows, "summary": summary(outcomes)}
+    return {"rows": rows, "summary": summary(outcomes, beside)}
 
 
 def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f} %"
 
 
-def render(outcomes: list[Outcome], path: str) -> str:
-    """The text report: a line per row, then |error| per model and overall, then the rows not modelled."""
-    s = summary(outcomes)
+def render(outcomes: list[Outcome], path: str, beside: dict | None = None) -> str:
+    """The text report: a line per row, then |error| per model and overall (and the other predictor's, on the same
+    rows), then the rows not modelled."""
+    s = summary(outcomes, beside)
     ov = s["overall"]
     lines = [f"simkv validate --silicon {path}: {ov['rows']} rows, {ov['modelled']} modelled "
              f"({100 * ov['modelled'] / ov['rows']:.1f} %), {ov['rows'] - ov['modelled']} not",
@@ -397,6 +432,14 @@ def render(outcomes: list[Outcome], path: str) -> str:
         lines.append(f"  {name[-34:]:<34} {str(b['modelled']) + ' of ' + str(b['rows']):>10} "
                      f"{_pct(b['ttft_median_abs_error']):>12} {_pct(b['ttft_p90_abs_error']):>8} "
                      f"{_pct(b['tpot_median_abs_error']):>12} {_pct(b['tpot_p90_abs_error']):>8}")
+    if beside is not None:
+        lines.append(f"  {'beside (the same rows)':<34} {'rows':>10} {'TTFT median':>12} {'p90':>8} {'TPOT median':>12} "
+                     f"{'p90':>8}")
+        for name, b in list(s["models"].items()) + [("overall", ov)]:
+            c = b["beside"]
+            lines.append(f"  {name[-34:]:<34} {c['rows']:>10} {_pct(c['ttft_median_abs_error']):>12} "
+                         f"{_pct(c['ttft_p90_abs_error']):>8} {_pct(c['tpot_median_abs_error']):>12} "
+                         f"{_pct(c['tpot_p90_abs_error']):>8}")
     for reason, n in s["not_modelled"].items():
         lines.append(f"  not modelled ({n} rows): {reason}")
     return "\n".join(lines)
@@ -440,10 +483,11 @@ def cli_main(args) -> int:
     import json
     import sys
 
+    beside = read_beside(args.beside) if args.beside else None
     outcomes = validate(args.silicon, args.configs, match=args.match, workers=args.workers)
     if args.json:
-        json.dump(to_json(outcomes), sys.stdout, indent=1)
+        json.dump(to_json(outcomes, beside), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(render(outcomes, args.silicon))
+        print(render(outcomes, args.silicon, beside))
     return 0
