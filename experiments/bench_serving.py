@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-TRACE = "data/traces/azure_llm_2023_conv.csv"
+TRACE = "simkv/data/traces/azure_llm_2023_conv.csv"
 #: regime -> (device, requests: None = all, "half", or "small"; SchedulerConfig fields)
 REGIMES = {
     "h100": ("h100-sxm", None, {}),

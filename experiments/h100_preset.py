@@ -1,6 +1,6 @@
 """Check the h100-sxm preset against the real H100 measurements (experiments/data/h100.json).
 
-Five numbers of the preset come from measurements on one H100 (see data/devices/h100-sxm.json, its sources): the
+Five numbers of the preset come from measurements on one H100 (see simkv/data/devices/h100-sxm.json, its sources): the
 copy ceiling (KV-stream efficiency and copy bandwidth, h100.json), the weights' streaming rate of the decode GEMMs
 in a CUDA graph (experiments/data/h100_serving_terms_graphs.json: per layer ``t = a + bytes / b`` fitted over the
 graphed Qwen3-32B / Llama-3.1-70B layer GEMMs at 1–64 tokens, both formats), the per-layer fixed cost of a CUDA-graph

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from simkv import scenario as sc
-from simkv.models import WEIGHT_BYTES
+from simkv.models import WEIGHT_PRECISIONS
 
 
 class Parser(argparse.ArgumentParser):
@@ -64,9 +64,10 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weights-memory", metavar="BYTES", help="device memory taken besides the KV cache (weights, other "
                    "models), e.g. 8GiB or 0; counts toward the headroom limit and out of memory (default: the "
                    "preset's weights at --weights-precision; 0 for a custom shape)")
-    g.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), help="precision of the weights for the default "
+    g.add_argument("--weights-precision", choices=list(WEIGHT_PRECISIONS), help="precision of the weights for the default "
                    "--weights-memory (default: what the device's usual runtime loads: serving on h100-sxm / a100-80gb the "
-                   "checkpoint's 2-byte dtype, as vLLM does; on the OpenVINO presets, and for a single session, an "
+                   "checkpoint as stored, as vLLM does: its quantized formats ('checkpoint') or its 2-byte dtype; on "
+                   "the OpenVINO presets, and for a single session, an "
                    "optimum-intel export's int8 from 1e9 parameters, else f16)")
 
 

@@ -17,7 +17,7 @@ from simkv.kvspec import token_bytes
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
 from simkv.hfconfig import resolve_model
-from simkv.models import (INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, ModelSpec,  # noqa: F401 (re-exported)
+from simkv.models import (INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, WEIGHT_PRECISIONS, ModelSpec,  # noqa: F401 (re-exported)
                           optimum_intel_weights_precision, weights_bytes)
 from simkv.precision import Precision, get_precision
 from simkv.units import parse_bytes
@@ -207,6 +207,6 @@ def resolve_weights_memory(model: ModelSpec, weights_memory: str | int | None, w
         if weights_precision is not None:
             raise ConfigError("give the weights memory or the weights precision, not both")
         return 0 if weights_memory in (0, "0") else parse_bytes(weights_memory)
-    if weights_precision is not None and weights_precision not in WEIGHT_BYTES:
-        raise ConfigError(f"unknown weight precision {weights_precision!r}; choose {', '.join(WEIGHT_BYTES)}")
+    if weights_precision is not None and weights_precision not in WEIGHT_PRECISIONS:
+        raise ConfigError(f"unknown weight precision {weights_precision!r}; choose {', '.join(WEIGHT_PRECISIONS)}")
     return weights_bytes(model, weights_precision or default_weights_precision(model, device))

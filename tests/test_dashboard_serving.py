@@ -140,7 +140,7 @@ def test_nothing_runs_while_another_tab_is_open():
 
 def test_the_command_line_follows_the_form():
     assert sv.command(form()) == [
-        "--trace", "data/traces/azure_llm_2023_conv.csv", "--limit", "100", "--model", "llama-3-8b",
+        "--trace", "azure-conv", "--limit", "100", "--model", "llama-3-8b",
         "--memory", "paged", "--scheduler", "continuous", "--block-size", "32",
         "--max-num-seqs", "256", "--max-num-batched-tokens", "256", "--device", "h100-sxm"]
     argv = sv.command(form(sv_memory="contiguous", sv_policy="static", sv_scheduler="sequential",

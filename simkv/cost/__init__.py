@@ -61,9 +61,9 @@ fusion gaps, cache effects and the overlap of a copy with compute.
 
 Where each part lives (one room per concept; ``step_cost`` is the one function everything asks):
 
-- :mod:`.devices` — ``Device``, the presets (``data/devices/<name>.json``, every number with its source),
+- :mod:`.devices` — ``Device``, the presets (``simkv/data/devices/<name>.json``, every number with its source),
   ``get_device``, the ``host`` preset's path;
-- :mod:`.interconnects` — the all-reduce time model, its presets (``data/interconnects/<name>.json``) and the
+- :mod:`.interconnects` — the all-reduce time model, its presets (``simkv/data/interconnects/<name>.json``) and the
   all-reduces a tensor-parallel step runs;
 - :mod:`.weights` — the parameters a token multiplies by and the weights a step streams (experts touched);
 - :mod:`.attention` — attended pairs and cached reads per layer kind, ``attention_work``, MLA per runtime;

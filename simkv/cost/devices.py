@@ -1,6 +1,6 @@
 """Devices: a device's peaks, the fractions of them a real engine achieves, its fixed costs, and its usual runtime.
 
-The presets are data: one file per device in ``data/devices/<name>.json`` (beside the model configs'
+The presets are data: one file per device in ``simkv/data/devices/<name>.json`` (beside the model configs'
 ``data/configs``), every number with its source in the file's ``sources`` (vendor sheet, published measurement,
 measured here, or "assumed" with the rule). A preset file is also a valid ``--device PATH.json``; ``host`` is the file
 ``simkv calibrate`` writes (:func:`host_preset_path`).
@@ -17,7 +17,7 @@ import numpy as np
 
 from simkv.cost.interconnects import INTERCONNECTS
 from simkv.errors import ConfigError
-from simkv.hfconfig import CONFIG_DIR
+from simkv.shipped import DATA
 from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_weights_precision
 
 GIB = 1024**3
@@ -173,8 +173,8 @@ class Device:
             raise ConfigError(f"bad device description: {exc}") from None
 
 
-#: The device presets' files: beside the model configs (``data/configs``), in ``data/devices``.
-DEVICE_DIR = CONFIG_DIR.parent / "devices"
+#: The device presets' files: beside the model configs (``simkv/data/configs``), in ``simkv/data/devices``.
+DEVICE_DIR = DATA / "devices"
 
 #: The presets, in the order they are listed (each is ``DEVICE_DIR/<name>.json``).
 PRESET_NAMES = ("h100-sxm", "a100-80gb", "arc-a770", "xeon-8480", "core-ultra-155h-igpu", "h200-sxm", "b200")

@@ -1,7 +1,7 @@
 """How the devices of a tensor-parallel group talk: all-reduce times per interconnect, and the all-reduces one
 step runs (docs/research/plan-facts.md §2–3; docs/DESIGN.md §6).
 
-The interconnects' figures are data: one file per interconnect in ``data/interconnects/<name>.json`` (its description,
+The interconnects' figures are data: one file per interconnect in ``simkv/data/interconnects/<name>.json`` (its description,
 ``fits`` — (α seconds, bus bandwidth bytes/s) per device count, ``"any"`` for every count — and their source), loaded
 into :data:`INTERCONNECTS`.
 """
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.hfconfig import CONFIG_DIR
+from simkv.shipped import DATA
 from simkv.models import ModelSpec
 
 #: Bytes per activation element in an all-reduce: vLLM runs bf16/f16 activations (Vidur converts all-reduce
@@ -51,8 +51,8 @@ class Interconnect:
         return alpha + 2.0 * (n - 1) / n * nbytes / busbw
 
 
-#: The interconnect presets' files: beside the model configs (``data/configs``), in ``data/interconnects``.
-INTERCONNECT_DIR = CONFIG_DIR.parent / "interconnects"
+#: The interconnect presets' files: beside the model configs (``simkv/data/configs``), in ``simkv/data/interconnects``.
+INTERCONNECT_DIR = DATA / "interconnects"
 
 
 def _load_interconnect(path: Path) -> Interconnect:

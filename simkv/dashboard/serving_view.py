@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import shlex
 import threading
-from pathlib import Path
 
 import numpy as np
 from dash import ALL, Input, Output, dcc, html
@@ -43,8 +42,7 @@ from simkv.dashboard.components import dropdown, graph, internal_error, render_c
 from simkv.dashboard.compute import ResultCache
 
 #: The shipped trace, as the command line names it (run from the repository root) and where it is.
-TRACE = "data/traces/azure_llm_2023_conv.csv"
-TRACE_PATH = Path(__file__).resolve().parents[2] / TRACE
+TRACE = "azure-conv"  # the shipped trace by name (simkv.shipped.TRACES)
 MAX_REQUESTS = 1000
 MAX_TOKENS = 2_000_000
 MAX_RATE = 1000.0
@@ -227,7 +225,7 @@ def spec_of(argv: list[str]):
     with _PARSER_LOCK:
         if _PARSER is None:
             _PARSER = run_parser()
-        args = _PARSER.parse_args([str(TRACE_PATH) if a == TRACE else a for a in argv])
+        args = _PARSER.parse_args(argv)
     spec = spec_from_args(args)
     if spec.replicas > 1:
         raise SimkvError("the Serving view shows one device: run --replicas with simkv run")

@@ -36,7 +36,8 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     from simkv.serving.run import MEMORIES, ON_OOM, SCHEDULERS
 
     g = p.add_argument_group("serving (a stream of requests on one device; given --trace or --synthetic)")
-    g.add_argument("--trace", metavar="PATH", help="requests from a trace: Azure LLM CSV (TIMESTAMP,ContextTokens,"
+    g.add_argument("--trace", metavar="PATH|NAME", help="requests from a trace (a shipped one by name: azure-conv, "
+                   "azure-code): Azure LLM CSV (TIMESTAMP,ContextTokens,"
                    "GeneratedTokens) or our CSV/JSONL (id, arrival|arrival_step, prompt, max_new_tokens[, session, "
                    "prefix_id, prefix_tokens, samples, beam, token_ids])")
     g.add_argument("--synthetic", action="store_true", help="draw requests: --requests, --rate, --prompt-dist, --output-dist")
