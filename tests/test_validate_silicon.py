@@ -18,7 +18,7 @@ from simkv.errors import ConfigError
 from simkv.hfconfig import resolve_model
 from simkv.models import tp_shard
 from simkv.validate import silicon
-from simkv.validate.silicon import CHECKPOINTS, Row, checkpoint_weights, lengths, protocol, read_rows, refusal
+from simkv.validate.silicon import CHECKPOINTS, Row, lengths, protocol, read_rows, refusal
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "experiments" / "data" / "silicon"
@@ -57,21 +57,26 @@ def test_inferencex_lengths_are_the_clients_draws():
     assert len(inputs) == 60 and set(inputs) == {1024} and set(outputs) == {128}
 
 
-def test_checkpoint_weights_by_hand():
+def test_the_checkpoints_weights_and_kernels_by_hand():
+    from simkv.cost import gemm_mix, get_device
+    from simkv.models import weights_bytes
+
     configs = SHIPPED / "configs"
-    # gpt-oss-120b at TP 2: its routed experts in mxfp4 (0.5 B + 1 B per 32 = 0.53125 B), everything else bf16
-    model = resolve_model(str(configs / "openai--gpt-oss-120b_config.json"))
+    h100 = get_device("h100-sxm")
+    # gpt-oss-120b at TP 2: its routed experts in mxfp4 (0.5 B + 1 B per 32 = 0.53125 B), everything else bf16; on
+    # an H100 the mxfp4 experts run weight-only kernels that multiply in bf16: no GEMM at another peak
+    model = resolve_model(str(configs / CHECKPOINTS[("openai/gpt-oss-120b", "fp4")].config))
     share = tp_shard(model, 2)
-    ck = CHECKPOINTS[("openai/gpt-oss-120b", "fp4")]
-    assert checkpoint_weights(share, ck) == int(share.routed_params * 0.53125
-                                                + (share.weight_params - share.routed_params) * 2)
-    # Llama-3.1-70B FP8 at TP 4: every Linear at 1 B, the embedding table and the LM head at 2 B
-    model = resolve_model(str(configs / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json"))
+    assert weights_bytes(share, "checkpoint") == int(share.routed_params * 0.53125
+                                                     + (share.weight_params - share.routed_params) * 2)
+    assert gemm_mix(share, h100, "checkpoint") is None
+    # Llama-3.1-70B FP8 at TP 4: every Linear at 1 B, the embedding table and the LM head at 2 B; on an H100 every
+    # layer GEMM runs W8A8 on fp8 tensor cores (the LM head stays bf16, outside the mix)
+    model = resolve_model(str(configs / CHECKPOINTS[("meta-llama/Llama-3.1-70B", "fp8")].config))
     share = tp_shard(model, 4)
-    ck = CHECKPOINTS[("meta-llama/Llama-3.1-70B", "fp8")]
     vocab = share.vocab * share.hidden
-    assert checkpoint_weights(share, ck) == int((share.weight_params - 2 * vocab) * 1.0 + 2 * vocab * 2)
-    assert 17e9 < checkpoint_weights(share, ck) < 19e9  # ~70.6 B parameters / 4
+    assert weights_bytes(share, "checkpoint") == int((share.weight_params - 2 * vocab) * 1.0 + 2 * vocab * 2)
+    assert gemm_mix(share, h100, "checkpoint") == (("f8", share.active_params - vocab),)
 
 
 def test_refusals_are_one_line_each():

@@ -80,11 +80,11 @@ from simkv.cost.forward import forward_cost
 from simkv.cost.interconnects import (ACTIVATION_BYTES, INTERCONNECTS, Interconnect, allreduce_s,
                                       allreduces_per_step)
 from simkv.cost.report import estimate
-from simkv.cost.step import StepCost, step_cost
+from simkv.cost.step import StepCost, gemm_mix, step_cost
 from simkv.cost.weights import expected_experts, matmul_params, weights_read_bytes
 
 __all__ = ["ACTIVATION_BYTES", "DEVICE_DIR", "DEVICES", "GIB", "INTERCONNECTS", "MLA_COMPUTE", "PRESET_NAMES", "RUNTIMES",
            "AttentionWork", "Device", "Interconnect", "StepCost", "allreduce_s", "allreduces_per_step", "attended_pairs",
-           "attention_work", "device_summary", "estimate", "expected_experts", "forward_cost", "get_device",
+           "attention_work", "device_summary", "estimate", "expected_experts", "forward_cost", "gemm_mix", "get_device",
            "host_preset_path", "layer_pairs", "load_device", "matmul_params", "pair_flops_per_model", "read_tokens",
            "step_cost", "weights_read_bytes"]

@@ -14,7 +14,8 @@ from simkv.cost.attention import pair_flops_per_model
 from simkv.cost.devices import Device
 from simkv.cost.interconnects import allreduce_s
 from simkv.cost.weights import matmul_params, weights_read_bytes
-from simkv.models import ModelSpec
+from simkv.errors import ConfigError
+from simkv.models import ModelSpec, params_by_format
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def step_cost(
     decode_pairs: Any = 0,
     attention_flops: Any = 0,
     decode_flops: Any = 0,
-    gemm_precision: str | None = None,
+    gemm_mix: tuple[tuple[str, int], ...] | None = None,
 ) -> StepCost:
     """Time of one step (or of many, when arguments are arrays; they broadcast).
 
@@ -69,9 +70,11 @@ def step_cost(
     ``decode_pairs``: the part of them that belongs to one-token queries. A model whose layers attend
     different positions gives its attention arithmetic as ``attention_flops`` instead (:func:`attention_work`),
     ``decode_flops`` of it from one-token queries; the two ways add.
-    ``gemm_precision``: the peak the transformer layers' weight matmuls run at where it is not ``precision``'s
-    (a quantized checkpoint's kernel on this device, :meth:`Device.gemm_precision`: fp8 weights on an H100 run
-    W8A8 fp8 GEMMs); the LM head and attention stay at ``precision``.
+    ``gemm_mix``: the transformer layers' weight matmuls as (peak, parameters a token multiplies by) pairs where
+    they do not all run at ``precision`` — a quantized checkpoint's parts, each at its kernel's peak on this device
+    (:func:`gemm_mix`: fp8 weights on an H100 run W8A8 fp8 GEMMs, mxfp4 experts weight-only bf16 ones); the
+    parameters add up to the layers' (``matmul_params`` less the LM head), which with the LM head and attention
+    stay at ``precision``.
     """
     peak = device.peak(precision) * device.flops_efficiency
     decode_rate = device.decode_attention_flops or peak
@@ -90,11 +93,15 @@ def step_cost(
     matmul_flops = 2.0 * (matmul_params(model) - head) * n + 2.0 * head * logits
     flops = matmul_flops + per_pair * pairs + aflops
     weights_s, kv_s = w / weights_bw, (kr + kw) / kv_bw
-    if gemm_precision is None or gemm_precision == (precision or device.compute_precision):
+    if gemm_mix is None:
         matmul_compute_s = matmul_flops / peak
-    else:  # the layers' GEMMs at their kernel's peak, the LM head at the compute precision's
-        gemm_peak = device.peak(gemm_precision) * device.flops_efficiency
-        matmul_compute_s = 2.0 * (matmul_params(model) - head) * n / gemm_peak + 2.0 * head * logits / peak
+    else:  # the layers' GEMMs each at their kernel's peak, the LM head at the compute precision's
+        if sum(params for _, params in gemm_mix) != matmul_params(model) - head:
+            raise ConfigError(f"gemm_mix holds {sum(p for _, p in gemm_mix):,} parameters, the layers of {model.name} "
+                              f"{matmul_params(model) - head:,}")
+        matmul_compute_s = 2.0 * head * logits / peak
+        for key, params in gemm_mix:
+            matmul_compute_s = matmul_compute_s + 2.0 * params * n / (device.peak(key) * device.flops_efficiency)
     attention_compute_s = (per_pair * (pairs - dpairs) + (aflops - dflops)) / peak + (per_pair * dpairs + dflops) / decode_rate
     matmul_s = np.maximum(weights_s, matmul_compute_s)
     attention_s = device.attention_time(kv_s, attention_compute_s)
@@ -114,3 +121,26 @@ def step_cost(
                         tuple(float(t) for t in terms), float(reduce_s))
     return StepCost(seconds, bound, memory_s, compute_s, copy_s, overhead, nbytes, flops, matmul_s, attention_s, terms,
                     reduce_s)
+
+
+
+def gemm_mix(model: ModelSpec, device: Device, precision: str) -> tuple[tuple[str, int], ...] | None:
+    """The layers' weight matmuls of ``model`` stored at weight ``precision`` (a format, or ``checkpoint``) as
+    (peak, parameters per token) pairs on ``device`` (:meth:`Device.gemm_precision` of each format of
+    :func:`simkv.models.params_by_format`, the LM head left out: it runs at the compute precision), or None when
+    they all run at the device's compute precision."""
+    by_format = params_by_format(model, precision, active=True)
+    head = model.vocab * model.hidden if model.weight_params else 0
+    mix: dict[str, int] = {}
+    head_left = head
+    for fmt, params in sorted(by_format.items()):
+        take = 0
+        if head_left and fmt in (device.compute_precision, "bf16", "f16", "f32") and params >= head_left:
+            take = head_left  # the LM head is in the unquantized dtype (simkv.weights: no method quantizes it here)
+            head_left = 0
+        if params - take:
+            key = device.gemm_precision(fmt)
+            mix[key] = mix.get(key, 0) + params - take
+    if head_left or set(mix) <= {device.compute_precision}:
+        return None
+    return tuple(sorted(mix.items()))

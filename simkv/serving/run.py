@@ -79,9 +79,9 @@ class ServingSpec:
     #: vLLM's ``--async-scheduling``: a closed loop's next request waits for two steps in flight, not one
     #: (simkv.serving.closed_loop).
     async_scheduling: bool = False
-    #: The peak the layers' weight matmuls run at (simkv.cost.step_cost ``gemm_precision``: a quantized
-    #: checkpoint's kernel on the device, simkv.cost.Device.gemm_precision); None: the device's compute precision.
-    gemm_precision: str | None = None
+    #: The layers' weight matmuls as (peak, parameters per token) pairs (simkv.cost.step_cost ``gemm_mix``: a
+    #: quantized checkpoint's parts at their kernels' peaks, simkv.cost.step.gemm_mix); None: the compute precision.
+    gemm_mix: tuple | None = None
 
     @property
     def device_model(self):
@@ -402,7 +402,7 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress, client
                            block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                            trace_requests=spec.trace_requests, max_steps=spec.max_steps,
                            max_preemptions=spec.max_preemptions, progress=progress, client=client,
-                           gemm_precision=spec.gemm_precision)
+                           gemm_mix=spec.gemm_mix)
         if spec.engine not in ("fast", "reference"):
             raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
         return _bind(eng, progress)

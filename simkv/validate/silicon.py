@@ -45,34 +45,28 @@ SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Which config a row's model and precision run, the format of its quantized weights and which parts they are
-    (the rest stays in the activation dtype, bf16)."""
+    """Which config a row's model and precision run (its ``quantization_config`` / ``hf_quant_config.json`` say
+    which parts are stored in which format: simkv.weights)."""
 
     config: str  # file name in the configs folder
-    weights: str  # "bf16", "fp8", "fp8-block", "mxfp4"
-    quantized: str  # "linear": every Linear but the LM head; "experts": the routed experts only
     source: str
 
 
 #: (model_path, precision column) → the checkpoint it names (the configs are those aiconfigurator-core 0.12.0
-#: ships, ../shared/silicon/configs/; their quantization_config / hf_quant_config.json give the formats).
+#: ships, experiments/data/silicon/configs/).
 CHECKPOINTS: dict[tuple[str, str], Checkpoint] = {
-    ("Qwen/Qwen3-32B", ""): Checkpoint("Qwen--Qwen3-32B_config.json", "bf16", "linear", "bf16 checkpoint"),
-    ("Qwen/Qwen3-32B", "fp8"): Checkpoint("Qwen--Qwen3-32B-FP8_config.json", "fp8-block", "linear",
+    ("Qwen/Qwen3-32B", ""): Checkpoint("Qwen--Qwen3-32B_config.json", "bf16 checkpoint"),
+    ("Qwen/Qwen3-32B", "fp8"): Checkpoint("Qwen--Qwen3-32B-FP8_config.json",
                                           "quantization_config: fp8, weight_block_size [128, 128]"),
-    ("meta-llama/Llama-3.1-70B", "fp8"): Checkpoint(
-        "nvidia--Llama-3.1-70B-Instruct-FP8_config.json", "fp8", "linear",
-        "hf_quant_config.json: ModelOpt FP8 (per-tensor), exclude_modules [lm_head]"),
-    ("openai/gpt-oss-120b", "fp4"): Checkpoint("openai--gpt-oss-120b_config.json", "mxfp4", "experts",
-                                               "quantization_config: mxfp4, modules_to_not_convert: attention, "
-                                               "router, embeddings, lm_head"),
-    ("MiniMaxAI/MiniMax-M2.5", "fp8"): Checkpoint("MiniMaxAI--MiniMax-M2.5_config.json", "fp8-block", "linear",
-                                                  "quantization_config: fp8, weight_block_size [128, 128], "
-                                                  "modules_to_not_convert [gate, e_score_correction_bias, lm_head]"),
+    ("meta-llama/Llama-3.1-70B", "fp8"): Checkpoint("nvidia--Llama-3.1-70B-Instruct-FP8_config.json",
+                                                    "hf_quant_config.json: ModelOpt FP8 (per-tensor), exclude lm_head"),
+    ("openai/gpt-oss-120b", "fp4"): Checkpoint("openai--gpt-oss-120b_config.json",
+                                               "quantization_config: mxfp4 experts; attention, router, embeddings "
+                                               "and LM head not converted"),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8"): Checkpoint("MiniMaxAI--MiniMax-M2.5_config.json",
+                                                  "quantization_config: fp8, weight_block_size [128, 128]; gate, "
+                                                  "e_score_correction_bias and lm_head not converted"),
 }
-#: Bytes per weight of a format, its scales included (fp8 per-tensor: one f32 per matrix, left out; 128×128 blocks:
-#: one f32 per 16,384; mxfp4: 4 bits + one e8m0 byte per 32 elements).
-FORMAT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8-block": 1.0 + 4.0 / (128 * 128), "mxfp4": 0.5 + 1.0 / 32}
 
 
 @dataclass(frozen=True)
@@ -251,28 +245,11 @@ def refusal(row: Row) -> str | None:
     return None
 
 
-def checkpoint_weights(shard, ck: Checkpoint) -> int:
-    """Bytes of one device's weights (``shard``: :func:`simkv.models.tp_shard`'s share) in the checkpoint's formats:
-    the quantized parts at :data:`FORMAT_BYTES`, the rest (embeddings, LM head, routers; with ``experts``: all but
-    the routed experts) at bf16's 2 B. (The weights side of the checkpoint, here until simkv.weights reads every
-    format from the config itself.)"""
-    total = shard.weight_params
-    if ck.weights == "bf16":
-        return int(total * 2)
-    q = FORMAT_BYTES[ck.weights]
-    if ck.quantized == "experts":
-        routed = shard.routed_params
-        return int(routed * q + (total - routed) * 2)
-    vocab = shard.vocab * shard.hidden
-    kept = vocab * (1 if shard.tied_embeddings else 2) + shard.moe_layers * shard.hidden * shard.experts  # + routers
-    return int((total - kept) * q + kept * 2)
-
-
 def simulate(row: Row, configs: Path, *, engine: str = "fast") -> Outcome:
     """The row simulated as its benchmark ran it (see the module docstring), or the reason it is not."""
-    from simkv.cost import get_device
+    from simkv.cost import gemm_mix, get_device
     from simkv.hfconfig import resolve_model
-    from simkv.models import tp_shard
+    from simkv.models import tp_shard, weights_bytes
     from simkv.precision import get_precision
     from simkv.serving import Request, ServingSpec, serve
     from simkv.serving.sched.config import SchedulerConfig
@@ -298,7 +275,7 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast") -> Outcome:
         notes.append(f"expert parallelism over {row.moe_ep}: each device holds {model.experts // row.moe_ep} whole "
                      "experts — the same expected expert bytes per step and the same all-reduces as TP (vLLM's "
                      "FusedMoEParallelConfig with DP 1: no all-to-all); the busiest device's excess is not modelled")
-    weights = checkpoint_weights(shard, ck)
+    weights = weights_bytes(shard, "checkpoint")  # every part in its stored format, scales included
     usable = recipe.gpu_memory_utilization * device.memory_bytes
     kv_bytes = usable - weights
     if kv_bytes <= 0:
@@ -309,9 +286,9 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast") -> Outcome:
     cfg = SchedulerConfig(block_size=16, cache_size=kv_bytes / 2**30,
                           max_num_batched_tokens=recipe.max_num_batched_tokens,
                           max_num_seqs=recipe.max_num_seqs or row.concurrency, kv_manager="vllm")
-    gemm = device.gemm_precision(ck.weights) if ck.weights != "bf16" else None
+    mix = gemm_mix(shard, device, "checkpoint")  # each part's GEMMs at its kernel's peak (fp8 W8A8, mxfp4 in bf16)
     spec = ServingSpec(requests, model, get_precision(recipe.kv_cache_dtype), paged=cfg, device=device.name,
-                       weights_bytes=weights, tp=row.tp, concurrency=row.concurrency, gemm_precision=gemm,
+                       weights_bytes=weights, tp=row.tp, concurrency=row.concurrency, gemm_mix=mix,
                        async_scheduling=recipe.async_scheduling, max_context=0, engine=engine)
     try:
         result = serve(spec)

@@ -157,7 +157,7 @@ class PagedServing:
                  weights_bytes: int, device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
                  max_steps: int = 10_000_000,
                  trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS,
-                 max_preemptions: int | None = None, client=None, gemm_precision: str | None = None) -> None:
+                 max_preemptions: int | None = None, client=None, gemm_mix: tuple | None = None) -> None:
         self.requests = requests
         #: A closed loop's clients (simkv.serving.closed_loop.ClosedLoop; None: the requests' own arrivals): every
         #: request that ends sends the next one (:meth:`_completions`), so no run of steps goes past a step in which
@@ -207,7 +207,7 @@ class PagedServing:
         #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
         self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
         self.kv_token = self.work.kv_token
-        self.timer = self.work.timer(model, device, weights_bytes, gemm_precision)
+        self.timer = self.work.timer(model, device, weights_bytes, gemm_mix)
         #: Blocks leave windows (vLLM's manager): freed after each step, and no planned runs over them.
         self.window_blocks = self.sched.windowed
         #: Steps the next planned run may take (a layout of several groups; planned_run._horizon).
