@@ -160,28 +160,17 @@ def _rows(result):
     return [tuple(None if isinstance(v, float) and np.isnan(v) else v for v in row) for row in result.request_rows()]
 
 
-def test_planned_runs_end_where_a_request_ends(monkeypatch):
+def test_planned_runs_end_where_a_request_ends(planned_runs):
     # 16 clients, 200 requests of varied lengths (a completion every ~15 steps): the fast engine plans runs, each
     # ending with the step in which a request ends (which sends the next), and equals the reference.
-    from simkv.serving.engine import planned_run
-
-    lengths = []
-    plan = planned_run.plan
-
-    def spy(eng, live, pending):
-        out = plan(eng, live, pending)
-        if out is not None:
-            lengths.append(out.K)
-        return out
-
-    monkeypatch.setattr(planned_run, "plan", spy)
     rng = np.random.default_rng(3)
     reqs = [Request(i, int(rng.integers(20, 200)), int(rng.integers(100, 400)), arrival_s=0.0) for i in range(200)]
     for lag in (1, 2):
-        lengths.clear()
+        planned_runs.clear()
         ref = run(reqs, 16, "reference", lag=lag, max_num_batched_tokens=256)
         fast = run(reqs, 16, "fast", lag=lag, max_num_batched_tokens=256)
         assert np.array_equal(ref.steps, fast.steps) and _rows(ref) == _rows(fast)
+        lengths = [planned.K for planned in planned_runs]
         assert sum(lengths) > 0.5 * len(fast.steps) and max(lengths) >= 4
 
 
