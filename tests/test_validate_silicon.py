@@ -85,6 +85,7 @@ def test_refusals_are_one_line_each():
     assert "no device preset" in refusal(_row(system="gb300"))
     assert "no checkpoint config" in refusal(_row(model_path="x/y"))
     assert "not known" in refusal(_row(source="somewhere else; a=1"))
+    assert "more than the 200,000,000 tokens" in refusal(_row(concurrency=4096, isl=1_000_000, osl=1_000))
     assert refusal(_row()) is None
 
 

@@ -39,6 +39,9 @@ MAX_ROWS = 100_000
 MAX_FILE_BYTES = 64 << 20
 MAX_CONCURRENCY = 4096
 MAX_LENGTH = 1_000_000
+#: The most tokens one row's benchmark may move (requests x (input + output)): the largest shipped row moves 47 M
+#: (5,120 requests of 1k + 8k tokens, ~30 s here); beyond this a row is listed as not modelled, not run for hours.
+MAX_ROW_TOKENS = 200_000_000
 #: AIConfigurator's systems → simkv's device presets.
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80gb"}
 
@@ -242,6 +245,10 @@ def refusal(row: Row) -> str | None:
         return f"no checkpoint config for {row.model_path} at precision {row.precision or 'bf16'!r}"
     if protocol(row) == "unknown":
         return "the benchmark that took the row is not known (neither InferenceX's nor AIConfigurator's)"
+    requests = (10 if protocol(row) == "inferencex" else 20) * row.concurrency
+    if requests * (row.isl + row.osl) > MAX_ROW_TOKENS:
+        return (f"{requests:,} requests of {row.isl:,} + {row.osl:,} tokens: more than the {MAX_ROW_TOKENS:,} tokens a "
+                "row may move (simkv.validate.silicon.MAX_ROW_TOKENS)")
     return None
 
 
