@@ -32,10 +32,13 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--turn-tokens", type=int, default=64, help="user tokens appended per chat turn (default 64)")
     w.add_argument("--turn-decode", type=int, help="tokens generated per chat turn (default: --decode)")
     w.add_argument("--beam", type=int, default=1, help="beam width for every answer: fork, decode, select (default 1)")
+    w.add_argument("--turn-divergence", type=int, default=0, metavar="D",
+                   help="per chat turn, the last D stored tokens differ from the re-tokenized history: each turn "
+                   "trims them (trim:D) and prefills them again (default 0)")
     w.add_argument(
         "--ops",
         help="explicit operations instead of the above, e.g. prefill:32,decode:100,fork:4,decode:50,"
-        "reorder,select:0,reset,prefill:16,decode:10",
+        "reorder,select:0,trim:20,prefill:36,decode:10,reset",
     )
 
 
@@ -91,6 +94,8 @@ def scenario_fields(args: argparse.Namespace) -> dict:
         "prompt": args.prompt, "decode": args.decode, "turns": args.turns, "turn_tokens": args.turn_tokens,
         "turn_decode": args.turn_decode, "beam": args.beam, "ops": args.ops, "device_memory": args.device_memory,
         "weights_memory": args.weights_memory, "weights_precision": args.weights_precision,
+        # only when asked for: a sweep point's id hashes its keys
+        **({"turn_divergence": args.turn_divergence} if getattr(args, "turn_divergence", 0) else {}),
     }
 
 

@@ -44,7 +44,9 @@ def main(args: argparse.Namespace) -> int:
     if extra:
         model = replace(model, **extra)
     device = get_device(args.device)
-    out = estimate(model, device, get_precision(args.precision or "f16"), batch=args.batch, context=args.context,
+    precision = get_precision(args.precision or "f16")
+    precision.check(model)  # also refuses a sparse-attention indexer: its top-k attention is not costed
+    out = estimate(model, device, precision, batch=args.batch, context=args.context,
                    prompt=args.prompt, weights_precision=args.weights_precision)
     if args.json:
         json.dump(out, sys.stdout, indent=2)

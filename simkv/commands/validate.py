@@ -54,9 +54,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--slope-min-tokens", type=int, default=500,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
     r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
-    r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino",
+    r.add_argument("--runtime", choices=("openvino", "transformers", "vllm"), default="openvino",
                    help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
-                   "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32)")
+                   "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32); vllm: the real vLLM "
+                   "V1 scheduler (side venv: simkv setup vllm) vs --scheduler vllm, step by step (--trace or --random "
+                   "N requests; --num-kv-blocks, --block-size, --max-model-len, the --paged flags)")
     from simkv.validate.transformers.archs import ARCHS  # imports no runtime
 
     r.add_argument("--arch", choices=tuple(ARCHS),
@@ -104,6 +106,9 @@ def _add_paged_validate_arguments(p) -> None:
     g.add_argument("--no-dynamic-split-fuse", action="store_true", help="vLLM mode: whole prompts, no chunks")
     g.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching")
     g.add_argument("--no-memray", action="store_true", help="skip recording the pool allocations (faster)")
+    g.add_argument("--block-size", type=int, default=16, metavar="N", help="--runtime vllm: tokens per block (default 16)")
+    g.add_argument("--max-model-len", type=int, default=4096, metavar="N",
+                   help="--runtime vllm: max_model_len (default 4096)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -111,6 +116,10 @@ def main(args: argparse.Namespace) -> int:
         from simkv.validate.silicon import cli_main as silicon_main
 
         return silicon_main(args)
+    if args.runtime == "vllm":  # the real vLLM V1 scheduler vs simkv's (simkv/validate/vllm/)
+        from simkv.validate.vllm.compare import cli_main as vllm_main
+
+        return vllm_main(args)
     if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai/)
         from simkv.validate.genai.runner import cli_main
 
@@ -149,7 +158,8 @@ def main(args: argparse.Namespace) -> int:
     # Validates the shape and the workload before anything slow happens.
     sc = build_scenario(model=model, **dims, precision="u8", policy="openvino-cpu", prompt=args.prompt, decode=args.decode,
                         turns=args.turns, turn_tokens=args.turn_tokens, turn_decode=args.turn_decode,
-                        beam=args.beam, ops=args.ops, weights_memory=0)  # a host run: KV only
+                        beam=args.beam, turn_divergence=args.turn_divergence, ops=args.ops,
+                        weights_memory=0)  # a host run: KV only
     m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
     from simkv.validate.openvino.cleanrun import ValidateConfig  # these two import neither openvino nor memray
     from simkv.validate.openvino.runner import MISSING_DEPS, check_dependencies, run_validation

@@ -17,7 +17,7 @@ import numpy as np
 
 from simkv.cost.interconnects import INTERCONNECTS
 from simkv.errors import ConfigError
-from simkv.shipped import DATA
+from simkv.shipped import DEVICE_DIR
 from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_weights_precision
 
 GIB = 1024**3
@@ -173,8 +173,8 @@ class Device:
             raise ConfigError(f"bad device description: {exc}") from None
 
 
-#: The device presets' files: beside the model configs (``simkv/data/configs``), in ``simkv/data/devices``.
-DEVICE_DIR = DATA / "devices"
+#: The device presets' files are in ``simkv/data/devices`` (simkv.shipped.DEVICE_DIR, beside the model configs),
+#: with device files that are no preset (``--device PATH``: an NPU).
 
 #: The presets, in the order they are listed (each is ``DEVICE_DIR/<name>.json``).
 PRESET_NAMES = ("h100-sxm", "a100-80gb", "arc-a770", "xeon-8480", "core-ultra-155h-igpu", "h200-sxm", "b200")

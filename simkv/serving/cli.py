@@ -60,13 +60,21 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler", default="continuous", help=f"{' | '.join(SCHEDULERS)} (default continuous)")
     g.add_argument("--memory", default="paged", help=f"{' | '.join(MEMORIES)}: GenAI block pool, or per-request "
                    "buffers under --policy (default paged)")
-    g.add_argument("--block-size", type=int, default=32, help="paged: tokens per block (32 on CPU, 16 on GPU; default 32)")
+    g.add_argument("--block-size", type=int, help="paged: tokens per block (32 on CPU, 16 on GPU; default 32, "
+                   "--scheduler vllm 16)")
     g.add_argument("--num-kv-blocks", type=int, default=0, help="paged: pool size in blocks (default 0)")
     g.add_argument("--cache-size", type=float, default=0.0, help="paged: pool size in GiB (default 0; with "
                    "--num-kv-blocks 0: a dynamic pool that grows by 256 tokens' worth of blocks)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once (vLLM mode, contiguous "
-                   "continuous; default 256)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step (default 256)")
+    g.add_argument("--max-num-seqs", type=int, help="requests running at once (vLLM mode, contiguous "
+                   "continuous; default 256; --scheduler vllm: vLLM's server default for the device, 1024 or 256)")
+    g.add_argument("--max-num-batched-tokens", type=int, help="tokens per step (default 256; --scheduler vllm: "
+                   "vLLM's server default for the device, 8192 on an H100, 2048 on an A100)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="--scheduler vllm: the device's share "
+                   "vLLM takes; the pool is that less the weights and the profile run's activations (default 0.9; "
+                   "--num-kv-blocks or --cache-size override it)")
+    g.add_argument("--scheduling-policy", default="fcfs", help="--scheduler vllm: fcfs | priority (default fcfs)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, help="--scheduler vllm: most prompt "
+                   "tokens one request gets per step while others are present (default 0: no cap)")
     g.add_argument("--no-dynamic-split-fuse", action="store_true", help="paged: vLLM mode (whole prompts first)")
     g.add_argument("--prefix-caching", action="store_true", help="paged: enable_prefix_caching")
     g.add_argument("--kv-manager", default="genai", help="paged: genai (one block spans every attention layer, "
@@ -119,6 +127,7 @@ def spec_from_args(args):
     from simkv.serving.requests import load_trace, synthetic
     from simkv.serving.run import DEFAULT_DEVICE, ServingSpec, context_of
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.vllm import batch_defaults
 
     if args.trace and args.synthetic:
         raise ConfigError("give --trace or --synthetic, not both")
@@ -137,12 +146,27 @@ def spec_from_args(args):
         requests = synthetic(count, args.rate, args.prompt_dist, args.output_dist, arrivals=args.arrivals,
                              seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
-    precision = get_precision(args.precision or ("u8" if args.memory == "paged" else policy.default_precision))
+    # vLLM's kv_cache_dtype "auto": the model's dtype (f16 when the config names none)
+    default = ("bf16" if getattr(model, "dtype", "") == "bfloat16" else "f16") if args.scheduler == "vllm" else (
+        "u8" if args.memory == "paged" else policy.default_precision)
+    precision = get_precision(args.precision or default)
     precision.check(model)
-    cfg = SchedulerConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
-                          max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+    vllm = args.scheduler == "vllm"
+    if vllm:  # vLLM's defaults where GenAI's differ (block size 16: CacheConfig.DEFAULT_BLOCK_SIZE on CUDA)
+        tokens, seqs = batch_defaults(device.name, device.memory_bytes)
+        block_size, batched, seqs = args.block_size or 16, args.max_num_batched_tokens or tokens, args.max_num_seqs or seqs
+        if args.kv_manager != "genai" or args.no_dynamic_split_fuse:
+            raise ConfigError("--scheduler vllm has vLLM's own KV manager and chunked prefill: drop --kv-manager and "
+                              "--no-dynamic-split-fuse")
+    else:
+        block_size, batched, seqs = args.block_size or 32, args.max_num_batched_tokens or 256, args.max_num_seqs or 256
+    cfg = SchedulerConfig(block_size=block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
+                          max_num_batched_tokens=batched, max_num_seqs=seqs,
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
-                          on_oom=args.on_oom, kv_manager=args.kv_manager)
+                          on_oom=args.on_oom, kv_manager=args.kv_manager, scheduler="vllm" if vllm else "genai",
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          long_prefill_token_threshold=args.long_prefill_token_threshold,
+                          scheduling_policy=args.scheduling_policy)
     device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:
@@ -211,7 +235,9 @@ def render(result) -> str:
         return "n/a" if v is None else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
 
     mem = (f"paged, block {sp.paged.block_size}" + (f", {sp.paged.num_kv_blocks} blocks" if sp.paged.num_kv_blocks else
-           f", {sp.paged.cache_size} GiB" if sp.paged.cache_size else ", dynamic pool")
+           f", {sp.paged.cache_size} GiB" if sp.paged.cache_size else
+           f", pool of gpu_memory_utilization {sp.paged.gpu_memory_utilization}" if sp.paged.scheduler == "vllm" else
+           ", dynamic pool")
            + (", prefix caching" if sp.paged.enable_prefix_caching else "")
            + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")) if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from simkv.serving.requests import Request, check_workload
 from simkv.serving.sched.config import SchedulerConfig
 from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED
 
-SCHEDULERS = ("sequential", "static", "continuous")
+SCHEDULERS = ("sequential", "static", "continuous", "vllm")
 MEMORIES = ("contiguous", "paged")
 ON_OOM = ("wait", "preempt", "reject")
 DEFAULT_DEVICE = "xeon-8480"
@@ -394,7 +394,9 @@ def _watched(progress, watch, replica: int):
 def _engine(spec: ServingSpec, device, requests: list[Request], progress, client=None):
     """The engine that serves ``requests`` as ``spec`` says (not yet run); ``client``: a closed loop's clients."""
     cfg = spec.paged
-    if spec.scheduler == "continuous" and spec.memory == "paged":
+    if spec.scheduler in ("continuous", "vllm") and spec.memory == "paged":
+        if (spec.scheduler == "vllm") != (cfg.scheduler == "vllm"):  # the one switch: GenAI's rules or vLLM's
+            cfg = spec.paged = replace(cfg, scheduler="vllm" if spec.scheduler == "vllm" else "genai")
         from simkv.serving.engine.core import PagedServing
 
         eng = PagedServing(requests, spec.device_model, spec.precision, cfg, device=device,
