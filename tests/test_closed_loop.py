@@ -40,8 +40,8 @@ json.dump(CLOCK.to_dict(), CLOCK_FILE)
 CLOCK_FILE.close()
 
 
-def run(requests, concurrency, engine="fast", model=MODEL, lag=1, **cfg):
-    spec = ServingSpec(requests, model, F16, async_scheduling=lag == 2, paged=SchedulerConfig(**{"block_size": 4, "max_num_batched_tokens": 64,
+def run(requests, concurrency, engine="fast", model=MODEL, lag=1, scheduler="continuous", **cfg):
+    spec = ServingSpec(requests, model, F16, async_scheduling=lag == 2, scheduler=scheduler, paged=SchedulerConfig(**{"block_size": 4, "max_num_batched_tokens": 64,
                                                                       **cfg}),
                        device=CLOCK_FILE.name, device_memory=10**12, concurrency=concurrency, engine=engine)
     return serve(spec)
@@ -181,3 +181,16 @@ def test_cli_refuses_what_it_cannot_drive():
         out = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--model", "gpt2", "--synthetic",
                               "--requests", "5", *extra], capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_closed_loop_under_vllms_scheduler_fast_equals_reference(lag):
+    # vLLM's scheduler (--scheduler vllm) in the same engine: the closed loop sends the same requests at the same
+    # times whichever path takes the steps
+    rng = np.random.default_rng(4)
+    reqs = [Request(i, int(rng.integers(10, 120)), int(rng.integers(5, 60)), arrival_s=0.0) for i in range(60)]
+    kw = dict(scheduler="vllm", num_kv_blocks=80, max_num_batched_tokens=128, max_num_seqs=16)
+    ref = run(reqs, 8, "reference", lag=lag, **kw)
+    fast = run(reqs, 8, "fast", lag=lag, **kw)
+    assert np.array_equal(ref.steps, fast.steps) and _rows(ref) == _rows(fast)
+    assert (ref.steps["requests"] <= 8).all() and all(r[5] == FINISHED for r in ref.request_rows())

@@ -163,3 +163,13 @@ def test_another_predictors_errors_beside_on_the_same_rows(tmp_path):
     b = data["summary"]["overall"]["beside"]
     assert b["rows"] == 1 and b["ttft_median_abs_error"] == pytest.approx(0.10) and b["tpot_median_abs_error"] == pytest.approx(0.20)
     assert data["rows"][1]["beside_ttft_ms"] is None and data["rows"][1]["beside_error"] == "ValueError: no data"
+
+
+def test_the_command_under_vllms_scheduler(tmp_path):
+    # --vllm-scheduler: the rows run on vLLM's scheduler and vLLM's pool sizing (simkv run --scheduler vllm)
+    path = _tiny_csv(tmp_path, [ROW])
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--silicon", str(path), "--vllm-scheduler",
+                          "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)["rows"][0]
+    assert row["reason"] is None and row["predicted_ttft_ms"] > 0 and row["predicted_tpot_ms"] > 0

@@ -84,6 +84,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--match", metavar="TEXT", help="--silicon: only the rows whose id contains TEXT")
     s.add_argument("--workers", type=int, default=1, metavar="N", help="--silicon: rows simulated in N processes "
                    "(default 1; the results do not depend on it)")
+    s.add_argument("--vllm-scheduler", action="store_true", help="--silicon: vLLM's scheduler (as simkv run "
+                   "--scheduler vllm) instead of GenAI's continuous batching on vLLM's KV manager (the default: the same "
+                   "step times, its own preemptions; about ten times slower)")
     s.add_argument("--beside", metavar="PRED.csv", help="--silicon: another predictor's predictions of the same rows "
                    "(id, aic_ttft_ms, aic_tpot_ms: experiments/silicon_aic.py writes AIConfigurator's), its |error| "
                    "shown beside simkv's on the rows both predict")

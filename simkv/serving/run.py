@@ -353,9 +353,9 @@ def _serve_closed_loop(spec: ServingSpec, device, progress=False, watch=None) ->
     if spec.replicas > 1:
         raise ConfigError("--concurrency drives one engine; with --replicas the clients would need a router's "
                           "placement per request (give --replicas 1, or replay arrivals with --rate)")
-    if spec.memory != "paged" or spec.scheduler != "continuous":
-        raise ConfigError("--concurrency needs --memory paged and --scheduler continuous (the serving engine whose "
-                          "steps let a completed request send the next)")
+    if spec.memory != "paged" or spec.scheduler not in ("continuous", "vllm"):
+        raise ConfigError("--concurrency needs --memory paged and --scheduler continuous or vllm (the serving engine "
+                          "whose steps let a completed request send the next)")
     reqs = spec.requests
     if reqs and reqs[0].arrival_s is None:
         raise ConfigError("--concurrency sends requests by completions, in seconds: the trace counts arrivals in "

@@ -252,7 +252,7 @@ def refusal(row: Row) -> str | None:
     return None
 
 
-def simulate(row: Row, configs: Path, *, engine: str = "fast") -> Outcome:
+def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = "continuous") -> Outcome:
     """The row simulated as its benchmark ran it (see the module docstring), or the reason it is not."""
     from simkv.cost import gemm_mix, get_device
     from simkv.hfconfig import resolve_model
@@ -260,6 +260,7 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast") -> Outcome:
     from simkv.precision import get_precision
     from simkv.serving import Request, ServingSpec, serve
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.vllm import profile_peak_bytes
 
     why = refusal(row)
     if why:
@@ -283,18 +284,26 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast") -> Outcome:
                      "experts — the same expected expert bytes per step and the same all-reduces as TP (vLLM's "
                      "FusedMoEParallelConfig with DP 1: no all-to-all); the busiest device's excess is not modelled")
     weights = weights_bytes(shard, "checkpoint")  # every part in its stored format, scales included
-    usable = recipe.gpu_memory_utilization * device.memory_bytes
-    kv_bytes = usable - weights
-    if kv_bytes <= 0:
-        return Outcome(row, reason=f"the weights ({weights / 2**30:.1f} GiB per device) fill "
-                                   f"{recipe.gpu_memory_utilization:.0%} of the device")
     inputs, outputs = lengths(row, proto)
     requests = [Request(i, int(p), int(o), arrival_s=0.0) for i, (p, o) in enumerate(zip(inputs, outputs))]
-    cfg = SchedulerConfig(block_size=16, cache_size=kv_bytes / 2**30,
-                          max_num_batched_tokens=recipe.max_num_batched_tokens,
-                          max_num_seqs=recipe.max_num_seqs or row.concurrency, kv_manager="vllm")
+    # vLLM's pool: gpu_memory_utilization x the device's memory less the weights and the profile run's activation
+    # peak (simkv.serving.sched.vllm.num_gpu_blocks, profile_peak_bytes), blocks of 16; vLLM's scheduler
+    # (scheduler "vllm") or GenAI's continuous batching on vLLM's KV manager (the default: planned runs, ~10x faster)
+    seqs = recipe.max_num_seqs or row.concurrency
+    if scheduler == "vllm":
+        cfg = SchedulerConfig(block_size=16, max_num_batched_tokens=recipe.max_num_batched_tokens, max_num_seqs=seqs,
+                              scheduler="vllm", gpu_memory_utilization=recipe.gpu_memory_utilization)
+    else:
+        peak = profile_peak_bytes(shard, recipe.max_num_batched_tokens, seqs)
+        kv_bytes = int(device.memory_bytes * recipe.gpu_memory_utilization) - weights - peak
+        if kv_bytes <= 0:
+            return Outcome(row, reason=f"no KV cache fits: {recipe.gpu_memory_utilization} of the device less "
+                                       f"{weights / 2**30:.1f} GiB of weights and {peak / 2**30:.1f} GiB of activations")
+        cfg = SchedulerConfig(block_size=16, cache_size=kv_bytes / 2**30, max_num_seqs=seqs, kv_manager="vllm",
+                              max_num_batched_tokens=recipe.max_num_batched_tokens)
     mix = gemm_mix(shard, device, "checkpoint")  # each part's GEMMs at its kernel's peak (fp8 W8A8, mxfp4 in bf16)
-    spec = ServingSpec(requests, model, get_precision(recipe.kv_cache_dtype), paged=cfg, device=device.name,
+    spec = ServingSpec(requests, model, get_precision(recipe.kv_cache_dtype), scheduler=scheduler, paged=cfg,
+                       device=device.name,
                        weights_bytes=weights, tp=row.tp, concurrency=row.concurrency, gemm_mix=mix,
                        async_scheduling=recipe.async_scheduling, max_context=0, engine=engine)
     try:
@@ -430,12 +439,12 @@ def render(outcomes: list[Outcome], path: str, beside: dict | None = None) -> st
 
 
 def _simulate(job):
-    row, configs, engine = job
-    return simulate(row, configs, engine=engine)
+    row, configs, engine, scheduler = job
+    return simulate(row, configs, engine=engine, scheduler=scheduler)
 
 
 def validate(path: str | Path, configs: str | Path | None = None, *, match: str | None = None, workers: int = 1,
-             engine: str = "fast") -> list[Outcome]:
+             engine: str = "fast", scheduler: str = "continuous") -> list[Outcome]:
     """Every row of ``path`` (those whose id contains ``match``), simulated in ``workers`` processes (the outcomes
     do not depend on them: each row is its own deterministic run)."""
     path = Path(path)
@@ -449,7 +458,7 @@ def validate(path: str | Path, configs: str | Path | None = None, *, match: str 
         rows = [r for r in rows if match in r.id]
         if not rows:
             raise ConfigError(f"no row of {path} has {match!r} in its id")
-    jobs = [(r, configs, engine) for r in rows]
+    jobs = [(r, configs, engine, scheduler) for r in rows]
     if workers == 1 or len(rows) == 1:
         return [_simulate(j) for j in jobs]
     from concurrent.futures import ProcessPoolExecutor
@@ -468,7 +477,8 @@ def cli_main(args) -> int:
     import sys
 
     beside = read_beside(args.beside) if args.beside else None
-    outcomes = validate(args.silicon, args.configs, match=args.match, workers=args.workers)
+    outcomes = validate(args.silicon, args.configs, match=args.match, workers=args.workers,
+                        scheduler="vllm" if args.vllm_scheduler else "continuous")
     if args.json:
         json.dump(to_json(outcomes, beside), sys.stdout, indent=1)
         sys.stdout.write("\n")
