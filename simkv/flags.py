@@ -55,7 +55,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--sliding-window", type=int, metavar="N",
                    help="attention window in tokens (0: none; default: the preset's, e.g. mistral-7b 4096); "
                    "used by hf-dynamic")
-    m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the policy's runtime default)")
+    m.add_argument("--precision", help="KV precision: f32 f16 bf16 u8 u4 i8 fp8 (default: the policy's runtime default)")
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:

@@ -281,14 +281,20 @@ _PART_WORDS = (
     (re.compile(r"expert"), ("experts",)),
     (re.compile(r"(mlp|moe|mixer|ffn)\\?\.gate($|[^_a-z])|router|e_score_correction"), ("router",)),
     (re.compile(r"(o_proj|out_proj)($|[^a-z])"), ("attn_out",)),
-    (re.compile(r"q_proj|k_proj|v_proj|qkv|kv_a|kv_b|q_a|q_b|in_proj|indexer|conv1d"), ("attn_in",)),
+    (re.compile(r"q_proj|k_proj|v_proj|qkv|kv_a|kv_b|q_a|q_b|in_proj|indexer"), ("attn_in",)),
+    # an MLP's projections before the block names: Nemotron-H's MLP layers are ``backbone.layers.N.mixer.up_proj``
+    (re.compile(r"(gate|up|down)_proj"), ("mlp",)),
     (re.compile(r"self_attn|linear_attn|\battn\b|attention|mixer"), ("attn_in", "attn_out")),
     (re.compile(r"mlp|ffn|gate_proj|up_proj|down_proj"), ("mlp",)),
     (re.compile(r"lm_head|^head$"), ("lm_head",)),
     (re.compile(r"embed"), ("embed",)),
 )
-#: Names that are no matmul weight simkv counts: norms, biases, the vision tower, MTP draft layers.
-_NOT_COUNTED = re.compile(r"norm|bias|vision|mm_projector|multi_modal|patch_merge|visual|^mtp|\.mtp|audio")
+#: Names that are no matmul weight simkv counts: norms, biases, the vision tower, MTP draft layers; and the
+#: depthwise ``conv1d`` of a Mamba or Gated DeltaNet mixer, an ``nn.Conv1d`` that no Linear quantizer converts
+#: (ModelOpt lists it among the excluded anyway: Nemotron-3-Nano-NVFP4 names every ``mixer.conv1d``), so naming it
+#: leaves the ``in_proj`` beside it quantized. (simkv counts its K x conv_dim weights, under 0.1 % of the layer's,
+#: in ``attn_in``'s format.)
+_NOT_COUNTED = re.compile(r"norm|bias|vision|mm_projector|multi_modal|patch_merge|visual|^mtp|\.mtp|audio|conv1d")
 
 
 def _parts(names, where: str, layers: int | None) -> list[tuple[str, int | None]]:
@@ -317,3 +323,43 @@ def _parts(names, where: str, layers: int | None) -> list[tuple[str, int | None]
                 continue
             raise _fail(where, f"quantization module name {raw!r}: simkv cannot tell which weights it names")
     return out
+
+
+# -- the KV cache dtype a checkpoint asks vLLM for ----------------------------------------------------------------
+
+#: vllm/utils/torch_utils.py ``MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP`` (fp8 is fp8_e4m3: 1 B per element).
+MODELOPT_KV = {"fp8": "fp8", "nvfp4": "nvfp4"}
+
+
+def vllm_auto_kv_dtype(quant: Mapping | None, modelopt: Mapping | None) -> str:
+    """What vLLM 0.33's ``--kv-cache-dtype auto`` (its default) becomes for a checkpoint: "fp8", "nvfp4", or ""
+    (the model dtype). vLLM takes config.json's ``quantization_config`` and reads ``hf_quant_config.json`` only
+    when there is none (vllm/transformers_utils/config.py ``get_config``). Then:
+
+    - ModelOpt (``quant_method`` modelopt*, which ``ModelArchConfigConvertor._normalize_quantization_config`` sets
+      from ``producer.name`` modelopt): ``resolve_kv_cache_dtype_string`` → ``get_kv_cache_quant_algo_string``:
+      ``kv_cache_scheme`` (a dict: ``dynamic`` false, 8-bit float → fp8; 4-bit float → nvfp4) or
+      ``kv_cache_quant_algo`` ("FP8" → fp8_e4m3, "NVFP4" → nvfp4), in ``quantization`` or at the top; another
+      value falls back to auto with a warning. An ``hf_quant_config.json`` without ``producer`` (the trimmed
+      copies aiconfigurator ships) is read as ModelOpt's: the file name is ModelOpt's alone.
+    - compressed-tensors (and any method whose config carries a ``kv_cache_scheme``): the attention layer turns
+      auto into "fp8" (vllm/model_executor/layers/attention/attention.py ``Attention.__init__``: "llm-compressor
+      models declare an FP8 KV-cache scheme in their checkpoint config").
+    Anything else: the model dtype."""
+    config = quant if quant is not None else modelopt
+    if not isinstance(config, Mapping):
+        return ""
+    method = str(config.get("quant_method") or "").lower().replace("compressed_tensors", "compressed-tensors")
+    if method.startswith("modelopt") or config is modelopt or "quant_algo" in config:
+        inner = config.get("quantization", config)
+        inner = inner if isinstance(inner, Mapping) else config
+        algo = (inner.get("kv_cache_scheme") or config.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+                or config.get("kv_cache_quant_algo"))
+        if isinstance(algo, Mapping):
+            if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
+                return "fp8"
+            return "nvfp4" if algo.get("num_bits") == 4 and algo.get("type") == "float" else ""
+        return MODELOPT_KV.get(algo.lower(), "") if isinstance(algo, str) else ""
+    if method == "compressed-tensors" and config.get("kv_cache_scheme") is not None:
+        return "fp8"
+    return ""

@@ -72,7 +72,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--no-dynamic-split-fuse", action="store_true", help="GenAI's vLLM mode (whole prompts first; "
                    "--max-num-seqs applies) in every deployment")
     s.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching in every deployment")
-    s.add_argument("--kv-manager", default="genai", help="genai or vllm (as simkv run; default genai)")
+    s.add_argument("--serving-scheduler", default="auto", choices=("auto", "continuous", "vllm"),
+                   help="the serving scheduler: auto (default) each device's runtime's: vLLM's (--scheduler vllm) on "
+                   "vLLM presets (h100-sxm, h200-sxm, b200, a100 ...), OpenVINO GenAI's on OpenVINO ones (xeon, arc, "
+                   "NPU ...); or continuous / vllm for every device")
+    s.add_argument("--kv-manager", default="genai", help="genai or vllm (as simkv run; default genai; GenAI-scheduled "
+                   "deployments only)")
     s.add_argument("--memory", default="paged", choices=("paged", "contiguous"), help="paged pool (default) or "
                    "contiguous per-request buffers under --policies")
     s.add_argument("--policies", default="openvino-cpu", help="contiguous: memory policies to search "
@@ -123,7 +128,8 @@ def target_from_args(args):
         raise ConfigError("--devices names no device")
     target = plan.Target(workload, args.model, plan.parse_slo(args.slo), kv_manager=args.kv_manager,
                          prefix_caching=args.prefix_caching, max_num_seqs=args.max_num_seqs, memory=args.memory,
-                         max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse)
+                         max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse,
+                         scheduler=args.serving_scheduler)
     if args.max_num_seqs <= 0:
         raise ConfigError("--max-num-seqs must be positive")
     space = plan.Space(devices, args.max_devices, plan._int_list(args.tp, "--tp"),

@@ -75,21 +75,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
     o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
-    s = p.add_argument_group("silicon (--silicon: measured serving benchmarks vs simkv's serving simulation)")
-    s.add_argument("--silicon", metavar="PATH.csv", help="simulate every row of a silicon_sample.csv (AIConfigurator's "
-                   "columns: model, precision, TP, concurrency, ISL/OSL, measured TTFT/TPOT) as its benchmark ran it "
-                   "and print measured vs predicted TTFT and TPOT, |error| per model and overall")
-    s.add_argument("--configs", metavar="DIR", help="--silicon: the models' config.json files (default: the folder "
-                   "'configs' beside the CSV)")
-    s.add_argument("--match", metavar="TEXT", help="--silicon: only the rows whose id contains TEXT")
-    s.add_argument("--workers", type=int, default=1, metavar="N", help="--silicon: rows simulated in N processes "
-                   "(default 1; the results do not depend on it)")
-    s.add_argument("--vllm-scheduler", action="store_true", help="--silicon: vLLM's scheduler (as simkv run "
-                   "--scheduler vllm) instead of GenAI's continuous batching on vLLM's KV manager (the default: the same "
-                   "step times, its own preemptions; about ten times slower)")
-    s.add_argument("--beside", metavar="PRED.csv", help="--silicon: another predictor's predictions of the same rows "
-                   "(id, aic_ttft_ms, aic_tpot_ms: experiments/silicon_aic.py writes AIConfigurator's), its |error| "
-                   "shown beside simkv's on the rows both predict")
+    _add_serving_validate_arguments(p)
+    _add_silicon_validate_arguments(p)
     return p
 
 
@@ -112,6 +99,50 @@ def _add_paged_validate_arguments(p) -> None:
     g.add_argument("--block-size", type=int, default=16, metavar="N", help="--runtime vllm: tokens per block (default 16)")
     g.add_argument("--max-model-len", type=int, default=4096, metavar="N",
                    help="--runtime vllm: max_model_len (default 4096)")
+    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="--runtime vllm: fcfs | priority (the trace's priority column; --random draws 0..3)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                   help="--runtime vllm: most prompt tokens per request per step when several prefill (0: off)")
+
+
+def _add_silicon_validate_arguments(p) -> None:
+    """``simkv validate --silicon``: measured serving benchmarks vs the serving simulation (simkv/validate/silicon.py)."""
+    s = p.add_argument_group("silicon (--silicon: measured serving benchmarks vs simkv's serving simulation)")
+    s.add_argument("--silicon", metavar="PATH.csv", help="simulate every row of a silicon_sample.csv (AIConfigurator's "
+                   "columns: model, precision, TP, concurrency, ISL/OSL, measured TTFT/TPOT) as its benchmark ran it "
+                   "and print measured vs predicted TTFT and TPOT, |error| per model and overall")
+    s.add_argument("--configs", metavar="DIR", help="--silicon: the models' config.json files (default: the folder "
+                   "'configs' beside the CSV)")
+    s.add_argument("--match", metavar="TEXT", help="--silicon: only the rows whose id contains TEXT")
+    s.add_argument("--workers", type=int, default=1, metavar="N", help="--silicon: rows simulated in N processes "
+                   "(default 1; the results do not depend on it)")
+    s.add_argument("--vllm-scheduler", action="store_true", help="--silicon: vLLM's scheduler (as simkv run "
+                   "--scheduler vllm) instead of GenAI's continuous batching on vLLM's KV manager (the default: the same "
+                   "step times, its own preemptions; about ten times slower)")
+    s.add_argument("--beside", metavar="PRED.csv", help="--silicon: another predictor's predictions of the same rows "
+                   "(id, aic_ttft_ms, aic_tpot_ms: experiments/silicon_aic.py writes AIConfigurator's), its |error| "
+                   "shown beside simkv's on the rows both predict")
+
+
+def _add_serving_validate_arguments(p) -> None:
+    """``simkv validate --serving``: GenAI served in real time vs the serving simulation (simkv/validate/genai/serving.py)."""
+    g = p.add_argument_group("serving (--serving: OpenVINO GenAI served in real time vs the serving simulation on "
+                             "--device, default host)")
+    g.add_argument("--serving", action="store_true",
+                   help="time fixed batches and serve requests live on the real pipeline (pinned to --cpu), "
+                        "simulate the same on --device and compare step times, TTFT, TPOT and e2e")
+    g.add_argument("--stage", choices=("steps", "e2e", "both"), default="both",
+                   help="steps: fixed batches only; e2e: live serving only (default both)")
+    g.add_argument("--requests", type=int, default=80, metavar="N", help="requests per load (default 80)")
+    g.add_argument("--busy", default="0.3,0.6,1.2", metavar="LIST",
+                   help="offered loads, fractions of one request's solo service time per arrival (default "
+                        "0.3,0.6,1.2; from 1.0 on: overloaded, reported but not judged)")
+    g.add_argument("--repeats", type=int, default=3, metavar="N", help="live runs per load, each a fresh process (default 3)")
+    g.add_argument("--decode-batches", default="1,2,4,8,16,32", metavar="LIST", help="decode batches timed (default 1,2,4,8,16,32)")
+    g.add_argument("--prefill-chunks", default="32,64,128,256,512", metavar="LIST",
+                   help="prefill chunks timed (default 32,64,128,256,512)")
+    g.add_argument("--step-repeats", type=int, default=9, metavar="N", help="timed steps per fixed batch (default 9)")
+    g.add_argument("--cpu", type=int, default=0, metavar="N", help="core the real runs are pinned to (taskset; -1: unpinned)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -123,6 +154,10 @@ def main(args: argparse.Namespace) -> int:
         from simkv.validate.vllm.compare import cli_main as vllm_main
 
         return vllm_main(args)
+    if args.serving:  # OpenVINO GenAI served in real time vs the serving simulation (simkv/validate/genai/serving.py)
+        from simkv.validate.genai.serving import cli_main as serving_main
+
+        return serving_main(args)
     if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai/)
         from simkv.validate.genai.runner import cli_main
 

@@ -91,7 +91,7 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas", type=int, default=1, help="engines, each on a device of its own, behind a router "
                    "(default 1)")
     g.add_argument("--router", default="round-robin", help="with --replicas: round-robin | least-outstanding | "
-                   "least-kv | session (default round-robin; rules in the README, simkv/serving/router.py)")
+                   "least-kv | session (default round-robin; rules in docs/guide/serving.md, simkv/serving/router.py)")
     g.add_argument("--workers", type=int, default=1, help="with --replicas and a router that reads no state "
                    "(round-robin): run the replicas in this many local processes (default 1: in this process)")
     g.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallelism: the model split across N "
@@ -121,7 +121,7 @@ def _requests_flags(values: list[str] | None) -> tuple[int, str | None]:
 def spec_from_args(args):
     from policies import get_policy, parse_policy_opts
     from simkv.hfconfig import resolve_model
-    from simkv.models import tp_shard
+    from simkv.models import tp_shard, vllm_kv_precision
     from simkv.precision import get_precision
     from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
@@ -146,10 +146,13 @@ def spec_from_args(args):
         requests = synthetic(count, args.rate, args.prompt_dist, args.output_dist, arrivals=args.arrivals,
                              seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
-    # vLLM's kv_cache_dtype "auto": the model's dtype (f16 when the config names none)
-    default = ("bf16" if getattr(model, "dtype", "") == "bfloat16" else "f16") if args.scheduler == "vllm" else (
-        "u8" if args.memory == "paged" else policy.default_precision)
-    precision = get_precision(args.precision or default)
+    if args.precision:
+        default = args.precision
+    elif args.scheduler == "vllm":  # vLLM's kv_cache_dtype "auto": the checkpoint's KV format, else the model's dtype
+        default = vllm_kv_precision(model)
+    else:
+        default = "u8" if args.memory == "paged" else policy.default_precision
+    precision = get_precision(default)
     precision.check(model)
     vllm = args.scheduler == "vllm"
     if vllm:  # vLLM's defaults where GenAI's differ (block size 16: CacheConfig.DEFAULT_BLOCK_SIZE on CUDA)
