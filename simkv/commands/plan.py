@@ -40,6 +40,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     w.add_argument("--output-dist", default="lognormal:200:1.0", help="synthetic output lengths (default "
                    "lognormal:200:1.0)")
     w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
+    w.add_argument("--concurrency", type=int, metavar="C", help="closed-loop load: C clients send the requests in "
+                   "order, each its next when its previous ended (as simkv run --concurrency; one engine per "
+                   "deployment, no replicas)")
+    w.add_argument("--traffic-report", action="store_true", help="also size steady traffic at the trace's mean and "
+                   "peak arrival rates (the same requests evenly spaced; two more searches) and show the cheapest "
+                   "deployment of each beside the trace's")
     t = p.add_argument_group("targets and cost")
     t.add_argument("--model", metavar="NAME|PATH", default="llama-3.1-8b",
                    help="preset or config.json (default llama-3.1-8b; see simkv models)")
@@ -114,6 +120,12 @@ def target_from_args(args):
             raise ConfigError("--requests and --rate must be positive")
         workload = {"requests": args.requests, "rate": args.rate, "arrivals": args.arrivals,
                     "prompt_dist": args.prompt_dist, "output_dist": args.output_dist, "seed": args.seed}
+    if args.concurrency is not None:
+        if args.concurrency < 1:
+            raise ConfigError(f"--concurrency must be a positive integer, got {args.concurrency}")
+        if args.traffic_report:
+            raise ConfigError("--traffic-report sizes arrival rates; a closed loop (--concurrency) has none")
+        workload["concurrency"] = args.concurrency
     devices = plan._str_list(args.devices)
     if not devices:
         raise ConfigError("--devices names no device")
@@ -149,6 +161,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = plan.run_plan(target, space, prices, out=out, workers=args.workers, scheduler=args.scheduler,
                                progress=sys.stderr.isatty())
+        if args.traffic_report:
+            plan.traffic_report(result, workers=args.workers, scheduler=args.scheduler)
     except KeyboardInterrupt:
         print("simkv plan: interrupted" + (f"; the deployments run so far are in {out}: rerun the same command to "
                                            "resume" if out else ""), file=sys.stderr)

@@ -44,6 +44,12 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests", action="append", metavar="N|PATH.csv", help="a number: synthetic requests to draw "
                    "(default 100); a path: write the request table there (repeatable: both)")
     g.add_argument("--rate", type=float, default=1.0, help="synthetic: arrivals per second (default 1)")
+    g.add_argument("--concurrency", type=int, metavar="C", help="closed-loop load: C clients send the requests in "
+                   "order, each its next when its previous ended, as benchmark clients do (vllm bench serve "
+                   "--max-concurrency); arrival times (--rate, the trace's) are not used")
+    g.add_argument("--async-scheduling", action="store_true", help="with --concurrency: vLLM's --async-scheduling "
+                   "(the next step is scheduled while one runs: a request sent as another ends waits for two steps "
+                   "in flight, not one)")
     g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", help="synthetic arrival process")
     g.add_argument("--prompt-dist", default="lognormal:1024:1.0", help="synthetic prompt lengths: fixed:N, "
                    "uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to the context)")
@@ -177,7 +183,8 @@ def spec_from_args(args):
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
                        device=args.device or DEFAULT_DEVICE, device_memory=device_memory, weights_bytes=weights, policy=policy,
                        static_batch=args.static_batch, max_context=args.max_context, engine=args.engine, tp=args.tp,
-                       replicas=args.replicas, router=args.router, workers=args.workers)
+                       replicas=args.replicas, router=args.router, workers=args.workers,
+                       concurrency=args.concurrency, async_scheduling=args.async_scheduling)
 
 
 def check_parallel(args):

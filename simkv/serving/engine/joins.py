@@ -38,6 +38,9 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
             k = int(np.searchsorted(run.times[:-1], req.arrival_s)) + 1  # (the times never decrease)
         if k >= run.K:
             break  # arrives after the run
+        if eng.client is not None and k > min(run.fin, default=KMAX):
+            run.cut(k)  # a closed loop: the run ends where a request ends (engine.core cuts it there)
+            break
         g = Group(req, index, eng.prompts[index])
         sched.init_side(g)
         # nobody present at step k, or (a dynamic pool) the ones present at step k and g would raise it; with
@@ -56,7 +59,7 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
         if not _add_newcomer(eng, run, g, k):
             run.cut(k)
             break
-        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
+        g.added_s = req.sent if req.arrival_s is not None else float(run.times[k - 1])
         g.added_step = eng.step + k
         joined.append(g)
         if targets is not None:

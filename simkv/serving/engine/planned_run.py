@@ -142,6 +142,10 @@ def plan(eng, live: list, pending: int) -> Run | None:
     if present is None:
         return None
     proc, P, G, gen, nb, rows, passive = present
+    if eng.client is not None and (proc >= P).any():  # a closed loop: no step after the first decoder's last
+        horizon = min(horizon, int((G - gen)[proc >= P].min()))
+    if eng.deferred:  # a closed loop's sent requests arrive once the steps in flight end: the run ends there
+        horizon = min(horizon, min(entry[0] for entry in eng.deferred))
     scheduled = _schedule(proc, P, G, gen, budget, horizon)
     if scheduled is None:
         return None
@@ -164,7 +168,7 @@ def plan(eng, live: list, pending: int) -> Run | None:
         used = base + held.sum(axis=0)
         bad = used > pool.total
     else:  # every group's blocks: the KV pool's and the state pool's in use per step
-        nbg, start_held = _tables_at_start(eng, live)
+        nbg, start_held = _tables_at_start(eng, rows)  # (the passive tail has no row and holds no block)
         per_pool = blocks(eng, ctx, _before(ctx, proc), alive, nbg)[0]
         used = pool.used() - start_held[0] + per_pool[0]
         bad = used > pool.total
@@ -174,6 +178,11 @@ def plan(eng, live: list, pending: int) -> Run | None:
         held = np.zeros_like(ctx)  # (per request only for one group: the groups are counted again at the commit)
     if bad.any():
         K = int(bad.argmax())
+        if K < 2:
+            return None
+    if eng.client is not None and len(fin):
+        # a closed loop: the run ends with the step in which the first request ends (it sends the next request)
+        K = min(K, int(fin.min()) + 1)
         if K < 2:
             return None
     pairs_m, seen = eng.work.arrays(tok, ctx if kv is None else kv)
@@ -199,7 +208,9 @@ def _before(ctx: np.ndarray, proc) -> np.ndarray:
 
 
 def _tables_at_start(eng, live: list):
-    """Per group, each present request's table length; and per pool, the blocks they hold."""
+    """Per group, each given request's table length; and per pool, the blocks they hold. Given the requests with a
+    row (:func:`_present`'s ``rows``), not every present one: the untouched tail of a fixed pool's queue holds no
+    block and has no row in the run's matrices (all present ones gave 787 lengths against 777 rows: a crash)."""
     groups = eng.kv.groups
     nbg, held = [], [0, 0]
     for gi, grp in enumerate(groups):
