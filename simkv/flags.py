@@ -75,7 +75,7 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    """``--device``: price every step with the cost model (simkv/cost.py)."""
+    """``--device``: price every step with the cost model (simkv/cost/)."""
     g = p.add_argument_group("latency (the cost model, see `simkv devices`)")
     g.add_argument("--device", metavar="NAME|host|PATH", default=default, help="cost-model device: a preset, host "
                    "(after `simkv calibrate`) or a preset file; adds predicted step times to the report"

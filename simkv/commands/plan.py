@@ -40,6 +40,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     w.add_argument("--output-dist", default="lognormal:200:1.0", help="synthetic output lengths (default "
                    "lognormal:200:1.0)")
     w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
+    w.add_argument("--concurrency", type=int, metavar="C", help="closed-loop load: C clients send the requests in "
+                   "order, each its next when its previous ended (as simkv run --concurrency; one engine per "
+                   "deployment, no replicas)")
+    w.add_argument("--traffic-report", action="store_true", help="also size steady traffic at the trace's mean and "
+                   "peak arrival rates (the same requests evenly spaced; two more searches) and show the cheapest "
+                   "deployment of each beside the trace's")
     t = p.add_argument_group("targets and cost")
     t.add_argument("--model", metavar="NAME|PATH", default="llama-3.1-8b",
                    help="preset or config.json (default llama-3.1-8b; see simkv models)")
@@ -70,6 +76,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the serving scheduler: auto (default) each device's runtime's: vLLM's (--scheduler vllm) on "
                    "vLLM presets (h100-sxm, h200-sxm, b200, a100 ...), OpenVINO GenAI's on OpenVINO ones (xeon, arc, "
                    "NPU ...); or continuous / vllm for every device")
+    s.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]",
+                   help="GenAI's cache eviction in every GenAI-scheduled paged deployment (as simkv run; default off)")
     s.add_argument("--kv-manager", default="genai", help="genai or vllm (as simkv run; default genai; GenAI-scheduled "
                    "deployments only)")
     s.add_argument("--memory", default="paged", choices=("paged", "contiguous"), help="paged pool (default) or "
@@ -99,6 +107,7 @@ def _check_path(path: str, suffixes: tuple[str, ...], flag: str) -> Path:
 def target_from_args(args):
     """The :class:`~simkv.lab.plan.Target` and :class:`~simkv.lab.plan.Space` the flags describe."""
     from simkv.lab import plan
+    from simkv.serving.sched.eviction import parse_cache_eviction
 
     if bool(args.trace) == bool(args.synthetic):
         raise ConfigError("give --trace PATH or --synthetic")
@@ -111,13 +120,23 @@ def target_from_args(args):
             raise ConfigError("--requests and --rate must be positive")
         workload = {"requests": args.requests, "rate": args.rate, "arrivals": args.arrivals,
                     "prompt_dist": args.prompt_dist, "output_dist": args.output_dist, "seed": args.seed}
+    if args.concurrency is not None:
+        if args.concurrency < 1:
+            raise ConfigError(f"--concurrency must be a positive integer, got {args.concurrency}")
+        if args.traffic_report:
+            raise ConfigError("--traffic-report sizes arrival rates; a closed loop (--concurrency) has none")
+        workload["concurrency"] = args.concurrency
     devices = plan._str_list(args.devices)
     if not devices:
         raise ConfigError("--devices names no device")
+    eviction = parse_cache_eviction(args.cache_eviction)
+    if eviction is not None and args.memory != "paged":
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged --scheduler continuous")
     target = plan.Target(workload, args.model, plan.parse_slo(args.slo), kv_manager=args.kv_manager,
                          prefix_caching=args.prefix_caching, max_num_seqs=args.max_num_seqs, memory=args.memory,
                          max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse,
-                         scheduler=args.serving_scheduler)
+                         scheduler=args.serving_scheduler,
+                         cache_eviction=eviction.label() if eviction is not None else None)
     if args.max_num_seqs <= 0:
         raise ConfigError("--max-num-seqs must be positive")
     space = plan.Space(devices, args.max_devices, plan._int_list(args.tp, "--tp"),
@@ -142,6 +161,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = plan.run_plan(target, space, prices, out=out, workers=args.workers, scheduler=args.scheduler,
                                progress=sys.stderr.isatty())
+        if args.traffic_report:
+            plan.traffic_report(result, workers=args.workers, scheduler=args.scheduler)
     except KeyboardInterrupt:
         print("simkv plan: interrupted" + (f"; the deployments run so far are in {out}: rerun the same command to "
                                            "resume" if out else ""), file=sys.stderr)

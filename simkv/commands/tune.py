@@ -46,7 +46,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="trace sampling and search seed (default 0)")
     v = p.add_argument_group("serving (--serving: tune GenAI's scheduler settings on a trace, simkv.lab.tune_serving)")
     v.add_argument("--serving", action="store_true", help="search paged serving settings (block_size, cache_size GiB "
-                   "or num_kv_blocks, max_num_batched_tokens, max_num_seqs, dynamic_split_fuse, prefix_caching) for "
+                   "or num_kv_blocks, max_num_batched_tokens, max_num_seqs, dynamic_split_fuse, prefix_caching, "
+                   "cache_eviction_max: GenAI's cache eviction keeping at most that many tokens, 0 off) for "
                    "the requests of --trace served with their arrival times; baseline: GenAI's defaults; metrics: "
                    "peak, pool, tpot_p99, ttft_p99, preemptions, copied, waste, time (default objectives "
                    "peak:max tpot_p99:max ttft_p99:max); constraints: every request FINISHED, peak <= device memory - weights")

@@ -76,6 +76,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
     _add_serving_validate_arguments(p)
+    _add_silicon_validate_arguments(p)
     return p
 
 
@@ -94,6 +95,9 @@ def _add_paged_validate_arguments(p) -> None:
                    help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
     g.add_argument("--no-dynamic-split-fuse", action="store_true", help="vLLM mode: whole prompts, no chunks")
     g.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching")
+    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]",
+                   help="GenAI's cache eviction (use_cache_eviction; tokens, B in blocks; 'on': GenAI's defaults "
+                        "start=32,recent=128,max=672): with --random, every workload runs with it")
     g.add_argument("--no-memray", action="store_true", help="skip recording the pool allocations (faster)")
     g.add_argument("--block-size", type=int, default=16, metavar="N", help="--runtime vllm: tokens per block (default 16)")
     g.add_argument("--max-model-len", type=int, default=4096, metavar="N",
@@ -102,6 +106,25 @@ def _add_paged_validate_arguments(p) -> None:
                    help="--runtime vllm: fcfs | priority (the trace's priority column; --random draws 0..3)")
     g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
                    help="--runtime vllm: most prompt tokens per request per step when several prefill (0: off)")
+
+
+def _add_silicon_validate_arguments(p) -> None:
+    """``simkv validate --silicon``: measured serving benchmarks vs the serving simulation (simkv/validate/silicon.py)."""
+    s = p.add_argument_group("silicon (--silicon: measured serving benchmarks vs simkv's serving simulation)")
+    s.add_argument("--silicon", metavar="PATH.csv", help="simulate every row of a silicon_sample.csv (AIConfigurator's "
+                   "columns: model, precision, TP, concurrency, ISL/OSL, measured TTFT/TPOT) as its benchmark ran it "
+                   "and print measured vs predicted TTFT and TPOT, |error| per model and overall")
+    s.add_argument("--configs", metavar="DIR", help="--silicon: the models' config.json files (default: the folder "
+                   "'configs' beside the CSV)")
+    s.add_argument("--match", metavar="TEXT", help="--silicon: only the rows whose id contains TEXT")
+    s.add_argument("--workers", type=int, default=1, metavar="N", help="--silicon: rows simulated in N processes "
+                   "(default 1; the results do not depend on it)")
+    s.add_argument("--vllm-scheduler", action="store_true", help="--silicon: vLLM's scheduler (as simkv run "
+                   "--scheduler vllm) instead of GenAI's continuous batching on vLLM's KV manager (the default: the same "
+                   "step times, its own preemptions; about ten times slower)")
+    s.add_argument("--beside", metavar="PRED.csv", help="--silicon: another predictor's predictions of the same rows "
+                   "(id, aic_ttft_ms, aic_tpot_ms: experiments/silicon_aic.py writes AIConfigurator's), its |error| "
+                   "shown beside simkv's on the rows both predict")
 
 
 def _add_serving_validate_arguments(p) -> None:
@@ -126,6 +149,10 @@ def _add_serving_validate_arguments(p) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.silicon:  # measured serving benchmarks vs the serving simulation (simkv/validate/silicon.py)
+        from simkv.validate.silicon import cli_main as silicon_main
+
+        return silicon_main(args)
     if args.runtime == "vllm":  # the real vLLM V1 scheduler vs simkv's (simkv/validate/vllm/)
         from simkv.validate.vllm.compare import cli_main as vllm_main
 

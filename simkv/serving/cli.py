@@ -44,6 +44,12 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests", action="append", metavar="N|PATH.csv", help="a number: synthetic requests to draw "
                    "(default 100); a path: write the request table there (repeatable: both)")
     g.add_argument("--rate", type=float, default=1.0, help="synthetic: arrivals per second (default 1)")
+    g.add_argument("--concurrency", type=int, metavar="C", help="closed-loop load: C clients send the requests in "
+                   "order, each its next when its previous ended, as benchmark clients do (vllm bench serve "
+                   "--max-concurrency); arrival times (--rate, the trace's) are not used")
+    g.add_argument("--async-scheduling", action="store_true", help="with --concurrency: vLLM's --async-scheduling "
+                   "(the next step is scheduled while one runs: a request sent as another ends waits for two steps "
+                   "in flight, not one)")
     g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", help="synthetic arrival process")
     g.add_argument("--prompt-dist", default="lognormal:1024:1.0", help="synthetic prompt lengths: fixed:N, "
                    "uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to the context)")
@@ -75,6 +81,10 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
                    "windows keep every block, linear-attention states in a pool of their own) | vllm (vLLM's hybrid "
                    "manager: a block table per group of layers, windows and chunks free blocks, MLA as its latent, a "
                    "state block per running request; GenAI's scheduling either way; default genai)")
+    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]",
+                   help="paged: GenAI's cache eviction (use_cache_eviction): a request keeps its first start and last "
+                   "recent tokens and at most max (tokens, multiples of the block size; kvcrush: blocks KVCrush keeps; "
+                   "'on': start=32,recent=128,max=672; default off)")
     g.add_argument("--on-oom", default="preempt", help=f"when a request's memory does not fit: {' | '.join(ON_OOM)} "
                    "(default preempt: by recompute, GenAI's victim rule)")
     g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
@@ -121,6 +131,7 @@ def spec_from_args(args):
     from simkv.serving.requests import load_trace, synthetic
     from simkv.serving.run import DEFAULT_DEVICE, ServingSpec, context_of
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.eviction import parse_cache_eviction
     from simkv.serving.sched.vllm import batch_defaults
 
     if args.trace and args.synthetic:
@@ -163,7 +174,8 @@ def spec_from_args(args):
                           on_oom=args.on_oom, kv_manager=args.kv_manager, scheduler="vllm" if vllm else "genai",
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           long_prefill_token_threshold=args.long_prefill_token_threshold,
-                          scheduling_policy=args.scheduling_policy)
+                          scheduling_policy=args.scheduling_policy,
+                          cache_eviction=parse_cache_eviction(args.cache_eviction))
     device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:
@@ -171,7 +183,8 @@ def spec_from_args(args):
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
                        device=args.device or DEFAULT_DEVICE, device_memory=device_memory, weights_bytes=weights, policy=policy,
                        static_batch=args.static_batch, max_context=args.max_context, engine=args.engine, tp=args.tp,
-                       replicas=args.replicas, router=args.router, workers=args.workers)
+                       replicas=args.replicas, router=args.router, workers=args.workers,
+                       concurrency=args.concurrency, async_scheduling=args.async_scheduling)
 
 
 def check_parallel(args):
@@ -235,7 +248,9 @@ def render(result) -> str:
            f", pool of gpu_memory_utilization {sp.paged.gpu_memory_utilization}" if sp.paged.scheduler == "vllm" else
            ", dynamic pool")
            + (", prefix caching" if sp.paged.enable_prefix_caching else "")
-           + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")) if sp.memory == "paged" else \
+           + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")
+           + (f", cache eviction {sp.paged.cache_eviction.label()}" if sp.paged.cache_eviction else "")) \
+        if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"
     alloc = m["mean_allocated_bytes"] or 1
     lines = [
@@ -266,6 +281,9 @@ def render(result) -> str:
         lines.append(f"  {'internal waste':<24}{m['waste_internal_pct_of_in_use']:.2f} % of the "
                      f"{format_bytes(m['mean_in_use_bytes'])} in blocks in use (last-block slack)")
         lines.append(f"  {'prefix cache hit rate':<24}{100 * m['prefix_hit_rate']:.1f} % of prompt tokens")
+        if sp.paged.cache_eviction is not None:
+            lines.append(f"  {'cache eviction':<24}{result.evicted_blocks:,} blocks dropped "
+                         f"({format_bytes(result.evicted_blocks * result.block_bytes)})")
     if result.stopped:
         lines.append(f"  {'OUT OF MEMORY' if result.oom else 'NOT FINISHED':<24}{result.stopped}")
     lines.append(f"  {'reallocations':<24}{m['realloc_count']:,}; {format_bytes(m['bytes_copied'])} copied")

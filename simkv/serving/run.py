@@ -73,6 +73,15 @@ class ServingSpec:
     #: them — its share of the weights (``weights_bytes`` is per device), of the KV heads, of the FLOPs — and each
     #: step adds its all-reduces (simkv.cost.allreduce_s); ``device_memory`` is each device's.
     tp: int = 1
+    #: Closed-loop load (simkv.serving.closed_loop): this many clients send the requests in order, each its next
+    #: when its previous ended (the requests' arrival times are not used); None: each request at its arrival.
+    concurrency: int | None = None
+    #: vLLM's ``--async-scheduling``: a closed loop's next request waits for two steps in flight, not one
+    #: (simkv.serving.closed_loop).
+    async_scheduling: bool = False
+    #: The layers' weight matmuls as (peak, parameters per token) pairs (simkv.cost.step_cost ``gemm_mix``: a
+    #: quantized checkpoint's parts at their kernels' peaks, simkv.cost.step.gemm_mix); None: the compute precision.
+    gemm_mix: tuple | None = None
 
     @property
     def device_model(self):
@@ -107,6 +116,11 @@ class ServingResult:
     oom: dict | None = None
     #: Paged: the pools' largest in-step bytes without the CPU plugin's scratch buffers (which are never touched).
     pool_peak: int = 0
+    #: Paged: the step at which one of GenAI's checks throws out of ``step()`` ({"step", "check", "reason"}: cache
+    #: eviction, simkv.serving.sched.eviction; the run ended there).
+    runtime_stop: dict | None = None
+    #: Paged, with cache eviction: the blocks sequences dropped (every layer's count; the same in each).
+    evicted_blocks: int = 0
 
     def _block_bytes(self) -> int:
         return self.block_bytes
@@ -229,6 +243,9 @@ class ServingResult:
             out["scenario"]["tp"] = sp.tp
         out["oom"] = self.oom["reason"] if self.oom else None
         out["stopped"] = self.stopped
+        if sp.memory == "paged" and sp.paged.cache_eviction is not None:
+            out["evicted_blocks"] = self.evicted_blocks
+            out["runtime_stop"] = self.runtime_stop
         out["per_layer"] = self.per_layer()
         return out
 
@@ -288,8 +305,12 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("num_kv_blocks and cache_size must be >= 0")
     if cfg.num_kv_blocks and cfg.cache_size:
         raise ConfigError("give num_kv_blocks or cache_size, not both")
+    if cfg.cache_eviction is not None and (spec.memory != "paged" or spec.scheduler != "continuous"):
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged --scheduler continuous")
     context = spec.max_context if spec.max_context is not None else context_of(spec.model)
     check_workload(spec.requests, context)
+    if spec.async_scheduling and spec.concurrency is None:
+        raise ConfigError("--async-scheduling changes when a closed loop's next request is scheduled: give --concurrency")
     device = get_device(spec.device)
     device.check_tp(spec.tp)
     spec.device_model  # refuses a --tp that does not split the model, one line
@@ -314,6 +335,8 @@ def serve(spec: ServingSpec, progress=False, watch=None):
 
     device = check_spec(spec)
     check_router(spec.replicas, spec.router, spec.requests, spec.workers)
+    if spec.concurrency is not None:
+        return _serve_closed_loop(spec, device, progress, watch)
     bar = None
     if callable(progress):
         bar = _Callback(progress)
@@ -324,6 +347,38 @@ def serve(spec: ServingSpec, progress=False, watch=None):
             return _serve_replicas(spec, device, bar, watch)
         eng = _engine(spec, device, spec.requests, _watched(bar.update_to if bar else None, watch, 0))
         eng.start(spec.engine == "fast") if spec.memory == "paged" else eng.start()
+        eng.advance()
+    finally:
+        if bar:
+            bar.close()
+    return _result(spec, eng, device)
+
+
+def _serve_closed_loop(spec: ServingSpec, device, progress=False, watch=None) -> ServingResult:
+    """``spec.concurrency`` clients send ``spec.requests`` in order, each its next when its previous ended
+    (:class:`simkv.serving.closed_loop.ClosedLoop`), to one engine with paged memory."""
+    from simkv.serving.closed_loop import ClosedLoop
+    from simkv.serving.engine.core import prompt_token_ids
+
+    if spec.replicas > 1:
+        raise ConfigError("--concurrency drives one engine; with --replicas the clients would need a router's "
+                          "placement per request (give --replicas 1, or replay arrivals with --rate)")
+    if spec.memory != "paged" or spec.scheduler not in ("continuous", "vllm"):
+        raise ConfigError("--concurrency needs --memory paged and --scheduler continuous or vllm (the serving engine "
+                          "whose steps let a completed request send the next)")
+    reqs = spec.requests
+    if reqs and reqs[0].arrival_s is None:
+        raise ConfigError("--concurrency sends requests by completions, in seconds: the trace counts arrivals in "
+                          "steps (arrival_step)")
+    tokens = prompt_token_ids(reqs) if spec.paged.enable_prefix_caching else None
+    loop = ClosedLoop(reqs, spec.concurrency, tokens, lag=2 if spec.async_scheduling else 1)
+    bar = _Callback(progress) if callable(progress) else _progress_bar(len(reqs)) if progress else None
+    try:
+        first = loop.first()
+        eng = _engine(spec, device, first, _watched(bar.update_to if bar else None, watch, 0), client=loop)
+        eng.start(spec.engine == "fast", prompts=[r.prompt for r in first],
+                  tokens=tokens[: len(first)] if tokens is not None else None,
+                  longest=max((r.prompt + r.max_new_tokens for r in reqs), default=0))
         eng.advance()
     finally:
         if bar:
@@ -346,8 +401,8 @@ def _watched(progress, watch, replica: int):
     return callback
 
 
-def _engine(spec: ServingSpec, device, requests: list[Request], progress):
-    """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
+def _engine(spec: ServingSpec, device, requests: list[Request], progress, client=None):
+    """The engine that serves ``requests`` as ``spec`` says (not yet run); ``client``: a closed loop's clients."""
     cfg = spec.paged
     if spec.scheduler in ("continuous", "vllm") and spec.memory == "paged":
         if (spec.scheduler == "vllm") != (cfg.scheduler == "vllm"):  # the one switch: GenAI's rules or vLLM's
@@ -358,7 +413,8 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress):
                            weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
                            block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                            trace_requests=spec.trace_requests, max_steps=spec.max_steps,
-                           max_preemptions=spec.max_preemptions, progress=progress)
+                           max_preemptions=spec.max_preemptions, progress=progress, client=client,
+                           gemm_mix=spec.gemm_mix)
         if spec.engine not in ("fast", "reference"):
             raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
         return _bind(eng, progress)
@@ -387,7 +443,8 @@ def _result(spec: ServingSpec, eng, device) -> ServingResult:
     groups, steps, prog = out[0], out[1], out[2]
     if spec.memory == "paged":
         return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, eng.stopped, eng.pool.touched,
-                             eng.block_bytes, eng.oom, eng.resident_peak)
+                             eng.block_bytes, eng.oom, eng.resident_peak, eng.runtime_stop,
+                             getattr(eng.sched, "evicted_blocks", 0))
     return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0, None, 0)
 
 
@@ -518,7 +575,11 @@ class ReplicasResult:
         scenario = self.replicas[0].summary()["scenario"]
         out["scenario"] = dict(scenario, replicas=len(self.replicas), router=self.spec.router)
         out["stopped"] = self.stopped
-        out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped) for k, res in enumerate(self.replicas)]
+        if self.spec.paged.cache_eviction is not None:  # (every replica's drops; each replica's own are in its row)
+            out["evicted_blocks"] = sum(res.evicted_blocks for res in self.replicas)
+        out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped,
+                                **({"evicted_blocks": res.evicted_blocks} if self.spec.paged.cache_eviction else {}))
+                           for k, res in enumerate(self.replicas)]
         return out
 
 class _Callback:
