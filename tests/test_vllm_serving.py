@@ -160,11 +160,18 @@ def vllm_cases(draw):
         kw = {"prefix_id": f"p{family}", "prefix_tokens": 32} if family < 3 else {}
         when = {"arrival_s": step * 1e-4} if seconds else {"arrival_step": step}
         reqs.append(Request(i, draw(st.integers(33 if prefix else 1, 150)), draw(st.integers(1, 50)),
-                            **when, **kw))
+                            priority=draw(st.integers(0, 2)), **when, **kw))
     # tight pools (preemptions) to roomy ones; a pool must hold the longest whole prompt (vLLM's admission)
     blocks = draw(st.integers(8, 48))
     policy = draw(st.sampled_from(("fcfs", "priority")))
-    return shape, prefix, reqs, blocks, policy
+    # the token budget (a prompt split over steps, a decode past it) and max_num_seqs (a head that waits for a seat)
+    batch = {"max_num_batched_tokens": draw(st.sampled_from((16, 64, 200))),
+             "max_num_seqs": draw(st.sampled_from((1, 4, 8, 64)))}
+    return shape, prefix, reqs, blocks, policy, batch
+
+
+#: The token budget and max_num_seqs of the explicit examples (:func:`engine`'s defaults).
+BATCH = {"max_num_batched_tokens": 64, "max_num_seqs": 8}
 
 
 def shared(i: int, prompt: int, new_tokens: int, step: int = 0, family: str = "p0") -> Request:
@@ -178,13 +185,14 @@ def shared(i: int, prompt: int, new_tokens: int, step: int = 0, family: str = "p
 # step 0 request 0 takes its 64 tokens (4 blocks, its first two cached), request 1 (33 tokens: 3 blocks whole)
 # waits for budget; step 1 request 0 decodes (5 blocks held), and request 1's lookup hits 2 blocks (32 tokens), so
 # it needs 1 new block of the 2 free and is admitted — the planned run had tried it without the hit (3 > 2).
-@example(("deepseek_v3", True, [shared(0, 64, 3), shared(1, 33, 1)], 8, "fcfs"))
+@example(("deepseek_v3", True, [shared(0, 64, 3), shared(1, 33, 1)], 8, "fcfs", BATCH))
 def test_vllm_fast_path_equals_reference(case):
     """``--engine fast`` under vLLM's rules (arithmetic data bytes per table, ``allocate_slots`` of full/MLA groups
     as a block count) gives byte-identical step tables, request tables and ledgers to the reference (the block walk
-    and vLLM's whole ``allocate_slots``), on random workloads, every shape, tight pools, prefix caching on and off;
+    and vLLM's whole ``allocate_slots``), on random workloads, every shape, tight pools, prefix caching on and off,
+    FCFS and priorities, token budgets and ``max_num_seqs`` from one request to many;
     at every reference step the arithmetic data bytes equal the walk's."""
-    shape, prefix, reqs, blocks, policy = case
+    shape, prefix, reqs, blocks, policy, batch = case
     model = shape_model(shape)
     walked = []
 
@@ -198,9 +206,10 @@ def test_vllm_fast_path_equals_reference(case):
     out = []
     for fast in (True, False):
         eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
-                                     arrival_s=r.arrival_s, prefix_id=r.prefix_id, prefix_tokens=r.prefix_tokens)
+                                     arrival_s=r.arrival_s, priority=r.priority, prefix_id=r.prefix_id,
+                                     prefix_tokens=r.prefix_tokens)
                              for r in reqs],
-                     blocks, prefix, scheduling_policy=policy)
+                     blocks, prefix, scheduling_policy=policy, **batch)
         if not fast:
             eng.observe = observe
         try:
