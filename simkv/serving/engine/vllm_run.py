@@ -4,12 +4,12 @@
 In such a run (``Scheduler.schedule`` / ``update_from_output``, ``vllm/v1/core/sched/scheduler.py``, vLLM 0.33.0;
 rules S1–S9 and K1–K3 of docs/research/vllm-scheduler.md) every running request decodes one token per step, the
 requests still in their prompt take the rest of the token budget in running order, nothing is preempted, and
-only arrivals that vLLM admits at their own step are admitted (below); a request that samples its ``max_tokens``-th token finishes and frees its blocks at the end
-of that step. Planned with numpy: per request the tokens, context and blocks per step (:func:`planned_run._schedule`,
-the same arithmetic as GenAI's quiet runs), the step costs through the one vectorised cost model
-(:meth:`planned_run.Run.time`), then carried out (:func:`commit`): the blocks are taken and freed through vLLM's own
-pool and group tables (:mod:`simkv.serving.kv.vllm_pool`), event by event in vLLM's order, so every later step
-and the ledger are the reference's.
+only arrivals that vLLM admits at their own step are admitted (below); a request that samples its
+``max_tokens``-th token finishes and frees its blocks at the end of that step. Planned with numpy: per request the
+tokens, context and blocks per step (:func:`planned_run._schedule`, the same arithmetic as GenAI's quiet runs), the
+step costs through the one vectorised cost model (:meth:`planned_run.Run.time`), then carried out (:func:`commit`):
+the blocks are taken and freed through vLLM's own pool and group tables (:mod:`simkv.serving.kv.vllm_pool`), event
+by event in vLLM's order, so every later step and the ledger are the reference's.
 
 Where vLLM's rules differ from GenAI's, and what that asks of a run:
 
@@ -192,11 +192,11 @@ def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
 
     The run is cut (the step-by-step path takes over) at an admission the arithmetic does not model — a request
     preempted before (its recompute), or a parallel sample —, at the first try (budget and ``max_num_seqs`` allow
-    it, whether its blocks fit or not) of a head whose prefix lookup may hit (its hit blocks are not allocated), after :data:`JOINS_PER_RUN` arrivals or admissions,
-    and under the priority policy where an arrival would share the queue with another waiting request (the heap's
-    order, not the arrival's, picks the head); an admission whose blocks pass the pool at a later step cuts the run
-    there (a preemption). Returns the joiners (the arrivals, admitted or not) and the requests admitted from the
-    queue, each in order."""
+    it, whether its blocks fit or not) of a head whose prefix lookup may hit (its hit blocks are not allocated),
+    after :data:`JOINS_PER_RUN` arrivals or admissions, and under the priority policy where an arrival would share
+    the queue with another waiting request (the heap's order, not the arrival's, picks the head); an admission whose
+    blocks pass the pool at a later step cuts the run there (a preemption). Returns the joiners (the arrivals,
+    admitted or not) and the requests admitted from the queue, each in order."""
     v = eng.sched.v
     s = v.s
     reqs = eng.requests
