@@ -334,10 +334,11 @@ def test_vllm_waiting_queue_admitted_inside_planned_runs(shape, blocks, seqs, po
 def test_vllm_planned_runs_with_prefix_caching(shape, blocks):
     """Prefix caching inside planned runs (:mod:`simkv.serving.engine.vllm_run`): blocks hashed as they fill, freed
     cached blocks at the free queue's tail, evicted from its front when the pool is short (120 blocks for ~1,500
-    blocks' worth of requests; 2,000: nothing evicted), a request of its own admitted inside a run (its lookup cannot hit), one sharing a
-    prefix (a third of them: 48 tokens, 3 whole blocks) ending the run at its admission (the hit is the step-by-step
-    path's). The result is the reference's byte for byte (step table, request table, ledger, free queue, every
-    block's hash and the cache); the runs are taken, prefix hits happen, and cached blocks were evicted (a short pool)."""
+    blocks' worth of requests; 2,000: nothing evicted), a request of its own admitted inside a run (its lookup cannot
+    hit), one sharing a prefix (a third of them: 48 tokens, 3 whole blocks) ending the run at its first try (the hit
+    is the step-by-step path's). The result is the reference's byte for byte (step table, request table, ledger, free
+    queue, every block's hash and the cache); the runs are taken, prefix hits happen, and cached blocks were evicted
+    (a short pool)."""
     rng = np.random.default_rng(11)
     t, reqs = 0.0, []
     for i in range(150):
