@@ -179,7 +179,7 @@ def shared(i: int, prompt: int, new_tokens: int, step: int = 0, family: str = "p
     return Request(i, prompt, new_tokens, arrival_step=step, prefix_id=family, prefix_tokens=32)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(vllm_cases())
 # A waiting head that may hit the prefix cache, tried where its whole prompt does not fit without the hit: 7 blocks;
 # step 0 request 0 takes its 64 tokens (4 blocks, its first two cached), request 1 (33 tokens: 3 blocks whole)
