@@ -1,6 +1,8 @@
 """The ``simkv`` command: the top parser, built from the command modules (simkv.commands), and dispatch.
 
-Any error caused by input is printed as one line on stderr with exit code 2.
+Any error caused by input is printed as one line on stderr with exit code 2; the flags and output paths are checked
+by the parser before a command starts (the contract, simkv.flags). Ctrl-C ends a command with one line and exit
+code 130 (128 + SIGINT, as a shell reports it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit code of a command interrupted with Ctrl-C.
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("simkv: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the subcommand's parser, so the error names `simkv run`, not `simkv`
@@ -48,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simkv {args.command}: error: out of host memory simulating this run (see README, Limits)",
               file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"simkv {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

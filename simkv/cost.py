@@ -785,6 +785,15 @@ _register(Device(
 ))
 
 
+#: The device a command takes when ``--device`` names none — every command alike (docs/guide/cli.md, "The default
+#: device"): the memory a single session or a serving run has beside the weights, the precisions its usual runtime
+#: loads the weights (and, serving, keeps the KV cache) in, and what each step costs. The Xeon 8480 socket is the
+#: CPU that OpenVINO's runtimes — the CPU plugin and GenAI's continuous batching, the rules simkv models and checks
+#: against the real runtimes on a CPU — run on, and its 512 GiB hold every preset's weights as an optimum-intel
+#: export stores them (int8 from 10^9 parameters) except deepseek-v3's 625 GiB.
+DEFAULT_DEVICE = "xeon-8480"
+
+
 # --------------------------------------------------------------------------- reports
 
 
@@ -829,9 +838,12 @@ def estimate(
     (the whole ``context + 1`` tokens recomputed) beside the stateful one. The stateful KV is what a
     runtime that keeps every token holds (OpenVINO's stateful pipeline, docs/DESIGN.md §4c), linear
     layers' states included. A mixture of experts adds ``moe`` (experts touched, weights read)."""
-    for name, value, low in (("batch", batch, 1), ("context", context, 0), ("prompt", prompt, 1)):
-        if value is not None and (not isinstance(value, int) or value < low or value > 10**12):
-            raise ConfigError(f"--{name} must be an integer in {low}..10^12, got {value!r}")
+    from simkv.limits import MAX_BATCH, MAX_TOKENS
+
+    for name, value, low, high in (("batch", batch, 1, MAX_BATCH), ("context", context, 0, MAX_TOKENS),
+                                   ("prompt", prompt, 1, MAX_TOKENS)):
+        if value is not None and (not isinstance(value, int) or value < low or value > high):
+            raise ConfigError(f"--{name} must be an integer in {low:,}..{high:,}, got {value!r}")
     if mla not in MLA_COMPUTE:
         raise ConfigError(f"unknown MLA computation {mla!r}; choose {', '.join(MLA_COMPUTE)}")
     storage = "decompressed" if mla == "decompressed" else "latent"

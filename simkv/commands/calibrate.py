@@ -16,19 +16,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "decode step streams weights at, matmul throughput in the precision it computes in, and "
                        "the copy rate of its own KV reallocation; write the host preset (path printed). "
                        "About 30 s.")
-    p.add_argument("--out", metavar="PATH.json", help="where to write the preset (default: the host preset path, "
-                   "$SIMKV_HOST_PRESET or ~/.config/simkv/host.json)")
+    p.add_argument("--out", metavar="PATH.json", output=(".json",), help="where to write the preset (default: the "
+                   "host preset path, $SIMKV_HOST_PRESET or ~/.config/simkv/host.json, its folder made if missing)")
     p.add_argument("--threads", type=int, help="CPU threads to measure with (default: the OpenVINO default)")
     p.add_argument("--json", action="store_true", help="print the preset as JSON")
     return p
 
 
 def main(args: argparse.Namespace) -> int:
-    from simkv.validate.openvino.calibrate import calibrate
     from simkv.cost import device_summary, host_preset_path
+    from simkv.validate.openvino.calibrate import calibrate, check_openvino
 
     if args.threads is not None and args.threads < 1:
         raise SimkvError("--threads must be positive")
+    check_openvino()
     path = args.out or host_preset_path()
     device = calibrate(path, threads=args.threads, progress=not args.json)
     if args.json:

@@ -11,14 +11,25 @@ import argparse
 import sys
 
 from simkv.errors import SimkvError
-from simkv.flags import add_latency_arguments, add_scenario_arguments
+from simkv.flags import ANY, Mode, add_latency_arguments, add_scenario_arguments
 
 VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
+
+#: The modes of ``simkv validate`` (simkv.flags: every flag declares the ones that use it).
+VALIDATE_MODES = (
+    Mode("openvino", "the OpenVINO CPU plugin (--runtime openvino, the default)",
+         lambda a: not a.paged and a.runtime == "openvino", "runtime"),
+    Mode("transformers", "Hugging Face transformers (--runtime transformers)",
+         lambda a: not a.paged and a.runtime == "transformers", "runtime", ("--runtime", "transformers")),
+    Mode("paged", "GenAI's continuous batching (--paged)", lambda a: a.paged, "runtime", ("--paged",)),
+)
+#: A single session, on either runtime (not --paged).
+SESSION = ("openvino", "transformers")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="run a scenario on the real OpenVINO CPU plugin and compare with the simulator",
-                       description=(
+                       modes=VALIDATE_MODES, description=(
         "Run a scenario on OpenVINO's CPU plugin (a random-weight stateful decoder of the given shape, or --ir), "
         "record every KV-cache allocation and free with memray, measure RSS/VmSize/VmHWM/latency in a clean "
         "run (MALLOC_MMAP_THRESHOLD_ set), predict the same scenario with the openvino-cpu policy at the "
@@ -26,7 +37,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations). "
         "--runtime transformers runs Hugging Face DynamicCache / StaticCache on torch CPU instead and compares "
         "with hf-dynamic / hf-static."))
-    add_scenario_arguments(p)
+    # --paged builds its own toy model from the dimension flags, and its own workloads
+    add_scenario_arguments(p, model=SESSION, workload=SESSION, layers=ANY, heads=ANY, kv_heads=ANY, head_dim=ANY,
+                           sliding_window="transformers")
     p.set_defaults(**VALIDATE_DEFAULTS)
     helps = {
         "model": "preset or config.json whose dimensions the toy model takes (one of identical plain "
@@ -44,34 +57,37 @@ def add_parser(sub) -> argparse.ArgumentParser:
         if action.dest in helps:
             action.help = helps[action.dest]
     r = p.add_argument_group("real run")
-    r.add_argument("--hidden", type=int, help="hidden size of the toy model (default heads x head-dim)")
-    r.add_argument("--vocab", type=int, default=1000, help="vocabulary of the toy model (default 1000)")
-    r.add_argument("--inference-precision", help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
-    r.add_argument("--ir", metavar="PATH", help="validate an exported model (openvino_model.xml or its folder); "
-                   "dimensions come from its state variables")
-    r.add_argument("--mmap-threshold", type=int, default=65536,
+    r.add_argument("--hidden", type=int, modes=SESSION, help="hidden size of the toy model (default heads x head-dim)")
+    r.add_argument("--vocab", type=int, default=1000, modes=ANY, help="vocabulary of the toy model (default 1000)")
+    r.add_argument("--inference-precision", modes="openvino",
+                   help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
+    r.add_argument("--ir", metavar="PATH", modes="openvino", help="validate an exported model (openvino_model.xml or "
+                   "its folder); dimensions come from its state variables")
+    r.add_argument("--mmap-threshold", type=int, default=65536, modes=SESSION,
                    help="MALLOC_MMAP_THRESHOLD_ of the clean run (default 65536)")
-    r.add_argument("--slope-min-tokens", type=int, default=500,
+    r.add_argument("--slope-min-tokens", type=int, default=500, modes=SESSION,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
-    r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
-    r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino",
+    r.add_argument("--seed", type=int, default=0, modes=ANY, help="weights and token ids (default 0)")
+    r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino", modes=SESSION,
                    help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
                    "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32)")
     from simkv.validate.transformers.archs import ARCHS  # imports no runtime
 
-    r.add_argument("--arch", choices=tuple(ARCHS),
+    r.add_argument("--arch", choices=tuple(ARCHS), modes="transformers",
                    help="--runtime transformers: a tiny random config of this architecture (per-layer sliding, "
                    "chunked, linear-attention and MLA caches) instead of the Llama shape; --model PATH takes any "
                    "config.json (or its folder) the same way")
-    r.add_argument("--policy", choices=("hf-dynamic", "hf-static"),
+    r.add_argument("--policy", choices=("hf-dynamic", "hf-static"), modes="transformers",
                    help="--runtime transformers: DynamicCache (hf-dynamic, default) or StaticCache (hf-static)")
-    r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE",
+    r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", modes="transformers",
                    help="--runtime transformers: max_cache_len=N for hf-static (default: the longest history)")
-    add_latency_arguments(p, default="host")
+    add_latency_arguments(p, default="host", modes="openvino", help="cost-model device the measured latency is "
+                          "compared with: this host (after `simkv calibrate`), a preset or a preset file")
     o = p.add_argument_group("output")
-    o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
-    o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
+    o.add_argument("--json", action="store_true", modes=ANY, help="print the result as JSON on stdout")
+    o.add_argument("--out", metavar="PATH.json", modes=ANY, output=(".json",), help="write the JSON result to a file")
+    o.add_argument("--report", metavar="PATH.html", modes=ANY, output=(".html", ".htm"),
+                   help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
     return p
 
@@ -79,19 +95,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _add_paged_validate_arguments(p) -> None:
     """``simkv validate --paged`` (issue #8): OpenVINO GenAI continuous batching vs the paged model."""
     g = p.add_argument_group("paged (--paged: OpenVINO GenAI ContinuousBatchingPipeline vs the paged serving model)")
-    g.add_argument("--paged", action="store_true",
+    g.add_argument("--paged", action="store_true", modes="paged",
                    help="validate the paged continuous-batching model step by step against GenAI's pipeline on CPU "
                         "(model flags shape its toy model: default 2 layers, 4 heads, 2 kv heads x 32)")
-    g.add_argument("--trace", metavar="W.csv", help="the workload (serving CSV/JSONL with arrival_step)")
-    g.add_argument("--random", type=int, metavar="N", help="N random workloads and configurations from --seed")
-    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", help="pool blocks (0 with --cache-size 0: dynamic pool)")
-    g.add_argument("--cache-size", type=int, default=0, metavar="GIB", help="pool size in whole GiB (GenAI's cache_size)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", help="tokens per step (default 256)")
-    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
+    g.add_argument("--trace", metavar="W.csv", modes="paged",
+                   help="the workload (serving CSV/JSONL with arrival_step)")
+    g.add_argument("--random", type=int, metavar="N", modes="paged",
+                   help="N random workloads and configurations from --seed")
+    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", modes="paged",
+                   help="pool blocks (0 with --cache-size 0: dynamic pool)")
+    g.add_argument("--cache-size", type=int, default=0, metavar="GIB", modes="paged",
+                   help="pool size in whole GiB (GenAI's cache_size)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", modes="paged",
+                   help="tokens per step (default 256)")
+    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", modes="paged",
                    help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
-    g.add_argument("--no-dynamic-split-fuse", action="store_true", help="vLLM mode: whole prompts, no chunks")
-    g.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching")
-    g.add_argument("--no-memray", action="store_true", help="skip recording the pool allocations (faster)")
+    g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged",
+                   help="vLLM mode: whole prompts, no chunks")
+    g.add_argument("--prefix-caching", action="store_true", modes="paged", help="enable_prefix_caching")
+    g.add_argument("--no-memray", action="store_true", modes="paged", help="skip recording the pool allocations (faster)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -118,9 +140,6 @@ def main(args: argparse.Namespace) -> int:
         from simkv.validate.transformers.runner import command
 
         return command(args)
-    if args.sliding_window or args.policy or args.policy_opt or args.arch:
-        raise SimkvError("--sliding-window, --arch, --policy and --policy-opt need --runtime transformers")
-
     given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden")
              if getattr(args, k) is not None] + (["--model"] if args.model != "custom" else [])
     if args.ir and given:

@@ -12,82 +12,144 @@ import json
 import sys
 
 from simkv.errors import ConfigError
-from simkv.flags import Parser, add_latency_arguments, add_policy_arguments, add_scenario_arguments
+from simkv.flags import ANY, Mode, Parser, add_latency_arguments, add_policy_arguments, add_scenario_arguments
 from simkv.units import format_bytes, parse_bytes
 
 
+def _serving(a) -> bool:
+    return bool(a.trace or a.synthetic)
+
+
+#: The modes of ``simkv run`` (simkv.flags: every flag declares the ones that use it).
+RUN_MODES = (
+    Mode("session", "a single session (no --trace or --synthetic)", lambda a: not _serving(a), "run"),
+    Mode("serving", "serving (--trace or --synthetic)", _serving, "run", ("--synthetic",), hints={
+        "--prompt": "a trace gives each request's prompt; synthetic prompt lengths are --prompt-dist (e.g. fixed:50)",
+        "--decode": "a trace gives each request's output; synthetic output lengths are --output-dist (e.g. fixed:10)",
+        "--ops": "a trace gives each request's own operations", "--turns": "a trace's session column makes chat turns",
+        "--beam": "a trace's beam column (or samples) gives a request several sequences"}),
+    Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
+         ("--trace", "data/traces/azure_llm_2023_code.csv")),
+    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",)),
+    Mode("paged", "paged memory (--memory paged, serving's default)", lambda a: _serving(a) and a.memory == "paged",
+         "memory", ("--synthetic", "--memory", "paged"), hints={
+             "--policy": "the pool's blocks are GenAI's (--block-size, --num-kv-blocks, --cache-size); a policy "
+                         "sizes per-request buffers under --memory contiguous",
+             "--policy-opt": "a policy sizes per-request buffers under --memory contiguous"}),
+    Mode("contiguous", "contiguous memory (--memory contiguous)",
+         lambda a: _serving(a) and a.memory == "contiguous", "memory", ("--synthetic", "--memory", "contiguous")),
+    Mode("contiguous-continuous", "contiguous memory under the continuous scheduler",
+         lambda a: _serving(a) and a.memory == "contiguous" and a.scheduler == "continuous", "scheduler",
+         ("--synthetic", "--memory", "contiguous", "--scheduler", "continuous")),
+    Mode("static", "the static scheduler (--scheduler static)", lambda a: _serving(a) and a.scheduler == "static",
+         "scheduler", ("--synthetic", "--memory", "contiguous", "--scheduler", "static")),
+    Mode("replicas", "replicas (--replicas above 1)", lambda a: _serving(a) and a.replicas > 1, "replicas",
+         ("--synthetic", "--replicas", "2")),
+    Mode("round-robin", "replicas behind the round-robin router",
+         lambda a: _serving(a) and a.replicas > 1 and a.router == "round-robin", "router",
+         ("--synthetic", "--replicas", "2", "--router", "round-robin")),
+)
+
+
+def _requests_mode(value: str):
+    """``--requests N`` draws N synthetic requests; ``--requests PATH`` writes any serving run's request table."""
+    return "synthetic" if value.isdigit() else "serving"
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """Every flag of ``simkv run``: one session (scenario, policy), output, latency, and serving."""
+    """Every flag of ``simkv run``: one session (scenario, policy), output, device, and serving; each with the modes
+    (:data:`RUN_MODES`) that use it."""
     from simkv.scenario import ENGINES
 
-    add_scenario_arguments(p)
-    add_policy_arguments(p)
+    p.modes = RUN_MODES
+    add_scenario_arguments(p, model=ANY, workload="session")
+    add_policy_arguments(p, policy=("session", "contiguous"), memory=ANY)
     o = p.add_argument_group("output")
-    o.add_argument("--engine", choices=ENGINES, default="fast", help="fast (events only) or reference (every step, every layer)")
-    o.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    o.add_argument("--ledger", metavar="PATH", help="write every alloc/copy/free event (.csv or .parquet)")
-    o.add_argument("--timeline", metavar="PATH.html", help="write the memory timeline as a self-contained HTML page")
+    o.add_argument("--engine", choices=ENGINES, default="fast", modes=("session", "paged"),
+                   help="fast (events only) or reference (every step, every layer)")
+    o.add_argument("--json", action="store_true", modes=ANY, help="print the summary as JSON on stdout")
+    o.add_argument("--ledger", metavar="PATH", modes=ANY, output=(".csv", ".parquet"),
+                   help="write every alloc/copy/free event (.csv or .parquet)")
+    o.add_argument("--timeline", metavar="PATH.html", modes=ANY, output=(".html", ".htm"),
+                   help="write the memory timeline as a self-contained HTML page")
     add_latency_arguments(p)
     add_serving_arguments(p)
 
 
 def add_serving_arguments(p: argparse.ArgumentParser) -> None:
-    """``simkv run --trace/--synthetic`` (issue #7): a stream of requests on one device."""
+    """``simkv run --trace/--synthetic``: a stream of requests on one device."""
     from simkv.serving.run import MEMORIES, ON_OOM, SCHEDULERS
 
     g = p.add_argument_group("serving (a stream of requests on one device; given --trace or --synthetic)")
-    g.add_argument("--trace", metavar="PATH", help="requests from a trace: Azure LLM CSV (TIMESTAMP,ContextTokens,"
-                   "GeneratedTokens) or our CSV/JSONL (id, arrival|arrival_step, prompt, max_new_tokens[, session, "
-                   "prefix_id, prefix_tokens, samples, beam, token_ids])")
-    g.add_argument("--synthetic", action="store_true", help="draw requests: --requests, --rate, --prompt-dist, --output-dist")
-    g.add_argument("--requests", action="append", metavar="N|PATH.csv", help="a number: synthetic requests to draw "
-                   "(default 100); a path: write the request table there (repeatable: both)")
-    g.add_argument("--rate", type=float, default=1.0, help="synthetic: arrivals per second (default 1)")
-    g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", help="synthetic arrival process")
-    g.add_argument("--prompt-dist", default="lognormal:1024:1.0", help="synthetic prompt lengths: fixed:N, "
-                   "uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to the context)")
-    g.add_argument("--output-dist", default="lognormal:200:1.0", help="synthetic output lengths (same forms; "
-                   "default lognormal:200:1.0)")
-    g.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
-    g.add_argument("--limit", type=int, help="use only the first N requests of the trace")
-    g.add_argument("--scheduler", default="continuous", help=f"{' | '.join(SCHEDULERS)} (default continuous)")
-    g.add_argument("--memory", default="paged", help=f"{' | '.join(MEMORIES)}: GenAI block pool, or per-request "
-                   "buffers under --policy (default paged)")
-    g.add_argument("--block-size", type=int, default=32, help="paged: tokens per block (32 on CPU, 16 on GPU; default 32)")
-    g.add_argument("--num-kv-blocks", type=int, default=0, help="paged: pool size in blocks (default 0)")
-    g.add_argument("--cache-size", type=float, default=0.0, help="paged: pool size in GiB (default 0; with "
-                   "--num-kv-blocks 0: a dynamic pool that grows by 256 tokens' worth of blocks)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once (vLLM mode, contiguous "
+    g.add_argument("--trace", metavar="PATH", modes="serving", help="requests from a trace: Azure LLM CSV "
+                   "(TIMESTAMP,ContextTokens,GeneratedTokens) or our CSV/JSONL (id, arrival|arrival_step, prompt, "
+                   "max_new_tokens[, session, prefix_id, prefix_tokens, samples, beam, token_ids])")
+    g.add_argument("--synthetic", action="store_true", modes="serving",
+                   help="draw requests: --requests, --rate, --prompt-dist, --output-dist")
+    g.add_argument("--requests", action="append", metavar="N|PATH.csv", modes=_requests_mode,
+                   output=(".csv", ".parquet"), path_if=lambda v: not v.isdigit(),
+                   help="a number: synthetic requests to draw (default 100); a path: write the request table there "
+                   "(.csv or .parquet; repeatable: both)")
+    g.add_argument("--rate", type=float, default=1.0, modes="synthetic",
+                   help="synthetic: arrivals per second (default 1)")
+    g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", modes="synthetic",
+                   help="synthetic arrival process")
+    g.add_argument("--prompt-dist", default="lognormal:1024:1.0", modes="synthetic", help="synthetic prompt lengths: "
+                   "fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to "
+                   "the context)")
+    g.add_argument("--output-dist", default="lognormal:200:1.0", modes="synthetic",
+                   help="synthetic output lengths (same forms; default lognormal:200:1.0)")
+    g.add_argument("--seed", type=int, default=0, modes="synthetic", help="synthetic: random seed (default 0)")
+    g.add_argument("--limit", type=int, modes="trace", help="use only the first N requests of the trace")
+    g.add_argument("--scheduler", default="continuous", modes="serving",
+                   help=f"{' | '.join(SCHEDULERS)} (default continuous)")
+    g.add_argument("--memory", default="paged", modes="serving", help=f"{' | '.join(MEMORIES)}: GenAI block pool, "
+                   "or per-request buffers under --policy (default paged)")
+    g.add_argument("--block-size", type=int, default=32, modes="paged",
+                   help="paged: tokens per block (32 on CPU, 16 on GPU; default 32)")
+    g.add_argument("--num-kv-blocks", type=int, default=0, modes="paged", help="paged: pool size in blocks (default 0)")
+    g.add_argument("--cache-size", type=float, default=0.0, modes="paged", help="paged: pool size in GiB (default 0; "
+                   "with --num-kv-blocks 0: a dynamic pool that grows by 256 tokens' worth of blocks)")
+    g.add_argument("--max-num-seqs", type=int, default=256, modes=("paged", "contiguous-continuous"),
+                   help="requests running at once (paged: vLLM mode, and linear-attention state blocks; contiguous "
                    "continuous; default 256)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step (default 256)")
-    g.add_argument("--no-dynamic-split-fuse", action="store_true", help="paged: vLLM mode (whole prompts first)")
-    g.add_argument("--prefix-caching", action="store_true", help="paged: enable_prefix_caching")
-    g.add_argument("--kv-manager", default="genai", help="paged: genai (one block spans every attention layer, "
-                   "windows keep every block, linear-attention states in a pool of their own) | vllm (vLLM's hybrid "
-                   "manager: a block table per group of layers, windows and chunks free blocks, MLA as its latent, a "
-                   "state block per running request; GenAI's scheduling either way; default genai)")
-    g.add_argument("--on-oom", default="preempt", help=f"when a request's memory does not fit: {' | '.join(ON_OOM)} "
-                   "(default preempt: by recompute, GenAI's victim rule)")
-    g.add_argument("--static-batch", type=int, default=8, help="static scheduler: requests per batch (default 8)")
-    g.add_argument("--max-context", type=int, help="reject prompts at or above this many tokens (default: the "
-                   "model's context length, its config's max_position_embeddings; 0 = no limit)")
-    g.add_argument("--steps", metavar="PATH.csv", help="write the step table (with --replicas: every replica's, "
-                   "a replica column last)")
-    g.add_argument("--replicas", type=int, default=1, help="engines, each on a device of its own, behind a router "
-                   "(default 1)")
-    g.add_argument("--router", default="round-robin", help="with --replicas: round-robin | least-outstanding | "
-                   "least-kv | session (default round-robin; rules in the README, simkv/serving/router.py)")
-    g.add_argument("--workers", type=int, default=1, help="with --replicas and a router that reads no state "
-                   "(round-robin): run the replicas in this many local processes (default 1: in this process)")
-    g.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallelism: the model split across N "
-                   "devices as vLLM splits it (weights, KV heads, FLOPs per device; each step adds its all-reduces "
-                   "over the device's interconnect); the figures are one device's (default 1)")
-    g.add_argument("--pp", type=int, default=1, metavar="N", help=argparse.SUPPRESS)
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, modes="paged",
+                   help="paged: tokens per step (default 256)")
+    g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged",
+                   help="paged: vLLM mode (whole prompts first)")
+    g.add_argument("--prefix-caching", action="store_true", modes="paged", help="paged: enable_prefix_caching")
+    g.add_argument("--kv-manager", default="genai", modes="paged", help="paged: genai (one block spans every "
+                   "attention layer, windows keep every block, linear-attention states in a pool of their own) | vllm "
+                   "(vLLM's hybrid manager: a block table per group of layers, windows and chunks free blocks, MLA as "
+                   "its latent, a state block per running request; GenAI's scheduling either way; default genai)")
+    g.add_argument("--on-oom", default="preempt", modes="serving", help=f"when a request's memory does not fit: "
+                   f"{' | '.join(ON_OOM)} (default preempt: by recompute, GenAI's victim rule)")
+    g.add_argument("--static-batch", type=int, default=8, modes="static",
+                   help="static scheduler: requests per batch (default 8)")
+    g.add_argument("--max-context", type=int, modes="serving", help="reject prompts at or above this many tokens "
+                   "(default: the model's context length, its config's max_position_embeddings; 0 = no limit)")
+    g.add_argument("--strict-context", action="store_true", modes="serving", help="refuse the whole run when a "
+                   "prompt is at or above the context (default: reject those requests one by one, counted and reported "
+                   "as rejected, and serve the rest, as a serving engine's front end does)")
+    g.add_argument("--steps", metavar="PATH.csv", modes="serving", output=(".csv", ".parquet"),
+                   help="write the step table, .csv or .parquet (with --replicas: every replica's, a replica column "
+                   "last)")
+    g.add_argument("--replicas", type=int, default=1, modes="serving", help="engines, each on a device of its own, "
+                   "behind a router (default 1)")
+    g.add_argument("--router", default="round-robin", modes="replicas", help="with --replicas: round-robin | "
+                   "least-outstanding | least-kv | session (default round-robin; rules in simkv/serving/router.py)")
+    g.add_argument("--workers", type=int, default=1, modes="round-robin", help="with --replicas and a router that "
+                   "reads no state (round-robin): run the replicas in this many local processes (default 1: in this "
+                   "process)")
+    g.add_argument("--tp", type=int, default=1, metavar="N", modes="serving", help="tensor parallelism: the model "
+                   "split across N devices as vLLM splits it (weights, KV heads, FLOPs per device; each step adds its "
+                   "all-reduces over the device's interconnect); the figures are one device's (default 1)")
+    g.add_argument("--pp", type=int, default=1, metavar="N", modes="serving", help=argparse.SUPPRESS)
 
 
 def run_parser() -> Parser:
     """A parser of ``simkv run``'s arguments alone (the words after ``run``), as the command parses them."""
-    p = Parser(prog="simkv run")
+    p = Parser(prog="simkv run", modes=RUN_MODES)
     add_run_arguments(p)
     return p
 
@@ -104,24 +166,24 @@ def _requests_flags(values: list[str] | None) -> tuple[int, str | None]:
 
 
 def spec_from_args(args):
+    """The :class:`~simkv.serving.run.ServingSpec` of ``simkv run``'s serving flags (the dashboard builds its runs
+    with this too)."""
     from policies import get_policy, parse_policy_opts
     from simkv.hfconfig import resolve_model
     from simkv.models import tp_shard
     from simkv.precision import get_precision
-    from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
+    from simkv.scenario import resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
-    from simkv.serving.run import DEFAULT_DEVICE, ServingSpec, context_of
+    from simkv.serving.run import ServingSpec, context_of, runtime_defaults
     from simkv.serving.scheduler import SchedulerConfig
 
     if args.trace and args.synthetic:
         raise ConfigError("give --trace or --synthetic, not both")
-    if args.ops or args.turns or args.beam != 1:
-        raise ConfigError("--ops/--turns/--beam describe one session; a trace gives each request's own")
     count, _ = _requests_flags(args.requests)
     if args.limit is not None and args.limit <= 0:
         raise ConfigError("--limit must be positive")
     model = resolve_model(args.model, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
-                          head_dim=args.head_dim)
+                          head_dim=args.head_dim, sliding_window=args.sliding_window)
     device = check_parallel(args)
     if args.trace:
         requests = load_trace(args.trace, limit=args.limit)
@@ -130,27 +192,31 @@ def spec_from_args(args):
         requests = synthetic(count, args.rate, args.prompt_dist, args.output_dist, arrivals=args.arrivals,
                              seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
-    precision = get_precision(args.precision or ("u8" if args.memory == "paged" else policy.default_precision))
+    # paged: the KV precision the device's runtime keeps its pool in (as simkv plan takes it); contiguous: the
+    # policy's runtime's
+    precision = get_precision(args.precision or (runtime_defaults(device, model)["precision"] if args.memory == "paged"
+                                                 else policy.default_precision))
     precision.check(model)
     cfg = SchedulerConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
                           on_oom=args.on_oom, kv_manager=args.kv_manager)
-    device_memory = None if args.device_memory == DEFAULT_DEVICE_MEMORY else parse_bytes(args.device_memory)
+    device_memory = None if args.device_memory is None else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:
         raise ConfigError("--static-batch must be positive")
     return ServingSpec(requests, model, precision, scheduler=args.scheduler, memory=args.memory, paged=cfg,
-                       device=args.device or DEFAULT_DEVICE, device_memory=device_memory, weights_bytes=weights, policy=policy,
-                       static_batch=args.static_batch, max_context=args.max_context, engine=args.engine, tp=args.tp,
-                       replicas=args.replicas, router=args.router, workers=args.workers)
+                       device=device.name if args.device is None else args.device, device_memory=device_memory,
+                       weights_bytes=weights, policy=policy, static_batch=args.static_batch,
+                       max_context=args.max_context, strict_context=args.strict_context, engine=args.engine,
+                       tp=args.tp, replicas=args.replicas, router=args.router, workers=args.workers,
+                       weights_precision=args.weights_precision, weights_given=args.weights_memory is not None)
 
 
 def check_parallel(args):
     """The device preset of a serving run, after refusing parallelism it cannot have (one line each): ``--pp``
     (pipeline parallelism is not modelled), a ``--tp`` below 1 or on an OpenVINO device (simkv.cost.Device.check_tp)."""
-    from simkv.cost import get_device
-    from simkv.serving.run import DEFAULT_DEVICE
+    from simkv.cost import DEFAULT_DEVICE, get_device
 
     if getattr(args, "pp", 1) != 1:
         raise ConfigError("--pp: pipeline parallelism is not modelled (each device would hold some of the layers and "
@@ -215,7 +281,8 @@ def render(result) -> str:
         + (f"; one of {sp.tp} tensor-parallel devices (every figure below is one device's)" if sp.tp > 1 else ""),
         f"  {'requests':<24}{m['requests_total']:,}: {m['requests_finished']:,} finished, "
         f"{m['requests_ignored']:,} ignored, {m['requests_rejected']:,} rejected; {m['preemptions']:,} preemptions",
-        f"  {'steps':<24}{m['steps']:,} over {m['sim_time_s']:.1f} s simulated",
+        *_rejected_lines(result),
+        f"  {'steps':<24}{m['steps']:,} over {m['sim_time_s']:,.1f} s simulated",
         f"  {'throughput':<24}{m['throughput_tokens_per_s']:,.0f} generated tokens/s",
         f"  {'TTFT p50 / p99':<24}{sec(m['ttft_p50_s'])} / {sec(m['ttft_p99_s'])}",
         f"  {'TPOT p50 / p99':<24}{sec(m['tpot_p50_s'])} / {sec(m['tpot_p99_s'])}",
@@ -223,7 +290,7 @@ def render(result) -> str:
         + (f" (more than the device beside the weights only through the CPU plugin's scratch buffers, virtual and "
            f"never touched; "
            f"the pool's own peak, {format_bytes(m['peak_pool_bytes'])}, fits)"
-           if m["peak_allocated_bytes"] + sp.weights_bytes > sp.device_memory else ""),
+           if sp.memory == "paged" and m["peak_allocated_bytes"] + sp.weights_bytes > sp.device_memory else ""),
         f"  {'peak resident':<24}{format_bytes(m['peak_resident_bytes'])}"
         + (" (blocks ever handed out: the free list is FIFO)" if sp.memory == "paged" else ""),
         f"  {'mean allocated':<24}{format_bytes(m['mean_allocated_bytes'])} (time-weighted)",
@@ -242,6 +309,12 @@ def render(result) -> str:
     return "\n".join(lines)
 
 
+def _rejected_lines(result) -> list[str]:
+    """The requests rejected on arrival, by reason (simkv.serving.run: the front end)."""
+    return [f"  {'rejected on arrival':<24}{n:,}: {why} (served the rest; --strict-context refuses the run)"
+            for why, n in getattr(result, "rejected_reasons", {}).items()]
+
+
 def _sec(v) -> str:
     return "n/a" if v is None else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
 
@@ -253,7 +326,8 @@ def render_replicas(result) -> str:
     lines = [first[0] + f"; {len(result.replicas)} replicas, router {sp.router}", first[1] + " each",
              f"  {'requests':<24}{m['requests_total']:,}: {m['requests_finished']:,} finished, "
              f"{m['requests_ignored']:,} ignored, {m['requests_rejected']:,} rejected; {m['preemptions']:,} preemptions",
-             f"  {'steps':<24}{m['steps']:,} (all replicas) over {m['sim_time_s']:.1f} s simulated",
+             *_rejected_lines(result),
+             f"  {'steps':<24}{m['steps']:,} (all replicas) over {m['sim_time_s']:,.1f} s simulated",
              f"  {'throughput':<24}{m['throughput_tokens_per_s']:,.0f} generated tokens/s",
              f"  {'TTFT p50 / p99':<24}{_sec(m['ttft_p50_s'])} / {_sec(m['ttft_p99_s'])}",
              f"  {'TPOT p50 / p99':<24}{_sec(m['tpot_p50_s'])} / {_sec(m['tpot_p99_s'])}",

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
+from simkv.cost import DEFAULT_DEVICE  # noqa: F401 (re-exported: serving's default device is every command's)
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
+from simkv.scenario import check_weights_fit
 from simkv.serving.kv_groups import KV_MANAGERS
-from simkv.serving.requests import Request, check_workload
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
+from simkv.serving.requests import Request, check_workload, over_context
+from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, Group, SchedulerConfig
 
 SCHEDULERS = ("sequential", "static", "continuous")
 MEMORIES = ("contiguous", "paged")
 ON_OOM = ("wait", "preempt", "reject")
-DEFAULT_DEVICE = "xeon-8480"
 
 #: Request table columns (``--requests``), as the issue's contract names them.
 REQUEST_COLUMNS = ("id", "arrival_s", "prompt", "max_new_tokens", "generated", "status", "ttft_s", "tpot_s", "e2e_s",
@@ -34,6 +35,26 @@ def context_of(model) -> int | None:
     """The context a model takes by default: :data:`CONTEXT` for the built-in presets, else the
     ``max_position_embeddings`` of its config (simkv.hfconfig); None: no limit (a custom shape)."""
     return CONTEXT.get(model.name) or model.context or None
+
+
+#: vLLM's ``gpu_memory_utilization`` default (``CacheConfig``, 0.9; plan-facts §2.1): the fixed pool of a vLLM device.
+VLLM_UTILIZATION = 0.9
+
+
+def runtime_defaults(device, model) -> dict:
+    """What a device's usual runtime uses when nothing is named (``Device.runtime``), for ``simkv run``'s paged
+    serving and every deployment ``simkv plan`` searches alike: vLLM (h100-sxm, a100-80gb) keeps KV in the model's
+    dtype (``kv_cache_dtype="auto"``), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool of ``0.9 × memory −
+    weights`` (``gpu_memory_utilization``; plan-facts §2.1); OpenVINO GenAI u8 KV on CPU (f16 on a GPU: the plugin's
+    inference precision), blocks of 32 on CPU and 16 on GPU, and its dynamic pool (``SchedulerConfig`` defaults,
+    DESIGN §4b)."""
+    from simkv.models import checkpoint_weights_precision
+    from simkv.serving.engine import memory_path
+
+    if device.runtime == "vllm":
+        return {"precision": checkpoint_weights_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION)}
+    gpu = memory_path(device) == "gpu"
+    return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic"}
 
 
 @dataclass
@@ -55,6 +76,9 @@ class ServingSpec:
     policy_options: dict | None = None
     static_batch: int = 8
     max_context: int | None = None
+    #: A prompt at or above the context refuses the whole run (a ConfigError, one line); by default such a request
+    #: is rejected on arrival and the rest are served (:func:`serve`).
+    strict_context: bool = False
     trace_requests: bool = False
     #: Stop after this many steps (the requests still running are UNFINISHED).
     max_steps: int = 10_000_000
@@ -72,6 +96,10 @@ class ServingSpec:
     #: them — its share of the weights (``weights_bytes`` is per device), of the KV heads, of the FLOPs — and each
     #: step adds its all-reduces (simkv.cost.allreduce_s); ``device_memory`` is each device's.
     tp: int = 1
+    #: How the weights were given, for a refusal that names the fix (simkv.scenario.check_weights_fit): the
+    #: precision asked for (None: the device runtime's), and whether ``weights_bytes`` came from --weights-memory.
+    weights_precision: str | None = None
+    weights_given: bool = False
 
     @property
     def device_model(self):
@@ -106,6 +134,8 @@ class ServingResult:
     oom: dict | None = None
     #: Paged: the pools' largest in-step bytes without the CPU plugin's scratch buffers (which are never touched).
     pool_peak: int = 0
+    #: Requests rejected on arrival, by reason (:func:`_front_end`): reason → count.
+    rejected_reasons: dict = field(default_factory=dict)
 
     def _block_bytes(self) -> int:
         return self.block_bytes
@@ -113,16 +143,7 @@ class ServingResult:
     # -- tables --------------------------------------------------------------------------------
 
     def request_rows(self) -> list[tuple]:
-        out = []
-        for g in sorted(self.groups, key=lambda g: g.index):
-            r = g.req
-            ttft = g.first_token_s - g.added_s if g.first_token_s is not None else float("nan")
-            e2e = g.finish_s - g.added_s if g.status == FINISHED else float("nan")
-            tpot = ((g.finish_s - g.first_token_s) / (g.generated - 1)
-                    if g.status == FINISHED and g.generated > 1 else float("nan"))
-            out.append((r.id, float(g.added_s), g.P, g.G, g.generated, g.status, float(ttft), float(tpot), float(e2e),
-                        g.preemptions, g.prefix_hit))
-        return out
+        return _rows_of_groups(self.groups)
 
     @cached_property
     def request_table(self) -> dict[str, np.ndarray]:
@@ -133,10 +154,10 @@ class ServingResult:
     def write_steps(self, path: str | Path) -> Path:
         from simkv.serving.engine import STEP_COLUMNS
 
-        return _write_csv(path, STEP_COLUMNS, zip(*(self.steps[c].tolist() for c in STEP_COLUMNS)))
+        return _write_table(path, STEP_COLUMNS, list(zip(*(self.steps[c].tolist() for c in STEP_COLUMNS))))
 
     def write_requests(self, path: str | Path) -> Path:
-        return _write_csv(path, REQUEST_COLUMNS, self.request_rows())
+        return _write_table(path, REQUEST_COLUMNS, self.request_rows())
 
     # -- metrics --------------------------------------------------------------------------------
 
@@ -228,6 +249,7 @@ class ServingResult:
             out["scenario"]["tp"] = sp.tp
         out["oom"] = self.oom["reason"] if self.oom else None
         out["stopped"] = self.stopped
+        out["rejected_reasons"] = dict(self.rejected_reasons)
         out["per_layer"] = self.per_layer()
         return out
 
@@ -245,6 +267,20 @@ class ServingResult:
         return out
 
 
+def _rows_of_groups(groups) -> list[tuple]:
+    """The request table's rows (:data:`REQUEST_COLUMNS`) of these requests, in trace order."""
+    out = []
+    for g in sorted(groups, key=lambda g: g.index):
+        r = g.req
+        ttft = g.first_token_s - g.added_s if g.first_token_s is not None else float("nan")
+        e2e = g.finish_s - g.added_s if g.status == FINISHED else float("nan")
+        tpot = ((g.finish_s - g.first_token_s) / (g.generated - 1)
+                if g.status == FINISHED and g.generated > 1 else float("nan"))
+        out.append((r.id, float(g.added_s), g.P, g.G, g.generated, g.status, float(ttft), float(tpot), float(e2e),
+                    g.preemptions, g.prefix_hit))
+    return out
+
+
 def _replaced_buffers(rows, layers: int) -> int:
     """K/V tensors allocated to replace a live one (every allocation after each tensor's first)."""
     from simkv.ledger import ALLOC, TENSOR_CODE
@@ -254,9 +290,19 @@ def _replaced_buffers(rows, layers: int) -> int:
     return int(kv.sum()) - first
 
 
-def _write_csv(path, columns, rows) -> Path:
+def _write_table(path, columns, rows) -> Path:
+    """A table (the step or request table) as CSV, or as Parquet when ``path`` ends in ``.parquet`` (the same
+    columns; a missing value is empty in CSV, NaN in Parquet). The directory must exist (the CLI checks it first)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("writing Parquet needs pyarrow: pip install 'simkv[parquet]'") from None
+        cols = list(zip(*rows)) if rows else [[] for _ in columns]
+        pq.write_table(pa.table({name: list(col) for name, col in zip(columns, cols)}), path)
+        return path
     with path.open("w", newline="") as fh:
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(columns)
@@ -287,17 +333,66 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("num_kv_blocks and cache_size must be >= 0")
     if cfg.num_kv_blocks and cfg.cache_size:
         raise ConfigError("give num_kv_blocks or cache_size, not both")
-    context = spec.max_context if spec.max_context is not None else context_of(spec.model)
-    check_workload(spec.requests, context)
+    check_workload(spec.requests, context_limit(spec) if spec.strict_context else None)
     device = get_device(spec.device)
     device.check_tp(spec.tp)
     spec.device_model  # refuses a --tp that does not split the model, one line
+    memory_given = spec.device_memory is not None
     if spec.device_memory is None:
         spec.device_memory = device.memory_bytes
-    if spec.weights_bytes >= spec.device_memory:
-        raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)"
-                          + ("; --tp N splits them across N devices" if spec.tp == 1 and device.runtime == "vllm" else ""))
+    check_weights_fit(spec.device_model, spec.weights_bytes, spec.device_memory, device, tp=spec.tp,
+                      weights_precision=spec.weights_precision, memory_given=memory_given,
+                      weights_given=spec.weights_given)
     return device
+
+
+def context_limit(spec: ServingSpec) -> int | None:
+    """The context a request's prompt must stay below: ``--max-context``, else the model's (None or 0: none)."""
+    return spec.max_context if spec.max_context is not None else context_of(spec.model)
+
+
+def _front_end(spec: ServingSpec) -> tuple[ServingSpec, list[Group]]:
+    """Reject, on arrival, each request whose prompt is at or above the context, and serve the rest: what a
+    serving engine's front end does — vLLM checks a prompt's length against ``max_model_len`` before it makes an
+    engine request (vllm/v1/engine/processor.py, ``Processor._validate_model_input``: a ValueError, an error
+    response for that request alone) — so no scheduler sees it, and with replicas it takes no replica's turn.
+    Returns the spec of the requests served and the rejected requests (status REJECTED, finished at their arrival,
+    by their position in the trace)."""
+    from dataclasses import replace
+
+    out = set(over_context(spec.requests, context_limit(spec)))
+    if not out:
+        return spec, []
+    if len(out) == len(spec.requests):
+        raise ConfigError(f"every request's prompt is at or above the model's context of {context_limit(spec):,} "
+                          "tokens (raise it with --max-context)")
+    rejected = []
+    for i in sorted(out):
+        r = spec.requests[i]
+        g = Group(r, i, r.prompt)
+        g.status = REJECTED
+        g.added_s = g.finish_s = r.arrival_s if r.arrival_s is not None else 0.0
+        g.added_step = g.finish_step = 0
+        rejected.append(g)
+    return replace(spec, requests=[r for i, r in enumerate(spec.requests) if i not in out]), rejected
+
+
+def _with_rejected(result, spec: ServingSpec, served: ServingSpec, rejected: list[Group]):
+    """``result`` (of ``served``, the requests :func:`_front_end` let through) as the result of ``spec``: every
+    request in trace order, the rejected ones among them. A single engine's groups are numbered by their position in
+    the trace again (the progress table names requests by id: unchanged)."""
+    if not rejected:
+        return result
+    result.spec = spec
+    result.rejected_reasons = {f"prompt at or above the context of {context_limit(spec):,} tokens": len(rejected)}
+    if isinstance(result, ReplicasResult):
+        result.rejected = rejected
+        return result
+    kept = np.asarray([i for i in range(len(spec.requests)) if i not in {g.index for g in rejected}], dtype=np.int64)
+    for g in result.groups:
+        g.index = int(kept[g.index])
+    result.groups = result.groups + rejected
+    return result
 
 
 def serve(spec: ServingSpec, progress=False, watch=None):
@@ -311,8 +406,10 @@ def serve(spec: ServingSpec, progress=False, watch=None):
     guard, simkv.lab.plan). Replicas then run in this process, whatever ``spec.workers`` says."""
     from simkv.serving.router import check_router
 
+    whole = spec
     device = check_spec(spec)
     check_router(spec.replicas, spec.router, spec.requests, spec.workers)
+    spec, rejected = _front_end(spec)
     bar = None
     if callable(progress):
         bar = _Callback(progress)
@@ -320,14 +417,14 @@ def serve(spec: ServingSpec, progress=False, watch=None):
         bar = _progress_bar(len(spec.requests))
     try:
         if spec.replicas > 1:
-            return _serve_replicas(spec, device, bar, watch)
+            return _with_rejected(_serve_replicas(spec, device, bar, watch), whole, spec, rejected)
         eng = _engine(spec, device, spec.requests, _watched(bar.update_to if bar else None, watch, 0))
         eng.start(spec.engine == "fast") if spec.memory == "paged" else eng.start()
         eng.advance()
     finally:
         if bar:
             bar.close()
-    return _result(spec, eng, device)
+    return _with_rejected(_result(spec, eng, device), whole, spec, rejected)
 
 
 def _watched(progress, watch, replica: int):
@@ -449,6 +546,9 @@ class ReplicasResult:
     spec: ServingSpec
     replicas: list
     assignment: np.ndarray
+    #: Requests rejected on arrival, before routing (:func:`_front_end`), and their reasons (reason → count).
+    rejected: list = field(default_factory=list)
+    rejected_reasons: dict = field(default_factory=dict)
 
     @property
     def device_name(self) -> str:
@@ -462,6 +562,7 @@ class ReplicasResult:
         """The request table of every replica with the replica last, in trace order."""
         order = {r.id: i for i, r in enumerate(self.spec.requests)}
         rows = [row + (k,) for k, res in enumerate(self.replicas) for row in res.request_rows()]
+        rows += [row + (-1,) for row in _rows_of_groups(self.rejected)]  # rejected before routing: no replica
         return sorted(rows, key=lambda row: order[row[0]])
 
     @cached_property
@@ -472,7 +573,7 @@ class ReplicasResult:
         return {name: np.asarray(col) for name, col in zip(names, cols)}
 
     def write_requests(self, path: str | Path) -> Path:
-        return _write_csv(path, REQUEST_COLUMNS + ("replica",), self.request_rows())
+        return _write_table(path, REQUEST_COLUMNS + ("replica",), self.request_rows())
 
     def write_steps(self, path: str | Path) -> Path:
         """Every replica's step table in one file, replica by replica, with the replica last."""
@@ -480,7 +581,7 @@ class ReplicasResult:
 
         rows = [row + (k,) for k, res in enumerate(self.replicas)
                 for row in zip(*(res.steps[c].tolist() for c in STEP_COLUMNS))]
-        return _write_csv(path, STEP_COLUMNS + ("replica",), rows)
+        return _write_table(path, STEP_COLUMNS + ("replica",), rows)
 
     @cached_property
     def metrics(self) -> dict:
@@ -515,6 +616,7 @@ class ReplicasResult:
         scenario = self.replicas[0].summary()["scenario"]
         out["scenario"] = dict(scenario, replicas=len(self.replicas), router=self.spec.router)
         out["stopped"] = self.stopped
+        out["rejected_reasons"] = dict(self.rejected_reasons)
         out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped) for k, res in enumerate(self.replicas)]
         return out
 

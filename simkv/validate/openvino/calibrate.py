@@ -42,6 +42,7 @@ import numpy as np
 from tqdm import tqdm
 
 from simkv.cost import Device
+from simkv.errors import SimkvError
 
 from ..child import DEFAULT_MMAP_THRESHOLD, child_env
 from .toy import ToyDecoderSpec, toy_model_spec
@@ -373,6 +374,18 @@ def _measure(threads: int | None, progress: bool) -> Device:
                               f"pages: {memcpy / 1e9:.2f} GB/s), this host",
         },
     )
+
+
+#: What ``simkv calibrate`` says where OpenVINO is not installed (as ``simkv validate`` does).
+MISSING_OPENVINO = "calibrating this host needs OpenVINO: pip install 'simkv[openvino]'"
+
+
+def check_openvino() -> None:
+    """One line (:class:`~simkv.errors.SimkvError`) unless OpenVINO imports: before anything is measured."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        raise SimkvError(MISSING_OPENVINO) from None
 
 
 def calibrate(path: str | Path, threads: int | None = None, progress: bool = True) -> Device:
