@@ -43,10 +43,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # reported by the subcommand's parser, so the error names `simkv run`, not `simkv`
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    try:  # a usage error or a breach of the contract: one line, exit code 2 (--help and --version: 0)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the subcommand's parser, so the error names `simkv run`, not `simkv`
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         return args.func(args)
     except SimkvError as err:

@@ -121,6 +121,13 @@ def check_declarations(parser: Parser) -> None:
             raise TypeError(f"{parser.prog}: {action.option_strings[0]}: unknown mode in {action.modes!r}")
 
 
+def _values(value) -> list:
+    """The values one use of a flag gave (a switch gives none: ``[None]``)."""
+    if isinstance(value, list):
+        return value or [None]
+    return [value]
+
+
 def check_contract(parser: Parser, args: argparse.Namespace) -> None:
     """The contract (module docstring) for the flags ``parser`` was just given: every flag used by an active mode,
     every output path writable in a format its flag writes. :class:`ConfigError` (one line) otherwise."""
@@ -131,7 +138,7 @@ def check_contract(parser: Parser, args: argparse.Namespace) -> None:
     active = [m for m in parser.modes if m.active(args)]
     for action, uses in parser.given.items():
         for option, value in uses:
-            for one in (value if isinstance(value, list) else [value]):
+            for one in _values(value):
                 wanted = flag_modes(action, one) if parser.modes and action.modes is not None else (ANY,)
                 if ANY in wanted or any(by_name[w] in active for w in wanted):
                     continue
@@ -147,7 +154,7 @@ def check_contract(parser: Parser, args: argparse.Namespace) -> None:
         if not getattr(action, "output", None):
             continue
         for option, value in uses:
-            for one in (value if isinstance(value, list) else [value]):
+            for one in _values(value):
                 if one is None or (action.path_if is not None and not action.path_if(one)):
                     continue
                 path = check_output(one, option, action.output).resolve()
@@ -156,15 +163,31 @@ def check_contract(parser: Parser, args: argparse.Namespace) -> None:
                 written[path] = option
 
 
-def add_scenario_arguments(p: argparse.ArgumentParser, *, model=ANY, workload=ANY, **modes) -> None:
+def workload_modes(session: Callable[[argparse.Namespace], bool]) -> tuple[Mode, Mode, Mode]:
+    """The modes of a session's workload flags, for a command whose sessions are ``session``: its lengths
+    (``--prompt``, ``--decode``, ``--turns``, ``--beam``), or its operations (``--ops``, which replaces them), and its
+    chat turns (``--turn-tokens``, ``--turn-decode``: with ``--turns`` above 0)."""
+    return (Mode("lengths", "a single session described by its lengths (no --ops)", lambda a: session(a) and not a.ops,
+                 "workload"),
+            Mode("ops", "a single session given as operations (--ops)", lambda a: session(a) and bool(a.ops), "workload",
+                 ("--ops", "prefill:8,decode:4")),
+            Mode("chat", "chat turns (--turns above 0, no --ops)", lambda a: session(a) and not a.ops and a.turns > 0,
+                 "turns", ("--turns", "1")))
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser, *, model=ANY, workload=ANY, lengths="lengths", chat="chat",
+                           **modes) -> None:
     """The flags that describe a scenario, shared by ``run``, ``validate``, ``sweep`` and ``tune``: the model flags
-    (in the modes ``model``) and the workload of one session (in the modes ``workload``); ``modes`` gives a flag its
-    own, by its dest (e.g. ``decode="flags"``)."""
+    (in the modes ``model``), the workload of one session: ``--ops`` in the modes ``workload``, the lengths it
+    replaces in ``lengths``, the chat turns' in ``chat`` (:func:`workload_modes`); ``modes`` gives a flag its own, by
+    its dest (e.g. ``decode="flags"``)."""
     add_model_arguments(p, modes=model, **{k: v for k, v in modes.items() if k in _MODEL_DESTS})
     w = p.add_argument_group("workload (one stateful session)")
+    defaults = {"prompt": lengths, "decode": lengths, "turns": lengths, "beam": lengths, "turn_tokens": chat,
+                "turn_decode": chat, "ops": workload}
 
     def mode(dest):
-        return modes.get(dest, workload)
+        return modes.get(dest, defaults[dest])
 
     w.add_argument("--prompt", type=int, default=sc.DEFAULT_PROMPT, modes=mode("prompt"),
                    help=f"prompt tokens (default {sc.DEFAULT_PROMPT})")

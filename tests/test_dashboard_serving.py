@@ -109,7 +109,8 @@ def test_bad_input_is_one_line_next_to_its_field(over, key, message):
 
 @pytest.mark.parametrize("over, message", [
     # The library's own one-line errors, with the shown command line.
-    ({"sv_model": "gpt2"}, "Cannot serve this: request 6: prompt of 1313 tokens exceeds the model's context of 1024"),
+    ({"sv_model": "llama-3-70b", "sv_device": "arc-a770"},
+     "Cannot serve this: llama-3-70b's weights take 65.71 GiB at int8, no less than arc-a770's 16.00 GiB"),
     ({"sv_memory": "contiguous", "sv_policy": "static"}, "does not fit max_prompt_len=1024"),
     # The dashboard's limits: tokens, contiguous ledger rows (estimated before running), scheduler rounds.
     ({"sv_workload": "synthetic", "sv_requests": "1000", "sv_prompt_dist": "fixed:4000"},
@@ -146,9 +147,12 @@ def test_the_command_line_follows_the_form():
     argv = sv.command(form(sv_memory="contiguous", sv_policy="static", sv_scheduler="sequential",
                            sv_policy_opts="max_prompt_len=4096, min_response_len=0", sv_precision="f16",
                            sv_pool="gib", sv_pool_size="2"))  # pool: paged only, ignored
-    assert argv[argv.index("--policy"):argv.index("--max-num-seqs")] == [
+    assert argv[argv.index("--policy"):argv.index("--device")] == [
         "--policy", "static", "--policy-opt", "max_prompt_len=4096", "--policy-opt", "min_response_len=0"]
     assert "--cache-size" not in argv and argv[argv.index("--precision") + 1] == "f16"
+    # flags the run does not use are left out (simkv run refuses them): batched tokens (paged only), running
+    # requests (paged, or contiguous memory's continuous scheduler)
+    assert "--max-num-batched-tokens" not in argv and "--max-num-seqs" not in argv
 
 
 TEXT = hst.text(alphabet="0123456789.-:e,= abcfxnilu", max_size=12)

@@ -157,8 +157,8 @@ def test_cli_sweep_end_to_end_and_rerun_skips(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--param", "x=1", "--out", "o.parquet"], "not an option of policy openvino-gpu"),
-    (["--param", "stagger=1", "--out", "o.csv"], "--out must end in .parquet"),
-    (["--param", "stagger=1", "--out", "/nonexistent/dir/o.parquet"], "no such directory"),
+    (["--param", "stagger=1", "--out", "o.csv"], "--out o.csv: the file name must end in .parquet"),
+    (["--param", "stagger=1", "--out", "/nonexistent/dir/o.parquet"], "directory /nonexistent/dir does not exist"),
 ])
 def test_cli_sweep_errors_are_one_line(tmp_path, args, message):
     r = run_cli("sweep", *args)

@@ -8,12 +8,15 @@ import sys
 from pathlib import Path
 
 from simkv.flags import (ANY, EXECUTOR_MODES, add_executor_arguments, add_policy_arguments, add_scenario_arguments,
-                         scenario_fields)
+                         scenario_fields, workload_modes)
+
+#: The modes of ``simkv sweep`` (simkv.flags): where its points run, and its sessions' workload flags.
+SWEEP_MODES = (*workload_modes(lambda a: True), *EXECUTOR_MODES)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="run a parameter grid and store one Parquet row per point (resumable)",
-                       modes=EXECUTOR_MODES, description=(
+                       modes=SWEEP_MODES, description=(
         "Run every combination of the --param values (policy options or scenario fields such as decode) on top of "
         "the scenario flags, and store one row per point in a Parquet file: every scenario field, policy options as "
         "policy.NAME, the metrics of `simkv run --json` (per-layer lists left out), spike_p99_bytes and "

@@ -11,7 +11,7 @@ import sys
 from simkv.errors import SimkvError
 from simkv.cost import DEFAULT_DEVICE
 from simkv.flags import (ANY, EXECUTOR_MODES, Mode, add_executor_arguments, add_policy_arguments,
-                         add_scenario_arguments, scenario_fields)
+                         add_scenario_arguments, scenario_fields, workload_modes)
 from simkv.units import format_bytes
 
 
@@ -24,8 +24,11 @@ TUNE_MODES = (
          "source"),
     Mode("trace", "session workloads drawn from --trace (no --serving)", lambda a: not a.serving and bool(a.trace),
          "source", ("--trace", "data/traces/azure_llm_2023_code.csv")),
-    Mode("prompt-flag", "sessions whose prompt is --prompt (no --serving, no --trace-prompts)",
-         lambda a: not a.serving and not (a.trace and a.trace_prompts), "prompt"),
+    Mode("flags-lengths", "the one workload of the scenario flags, by its lengths (no --trace, no --ops)",
+         lambda a: not a.serving and not a.trace and not a.ops, "source"),
+    Mode("prompt-flag", "sessions whose prompt is --prompt (no --serving, --trace-prompts or --ops)",
+         lambda a: not a.serving and not (a.trace and a.trace_prompts) and not a.ops, "prompt"),
+    *workload_modes(lambda a: not a.serving),
     *EXECUTOR_MODES,
 )
 
@@ -42,8 +45,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "and print the Pareto front, the recommendation next to the policy's defaults, and a command reproducing it. "
         f"Metrics: {', '.join(tune.METRICS)}. Default parameters: "
         + "; ".join(f"{k}: {' '.join(v)}" for k, v in tune.TUNABLE.items()) + "."))
-    add_scenario_arguments(p, model=ANY, workload="policy", sliding_window="policy", prompt="prompt-flag",
-                           decode="flags", ops="flags")
+    add_scenario_arguments(p, model=ANY, workload="flags", sliding_window="policy", prompt="prompt-flag",
+                           decode="flags-lengths")
     add_policy_arguments(p, policy="policy", memory=ANY)
     d = p.add_argument_group("workload distribution")
     d.add_argument("--trace", metavar="PATH.csv", modes=ANY, help="request trace (ContextTokens,GeneratedTokens or "

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from simkv.errors import SimkvError
-from simkv.flags import ANY, Mode, add_latency_arguments, add_scenario_arguments
+from simkv.flags import ANY, Mode, add_latency_arguments, add_scenario_arguments, workload_modes
 
 VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
 
@@ -22,6 +22,7 @@ VALIDATE_MODES = (
     Mode("transformers", "Hugging Face transformers (--runtime transformers)",
          lambda a: not a.paged and a.runtime == "transformers", "runtime", ("--runtime", "transformers")),
     Mode("paged", "GenAI's continuous batching (--paged)", lambda a: a.paged, "runtime", ("--paged",)),
+    *workload_modes(lambda a: not a.paged),
 )
 #: A single session, on either runtime (not --paged).
 SESSION = ("openvino", "transformers")

@@ -206,8 +206,12 @@ def command(values: dict) -> list[str]:
             argv += ["--policy-opt", f"{key}={value}"]
         if v["sv_scheduler"] == "static":
             argv += ["--static-batch", str(got["sv_static_batch"])]
-    argv += ["--max-num-seqs", str(got["sv_max_num_seqs"]), "--max-num-batched-tokens",
-             str(got["sv_max_num_batched_tokens"]), "--device", v["sv_device"]]
+    # only the flags the run uses (simkv run refuses the others: simkv.flags' contract)
+    if paged or v["sv_scheduler"] == "continuous":
+        argv += ["--max-num-seqs", str(got["sv_max_num_seqs"])]
+    if paged:
+        argv += ["--max-num-batched-tokens", str(got["sv_max_num_batched_tokens"])]
+    argv += ["--device", v["sv_device"]]
     return argv
 
 

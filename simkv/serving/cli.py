@@ -12,7 +12,8 @@ import json
 import sys
 
 from simkv.errors import ConfigError
-from simkv.flags import ANY, Mode, Parser, add_latency_arguments, add_policy_arguments, add_scenario_arguments
+from simkv.flags import (ANY, Mode, Parser, add_latency_arguments, add_policy_arguments, add_scenario_arguments,
+                         workload_modes)
 from simkv.units import format_bytes, parse_bytes
 
 
@@ -28,6 +29,7 @@ RUN_MODES = (
         "--decode": "a trace gives each request's output; synthetic output lengths are --output-dist (e.g. fixed:10)",
         "--ops": "a trace gives each request's own operations", "--turns": "a trace's session column makes chat turns",
         "--beam": "a trace's beam column (or samples) gives a request several sequences"}),
+    *workload_modes(lambda a: not _serving(a)),
     Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
          ("--trace", "data/traces/azure_llm_2023_code.csv")),
     Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",)),

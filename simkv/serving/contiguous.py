@@ -479,8 +479,10 @@ class Work(NamedTuple):
 
 
 def _last_admitted(running: list, g: Group) -> Group | None:
-    """Preemption's victim: the most recently admitted running request, other than ``g``, holding memory."""
-    return max((v for v in running if v.status == RUNNING and v.held and v is not g), key=lambda v: v.order,
+    """Preemption's victim: the most recently admitted running request holding memory, admitted after ``g`` (as
+    GenAI's victim, never the target itself or an earlier group): one not yet stepped in this step, as the steps
+    go in admission order."""
+    return max((v for v in running if v.status == RUNNING and v.held and v.order > g.order), key=lambda v: v.order,
                default=None)
 
 

@@ -363,9 +363,8 @@ def _front_end(spec: ServingSpec) -> tuple[ServingSpec, list[Group]]:
     out = set(over_context(spec.requests, context_limit(spec)))
     if not out:
         return spec, []
-    if len(out) == len(spec.requests):
-        raise ConfigError(f"every request's prompt is at or above the model's context of {context_limit(spec):,} "
-                          "tokens (raise it with --max-context)")
+    if len(out) == len(spec.requests):  # nothing to serve: the first one's refusal
+        check_workload(spec.requests, context_limit(spec))
     rejected = []
     for i in sorted(out):
         r = spec.requests[i]
