@@ -15,6 +15,7 @@ from dash import no_update
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
+from simkv.cost import DEFAULT_DEVICE
 from simkv.dashboard import serving_view as sv
 from simkv.dashboard import state as st
 
@@ -129,7 +130,8 @@ def test_the_round_limit_stops_a_paged_run(monkeypatch):
     # 300 requests on a 100-block pool preempt all along: 206 scheduler rounds since squeezed runs plan a full
     # pool's steps (simkv/serving/squeezed.py); a limit of 50 stops it
     monkeypatch.setitem(sv.MAX_ROUNDS, "paged", 50)
-    out = sv.serving_callback(form(sv_requests="300", sv_pool="blocks", sv_pool_size="100"), "serving")
+    out = sv.serving_callback(form(sv_requests="300", sv_pool="blocks", sv_pool_size="100", sv_device="h100-sxm",
+                                   sv_precision="u8"), "serving")
     assert "stopped after 50 scheduler rounds (the dashboard's limit); requests keep waiting for memory" in out["status"]
     assert out["status_class"] == "status invalid" and out["cards"] == []
 
@@ -143,7 +145,7 @@ def test_the_command_line_follows_the_form():
     assert sv.command(form()) == [
         "--trace", "data/traces/azure_llm_2023_conv.csv", "--limit", "100", "--model", "llama-3-8b",
         "--memory", "paged", "--scheduler", "continuous", "--block-size", "32",
-        "--max-num-seqs", "256", "--max-num-batched-tokens", "256", "--device", "h100-sxm"]
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "256", "--device", DEFAULT_DEVICE]
     argv = sv.command(form(sv_memory="contiguous", sv_policy="static", sv_scheduler="sequential",
                            sv_policy_opts="max_prompt_len=4096, min_response_len=0", sv_precision="f16",
                            sv_pool="gib", sv_pool_size="2"))  # pool: paged only, ignored

@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from policies import REGISTRY
 from policies.base import Policy
+from simkv.cost import DEFAULT_DEVICE
 from simkv.errors import SimkvError
 from simkv.hfconfig import preset_names
 from simkv.precision import PRECISIONS
@@ -60,7 +61,7 @@ SERVING_DEFAULTS: dict[str, str] = {
     "sv_output_dist": "lognormal:200:1.0", "sv_seed": "0", "sv_model": DEFAULT_MODEL, "sv_precision": DEFAULT,
     "sv_memory": "paged", "sv_policy": DEFAULT_POLICY, "sv_policy_opts": "", "sv_scheduler": "continuous", "sv_static_batch": "8",
     "sv_block_size": "32", "sv_pool": "dynamic", "sv_pool_size": "", "sv_max_num_seqs": "256",
-    "sv_max_num_batched_tokens": "256", "sv_device": "h100-sxm",
+    "sv_max_num_batched_tokens": "256", "sv_device": DEFAULT_DEVICE,  # every command's (simkv.cost)
 }
 
 #: Every fixed control: key → default text. Order = URL order.
