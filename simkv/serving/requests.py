@@ -110,8 +110,8 @@ def check_workload(requests: list[Request], max_context: int | None = None) -> l
         seen.add(r.id)
     for i in over_context(requests, max_context)[:1]:
         r = requests[i]
-        raise ConfigError(f"request {r.id}: prompt of {r.prompt:,} tokens exceeds the model's context of "
-                          f"{max_context:,} (raise it with --max-context)")
+        raise ConfigError(f"request {r.id}: prompt of {r.prompt:,} tokens is at or above the model's context of "
+                          f"{max_context:,}: no token can follow it (raise it with --max-context)")
     return requests
 
 
