@@ -319,3 +319,99 @@ def test_ctrl_c_exits_130_with_one_line():
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip() == "simkv run: interrupted" and out == "", err
+
+
+def test_calibrate_without_openvino_gives_the_install_hint(monkeypatch, capsys):
+    from simkv.cli import main
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    assert main(["calibrate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "simkv calibrate: error: calibrating this host needs OpenVINO: pip install 'simkv[openvino]'"
+
+
+# -- what a command prints ----------------------------------------------------------------------------------
+
+
+def test_cost_is_bounded_and_warns_of_what_no_device_holds():
+    out = simkv("cost", "--context", "1000000000000")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "simkv cost: error: --context must be an integer in 0..100,000,000, got 1000000000000")
+    # deepseek-v3 at bf16 on one H100: 1,249.88 GiB of weights, priced with a warning
+    out = simkv("cost", "--model", "deepseek-v3", "--device", "h100-sxm", "--json")
+    assert out.returncode == 0
+    warning = ("1,249.88 GiB of bf16 weights + 68.69 MiB of KV do not fit h100-sxm's 74.51 GiB: priced as if they did "
+               "(serve it split with simkv run --tp, or size a deployment with simkv plan)")
+    assert out.stderr.strip() == f"simkv cost: warning: {warning}" and json.loads(out.stdout)["warnings"] == [warning]
+    out = simkv("cost", "--context", "100000")
+    assert "100,001 tokens per sequence are past llama-3-8b's context of 8,192" in out.stderr
+    assert simkv("cost").stderr == ""  # the default step fits: no word
+
+
+def test_deepseek_v3_is_listed_by_the_latent_it_caches():
+    line = next(ln for ln in simkv("models").stdout.splitlines() if ln.startswith("deepseek-v3 "))
+    # 61 layers x one latent of 512 + 64 values x 2 B (f16) = 70,272 B = 68.62 KiB per token
+    assert line.split() == ["deepseek-v3", "61", "128", "1", "latent", "512+64", "68.62", "KiB"]
+    assert 61 * (512 + 64) * 2 == 70_272 and f"{70_272 / 1024:.2f}" == "68.62"
+
+
+def test_sizes_have_thousands_separators():
+    from simkv.units import format_bytes
+
+    assert format_bytes(3344.63 * 2**30) == "3,344.63 GiB" and format_bytes(1019.22 * 2**20) == "1,019.22 MiB"
+    assert format_bytes(512) == "512 B" and format_bytes(1.5 * 2**30) == "1.50 GiB"
+
+
+def test_a_clipped_reason_ends_between_words():
+    from simkv.lab.plan import _clip
+
+    reason = ("device xeon-8480 runs OpenVINO, which has no tensor parallelism to model here: its GPU plugin has none "
+              "(multi-GPU is HETERO pipeline parallelism) and the CPU plugin's socket split (model_distribution_policy "
+              "TENSOR_PARALLEL) splits the weights of one socket's cores")
+    clipped = _clip(reason, 200)
+    assert len(clipped) <= 200 and clipped.endswith(" …")
+    kept = clipped[:-2]
+    assert reason.startswith(kept) and reason[len(kept)] in " ,;:(" and not kept.endswith((",", ";", ":", "("))
+    assert _clip("short", 200) == "short"
+
+
+def test_the_reproduce_line_rounds_the_pool_and_reproduces_the_run():
+    """The plan's pool, a fraction of the device less the weights, in GiB: shortened to the fewest decimals that
+    keep its blocks — the same run."""
+    from dataclasses import replace
+
+    from simkv.cost import get_device
+    from simkv.lab import plan
+    from simkv.serving import serve
+    from simkv.serving.engine import PagedServing
+    from simkv.serving.kv_groups import paged_kv
+
+    row = {"workload": json.dumps({"trace": "data/traces/azure_llm_2023_code.csv", "limit": 50}),
+           "model": "llama-3.1-8b", "device": "h100-sxm", "precision": "bf16", "block_size": 16, "pool": "0.9",
+           "max_num_batched_tokens": 256, "tp": 1, "replicas": 1, "router": "-", "max_num_seqs": 256,
+           "dynamic_split_fuse": True, "prefix_caching": False, "kv_manager": "genai", "memory": "paged",
+           "policy": "openvino-cpu", "max_context": None}
+    exact = plan._device_share(row)[3]
+    line = plan.command(row)
+    shown = line.split("--cache-size ")[1].split()[0]
+    assert exact == pytest.approx(52.0982, abs=1e-4) and shown == "52.098" and repr(exact) != shown
+    spec = plan.spec_of(row)
+    budget = get_device(row["device"]).memory_bytes - spec.weights_bytes
+    kv = paged_kv(spec.device_model, spec.precision, 16, "genai")
+    assert (PagedServing._pool_sizes(spec.paged, kv, budget)
+            == PagedServing._pool_sizes(replace(spec.paged, cache_size=float(shown)), kv, budget))
+    out = json.loads(simkv(*line.split()[1:], "--json").stdout)
+    assert out["steps"] == serve(spec).metrics["steps"] and out["ttft_p99_s"] == serve(spec).metrics["ttft_p99_s"]
+
+
+def test_figures_of_tune_and_plan_are_one_self_contained_file(tmp_path):
+    out = simkv("tune", "--decode", "300", "--prompt", "16", "--search", "grid", "--budget", "2", "--param",
+                "headroom_base=64,128", "--workers", "1", "--figure", "f.html", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    out = simkv("plan", "--synthetic", "--requests", "20", "--devices", "h100-sxm", "--max-devices", "1", "--tp", "1",
+                "--max-num-batched-tokens", "256", "--workers", "1", "--figure", "pf.html", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.html", "pf.html"]  # no plotly.min.js beside them
+    for name in ("f.html", "pf.html"):
+        page = (tmp_path / name).read_text()
+        assert "plotly.min.js" not in page and len(page) > 3_000_000  # plotly.js inlined
