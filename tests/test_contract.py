@@ -415,3 +415,27 @@ def test_figures_of_tune_and_plan_are_one_self_contained_file(tmp_path):
     for name in ("f.html", "pf.html"):
         page = (tmp_path / name).read_text()
         assert "plotly.min.js" not in page and len(page) > 3_000_000  # plotly.js inlined
+
+
+# -- the guide -------------------------------------------------------------------------------------------------
+
+GUIDE = ROOT / "docs" / "guide" / "cli.md"
+
+
+def test_the_guide_names_every_mode_of_every_command():
+    text = GUIDE.read_text()
+    for name, parser in PARSERS.items():
+        for mode in parser.modes:
+            assert mode.says in text or mode.says.removeprefix("a single session ") in text, (name, mode.says)
+
+
+def test_the_guide_s_commands_print_what_it_shows(tmp_path):
+    import re
+    import shlex
+
+    for block in re.findall(r"```console\n(.*?)```", GUIDE.read_text(), flags=re.S):
+        lines = block.rstrip("\n").splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("$ ")] + [len(lines)]
+        for a, b in zip(starts, starts[1:]):
+            out = simkv(*shlex.split(lines[a][2:])[1:])
+            assert (out.stdout + out.stderr).rstrip("\n").splitlines() == lines[a + 1:b], lines[a]

@@ -267,11 +267,9 @@ def render(result) -> str:
         return render_replicas(result)
     m, sp = result.metrics, result.spec
 
-    def sec(v):
-        return "n/a" if v is None else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
-
-    mem = (f"paged, block {sp.paged.block_size}" + (f", {sp.paged.num_kv_blocks} blocks" if sp.paged.num_kv_blocks else
-           f", {sp.paged.cache_size} GiB" if sp.paged.cache_size else ", dynamic pool")
+    sec = _sec
+    mem = (f"paged, block {sp.paged.block_size}" + (f", {sp.paged.num_kv_blocks:,} blocks" if sp.paged.num_kv_blocks
+           else f", {sp.paged.cache_size:,g} GiB" if sp.paged.cache_size else ", dynamic pool")
            + (", prefix caching" if sp.paged.enable_prefix_caching else "")
            + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")) if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"
@@ -318,7 +316,7 @@ def _rejected_lines(result) -> list[str]:
 
 
 def _sec(v) -> str:
-    return "n/a" if v is None else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
+    return "n/a" if v is None else f"{v * 1000:,.1f} ms" if v < 10 else f"{v:,.1f} s"
 
 
 def render_replicas(result) -> str:
