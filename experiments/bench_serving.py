@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-TRACE = "data/traces/azure_llm_2023_conv.csv"
+TRACE = "simkv/data/traces/azure_llm_2023_conv.csv"
 #: regime -> (device, requests: None = all, "half", or "small"; SchedulerConfig fields)
 REGIMES = {
     "h100": ("h100-sxm", None, {}),
@@ -71,8 +71,8 @@ def engine(requests, device, cfg):
     from simkv.models import get_model
     from simkv.precision import get_precision
     from simkv.scenario import resolve_weights_memory
-    from simkv.serving.engine import PagedServing
-    from simkv.serving.scheduler import SchedulerConfig
+    from simkv.serving.engine.core import PagedServing
+    from simkv.serving.sched.config import SchedulerConfig
 
     model = get_model("llama-2-7b")
     dev = get_device(device)

@@ -3,7 +3,7 @@
     python -m experiments.frontier [--quick] [--out out/frontier]     (or: python -m experiments)
 
 Workloads: decode lengths of 128 requests (``--quick``: 8) drawn with seed 0
-from the Azure LLM conversation trace 2023 (data/traces/), each after the
+from the Azure LLM conversation trace 2023 (simkv/data/traces/), each after the
 default 1,024-token prompt, on Llama-3-8B with an f16 cache (every policy at the
 same precision, so bytes compare). Each policy runs a small grid of its
 parameters (``static`` reserves the sample's longest answer, the least that

@@ -13,7 +13,7 @@ keeps it (docs/DESIGN.md §3c, §4c, §7; the rules are the policies' and the pa
   MLA decompressed per head, states in the inference precision; the tokens' bytes (``used``: without the
   plugin's preallocated headroom, which is the allocator's, not the layer kind's);
 * ``paged-genai`` — GenAI continuous batching (block 32): one block spans every attention layer and every
-  block is kept, MLA decompressed, one state block per sequence (``simkv.serving.kv_groups``);
+  block is kept, MLA decompressed, one state block per sequence (``simkv.serving.kv.groups``);
 * ``paged-vllm`` — vLLM's hybrid manager (block 16): per-group tables, blocks that left a window or chunk
   freed, MLA as its latent, a Mamba / linear state as one page per request.
 
@@ -49,7 +49,7 @@ from simkv.lab.traces import AZURE_CONV
 from simkv.precision import get_precision
 from simkv.scenario import build_scenario, resolve_weights_memory, simulate
 from simkv.serving import SchedulerConfig, ServingSpec, load_trace, serve
-from simkv.serving.kv_groups import paged_kv
+from simkv.serving.kv.groups import paged_kv
 
 NONDETERMINISTIC = ("wall_times.csv",)
 CONTEXTS = (4096, 32768, 131072)

@@ -5,7 +5,7 @@
 The vLLM paper (Kwon et al., SOSP'23, §2.3 and Fig. 2) measured that earlier serving systems kept only
 20.4–38.2 % of their KV memory holding tokens. This redoes that analysis on public traces: the Azure LLM
 inference trace 2023, conversation (19,366 requests) and code (8,819 requests) services, one hour each
-(``data/traces``; ``--quick``: the first 120 requests of each), served by ``simkv.serving.serve`` with
+(``simkv/data/traces``; ``--quick``: the first 120 requests of each), served by ``simkv.serving.serve`` with
 llama-2-7b shapes, f16 KV, the ``h100-sxm`` preset (its memory minus the int8 weights), continuous batching,
 and four memory modes:
 
@@ -18,7 +18,7 @@ and four memory modes:
   (doubling; additive staggered headroom), one stateful session per request on a shared device budget.
 
 Waste = allocated − used (the tokens' KV), time-weighted over the run (each step weighted by its simulated
-duration), split as the serving step table does (``simkv/serving/engine.py``, ``contiguous.py``):
+duration), split as the serving step table does (``simkv/serving/engine/core.py``, ``contiguous.py``):
 
 * **reserved, unused** — paged: free blocks of the pool (the dynamic pool grows for bursts and never shrinks);
   contiguous: headroom the request's own later tokens will fill (the paper's "reservation");

@@ -11,13 +11,13 @@ import argparse
 import sys
 from typing import Sequence
 
-from simkv.commands import app, calibrate, cost, devices, models, plan, policies, run, sweep, tune, validate
+from simkv.commands import app, calibrate, cost, devices, models, plan, policies, run, setup, sweep, tune, validate
 from simkv.errors import SimkvError
 from simkv.flags import Parser
 from simkv.version import __version__
 
 #: In ``simkv --help`` order.
-COMMANDS = (run, policies, models, validate, app, cost, devices, calibrate, sweep, tune, plan)
+COMMANDS = (run, policies, models, validate, app, cost, devices, calibrate, sweep, tune, plan, setup)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple
 from simkv import scenario as sc
 from simkv.cost import DEFAULT_DEVICE
 from simkv.errors import ConfigError
-from simkv.models import WEIGHT_BYTES
+from simkv.models import WEIGHT_PRECISIONS
 
 #: A flag every mode of its command uses.
 ANY = "any"
@@ -243,10 +243,11 @@ def add_policy_arguments(p: argparse.ArgumentParser, *, policy=ANY, memory=ANY) 
     g.add_argument("--weights-memory", metavar="BYTES", modes=memory, help="device memory taken besides the KV "
                    "cache (weights, other models), e.g. 8GiB or 0; counts toward the headroom limit and out of memory "
                    "(default: the preset's weights at --weights-precision; 0 for a custom shape)")
-    g.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), modes=memory, help="precision of the weights "
-                   "for the default --weights-memory (default: what the device's usual runtime loads: on h100-sxm and "
-                   "a100-80gb the checkpoint's 2-byte dtype, as vLLM does; on the OpenVINO presets an optimum-intel "
-                   "export's int8 from 1e9 parameters, else f16)")
+    g.add_argument("--weights-precision", choices=list(WEIGHT_PRECISIONS), modes=memory, help="precision of the "
+                   "weights for the default --weights-memory (default: what the device's usual runtime loads: on "
+                   "h100-sxm and a100-80gb the checkpoint as stored, as vLLM does: its quantized formats "
+                   "('checkpoint') or its 2-byte dtype; on the OpenVINO presets an optimum-intel export's int8 from 1e9 "
+                   "parameters, else f16)")
 
 
 def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None, *, modes=ANY, help: str = "") -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from simkv.errors import ConfigError
 from simkv.kvspec import LayerKV, groups, tp_kv_heads, tp_layers
+from simkv.weights import FORMATS, LAYER_ROLES, WeightScheme, weight_format
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,11 @@ class ModelSpec:
     #: Tensor parallelism: this spec is one of ``tp`` devices' shares of the model (:func:`tp_shard`; 1: the
     #: whole model on one device). The cost model adds the step's all-reduces when it is above 1.
     tp: int = 1
+    #: A quantized checkpoint's formats per part (its ``quantization_config`` / ``hf_quant_config.json``,
+    #: simkv.weights.scheme_of); None: the weights are all in one precision.
+    weight_scheme: WeightScheme | None = None
+    #: Each layer's dense MLP size where layers differ (Nemotron-NAS's ``block_configs``); empty: ``intermediate``.
+    layer_intermediate: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("layers", "heads", "kv_heads", "head_dim"):
@@ -81,6 +87,9 @@ class ModelSpec:
             raise ConfigError(f"a model of {self.layers} layers needs {self.layers} layer specs, got {len(self.layer_kv)}")
         if self.layer_kv and all(layer.kind == "none" for layer in self.layer_kv):
             raise ConfigError("no layer keeps a cache: there is no KV memory to simulate")
+        if self.layer_intermediate and (len(self.layer_intermediate) != self.layers or not all(
+                isinstance(v, int) and v >= 0 for v in self.layer_intermediate)):
+            raise ConfigError(f"layer_intermediate needs {self.layers} sizes >= 0, got {len(self.layer_intermediate)}")
         if self.layer_kv and self.sliding_window is not None:
             raise ConfigError("give a window per layer (layer_kv) or one for every layer (sliding_window), not both")
         for field in ("experts", "experts_per_token", "expert_intermediate", "shared_intermediate", "dense_layers",
@@ -137,8 +146,9 @@ class ModelSpec:
         (gate, up and down of a gated MLP; gpt-oss fuses gate and up into one ``gate_up_proj``)."""
         return self.mlp_matrices * self.hidden * self.expert_intermediate
 
-    def layer_params(self, index: int) -> int:
-        """Weight-matrix parameters of decoder layer ``index`` (biases and norms left out).
+    def layer_roles(self, index: int) -> dict[str, int]:
+        """Weight-matrix parameters of decoder layer ``index`` by part (simkv.weights.LAYER_ROLES: ``attn_in``,
+        ``attn_out``, ``mlp``, ``experts``, ``shared``, ``router``; biases and norms left out).
 
         Attention, by the layer's kind (``kv_layers[index]``):
 
@@ -168,29 +178,40 @@ class ModelSpec:
         if layer.kind == "none" and layer.reuses is not None:
             layer = self.kv_layers[layer.reuses]
         h = self.hidden
+        out = dict.fromkeys(LAYER_ROLES, 0)
         if layer.kind == "linear" and self.short_conv:  # one tensor-parallel share: each of them split by channels
-            attention = (3 * h * h + h * self.short_conv + h * h) // self.tp
+            out["attn_in"], out["attn_out"] = (3 * h * h + h * self.short_conv) // self.tp, h * h // self.tp
         elif layer.kind == "linear":
             if self.linear_dims is None:
                 raise ConfigError(f"model {self.name}: a linear-attention layer's weights need linear_dims "
                                   "(key heads, value heads, key and value head sizes, conv kernel)")
             kh, vh, dk, dv, kernel = self.linear_dims
-            attention = h * (2 * kh * dk + 2 * vh * dv) + h * 2 * vh + (2 * kh * dk + vh * dv) * kernel + vh * dv * h
+            out["attn_in"] = h * (2 * kh * dk + 2 * vh * dv) + h * 2 * vh + (2 * kh * dk + vh * dv) * kernel
+            out["attn_out"] = vh * dv * h
         elif layer.kind == "none":
-            attention = 0
+            pass
         elif layer.latent is not None:
             rank, rope = layer.latent
             heads = layer.kv_heads
             q = (h * self.q_lora_rank + self.q_lora_rank * heads * layer.k_dim if self.q_lora_rank
                  else h * heads * layer.k_dim)
-            attention = q + h * (rank + rope) + rank * heads * (layer.k_dim - rope + layer.v_dim) + heads * layer.v_dim * h
+            out["attn_in"] = q + h * (rank + rope) + rank * heads * (layer.k_dim - rope + layer.v_dim)
+            out["attn_out"] = heads * layer.v_dim * h
         else:
-            attention = (h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)
-                         + self.heads * layer.v_dim * h)
+            out["attn_in"] = h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)
+            out["attn_out"] = self.heads * layer.v_dim * h
         if index < self.layers - self.moe_layers:
-            return attention + self.mlp_matrices * h * self.intermediate
-        shared = self.mlp_matrices * h * self.shared_intermediate
-        return attention + self.experts * self.expert_params + shared + h * self.experts
+            size = self.layer_intermediate[index] if self.layer_intermediate else self.intermediate
+            out["mlp"] = self.mlp_matrices * h * size
+        else:
+            out["experts"] = self.experts * self.expert_params
+            out["shared"] = self.mlp_matrices * h * self.shared_intermediate
+            out["router"] = h * self.experts
+        return out
+
+    def layer_params(self, index: int) -> int:
+        """Weight-matrix parameters of decoder layer ``index``: the sum of :meth:`layer_roles`."""
+        return sum(self.layer_roles(index).values())
 
     @property
     def weight_params(self) -> int:
@@ -198,9 +219,9 @@ class ModelSpec:
         layer's :meth:`layer_params` (all experts of a MoE) + the embedding table and the LM head
         (one matrix when tied). Biases and norms (under 0.1 %) are left out. 0 when the shape is only
         the attention geometry (a custom model without hidden/intermediate/vocab)."""
-        if not (self.hidden and (self.intermediate or self.experts) and self.vocab):
+        if not (self.hidden and (self.intermediate or self.experts or self.layer_intermediate) and self.vocab):
             return 0
-        if self.layer_kv or self.experts:
+        if self.layer_kv or self.experts or self.layer_intermediate:
             layers = sum(self.layer_params(i) for i in range(self.layers))
         else:  # a uniform dense model: every layer alike
             layers = self.layers * self.layer_params(0)
@@ -228,9 +249,10 @@ class ModelSpec:
         return params - self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params
 
     def describe(self) -> str:
-        if not self.layer_kv:
+        if not self.layer_kv:  # every group named with its heads, sizes and window
             gqa = "MHA" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
-            return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}"
+            window = f", window {self.sliding_window}" if self.sliding_window else ""
+            return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}{window}"
         parts = [f"{len(ids)} x {spec.describe()}" for spec, ids in self.groups]
         return f"{self.name}: {self.layers} layers ({'; '.join(parts)})"
 
@@ -310,17 +332,61 @@ def custom_model(
     return replace(base, name=f"{base.name}*", **changed, **window)
 
 
-#: Bytes per weight for the weight precisions of the cost model and ``--weights-precision``.
-WEIGHT_BYTES: dict[str, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+#: Bytes per weight, scales included, of each weight format (simkv.weights.FORMATS): what ``--weights-precision``
+#: takes, besides ``checkpoint`` (:data:`CHECKPOINT`).
+WEIGHT_BYTES: dict[str, float] = {name: f.bytes_per_weight for name, f in FORMATS.items()}
+#: The precision that means "as the checkpoint stores them": its :class:`~simkv.weights.WeightScheme` where it is
+#: quantized, else its dtype (:func:`checkpoint_weights_precision`).
+CHECKPOINT = "checkpoint"
+WEIGHT_PRECISIONS = (*WEIGHT_BYTES, CHECKPOINT)
+
+
+def params_by_role(model: ModelSpec) -> list[tuple[str, int | None, int]]:
+    """Every weight matrix group of the model as ``(role, layer or None, parameters)``: per layer its
+    :meth:`ModelSpec.layer_roles`, then the embedding table and the LM head (one matrix, the table, when tied)."""
+    if not model.weight_params:
+        return []
+    out = [(role, i, n) for i in range(model.layers) for role, n in model.layer_roles(i).items() if n]
+    out.append(("embed", None, model.vocab * model.hidden))
+    if not model.tied_embeddings:
+        out.append(("lm_head", None, model.vocab * model.hidden))
+    return out
+
+
+def params_by_format(model: ModelSpec, precision: str = "f16", *, active: bool = False) -> dict[str, int]:
+    """How many of the model's parameters are stored in which format (simkv.weights.FORMATS names), at a
+    precision: one format for every weight, or :data:`CHECKPOINT` for the checkpoint's scheme (a quantized
+    checkpoint's quantized parts in its format, the rest in its dtype). ``active``: the parameters one token
+    multiplies by instead (:attr:`ModelSpec.active_params`: the routed experts it is sent to, ``experts_per_token``
+    of ``experts``, and no input-embedding lookup; a tied table counts once, as the LM head). The cost model's
+    question "how many parameters of this step's GEMMs are in which format"; sums to :attr:`ModelSpec.weight_params`
+    (``active``: :attr:`ModelSpec.active_params`)."""
+    scheme = _scheme(model, precision)
+    out: dict[str, int] = {}
+    for role, layer, n in params_by_role(model):
+        if active and role == "embed" and not model.tied_embeddings:
+            continue
+        if active and role == "experts":
+            n = n // model.experts * model.experts_per_token
+        fmt = precision if scheme is None else scheme.format_of("lm_head" if role == "embed" and active else role,
+                                                                layer)
+        out[fmt] = out.get(fmt, 0) + n
+    return out
+
+
+def _scheme(model: ModelSpec, precision: str) -> WeightScheme | None:
+    if precision == CHECKPOINT:
+        return model.weight_scheme or WeightScheme("dtype", "", checkpoint_weights_precision(model), frozenset())
+    weight_format(precision)  # a known format, or one line naming the choices
+    return None
 
 
 def weights_bytes(model: ModelSpec, precision: str = "f16") -> int:
-    """Bytes the model's weights take at a weight precision (0 for a custom shape)."""
-    try:
-        per = WEIGHT_BYTES[precision]
-    except KeyError:
-        raise ConfigError(f"unknown weight precision {precision!r}; choose {', '.join(WEIGHT_BYTES)}") from None
-    return int(model.weight_params * per)
+    """Bytes the model's weights take at a weight precision (:func:`params_by_format`; 0 for a custom shape)."""
+    total = 0.0
+    for fmt, n in sorted(params_by_format(model, precision).items()):
+        total += n * weight_format(fmt).bytes_per_weight
+    return int(total)
 
 
 #: optimum-intel's export compresses the weights of a model with at least 10^9 parameters to int8
@@ -339,10 +405,13 @@ def optimum_intel_weights_precision(model: ModelSpec) -> str:
 
 
 def checkpoint_weights_precision(model: ModelSpec) -> str:
-    """The precision vLLM loads a checkpoint in with ``--dtype auto`` (its default): "FP16 precision for FP32 and
+    """The precision vLLM loads a checkpoint in with ``--dtype auto`` (its default): a quantized checkpoint as it is
+    stored (:data:`CHECKPOINT`: its :class:`~simkv.weights.WeightScheme`); otherwise "FP16 precision for FP32 and
     FP16 models, and BF16 precision for BF16 models" (vllm/config/model.py, ``ModelConfig.dtype`` docstring,
     docs/research/plan-facts.md §4): bf16 where the config's ``torch_dtype`` is bfloat16, else f16 (a preset
     without a dtype: f16; 2 B per parameter either way)."""
+    if model.weight_scheme is not None:
+        return CHECKPOINT
     return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
 
 
@@ -392,6 +461,7 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
         model, heads=heads, kv_heads=kv_heads, hidden=model.hidden or model.heads * model.head_dim,
         layer_kv=tp_layers(model.layer_kv, tp) if model.layer_kv else (),
         intermediate=split(model.intermediate, "MLP intermediate size") if model.intermediate else 0,
+        layer_intermediate=tuple(split(v, "MLP intermediate size") for v in model.layer_intermediate),
         expert_intermediate=split(model.expert_intermediate, "expert intermediate size") if model.experts else 0,
         shared_intermediate=split(model.shared_intermediate, "shared-expert intermediate size"),
         vocab=vocab, linear_dims=linear, tp=tp)

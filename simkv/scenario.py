@@ -18,7 +18,7 @@ from simkv.kvspec import token_bytes
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
 from simkv.hfconfig import resolve_model
-from simkv.models import (INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, ModelSpec,  # noqa: F401 (re-exported)
+from simkv.models import (CHECKPOINT, INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, WEIGHT_PRECISIONS, ModelSpec,  # noqa: F401 (re-exported)
                           optimum_intel_weights_precision, weights_bytes)
 from simkv.precision import Precision, get_precision
 from simkv.units import format_bytes, parse_bytes
@@ -217,8 +217,8 @@ def resolve_weights_memory(model: ModelSpec, weights_memory: str | int | None, w
         if weights_precision is not None:
             raise ConfigError("give the weights memory or the weights precision, not both")
         return 0 if weights_memory in (0, "0") else parse_bytes(weights_memory)
-    if weights_precision is not None and weights_precision not in WEIGHT_BYTES:
-        raise ConfigError(f"unknown weight precision {weights_precision!r}; choose {', '.join(WEIGHT_BYTES)}")
+    if weights_precision is not None and weights_precision not in WEIGHT_PRECISIONS:
+        raise ConfigError(f"unknown weight precision {weights_precision!r}; choose {', '.join(WEIGHT_PRECISIONS)}")
     return weights_bytes(model, weights_precision or default_weights_precision(model, device))
 
 
@@ -251,11 +251,11 @@ def check_weights_fit(model: ModelSpec, weights: int, memory: int, device, *, we
                     break
             except ConfigError:  # the model does not split n ways
                 continue
-    lighter = [p for p in ("int8", "int4") if WEIGHT_BYTES[p] < WEIGHT_BYTES[precision]
-               and weights_bytes(model, p) < memory]
+    lighter = [p for p in ("int8", "int4") if weights_bytes(model, p) < min(weights, memory)]
     if lighter:
         fixes.append(f"--weights-precision {lighter[0]}")
     fixes.append("--weights-memory 0 (the KV cache alone)")
-    raise ConfigError(f"{model.name}'s weights take {format_bytes(weights)} at {precision}, no less than {where}: no "
+    stored = "as the checkpoint stores them" if precision == CHECKPOINT else f"at {precision}"
+    raise ConfigError(f"{model.name}'s weights take {format_bytes(weights)} {stored}, no less than {where}: no "
                       f"room for the KV cache; give {', '.join(fixes[:-1]) + ' or ' if len(fixes) > 1 else ''}"
                       f"{fixes[-1]}")

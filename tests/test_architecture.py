@@ -19,12 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("specs", ("simkv.errors", "simkv.units", "simkv.jsonout", "simkv.version", "simkv.ledger", "simkv.kvspec", "simkv.models",
+    ("specs", ("simkv.errors", "simkv.units", "simkv.jsonout", "simkv.version", "simkv.ledger", "simkv.kvspec", "simkv.weights", "simkv.shipped", "simkv.models",
                "simkv.hfconfig", "simkv.precision", "simkv.workload", "simkv.cost", "simkv.limits")),
     ("policies", ("policies",)),
     ("engines", ("simkv.layout", "simkv.engine", "simkv.reference", "simkv.chains", "simkv.steps",
                  "simkv.memory", "simkv.metrics", "simkv.latency")),
     ("scenario", ("simkv.scenario", "simkv.figures", "simkv.flags")),
+    # serving's rooms, lowest first: workloads and KV pools, the schedulers, the engine and its fast paths, the rest
+    ("serving: workloads and KV", ("simkv.serving.requests", "simkv.serving.kv")),
+    ("serving: schedulers", ("simkv.serving.sched",)),
+    ("serving: engine", ("simkv.serving.engine",)),
     ("serving", ("simkv.serving",)),
     ("lab and validate", ("simkv.lab", "simkv.validate")),
     ("dashboard", ("simkv.dashboard",)),

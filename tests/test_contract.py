@@ -168,7 +168,7 @@ def test_each_flag_alone_in_a_mode_that_does_not_use_it_is_refused(command, tmp_
     (["--synthetic", "--decode", "10"], "--decode", "a single session"),
     (["--synthetic", "--policy", "fixed"], "--policy", "contiguous memory"),
     (["--synthetic", "--beam", "4"], "--beam", "a single session"),
-    (["--trace", "data/traces/azure_llm_2023_code.csv", "--rate", "3"], "--rate", "synthetic requests"),
+    (["--trace", "azure-code", "--rate", "3"], "--rate", "synthetic requests"),
     (["--synthetic", "--memory", "contiguous", "--block-size", "16"], "--block-size", "paged memory"),
     (["--synthetic", "--memory", "contiguous", "--engine", "reference"], "--engine", "paged memory"),
     (["--synthetic", "--router", "least-kv"], "--router", "replicas"),
@@ -383,10 +383,10 @@ def test_the_reproduce_line_rounds_the_pool_and_reproduces_the_run():
     from simkv.cost import get_device
     from simkv.lab import plan
     from simkv.serving import serve
-    from simkv.serving.engine import PagedServing
-    from simkv.serving.kv_groups import paged_kv
+    from simkv.serving.engine.core import PagedServing
+    from simkv.serving.kv.groups import paged_kv
 
-    row = {"workload": json.dumps({"trace": "data/traces/azure_llm_2023_code.csv", "limit": 50}),
+    row = {"workload": json.dumps({"trace": "azure-code", "limit": 50}),
            "model": "llama-3.1-8b", "device": "h100-sxm", "precision": "bf16", "block_size": 16, "pool": "0.9",
            "max_num_batched_tokens": 256, "tp": 1, "replicas": 1, "router": "-", "max_num_seqs": 256,
            "dynamic_split_fuse": True, "prefix_caching": False, "kv_manager": "genai", "memory": "paged",

@@ -383,8 +383,8 @@ def test_serving_a_moe_model_fast_equals_reference():
     # must agree with step_cost, and its planned runs with its step-by-step path.
     from simkv.lab.traces import AZURE_CONV
     from simkv.serving import load_trace
-    from simkv.serving.engine import PagedServing
-    from simkv.serving.scheduler import SchedulerConfig
+    from simkv.serving.engine.core import PagedServing
+    from simkv.serving.sched.config import SchedulerConfig
 
     reqs = load_trace(AZURE_CONV, limit=40)
     out = []

@@ -94,9 +94,8 @@ def test_the_plan_line_builds_the_same_search(over):
     assert words[:2] == ["simkv", "plan"]
     args = build_parser().parse_args(words[1:])
     target, space, prices = target_from_args(args)
-    if "trace" in target.workload:  # the line names the bundled trace from the repository root
+    if "trace" in target.workload:  # the line names a shipped trace (simkv.shipped.TRACES), as the search does
         assert target.workload["trace"] in {p for p, _ in pv.TRACES.values()}
-        target.workload["trace"] = str(pv.ROOT / target.workload["trace"])
     assert target == i.target and space == i.space and prices == i.prices
     assert target.key() == i.target.key()
 
@@ -132,7 +131,7 @@ def test_over_the_work_limit_says_why_and_how_to_run_it():
     assert out["status"] == (
         "Over the dashboard's limits: 104 deployments to search × 500 requests = 52,000 requests to serve: at most "
         "12,000 in the dashboard; fewer requests, devices or max devices. Run it with: simkv plan --trace "
-        "data/traces/azure_llm_2023_conv.csv --limit 500 --model llama-3.1-8b --slo ttft_p99=2s,tpot_p99=50ms "
+        "azure-conv --limit 500 --model llama-3.1-8b --slo ttft_p99=2s,tpot_p99=50ms "
         "--devices h100-sxm,a100-80gb --max-devices 8")
 
 
@@ -147,14 +146,14 @@ def test_an_unexpected_error_is_one_line(monkeypatch):
 
 def test_the_default_form_runs_and_its_line_is_shown():
     line, error = pv.cli_text(form())
-    assert error == "" and line == ("simkv plan --trace data/traces/azure_llm_2023_conv.csv --limit 100 --model "
+    assert error == "" and line == ("simkv plan --trace azure-conv --limit 100 --model "
                                     "llama-3.1-8b --slo ttft_p99=2s,tpot_p99=50ms --devices h100-sxm,a100-80gb "
                                     "--max-devices 4")
     out = pv.plan_callback(1, form())
     assert out["status_class"] == "status" and out["status"].startswith("searched 44 deployments")
     shown = str(out["recommended"])
     assert "Recommended: 1 x h100-sxm" in shown and line in shown
-    assert "simkv run --trace data/traces/azure_llm_2023_conv.csv --limit 100 " in shown
+    assert "simkv run --trace azure-conv --limit 100 " in shown
 
 
 # --- in the browser (the pattern of tests/test_dashboard_browser.py: Debian's Chromium driven by Playwright) ---
@@ -221,7 +220,7 @@ def test_plan_tab_runs_and_shows_the_recommendation(app_page):
     page.goto(page.base + "/?tab=plan")
     expect(page.locator("#tab .tab--selected")).to_have_text("Plan")
     cli = page.locator("#pl-cli")
-    expect(cli).to_contain_text("simkv plan --trace data/traces/azure_llm_2023_conv.csv --limit 100")
+    expect(cli).to_contain_text("simkv plan --trace azure-conv --limit 100")
     _enter(page, "#pl_requests", "30")
     _enter(page, "#pl_max_devices", "2")
     expect(cli).to_contain_text("--limit 30 ")
@@ -230,7 +229,7 @@ def test_plan_tab_runs_and_shows_the_recommendation(app_page):
     expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, tp 1, 1 replica")
     expect(page.locator("#pl-rec-detail")).to_contain_text("ttft_p99")
     expect(page.locator("#pl-rec-plan")).to_have_text(cli.inner_text())
-    expect(page.locator("#pl-rec-run")).to_contain_text("simkv run --trace data/traces/azure_llm_2023_conv.csv --limit 30")
+    expect(page.locator("#pl-rec-run")).to_contain_text("simkv run --trace azure-conv --limit 30")
     expect(page.locator("#pl-status")).to_contain_text("searched 16 deployments of h100-sxm, a100-80gb")
     assert {"h100-sxm", "Pareto front", "recommended"} <= set(_wait_figure(page, "pl-graph", "simkv plan: llama-3.1-8b"))
     assert _wait_figure(page, "pl-memory-graph", "memory over time, 1 replica") == ["replica 0", "replica 0"]

@@ -128,7 +128,7 @@ def test_what_cannot_be_shown_says_why_and_how_to_run_it(over, message):
 
 def test_the_round_limit_stops_a_paged_run(monkeypatch):
     # 300 requests on a 100-block pool preempt all along: 206 scheduler rounds since squeezed runs plan a full
-    # pool's steps (simkv/serving/squeezed.py); a limit of 50 stops it
+    # pool's steps (simkv/serving/engine/squeezed.py); a limit of 50 stops it
     monkeypatch.setitem(sv.MAX_ROUNDS, "paged", 50)
     out = sv.serving_callback(form(sv_requests="300", sv_pool="blocks", sv_pool_size="100", sv_device="h100-sxm",
                                    sv_precision="u8"), "serving")
@@ -143,7 +143,7 @@ def test_nothing_runs_while_another_tab_is_open():
 
 def test_the_command_line_follows_the_form():
     assert sv.command(form()) == [
-        "--trace", "data/traces/azure_llm_2023_conv.csv", "--limit", "100", "--model", "llama-3-8b",
+        "--trace", "azure-conv", "--limit", "100", "--model", "llama-3-8b",
         "--memory", "paged", "--scheduler", "continuous", "--block-size", "32",
         "--max-num-seqs", "256", "--max-num-batched-tokens", "256", "--device", DEFAULT_DEVICE]
     argv = sv.command(form(sv_memory="contiguous", sv_policy="static", sv_scheduler="sequential",

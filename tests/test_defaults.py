@@ -55,7 +55,7 @@ def test_every_command_defaults_to_the_same_device():
     # serving, cost, tune --serving and the dashboard's Serving view
     assert spec_from_args(run_parser().parse_args(["--synthetic"])).device == DEFAULT_DEVICE
     assert top.parse_args(["cost"]).device == DEFAULT_DEVICE
-    target = build_target(trace="data/traces/azure_llm_2023_code.csv", limit=5, model="llama-3-8b", precision=None,
+    target = build_target(trace="azure-code", limit=5, model="llama-3-8b", precision=None,
                           device=None, device_memory=None, weights_memory=None, weights_precision=None,
                           max_context=None, max_preemptions=None)
     assert target.template.device == DEFAULT_DEVICE
@@ -204,7 +204,7 @@ def test_rejected_requests_take_no_replica(tmp_path):
 def test_the_shipped_trace_serves_on_an_h100():
     """The issue's command: request 5442's prompt (14,050 tokens) is over llama-3-8b's 8,192; it is rejected and the
     other 19,365 requests are served."""
-    out = simkv("run", "--trace", "data/traces/azure_llm_2023_conv.csv", "--device", "h100-sxm", "--json")
+    out = simkv("run", "--trace", "azure-conv", "--device", "h100-sxm", "--json")
     data = json.loads(out.stdout)
     assert out.returncode == 0 and data["requests_total"] == 19_366 and data["requests_rejected"] == 1
     assert data["requests_finished"] == 19_365
@@ -217,7 +217,7 @@ def test_the_issue_s_contiguous_run_stays_within_the_room_left_by_the_weights():
     """llama-3-8b on arc-a770 (16 GiB, int8 weights 8,029,995,008 B: 9,149,874,176 B for the KV cache), 300 requests,
     openvino-gpu buffers: the largest in-step bytes fit that room (they passed it by 2.4 MiB when a request's
     fit check ignored a larger spike taken earlier in the step), and no note about a pool or the CPU plugin."""
-    args = ("run", "--trace", "data/traces/azure_llm_2023_conv.csv", "--limit", "300", "--memory", "contiguous",
+    args = ("run", "--trace", "azure-conv", "--limit", "300", "--memory", "contiguous",
             "--policy", "openvino-gpu", "--device", "arc-a770", "--max-context", "0")
     data = json.loads(simkv(*args, "--json").stdout)
     room = 16 * 2**30 - 8_029_995_008

@@ -27,8 +27,10 @@ from simkv.cost import get_device
 from simkv.models import custom_model
 from simkv.precision import get_precision
 from simkv.serving import Request
-from simkv.serving.engine import PagedServing, memory_path
-from simkv.serving.scheduler import IGNORED, UNFINISHED, GpuCheck, SchedulerConfig, gpu_available
+from simkv.serving.engine.core import PagedServing, memory_path
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.genai import GpuCheck, gpu_available
+from simkv.serving.sched.group import IGNORED, UNFINISHED
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = custom_model(layers=2, heads=2, head_dim=8)
@@ -130,7 +132,7 @@ def test_overloaded_cpu_trace_reports_out_of_memory_not_a_peak_above_the_device(
     # The first 6,000 requests of the Azure conversation hour on the default CPU preset (xeon-8480, 512 GiB,
     # llama-3-8b): queues grow, the pool is reserved for every queued prompt and grows past the device. Before,
     # the pool was capped at the device and its copy reported a 976 GiB in-step peak as fitting.
-    out = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--trace", "data/traces/azure_llm_2023_conv.csv",
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--trace", "simkv/data/traces/azure_llm_2023_conv.csv",
                           "--limit", "6000", "--max-context", "0", "--json"], capture_output=True, text=True, cwd=ROOT,
                          timeout=300)
     assert out.returncode == 0, out.stderr
@@ -144,7 +146,7 @@ def test_overloaded_cpu_trace_reports_out_of_memory_not_a_peak_above_the_device(
     assert d["peak_pool_bytes"] + weights <= device
     # the virtual peak (scratch included) may exceed it, and the text report says so
     assert d["peak_allocated_bytes"] + weights > device
-    text = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--trace", "data/traces/azure_llm_2023_conv.csv",
+    text = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--trace", "simkv/data/traces/azure_llm_2023_conv.csv",
                            "--limit", "6000", "--max-context", "0"], capture_output=True, text=True, cwd=ROOT,
                           timeout=300).stdout
     assert "OUT OF MEMORY" in text and "virtual and never touched" in text

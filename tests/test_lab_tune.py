@@ -85,7 +85,7 @@ def test_trace_errors(tmp_path, content, message):
 
 def test_shipped_azure_trace():
     prompts, decodes = traces.read_trace(traces.AZURE_CONV)
-    # data/traces/README.md: 19,366 requests, generated tokens at most 1,000, prompts at most 14,050.
+    # simkv/data/traces/README.md: 19,366 requests, generated tokens at most 1,000, prompts at most 14,050.
     assert len(prompts) == 19_366 and decodes.max() == 1000 and prompts.max() == 14_050
 
 
@@ -210,8 +210,8 @@ def test_cli_tune_json_contract_and_reproduce_command(tmp_path):
     (["--policy", "exact"], "nothing to tune"),
     (["--trace", "/nonexistent.csv"], "cannot read trace"),
     (["--figure", "x.txt"], "--figure x.txt: the file name must end in .html or .png or .svg"),
-    (["--samples", "0", "--trace", "data/traces/azure_llm_2023_conv.csv"], "must be at least 1 (or all)"),
-    (["--samples", "all", "--holdout", "5", "--trace", "data/traces/azure_llm_2023_conv.csv"], "no rows to hold out"),
+    (["--samples", "0", "--trace", "simkv/data/traces/azure_llm_2023_conv.csv"], "must be at least 1 (or all)"),
+    (["--samples", "all", "--holdout", "5", "--trace", "simkv/data/traces/azure_llm_2023_conv.csv"], "no rows to hold out"),
     (["--holdout", "5"], "--holdout applies to session workloads drawn from --trace"),
 ])
 def test_cli_tune_errors_are_one_line(args, message):

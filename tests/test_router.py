@@ -26,7 +26,8 @@ from simkv.precision import get_precision
 from simkv.scenario import resolve_weights_memory
 from simkv.serving import Request, ServingSpec, serve
 from simkv.serving.run import REQUEST_COLUMNS, ReplicasResult
-from simkv.serving.scheduler import FINISHED, SchedulerConfig
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.group import FINISHED
 
 LLAMA = get_model("llama-2-7b")
 U8 = get_precision("u8")
@@ -233,7 +234,7 @@ def tiny_spec(reqs, replicas, router, memory, cfg, engine="fast"):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(routed())
 def test_replicas_conserve_and_equal_their_share_alone(case):
-    from simkv.serving.engine import session_prompts
+    from simkv.serving.engine.core import session_prompts
 
     reqs, n, router, memory, cfg = case
     res = serve(tiny_spec(reqs, n, router, memory, cfg))

@@ -15,7 +15,7 @@ from simkv.lab.traces import AZURE_CONV
 from simkv.models import custom_model, get_model
 from simkv.precision import get_precision
 from simkv.serving import Request, SchedulerConfig, ServingSpec, load_trace, serve, synthetic, write_trace
-from simkv.serving.engine import STEP_COLUMNS
+from simkv.serving.engine.core import STEP_COLUMNS
 from simkv.serving.run import REQUEST_COLUMNS
 
 AZURE = str(AZURE_CONV)

@@ -3,7 +3,7 @@ layer specs (the model values are the published ones, /work/shared/MODELS.md §5
 on OpenVINO GenAI 2026.4.1, experiments/genai_layer_kinds/README.md), and the planned runs equal to the
 step-by-step reference on windowed, chunked, MLA and hybrid models under both KV-cache managers.
 
-Rules (simkv/serving/kv_groups.py, docs/DESIGN.md §4c, §7): GenAI — one block spans every attention layer, MLA
+Rules (simkv/serving/kv/groups.py, docs/DESIGN.md §4c, §7): GenAI — one block spans every attention layer, MLA
 decompressed, windows keep every block, linear-attention states in a pool of their own (one block per live
 sequence; checkpoints every interval with prefix caching); vLLM — a block table per group of layers in one pool of
 unified pages, sliding windows free the blocks before ``computed - W + 1``, chunks those before the current chunk,
@@ -24,9 +24,10 @@ from simkv.lab.traces import AZURE_CONV
 from simkv.models import ModelSpec
 from simkv.precision import get_precision
 from simkv.serving import Request, ServingSpec, load_trace, serve
-from simkv.serving.engine import PagedServing
-from simkv.serving.kv_groups import paged_kv
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
+from simkv.serving.engine.core import PagedServing
+from simkv.serving.kv.groups import paged_kv
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED
 
 F16, BF16 = get_precision("f16"), get_precision("bf16")
 DEVICE = get_device("xeon-8480")
@@ -105,13 +106,13 @@ def test_gemma_3_27b_and_qwen3_next_80b_layouts():
 
 
 def test_short_conv_state_page_keeps_kernel_minus_one_columns():
-    # The tiny LFM2 (data/configs/tiny/lfm2.json: hidden 64, conv_L_cache 3, float32, conv layers 0 and 2).
+    # The tiny LFM2 (simkv/data/configs/tiny/lfm2.json: hidden 64, conv_L_cache 3, float32, conv layers 0 and 2).
     # vLLM: short_conv_state_shape keeps (3 - 1) x 64 elements in the model's dtype: 512 B per layer, 1,024 B for the
     # state group of both layers (1,536 B if all three columns were kept). GenAI's state block keeps all three
     # columns at the KV precision: 2 layers x 64 x 3 x 2 B = 768 B.
     from simkv.hfconfig import get_model
 
-    lfm2 = get_model("data/configs/tiny/lfm2.json")
+    lfm2 = get_model("simkv/data/configs/tiny/lfm2.json")
     spec = {g.kind: g for g in paged_kv(lfm2, BF16, 16, "vllm").groups}["state"]
     assert spec.layers == (0, 2) and spec.real_bytes == 2 * 2 * 64 * 4
     assert paged_kv(lfm2, BF16, 16, "genai").state_bytes == 2 * 64 * 3 * 2
@@ -340,7 +341,7 @@ def test_fast_equals_reference_on_a_trace_slice(model, manager):
 
 
 def test_azure_trace_serves_a_hybrid_model_through_the_library():
-    # `simkv run --trace data/traces/azure_llm_2023_conv.csv --limit 200` for a hand-built hybrid model (the CLI's
+    # `simkv run --trace simkv/data/traces/azure_llm_2023_conv.csv --limit 200` for a hand-built hybrid model (the CLI's
     # --model PATH comes from the config loader): both managers, the reference equal to the planned runs.
     reqs = load_trace(AZURE_CONV, limit=200)
     results = {}

@@ -20,8 +20,9 @@ from simkv.lab.traces import AZURE_CONV
 from simkv.models import custom_model
 from simkv.precision import get_precision
 from simkv.serving import Request
-from simkv.serving.engine import PagedServing
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, SchedulerConfig
+from simkv.serving.engine.core import PagedServing
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED
 
 MODEL = custom_model(layers=2, heads=2, head_dim=8)
 PREC = get_precision("f16")

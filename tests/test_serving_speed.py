@@ -13,8 +13,8 @@ from simkv.cost import get_device
 from simkv.models import custom_model
 from simkv.precision import get_precision
 from simkv.serving import Request
-from simkv.serving.engine import PagedServing
-from simkv.serving.scheduler import SchedulerConfig
+from simkv.serving.engine.core import PagedServing
+from simkv.serving.sched.config import SchedulerConfig
 
 MODEL = custom_model(layers=2, heads=2, head_dim=8)
 PREC = get_precision("f16")
@@ -57,7 +57,7 @@ def planned_steps(eng) -> int:
 def test_overloaded_fixed_pool_queue_without_rows(monkeypatch):
     # 400 requests arrive far faster than they are served: the queue grows to hundreds, most of it untouched,
     # and planned runs carry that tail without a row per request (planned_run._present)
-    from simkv.serving import planned_run
+    from simkv.serving.engine import planned_run
 
     passive = []
     plan = planned_run.plan
@@ -154,7 +154,7 @@ def test_fast_equals_reference_with_prefix_caching(case):
 
 def squeezes(monkeypatch) -> list:
     """Record the squeezed runs an engine carries out: (steps, preemptions)."""
-    from simkv.serving import squeezed
+    from simkv.serving.engine import squeezed
 
     seen = []
     original = squeezed.run
@@ -252,7 +252,8 @@ def test_planned_runs_stop_at_the_step_limit():
 def test_long_runs_keep_their_step_table_in_blocks(monkeypatch):
     # every SOLID_STEPS steps the rows become one block of the step table and their costs are checked: the same
     # table, ledger and requests (a router reads the blocks like planned runs), the table built block by block
-    from simkv.serving import ServingSpec, engine, serve
+    from simkv.serving import ServingSpec, serve
+    from simkv.serving.engine import core as engine
 
     reqs = small_pool_trace(120)
     cfg = dict(block_size=8, num_kv_blocks=40, max_num_batched_tokens=64)

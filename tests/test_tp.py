@@ -17,7 +17,7 @@ from simkv.models import ModelSpec, get_model, tp_shard, weights_bytes
 from simkv.precision import get_precision
 from simkv.scenario import resolve_weights_memory
 from simkv.serving import Request, SchedulerConfig, ServingSpec, serve
-from simkv.serving.engine import PagedServing
+from simkv.serving.engine.core import PagedServing
 
 H100 = get_device("h100-sxm")
 F16 = get_precision("f16")
@@ -151,8 +151,8 @@ def test_serving_tp2_planned_runs_equal_the_reference_and_pay_the_allreduces():
     fast, ref = run(2, "fast", weights), run(2, "reference", weights)
     assert np.array_equal(fast.steps, ref.steps)  # single steps and planned runs: the same times
     # every step that ran a forward pass took its all-reduces: the same run without them is shorter by exactly that
-    from simkv.serving.costing import Work  # noqa: F401 (the timer under test)
-    from simkv.serving.engine import PagedServing as Engine
+    from simkv.serving.engine.costing import Work  # noqa: F401 (the timer under test)
+    from simkv.serving.engine.core import PagedServing as Engine
 
     eng = Engine(_requests(), share, F16, SchedulerConfig(), device=H100, weights_bytes=weights,
                  device_memory=H100.memory_bytes)

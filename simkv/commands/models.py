@@ -1,18 +1,47 @@
-"""``simkv models``: the model presets (built in, and the config.json files of data/configs), each one's layer
-groups with their bytes per token, and the KV precisions."""
+"""``simkv models``: the model presets (built in, and the config.json files of simkv/data/configs), each one's
+layer groups with their bytes per token, and the KV precisions; ``simkv models --model NAME|PATH [--json]``: one
+model's groups, bytes per token under each runtime, fixed state per sequence, weights by format, and the fields
+read from its file."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
+from simkv.flags import Mode
 from simkv.units import format_bytes
+
+#: How each runtime holds a model's cache, for ``--model`` (docs/DESIGN.md §3c, §4c, §7; docs/guide/models.md):
+#: (KV element type: the model's dtype or a fixed one, MLA form, frees what left a window, state element bytes
+#: (conv, recurrent): None = the KV element's).
+RUNTIMES = {
+    "transformers": ("model", "latent", True, (None, 4)),  # DynamicCache; torch delta rule keeps f32 states
+    "vllm": ("model", "latent", True, (None, None)),  # MLAAttentionSpec, SlidingWindowSpec; mamba_cache_dtype auto
+    "openvino": ("f16", "decompressed", False, (None, 4)),  # stateful export: every token of every layer
+    "genai": ("f16", "decompressed", False, (None, 4)),  # paged, no sliding-window freeing
+}
+
+
+#: The modes of ``simkv models`` (simkv.flags: every flag declares the ones that use it).
+MODELS_MODES = (
+    Mode("list", "the list of presets (no --model)", lambda a: not a.model, "what"),
+    Mode("one", "one model (--model)", lambda a: bool(a.model), "what", ("--model", "llama-3-8b")),
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    return sub.add_parser("models", help="list model presets, their layer groups, and precisions")
+    p = sub.add_parser("models", help="list model presets, their layer groups, and precisions; or one model's "
+                       "(--model NAME|PATH)", modes=MODELS_MODES)
+    p.add_argument("--model", metavar="NAME|PATH", modes="one", help="one preset or config.json (or its folder): its "
+                   "groups, bytes per token under each runtime, state per sequence, weights by format, fields read")
+    p.add_argument("--json", action="store_true", modes="one", help="with --model: print JSON")
+    return p
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None):
+        return _one(args.model, args.json)
     from simkv.hfconfig import all_presets
     from simkv.precision import PRECISIONS
 
@@ -43,6 +72,88 @@ def cached_shape(model) -> tuple[str, str]:
         rank, rope = latent.pop()
         return "1 latent", f"{rank}+{rope}"
     return str(model.kv_heads), str(model.head_dim)
+
+
+def describe_model(name: str) -> dict:
+    """Everything ``--model`` shows, as data (the JSON form)."""
+    from simkv.hfconfig import resolve_model
+    from simkv.hfconfig.reader import field_report
+    from simkv.kvspec import state_bytes, token_bytes
+    from simkv.models import CHECKPOINT, params_by_format, weights_bytes
+    from simkv.precision import get_precision
+    from simkv.scenario import DTYPE_PRECISION
+
+    m = resolve_model(name)
+    own = DTYPE_PRECISION.get(m.dtype.lower(), "f16")
+    kv = {rt: get_precision(own if dtype == "model" else dtype) for rt, (dtype, *_) in RUNTIMES.items()}
+
+    def state(spec, rt):
+        conv, rec = RUNTIMES[rt][3]
+        each = kv[rt].bits / 8
+        return sum(state_bytes(spec, conv or each, rec or each))
+
+    groups = []
+    for spec, ids in m.groups:
+        groups.append({
+            "layers": list(ids), "count": len(ids), "kind": spec.kind, "describe": spec.describe(),
+            "kv_heads": spec.kv_heads, "k_dim": spec.k_dim, "v_dim": spec.v_dim, "window": spec.window,
+            "latent": list(spec.latent) if spec.latent else None, "sinks": spec.sinks, "reuses": spec.reuses,
+            "bytes_per_token": {rt: len(ids) * token_bytes([spec], kv[rt], mla=RUNTIMES[rt][1]) for rt in RUNTIMES},
+            "state_bytes_per_sequence": {rt: len(ids) * state(spec, rt) for rt in RUNTIMES},
+        })
+    out = {
+        "model": m.name, "source": m.source, "describe": m.describe(), "layers": m.layers, "heads": m.heads,
+        "hidden": m.hidden, "dtype": m.dtype or None,
+        "kv_precision": {rt: p.name for rt, p in kv.items()},
+        "frees_windows": {rt: r[2] for rt, r in RUNTIMES.items()},
+        "kv_bytes_per_token": {rt: sum(g["bytes_per_token"][rt] for g in groups) for rt in RUNTIMES},
+        "state_bytes_per_sequence": {rt: sum(g["state_bytes_per_sequence"][rt] for g in groups) for rt in RUNTIMES},
+        "groups": groups,
+        "weights": {"scheme": m.weight_scheme.describe() if m.weight_scheme else None,
+                    "params_by_format": params_by_format(m, CHECKPOINT),
+                    "bytes": weights_bytes(m, CHECKPOINT), "params": m.weight_params, "active_params": m.active_params},
+        "fields": field_report(m.source) if m.source else None,
+    }
+    return out
+
+
+def _one(name: str, as_json: bool) -> int:
+    from simkv.errors import SimkvError
+
+    try:
+        d = describe_model(name)
+    except SimkvError as err:
+        print(f"simkv models: error: {err}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(d, indent=1))
+        return 0
+    print(f"{d['describe']}")
+    if d["source"]:
+        print(f"  source      {d['source']}" + (f" (model_type {d['fields']['model_type']}, read by "
+                                               f"{d['fields']['reader']})" if d["fields"] else ""))
+    rts = list(RUNTIMES)
+    print(f"  {'group':<58}" + "".join(f"{rt:>14}" for rt in rts))
+    for g in d["groups"]:
+        label = f"{g['count']} x {g['describe']}"
+        print(f"  {label[:58]:<58}" + "".join(f"{format_bytes(g['bytes_per_token'][rt]):>14}" for rt in rts))
+        if any(g["state_bytes_per_sequence"].values()):
+            print(f"  {'  state per sequence':<58}" + "".join(
+                f"{format_bytes(g['state_bytes_per_sequence'][rt]):>14}" for rt in rts))
+    print(f"  {'KV bytes per token (every token kept)':<58}" + "".join(
+        f"{format_bytes(d['kv_bytes_per_token'][rt]):>14}" for rt in rts))
+    print(f"  {'KV element type':<58}" + "".join(f"{d['kv_precision'][rt]:>14}" for rt in rts))
+    print(f"  {'frees what left a window':<58}" + "".join(
+        f"{'yes' if d['frees_windows'][rt] else 'no':>14}" for rt in rts))
+    w = d["weights"]
+    formats = ", ".join(f"{k} {v:,}" for k, v in sorted(w["params_by_format"].items()))
+    print(f"  weights     {format_bytes(w['bytes'])} as stored ({w['scheme'] or d['dtype'] or 'one precision'}): "
+          f"{formats or 'no weights (a custom shape)'} parameters")
+    if d["fields"]:
+        print(f"  fields read {', '.join(d['fields']['read'])}")
+        if d["fields"]["neutral"]:
+            print(f"  not needed  {', '.join(d['fields']['neutral'])}")
+    return 0
 
 
 def group_line(spec, count: int, precision) -> str:

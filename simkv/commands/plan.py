@@ -16,7 +16,7 @@ DEFAULT_DEVICES = "h100-sxm,a100-80gb,xeon-8480"
 #: The modes of ``simkv plan`` (simkv.flags: every flag declares the ones that use it).
 PLAN_MODES = (
     Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
-         ("--trace", "data/traces/azure_llm_2023_code.csv")),
+         ("--trace", "azure-code")),
     Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",)),
     Mode("paged", "paged memory (--memory paged, the default)", lambda a: a.memory == "paged", "memory",
          ("--synthetic", "--memory", "paged")),

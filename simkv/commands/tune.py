@@ -19,11 +19,11 @@ from simkv.units import format_bytes
 TUNE_MODES = (
     Mode("policy", "tuning a policy over sessions (no --serving)", lambda a: not a.serving, "what"),
     Mode("serving", "tuning serving settings (--serving)", lambda a: a.serving, "what",
-         ("--serving", "--trace", "data/traces/azure_llm_2023_code.csv")),
+         ("--serving", "--trace", "azure-code")),
     Mode("flags", "the one workload of the scenario flags (no --trace)", lambda a: not a.serving and not a.trace,
          "source"),
     Mode("trace", "session workloads drawn from --trace (no --serving)", lambda a: not a.serving and bool(a.trace),
-         "source", ("--trace", "data/traces/azure_llm_2023_code.csv")),
+         "source", ("--trace", "azure-code")),
     Mode("flags-lengths", "the one workload of the scenario flags, by its lengths (no --trace, no --ops)",
          lambda a: not a.serving and not a.trace and not a.ops, "source"),
     Mode("prompt-flag", "sessions whose prompt is --prompt (no --serving, --trace-prompts or --ops)",

@@ -31,7 +31,6 @@ import shlex
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 
 from dash import Input, Output, State, dcc, html
 
@@ -40,11 +39,10 @@ from simkv.errors import SimkvError
 from simkv.dashboard import state as st
 from simkv.dashboard.components import data_table, dropdown, graph, internal_error, text_input
 
-ROOT = Path(__file__).resolve().parents[2]
 #: The bundled traces: form value → (path as the command line names it, from the repository root; label).
 TRACES = {
-    "conv": ("data/traces/azure_llm_2023_conv.csv", "Azure conversation trace"),
-    "code": ("data/traces/azure_llm_2023_code.csv", "Azure code trace"),
+    "conv": ("azure-conv", "Azure conversation trace"),  # shipped traces by name (simkv.shipped.TRACES)
+    "code": ("azure-code", "Azure code trace"),
 }
 SYNTHETIC = "synthetic"
 #: ``simkv plan``'s synthetic defaults (simkv/commands/plan.py): the dashboard asks only requests and rate.
@@ -183,7 +181,7 @@ def inputs(form: dict) -> Inputs:
         argv = ["--synthetic", "--requests", str(n), "--rate", _number_text(got["pl_rate"])]
     else:
         path = TRACES[traffic][0]
-        workload = {"trace": str(ROOT / path), "limit": n}
+        workload = {"trace": path, "limit": n}
         argv = ["--trace", path, "--limit", str(n)]
     argv += ["--model", v["pl_model"], "--slo", slo_text, "--devices", ",".join(devices),
              "--max-devices", str(got["pl_max_devices"])]
@@ -206,13 +204,6 @@ def check_work(i: Inputs) -> int:
                                          f"{work:,} requests to serve: at most {MAX_WORK:,} in the dashboard; "
                                          "fewer requests, devices or max devices"})
     return len(deployments)
-
-
-def _shown(text: str) -> str:
-    """A line of the library's as it should be shown: the bundled traces by their repository path."""
-    for path, _ in TRACES.values():
-        text = text.replace(shlex.quote(str(ROOT / path)), path)
-    return text
 
 
 # -- the view as data -------------------------------------------------------------------------------------
@@ -324,7 +315,7 @@ def recommendation(result, line: str) -> dict:
                 "detail": "", "plan": line, "run": ""}
     got = "; ".join(f"{s.name} {_ms(rec[s.name + '_s'])} (limit {_limit(s.limit_s)})" for s in result.target.slo)
     return {"text": f"Recommended: {plan.describe(rec)}", "detail": f"cost {_cost(result, rec)}; {got}",
-            "plan": line, "run": _shown(plan.command(rec))}
+            "plan": line, "run": plan.command(rec)}
 
 
 def summary(result) -> str:
@@ -375,7 +366,7 @@ def plan_view(form: dict) -> dict:
     columns, rows = table(result)
     view = {"ok": True, "errors": {}, "cli": line, "status": summary(result),
             "recommended": recommendation(result, line), "figure": figure, "memory": memory,
-            "columns": columns, "rows": rows, "notes": [f"not searched: {_shown(s)}" for s in result.skipped]}
+            "columns": columns, "rows": rows, "notes": [f"not searched: {s}" for s in result.skipped]}
     with _CACHE_LOCK:
         _CACHE[line] = view
         while len(_CACHE) > CACHE_ITEMS:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import shlex
 import threading
-from pathlib import Path
 
 import numpy as np
 from dash import ALL, Input, Output, dcc, html
@@ -43,8 +42,7 @@ from simkv.dashboard.components import dropdown, graph, internal_error, render_c
 from simkv.dashboard.compute import ResultCache
 
 #: The shipped trace, as the command line names it (run from the repository root) and where it is.
-TRACE = "data/traces/azure_llm_2023_conv.csv"
-TRACE_PATH = Path(__file__).resolve().parents[2] / TRACE
+TRACE = "azure-conv"  # the shipped trace by name (simkv.shipped.TRACES)
 MAX_REQUESTS = 1000
 MAX_TOKENS = 2_000_000
 MAX_RATE = 1000.0
@@ -231,7 +229,7 @@ def spec_of(argv: list[str]):
     with _PARSER_LOCK:
         if _PARSER is None:
             _PARSER = run_parser()
-        args = _PARSER.parse_args([str(TRACE_PATH) if a == TRACE else a for a in argv])
+        args = _PARSER.parse_args(argv)
     spec = spec_from_args(args)
     if spec.replicas > 1:
         raise SimkvError("the Serving view shows one device: run --replicas with simkv run")
@@ -242,7 +240,7 @@ def check_work(spec) -> None:
     """Refuse, before running, what exceeds the token and (contiguous) ledger-row limits."""
     from simkv.dashboard.compute import estimate_ledger_rows
     from simkv.serving.contiguous import request_scenario
-    from simkv.serving.engine import session_prompts
+    from simkv.serving.engine.core import session_prompts
 
     prompts = session_prompts(spec.requests)
     tokens = sum(prompts) + sum(r.max_new_tokens for r in spec.requests)

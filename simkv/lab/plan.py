@@ -624,8 +624,8 @@ def _cache_gib(row: dict) -> str:
 
     from simkv.precision import get_precision
     from simkv.serving import SchedulerConfig
-    from simkv.serving.engine import PagedServing
-    from simkv.serving.kv_groups import paged_kv
+    from simkv.serving.engine.core import PagedServing
+    from simkv.serving.kv.groups import paged_kv
 
     model, device, weights, exact = _device_share(row)
     kv = paged_kv(model, get_precision(row["precision"]), row["block_size"] or SchedulerConfig.block_size,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simkv.shipped import TRACE_DIR, TRACES, trace_path
 from simkv.errors import ConfigError
 
 PROMPT_COLUMNS = ("ContextTokens", "prompt")
@@ -27,8 +28,8 @@ MAX_SAMPLES = 100_000
 
 
 def read_trace(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt lengths, decode lengths) of every row."""
-    path = Path(path)
+    """(prompt lengths, decode lengths) of every row (a shipped trace by its name too: simkv.shipped.trace_path)."""
+    path = trace_path(path)
     try:
         with path.open(newline="") as fh:
             reader = csv.reader(fh)
@@ -86,8 +87,8 @@ def split(path: str | Path, samples: int, holdout: int, seed: int):
     return (p[first], d[first]), (p[second], d[second])
 
 
-#: The Azure LLM inference trace 2023, conversation service (data/traces/README.md), in a source checkout.
-AZURE_CONV = Path(__file__).resolve().parents[2] / "data" / "traces" / "azure_llm_2023_conv.csv"
+#: The Azure LLM inference trace 2023, conversation service (simkv/data/traces/README.md), shipped in the package.
+AZURE_CONV = TRACE_DIR / TRACES["azure-conv"]
 #: The same hour of the code-completion service (longer prompts, short answers).
 AZURE_CODE = AZURE_CONV.with_name("azure_llm_2023_code.csv")
 

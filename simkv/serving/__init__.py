@@ -7,7 +7,7 @@ returns a :class:`ServingResult` (step table, request table, ledger, metrics).
 
 from simkv.serving.requests import Request, load_trace, synthetic, write_trace
 from simkv.serving.run import ServingResult, ServingSpec, serve, simulate_paged
-from simkv.serving.scheduler import SchedulerConfig
+from simkv.serving.sched.config import SchedulerConfig
 
 __all__ = ["Request", "SchedulerConfig", "ServingResult", "ServingSpec", "load_trace", "serve", "simulate_paged",
            "synthetic", "write_trace"]

@@ -31,7 +31,7 @@ RUN_MODES = (
         "--beam": "a trace's beam column (or samples) gives a request several sequences"}),
     *workload_modes(lambda a: not _serving(a)),
     Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
-         ("--trace", "data/traces/azure_llm_2023_code.csv")),
+         ("--trace", "azure-code")),
     Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",)),
     Mode("paged", "paged memory (--memory paged, serving's default)", lambda a: _serving(a) and a.memory == "paged",
          "memory", ("--synthetic", "--memory", "paged"), hints={
@@ -83,9 +83,10 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     from simkv.serving.run import MEMORIES, ON_OOM, SCHEDULERS
 
     g = p.add_argument_group("serving (a stream of requests on one device; given --trace or --synthetic)")
-    g.add_argument("--trace", metavar="PATH", modes="serving", help="requests from a trace: Azure LLM CSV "
-                   "(TIMESTAMP,ContextTokens,GeneratedTokens) or our CSV/JSONL (id, arrival|arrival_step, prompt, "
-                   "max_new_tokens[, session, prefix_id, prefix_tokens, samples, beam, token_ids])")
+    g.add_argument("--trace", metavar="PATH|NAME", modes="serving", help="requests from a trace (a shipped one by "
+                   "name: azure-conv, azure-code): Azure LLM CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or our "
+                   "CSV/JSONL (id, arrival|arrival_step, prompt, max_new_tokens[, session, prefix_id, prefix_tokens, "
+                   "samples, beam, token_ids])")
     g.add_argument("--synthetic", action="store_true", modes="serving",
                    help="draw requests: --requests, --rate, --prompt-dist, --output-dist")
     g.add_argument("--requests", action="append", metavar="N|PATH.csv", modes=_requests_mode,
@@ -177,7 +178,7 @@ def spec_from_args(args):
     from simkv.scenario import resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
     from simkv.serving.run import ServingSpec, context_of, runtime_defaults
-    from simkv.serving.scheduler import SchedulerConfig
+    from simkv.serving.sched.config import SchedulerConfig
 
     if args.trace and args.synthetic:
         raise ConfigError("give --trace or --synthetic, not both")

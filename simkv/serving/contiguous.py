@@ -47,9 +47,9 @@ import numpy as np
 from simkv.errors import ConfigError, PolicyError
 from simkv.ledger import ALLOC, COPY, FREE, ROW, Ledger
 from simkv.limits import MAX_SERVING_LEDGER_ROWS
-from simkv.serving.costing import Work as StepWork
-from simkv.serving.engine import PROGRESS, STEP_TABLE, session_prompts
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, RUNNING, Group
+from simkv.serving.engine.costing import Work as StepWork
+from simkv.serving.engine.core import PROGRESS, STEP_TABLE, session_prompts
+from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, RUNNING, Group
 
 
 class Seat(Group):
@@ -434,7 +434,7 @@ class ContiguousServing:
 
 
 def request_work(model, precision, policy):
-    """What a request's steps compute (:class:`simkv.serving.costing.Work`, ``StepWork`` here) and, for a model whose layers
+    """What a request's steps compute (:class:`simkv.serving.engine.costing.Work`, ``StepWork`` here) and, for a model whose layers
     differ, its bytes per layer: ((bytes per token, tokens kept or None) per attention layer, state bytes).
 
     A model whose layers are all alike keeps its former rule: the precision's bytes per token and the model's

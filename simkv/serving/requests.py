@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simkv.shipped import trace_path
 from simkv.errors import ConfigError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -128,8 +129,9 @@ def over_context(requests: list[Request], max_context: int | None) -> list[int]:
 
 
 def load_trace(path: str | Path, limit: int | None = None) -> list[Request]:
-    """Requests from an Azure trace CSV, our CSV or our JSONL (by content, not by name)."""
-    p = Path(path)
+    """Requests from an Azure trace CSV, our CSV or our JSONL (by content, not by name); a shipped trace by its name
+    (simkv.shipped.TRACES: ``azure-conv``, ``azure-code``)."""
+    p = trace_path(path)
     if not p.is_file():
         raise ConfigError(f"no such trace file: {p}")
     with p.open(newline="", encoding="utf-8") as fh:

@@ -49,7 +49,7 @@ from bisect import bisect_right
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.serving.scheduler import RUNNING, UNFINISHED
+from simkv.serving.sched.group import RUNNING, UNFINISHED
 
 ROUTERS = ("round-robin", "least-outstanding", "least-kv", "session")
 #: Routers that read the replicas' state (the replicas then advance in lockstep to each arrival).

@@ -14,9 +14,10 @@ from simkv.cost import DEFAULT_DEVICE  # noqa: F401 (re-exported: serving's defa
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
 from simkv.scenario import check_weights_fit
-from simkv.serving.kv_groups import KV_MANAGERS
+from simkv.serving.kv.groups import KV_MANAGERS
 from simkv.serving.requests import Request, check_workload, over_context
-from simkv.serving.scheduler import FINISHED, IGNORED, REJECTED, UNFINISHED, Group, SchedulerConfig
+from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED, Group
 
 SCHEDULERS = ("sequential", "static", "continuous")
 MEMORIES = ("contiguous", "paged")
@@ -48,11 +49,11 @@ def runtime_defaults(device, model) -> dict:
     weights`` (``gpu_memory_utilization``; plan-facts §2.1); OpenVINO GenAI u8 KV on CPU (f16 on a GPU: the plugin's
     inference precision), blocks of 32 on CPU and 16 on GPU, and its dynamic pool (``SchedulerConfig`` defaults,
     DESIGN §4b)."""
-    from simkv.models import checkpoint_weights_precision
-    from simkv.serving.engine import memory_path
+    from simkv.serving.engine.core import memory_path
 
-    if device.runtime == "vllm":
-        return {"precision": checkpoint_weights_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION)}
+    if device.runtime == "vllm":  # the model's dtype, whatever format its weights are stored in
+        dtype = "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
+        return {"precision": dtype, "block_size": 16, "pool": str(VLLM_UTILIZATION)}
     gpu = memory_path(device) == "gpu"
     return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic"}
 
@@ -152,7 +153,7 @@ class ServingResult:
         return {name: np.asarray(col) for name, col in zip(REQUEST_COLUMNS, cols)}
 
     def write_steps(self, path: str | Path) -> Path:
-        from simkv.serving.engine import STEP_COLUMNS
+        from simkv.serving.engine.core import STEP_COLUMNS
 
         return _write_table(path, STEP_COLUMNS, list(zip(*(self.steps[c].tolist() for c in STEP_COLUMNS))))
 
@@ -445,7 +446,7 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress):
     """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
     cfg = spec.paged
     if spec.scheduler == "continuous" and spec.memory == "paged":
-        from simkv.serving.engine import PagedServing
+        from simkv.serving.engine.core import PagedServing
 
         eng = PagedServing(requests, spec.device_model, spec.precision, cfg, device=device,
                            weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
@@ -489,7 +490,7 @@ def _serve_replicas(spec: ServingSpec, device, bar, watch=None) -> ReplicasResul
     (:func:`simkv.serving.router.route`); each replica's result is a :class:`ServingResult` of its share."""
     from dataclasses import replace
 
-    from simkv.serving.engine import prompt_token_ids, session_prompts
+    from simkv.serving.engine.core import prompt_token_ids, session_prompts
     from simkv.serving.router import STATEFUL, route
 
     reqs = spec.requests
@@ -576,7 +577,7 @@ class ReplicasResult:
 
     def write_steps(self, path: str | Path) -> Path:
         """Every replica's step table in one file, replica by replica, with the replica last."""
-        from simkv.serving.engine import STEP_COLUMNS
+        from simkv.serving.engine.core import STEP_COLUMNS
 
         rows = [row + (k,) for k, res in enumerate(self.replicas)
                 for row in zip(*(res.steps[c].tolist() for c in STEP_COLUMNS))]

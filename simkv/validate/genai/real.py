@@ -380,7 +380,7 @@ def _child() -> int:
     from dataclasses import asdict
 
     from simkv.serving.requests import Request
-    from simkv.serving.scheduler import SchedulerConfig
+    from simkv.serving.sched.config import SchedulerConfig
 
     for line in sys.stdin:
         task = json.loads(line)

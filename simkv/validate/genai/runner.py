@@ -48,7 +48,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from simkv.errors import ConfigError, SimkvError
-from simkv.serving.scheduler import SchedulerConfig
+from simkv.serving.sched.config import SchedulerConfig
 
 from .real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
 

@@ -193,7 +193,7 @@ def read_ir_layers(model, ir_path: str | Path | None = None) -> IRLayers:
         elif set(roles) == {"conv", "recurrent"}:
             layer_kv.append(LayerKV("linear", conv_elements=roles["conv"].elements,
                                     recurrent_elements=roles["recurrent"].elements))
-        elif set(roles) == {"conv"}:  # LFM2's short conv: a conv state only (hfconfig._lfm2_conv)
+        elif set(roles) == {"conv"}:  # LFM2's short conv: a conv state only (hfconfig.lfm2.lfm2_conv)
             layer_kv.append(LayerKV("linear", conv_elements=roles["conv"].elements))
         elif not roles:
             layer_kv.append(LayerKV("none"))

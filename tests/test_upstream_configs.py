@@ -1,0 +1,180 @@
+"""Every real upstream config.json simkv ships (simkv/data/configs/upstream, from aiconfigurator 0.12.0's
+model_configs: SOURCES.md there) is read with the bytes per token worked out by hand below, or refused in one line
+naming its model type — never silently wrong. The hand arithmetic is bf16 (2 B), every token kept, MLA as its
+latent: attention layers x 2 (K and V) x KV heads x head size x 2 B; MLA layers x (kv_lora_rank + qk_rope_head_dim)
+x 2 B; Gated DeltaNet layers keep no per-token KV (only the full-attention layers count); MiMo-V2-Flash K 192 and
+V 128 with 4 KV heads on its 9 full layers and 8 on its 39 sliding ones; Gemma-4 its sliding layers' heads x 256
+and its full layers' global heads x 512; Nemotron-NAS 49 attention layers of 64 / 8 KV heads (31 no-op)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simkv import hfconfig
+from simkv.errors import ConfigError
+from simkv.precision import get_precision
+
+UPSTREAM = hfconfig.CONFIG_DIR / "upstream"
+#: file stem → bf16 KV bytes per token by hand, or the model type it is refused for.
+EXPECTED = {
+    "MiniMaxAI--MiniMax-M2.5": 62 * 2 * 8 * 128 * 2,
+    "MiniMaxAI--MiniMax-M2.7": 62 * 2 * 8 * 128 * 2,
+    "MiniMaxAI--MiniMax-M3": "minimax_m3",
+    "Qwen--Qwen3-0.6B": 28 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-1.7B": 28 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-235B-A22B-FP8": 94 * 2 * 4 * 128 * 2,
+    "Qwen--Qwen3-235B-A22B": 94 * 2 * 4 * 128 * 2,
+    "Qwen--Qwen3-30B-A3B-FP8": 48 * 2 * 4 * 128 * 2,
+    "Qwen--Qwen3-30B-A3B": 48 * 2 * 4 * 128 * 2,
+    "Qwen--Qwen3-32B-FP8-Static-PerTensor": 64 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-32B-FP8": 64 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-32B": 64 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-8B": 36 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-Coder-480B-A35B-Instruct": 62 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-VL-235B-A22B-Instruct": 94 * 2 * 4 * 128 * 2,
+    "Qwen--Qwen3-VL-2B-Instruct": 28 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-VL-30B-A3B-Instruct": 48 * 2 * 4 * 128 * 2,
+    "Qwen--Qwen3-VL-32B-Instruct": 64 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-VL-32B-Thinking": 64 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-VL-4B-Instruct": 36 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3-VL-8B-Instruct": 36 * 2 * 8 * 128 * 2,
+    "Qwen--Qwen3.5-122B-A10B": 12 * 2 * 2 * 256 * 2,
+    "Qwen--Qwen3.5-27B": 16 * 2 * 4 * 256 * 2,
+    "Qwen--Qwen3.5-35B-A3B": 10 * 2 * 2 * 256 * 2,
+    "Qwen--Qwen3.5-397B-A17B": 15 * 2 * 2 * 256 * 2,
+    "XiaomiMiMo--MiMo-7B-Base": 36 * 2 * 8 * 128 * 2,
+    "XiaomiMiMo--MiMo-V2-Flash": 9 * 4 * (192 + 128) * 2 + 39 * 8 * (192 + 128) * 2,
+    "deepseek-ai--DeepSeek-R1": 61 * (512 + 64) * 2,
+    "deepseek-ai--DeepSeek-V3.2": "deepseek_v32",
+    "deepseek-ai--DeepSeek-V3": 61 * (512 + 64) * 2,
+    "deepseek-ai--DeepSeek-V4-Flash": "deepseek_v4",
+    "deepseek-ai--DeepSeek-V4-Pro": "deepseek_v4",
+    "google--gemma-4-26B-A4B": 25 * 2 * 8 * 256 * 2 + 5 * 2 * 2 * 512 * 2,
+    "meta-llama--Llama-4-Maverick-17B-128E-Instruct": 48 * 2 * 8 * 128 * 2,
+    "meta-llama--Llama-4-Scout-17B-16E-Instruct": 48 * 2 * 8 * 128 * 2,
+    "meta-llama--Meta-Llama-3.1-405B": 126 * 2 * 8 * 128 * 2,
+    "meta-llama--Meta-Llama-3.1-70B": 80 * 2 * 8 * 128 * 2,
+    "meta-llama--Meta-Llama-3.1-8B": 32 * 2 * 8 * 128 * 2,
+    "mistralai--Mixtral-8x22B-v0.1": 56 * 2 * 8 * 128 * 2,
+    "mistralai--Mixtral-8x7B-v0.1": 32 * 2 * 8 * 128 * 2,
+    "moonshotai--Kimi-K2-Instruct": 61 * (512 + 64) * 2,
+    "moonshotai--Kimi-K2.5": 61 * (512 + 64) * 2,
+    "moonshotai--Kimi-K3": "kimi_linear",
+    "nvidia--DeepSeek-V3.1-NVFP4": 61 * (512 + 64) * 2,
+    "nvidia--DeepSeek-V3.2-NVFP4": "deepseek_v32",
+    "nvidia--DeepSeek-V4-Flash-NVFP4": "deepseek_v4",
+    "nvidia--DeepSeek-V4-Pro-NVFP4": "deepseek_v4",
+    "nvidia--GLM-5-NVFP4": "glm_moe_dsa",
+    "nvidia--GLM-5.1-NVFP4": "glm_moe_dsa",
+    "nvidia--GLM-5.2-NVFP4": "glm_moe_dsa",
+    "nvidia--GLM-5.3-NVFP4": "glm_moe_dsa",
+    "nvidia--Gemma-4-26B-A4B-NVFP4": 25 * 2 * 8 * 256 * 2 + 5 * 2 * 2 * 512 * 2,
+    "nvidia--Gemma-4-31B-IT-NVFP4": 50 * 2 * 16 * 256 * 2 + 10 * 2 * 4 * 512 * 2,
+    "nvidia--Kimi-K2.5-NVFP4": 61 * (512 + 64) * 2,
+    "nvidia--Kimi-K2.6-NVFP4": 61 * (512 + 64) * 2,
+    "nvidia--Kimi-K2.7-Code-NVFP4": 61 * (512 + 64) * 2,
+    "nvidia--Llama-3.1-70B-Instruct-FP8": 80 * 2 * 8 * 128 * 2,
+    "nvidia--Llama-3_3-Nemotron-Super-49B-v1": 49 * 2 * (64 // 8) * 128 * 2,
+    "nvidia--MiniMax-M2.5-NVFP4": 62 * 2 * 8 * 128 * 2,
+    "nvidia--MiniMax-M2.7-NVFP4": 62 * 2 * 8 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-FP8": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4": "nemotron_h",
+    "nvidia--Nemotron-H-56B-Base-8K": "nemotron_h",
+    "nvidia--Qwen3-235B-A22B-NVFP4": 94 * 2 * 4 * 128 * 2,
+    "nvidia--Qwen3.5-122B-A10B-NVFP4": 12 * 2 * 2 * 256 * 2,
+    "nvidia--Qwen3.5-397B-A17B-NVFP4": 15 * 2 * 2 * 256 * 2,
+    "nvidia--Qwen3.6-27B-NVFP4": 16 * 2 * 4 * 256 * 2,
+    "nvidia--Qwen3.6-35B-A3B-NVFP4": 10 * 2 * 2 * 256 * 2,
+    "openai--gpt-oss-120b": 36 * 2 * 8 * 64 * 2,
+    "openai--gpt-oss-20b": 24 * 2 * 8 * 64 * 2,
+    "sgl-project--DeepSeek-V4-Flash-FP8": "deepseek_ref",
+    "sgl-project--DeepSeek-V4-Pro-FP8": "deepseek_ref",
+    "stepfun-ai--Step-3.7-Flash-FP8": 45 * 2 * 8 * 128 * 2,
+    "stepfun-ai--Step-3.7-Flash": 45 * 2 * 8 * 128 * 2,
+    "zai-org--GLM-5-FP8": "glm_moe_dsa",
+    "zai-org--GLM-5.1-FP8": "glm_moe_dsa",
+    "zai-org--GLM-5.1": "glm_moe_dsa",
+    "zai-org--GLM-5.2-FP8": "glm_moe_dsa",
+    "zai-org--GLM-5.2": "glm_moe_dsa",
+    "zai-org--GLM-5.3-FP8": "glm_moe_dsa",
+    "zai-org--GLM-5.3": "glm_moe_dsa",
+    "zai-org--GLM-5": "glm_moe_dsa",
+}
+FILES = sorted(p for p in UPSTREAM.glob("*_config.json") if not p.name.endswith("hf_quant_config.json"))
+
+
+def test_every_shipped_upstream_config_is_listed():
+    assert sorted(p.name[: -len("_config.json")] for p in FILES) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name[: -len("_config.json")])
+def test_upstream_config_exact_or_refused(path):
+    want = EXPECTED[path.name[: -len("_config.json")]]
+    if isinstance(want, str):
+        with pytest.raises(ConfigError) as err:
+            hfconfig.load_config(path)
+        text = str(err.value)
+        assert f"model_type {want}" in text and "\n" not in text
+    else:
+        assert get_precision("bf16").kv_bytes_per_token(hfconfig.load_config(path)) == want
+
+
+def test_share_read():
+    """The share read exactly (the rest refused): reported, and held from falling back."""
+    read = sum(not isinstance(v, str) for v in EXPECTED.values())
+    assert (read, len(EXPECTED)) == (57, 88)
+
+
+def test_models_command_json_names_groups_and_runtimes():
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model",
+                          str(UPSTREAM / "XiaomiMiMo--MiMo-V2-Flash_config.json"), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    full, sliding = d["groups"]
+    # full: 9 layers x 4 heads x (192 + 128) x 2 B = 23,040; sliding: 39 x 8 x 320 x 2 B = 199,680 (window 129:
+    # sliding_window_size 128 + the query, as transformers builds it)
+    assert (full["count"], full["bytes_per_token"]["vllm"]) == (9, 23_040)
+    assert (sliding["count"], sliding["window"], sliding["bytes_per_token"]["transformers"]) == (39, 129, 199_680)
+    assert d["kv_bytes_per_token"]["transformers"] == 222_720 and d["frees_windows"]["openvino"] is False
+    assert d["fields"]["reader"] == "mimo_v2" and "hybrid_layer_pattern" in d["fields"]["read"]
+    assert d["weights"]["scheme"].startswith("fp8: fp8-block")
+
+
+def test_refused_config_is_one_line_exit_2_in_both_commands():
+    path = str(UPSTREAM / "zai-org--GLM-5_config.json")
+    for args in (["models", "--model", path, "--json"], ["run", "--model", path, "--policy", "hf-dynamic", "--json"]):
+        out = subprocess.run([sys.executable, "-m", "simkv.cli", *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
+        assert "model_type glm_moe_dsa" in out.stderr and "indexer" in out.stderr
+
+
+def test_unknown_model_type_with_unread_layout_field_is_refused(tmp_path):
+    # Nemotron-NAS's trap, under a model type no module reads: block_configs would be ignored by a generic reader.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "mystery_nas", "num_hidden_layers": 2, "hidden_size": 64,
+                                "num_attention_heads": 4, "block_configs": [{}, {}]}))
+    with pytest.raises(ConfigError, match="model_type 'mystery_nas' is not a family simkv reads, and its "
+                                          "block_configs may change what a layer caches"):
+        hfconfig.load_config(path)
+    # a known family with a new layout field of its own: refused naming the family's module and the field
+    path.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                "num_attention_heads": 4, "swa_num_key_value_heads": 2}))
+    with pytest.raises(ConfigError, match="model_type llama: swa_num_key_value_heads not read by simkv's llama reader"):
+        hfconfig.load_config(path)
+
+
+def test_docs_family_table_is_current():
+    page = (hfconfig.CONFIG_DIR.parents[2] / "docs" / "guide" / "models.md").read_text()
+    assert hfconfig.family_table() in page, "regenerate: python -c 'from simkv.hfconfig import family_table; " \
+                                            "print(family_table())'"

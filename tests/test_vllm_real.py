@@ -1,0 +1,205 @@
+"""The real vLLM V1 scheduler (0.33.0, side venv built by ``simkv setup vllm``) on hand-made cases whose every step
+was worked out beforehand from vLLM's source (docs/research/vllm-scheduler.md, rules S1–S9, K1–K8).
+
+Each test's docstring is the derivation; the test runs the real scheduler through :mod:`simkv.validate.vllm`
+and compares every step. Skipped, with the reason, where the side venv is not built. The setup command and
+the missing-venv error are tested without it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simkv.errors import ConfigError
+from simkv.hfconfig import resolve_model
+from simkv.serving.requests import Request
+from simkv.validate.genai.runner import prompt_token_ids
+from simkv.validate.vllm.env import SETUP_COMMAND, is_built
+from simkv.validate.vllm.real import SchedulerSettings, job, run_real
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "simkv" / "data" / "configs" / "tiny"
+
+needs_vllm = pytest.mark.skipif(not is_built(), reason=f"the vLLM side venv is not built (`{SETUP_COMMAND}`)")
+pytestmark = pytest.mark.vllm
+
+
+def uniform():
+    return resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
+
+
+def run(model, requests, **settings):
+    ids = prompt_token_ids(requests, 0)
+    return run_real(model, requests, ids, SchedulerSettings(**settings))
+
+
+def column(real, name):
+    return [s[name] for s in real.steps]
+
+
+@needs_vllm
+def test_chunked_prefill_across_two_steps_under_the_budget():
+    """Budget 32 tokens, blocks of 16, 19 usable blocks (block 0 is the null block); request 0 (prompt 40, 3 new)
+    and request 1 (prompt 10, 2 new) both arrive at step 0.
+
+    * step 0: running is empty; the waiting loop takes request 0: ``num_new = 40``, capped by the budget to 32
+      (S3: chunked prefill); ``allocate_slots`` gives ceil(32/16) = 2 blocks from the free queue's head: [1, 2].
+      The budget is 0, so request 1 waits. A partial chunk samples nothing (free 19 − 2 = 17).
+    * step 1: running first (S2): request 0 gets the rest, 8 tokens, and a third block [3]; budget 24 left;
+      request 1 is admitted whole (10 tokens, block [4]). Both reach their prompt's end and sample (free 15).
+    * step 2: one token each; request 1 has its 2 tokens and finishes: block 4 back (free 16).
+    * step 3: request 0's third token; it finishes (free 19).
+    """
+    real = run(uniform(), [Request(0, 40, 3, arrival_step=0), Request(1, 10, 2, arrival_step=0)],
+               num_blocks=20, block_size=16, max_num_batched_tokens=32, max_num_seqs=4)
+    assert column(real, "scheduled") == [{"0": 32}, {"0": 8, "1": 10}, {"0": 1, "1": 1}, {"0": 1}]
+    assert column(real, "blocks")[:2] == [{"0": [[1, 2]]}, {"0": [[1, 2, 3]], "1": [[4]]}]
+    assert column(real, "free") == [17, 15, 16, 19]
+    assert column(real, "finished") == [[], [], ["1"], ["0"]]
+    assert real.free_at_end == 19
+
+
+@needs_vllm
+def test_preemption_and_its_recompute():
+    """4 usable blocks of 16; two requests (prompt 16, 20 new) at step 0; FCFS; budget 64.
+
+    * step 0: both admitted whole (S4: the whole prompt must fit, ``scheduler_reserve_full_isl``): [1] and [2];
+      each samples its first token.
+    * steps 1–16: at step 1 each needs slots for 17 tokens: a second block, [3] and [4] (free 0); then decode
+      to 32 tokens per request.
+    * step 17: request 0 needs a slot for token 33: no free block, so the scheduler preempts the last running
+      request (S6: ``self.running.pop()``), request 1: its blocks go back in reverse order to the queue's front
+      (K3, no prefix caching: LIFO) — [4, 2] — and request 0 takes block 4. Request 1 is back at the waiting
+      queue's head with 0 computed tokens (recompute); no waiting request is admitted in a step that preempted.
+    * steps 18–19: request 0 decodes to its 20th token and finishes at step 19. Request 1 (16 + 17 = 33 tokens)
+      needs 3 blocks to be admitted whole; 1 is free, so it waits.
+    * step 20: request 0's blocks [1, 3, 4] went back as [4, 3, 1] before [2]: request 1 resumes (S8), recomputes
+      its 33 tokens in one chunk into [4, 3, 1] and samples its 18th token; it finishes at step 22.
+    """
+    real = run(uniform(), [Request(0, 16, 20, arrival_step=0), Request(1, 16, 20, arrival_step=0)],
+               num_blocks=5, block_size=16, max_num_batched_tokens=64, max_num_seqs=4)
+    sched = column(real, "scheduled")
+    assert sched[0] == {"0": 16, "1": 16} and sched[1] == {"0": 1, "1": 1}
+    assert column(real, "blocks")[1] == {"0": [[1, 3]], "1": [[2, 4]]}
+    preempted = [s["step"] for s in real.steps if s["preempted"]]
+    assert preempted == [17] and real.steps[17]["preempted"] == ["1"]
+    assert sched[17:20] == [{"0": 1}] * 3
+    assert real.steps[17]["blocks"] == {"0": [[1, 3, 4]]}
+    assert real.steps[19]["finished"] == ["0"]
+    assert sched[20] == {"1": 33} and real.steps[20]["resumed"] == ["1"]
+    assert real.steps[20]["blocks"] == {"1": [[4, 3, 1]]}
+    assert sched[21:] == [{"1": 1}, {"1": 1}] and real.steps[22]["finished"] == ["1"]
+    assert len(real.steps) == 23 and real.free_at_end == 4
+
+
+@needs_vllm
+def test_sliding_group_frees_blocks_to_the_null_block():
+    """gpt-oss's tiny shape: layers 0, 2 sliding (window 4), 1, 3 full, equal pages: group size 2, so one sliding
+    group and one full group (K6), blocks of 16; 11 usable blocks; one request, prompt 40, 3 new, budget 32.
+
+    * step 0: 32 tokens; the sliding group gets [1, 2], then the full group [3, 4] (groups in order; free 7).
+    * step 1: ``allocate_slots`` first drops the blocks the window left (K4): after 32 computed tokens
+      ``32 − 4 + 1 = 29`` tokens are skipped, 29 // 16 = 1 block: block 1 becomes the null block 0 and goes to
+      the queue's front (no prefix caching); the 8 new tokens need a third entry in each table: the sliding group
+      takes block 1 again, the full group block 5 → sliding [0, 2, 1], full [3, 4, 5] (free 6).
+    * step 2: 40 computed: 37 skipped → 2 blocks: block 2 → null (free 7); the table needs 3 entries for 41
+      tokens and has them.
+    * step 3: the third token; the request finishes; all 11 free.
+    """
+    real = run(resolve_model(str(TINY / "gpt_oss.json")), [Request(0, 40, 3, arrival_step=0)],
+               num_blocks=12, block_size=16, max_num_batched_tokens=32, max_num_seqs=4)
+    assert [(g["spec"], g["layers"]) for g in real.groups] == [("SlidingWindowSpec", [0, 2]),
+                                                                ("FullAttentionSpec", [1, 3])]
+    assert column(real, "scheduled") == [{"0": 32}, {"0": 8}, {"0": 1}, {"0": 1}]
+    assert column(real, "blocks") == [{"0": [[1, 2], [3, 4]]}, {"0": [[0, 2, 1], [3, 4, 5]]},
+                                      {"0": [[0, 0, 1], [3, 4, 5]]}, {"0": [[0, 0, 1], [3, 4, 5]]}]
+    assert column(real, "free") == [7, 6, 7, 11]
+
+
+@needs_vllm
+def test_mamba_group_keeps_one_state_page():
+    """Qwen3-Next's tiny shape: 3 linear-attention layers and 1 full layer. The Mamba page (conv state with
+    kernel − 1 columns + recurrent state, fp16) is larger than a 16-token attention page, so the attention block
+    grows to 32 tokens and the Mamba page is padded to it (K7). Group size = 1 (3 ≥ 1.5 × 1): three Mamba groups
+    and one full group. Without prefix caching the Mamba block size is ``max_model_len`` (512) and
+    ``MambaManager`` keeps one block per request (K5). One request, prompt 40, 3 new, budget 32, 11 usable.
+
+    * step 0: 32 tokens: one state block per Mamba group, [1], [2], [3], and ceil(32/32) = 1 full block [4].
+    * step 1: 8 tokens: the Mamba tables need ceil(40/512) = 1 entry, have it; the full group a 2nd block [5].
+    * steps 2–3: decode to 42 tokens: nothing new; the request finishes at step 3.
+    """
+    real = run(resolve_model(str(TINY / "qwen3_next.json")), [Request(0, 40, 3, arrival_step=0)],
+               num_blocks=12, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512)
+    assert [(g["spec"], g["layers"], g["block_size"]) for g in real.groups] == [
+        ("MambaSpec", [0], 512), ("MambaSpec", [1], 512), ("MambaSpec", [2], 512), ("FullAttentionSpec", [3], 32)]
+    assert len({g["page_size_bytes"] for g in real.groups}) == 1  # the Mamba page padded to the attention page
+    assert column(real, "scheduled") == [{"0": 32}, {"0": 8}, {"0": 1}, {"0": 1}]
+    assert column(real, "blocks") == [{"0": [[1], [2], [3], [4]]}] + [{"0": [[1], [2], [3], [4, 5]]}] * 3
+    assert column(real, "free") == [7, 6, 6, 11]
+
+
+@needs_vllm
+def test_prefix_hit_and_the_eviction_order_of_cached_blocks():
+    """Prefix caching on, blocks of 16, 9 usable; requests 0 (arrives at step 0) and 1 (step 2) share their first
+    32 prompt tokens, then differ; prompt 40, 2 new each; budget 64.
+
+    * step 0: request 0 whole: [1, 2, 3]; blocks 1 and 2 are full and get their hashes (K2: cached when full).
+    * step 1: its 2nd token; it finishes. Freed in reverse order (K3): block 3 has no hash → the queue's front;
+      2 and 1 are cached → the tail, in that order. Free 9: [3, 4, …, 9, 2, 1].
+    * step 2: request 1 looks up its block hashes (S5): blocks 1 and 2 hit (32 tokens; at most 39 = prompt − 1
+      could); they leave the free queue (``touch``), and the 8 new tokens take the queue's head, block 3:
+      [1, 2, 3]; free 9 − 3 = 6.
+    * step 3: its 2nd token; it finishes (free 9).
+    """
+    reqs = [Request(0, 40, 2, arrival_step=0, prefix_id="a", prefix_tokens=32),
+            Request(1, 40, 2, arrival_step=2, prefix_id="a", prefix_tokens=32)]
+    real = run(uniform(), reqs, num_blocks=10, block_size=16, max_num_batched_tokens=64, max_num_seqs=4,
+               enable_prefix_caching=True)
+    assert column(real, "scheduled") == [{"0": 40}, {"0": 1}, {"1": 8}, {"1": 1}]
+    assert column(real, "hits") == [{"0": 0}, {}, {"1": 32}, {}]
+    assert column(real, "blocks") == [{"0": [[1, 2, 3]]}, {"0": [[1, 2, 3]]}, {"1": [[1, 2, 3]]}, {"1": [[1, 2, 3]]}]
+    assert column(real, "free") == [6, 9, 6, 9]
+
+
+@needs_vllm
+def test_a_request_that_can_never_be_admitted_stops_with_one_line():
+    """Gemma-3's tiny shape: 5 sliding groups of one layer and a full one; a 40-token prompt needs 3 full blocks
+    + 5 × 3 sliding blocks to be admitted whole (S4) > 15: vLLM would wait forever; the driver stops."""
+    with pytest.raises(ConfigError, match="can never be admitted"):
+        run(resolve_model(str(TINY / "gemma3.json")), [Request(0, 40, 6, arrival_step=0)],
+            num_blocks=16, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512)
+
+
+def test_the_job_maps_simkv_specs_to_vllm_specs():
+    """Per-layer specs (no venv needed): MLA as its latent, sliding with its window, Mamba padded to the page."""
+    ids = [[5] * 10]
+    reqs = [Request(0, 10, 1, arrival_step=0)]
+    ds = job(resolve_model(str(TINY / "deepseek_v3.json")), reqs, ids, SchedulerSettings())
+    assert {layer["kind"] for layer in ds["layers"]} == {"mla"}
+    assert ds["layers"][0]["num_kv_heads"] == 1 and ds["layers"][0]["head_size"] == 32 + 8
+    oss = job(resolve_model(str(TINY / "gpt_oss.json")), reqs, ids, SchedulerSettings())
+    assert [layer["kind"] for layer in oss["layers"]] == ["sliding", "full", "sliding", "full"]
+    assert oss["layers"][0]["window"] == 4
+    qn = job(resolve_model(str(TINY / "qwen3_next.json")), reqs, ids, SchedulerSettings(max_model_len=512))
+    mamba = [layer for layer in qn["layers"] if layer["kind"] == "mamba"]
+    assert qn["block_size"] == 32 and all(m["block_size"] == 512 for m in mamba)
+    assert all(m["page_size_padded"] == 32 * 2 * 2 * 16 * 2 for m in mamba)  # 32 tokens × K+V × 2 heads × 16 × fp16
+    with pytest.raises(ConfigError, match="arrival_step"):
+        job(uniform(), [Request(0, 10, 1)], ids, SchedulerSettings())
+
+
+def test_missing_venv_is_one_line_naming_the_setup_command(tmp_path):
+    """Without the side venv, using it is one line naming ``simkv setup vllm``; ``--where`` says where it goes."""
+    env = {**os.environ, "SIMKV_VLLM_VENV": str(tmp_path / "none"), "PYTHONPATH": str(ROOT)}
+    code = ("from simkv.validate.vllm.env import require\n"
+            "try:\n    require()\nexcept Exception as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip()
+    assert len(out.splitlines()) == 1 and f"run `{SETUP_COMMAND}`" in out and str(tmp_path / "none") in out
+    where = subprocess.run([sys.executable, "-m", "simkv.cli", "setup", "vllm", "--where"], env=env,
+                           capture_output=True, text=True)
+    assert where.returncode == 0 and where.stdout.strip() == f"{tmp_path / 'none'} (not built)"
