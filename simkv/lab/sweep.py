@@ -287,15 +287,6 @@ def write_rows(path: str | Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def check_out_path(path: str | Path) -> Path:
-    path = Path(path)
-    if path.suffix != ".parquet":
-        raise ConfigError(f"--out must end in .parquet, got {str(path)!r}")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--out: no such directory {str(path.parent)!r}")
-    return path
-
-
 @dataclass
 class SweepResult:
     rows: list[dict]  # one row per point, in point order (a repeated point repeats its row)

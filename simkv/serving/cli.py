@@ -45,8 +45,12 @@ RUN_MODES = (
          ("--synthetic", "--memory", "contiguous", "--scheduler", "continuous")),
     Mode("static", "the static scheduler (--scheduler static)", lambda a: _serving(a) and a.scheduler == "static",
          "scheduler", ("--synthetic", "--memory", "contiguous", "--scheduler", "static")),
+    Mode("one-device", "one device (no --replicas above 1)", lambda a: not (_serving(a) and a.replicas > 1),
+         "replicas"),
     Mode("replicas", "replicas (--replicas above 1)", lambda a: _serving(a) and a.replicas > 1, "replicas",
-         ("--synthetic", "--replicas", "2")),
+         ("--synthetic", "--replicas", "2"), hints={"--ledger": "the step and request tables (--steps, --requests "
+                                                    "PATH) have a replica column", "--timeline": "the step and request "
+                                                    "tables (--steps, --requests PATH) have a replica column"}),
     Mode("round-robin", "replicas behind the round-robin router",
          lambda a: _serving(a) and a.replicas > 1 and a.router == "round-robin", "router",
          ("--synthetic", "--replicas", "2", "--router", "round-robin")),
@@ -70,9 +74,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--engine", choices=ENGINES, default="fast", modes=("session", "paged"),
                    help="fast (events only) or reference (every step, every layer)")
     o.add_argument("--json", action="store_true", modes=ANY, help="print the summary as JSON on stdout")
-    o.add_argument("--ledger", metavar="PATH", modes=ANY, output=(".csv", ".parquet"),
+    o.add_argument("--ledger", metavar="PATH", modes="one-device", output=(".csv", ".parquet"),
                    help="write every alloc/copy/free event (.csv or .parquet)")
-    o.add_argument("--timeline", metavar="PATH.html", modes=ANY, output=(".html", ".htm"),
+    o.add_argument("--timeline", metavar="PATH.html", modes="one-device", output=(".html", ".htm"),
                    help="write the memory timeline as a self-contained HTML page")
     add_latency_arguments(p)
     add_serving_arguments(p)
@@ -235,9 +239,6 @@ def run_serving(args) -> int:
     from simkv.serving.run import serve
 
     spec = spec_from_args(args)
-    if spec.replicas > 1 and (args.ledger or args.timeline):
-        raise ConfigError("--ledger and --timeline show one device; with --replicas use --steps and --requests "
-                          "(a replica column)")
     result = serve(spec, progress=not args.json)
     _, table_path = _requests_flags(args.requests)
     if args.ledger:
