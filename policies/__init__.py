@@ -17,13 +17,14 @@ from policies.hf_dynamic import HFDynamic
 from policies.hf_static import HFStatic
 from policies.openvino_cpu import OpenVINOCPU
 from policies.openvino_gpu import OpenVINOGPU
+from policies.openvino_npu import OpenVINONPU
 from policies.stateless import Stateless
 from policies.static import Static
 from simkv.errors import ConfigError
 
 __all__ = ["Policy", "REGISTRY", "get_policy", "parse_policy_opts", "register"]
 
-_BUILTIN = (OpenVINOGPU, OpenVINOCPU, Fixed, Geometric, Exact, Static, Stateless, HFDynamic, HFStatic)
+_BUILTIN = (OpenVINOGPU, OpenVINOCPU, OpenVINONPU, Fixed, Geometric, Exact, Static, Stateless, HFDynamic, HFStatic)
 REGISTRY: dict[str, type[Policy]] = {cls.name: cls for cls in _BUILTIN}
 
 

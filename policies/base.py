@@ -41,6 +41,12 @@ by the engine, steered by the *mechanics* options every policy carries:
     the runtime keeps one model-wide f32 ``[B, H_kv, L0, S]`` block, grown to
     the exact size before each inference that needs more (CPU plugin).
 
+A *trim* (workload ``trim:N``: GenAI's stateful chat cutting the cache back to the part of
+the history that still matches, ``utils::trim_kv_cache``) does what :attr:`Policy.trim_rule`
+says: nothing at all (``keep``), an exact-size rebuild of every K and V state (``rebuild``,
+the CPU plugin's ``set_state``), or nothing until the next append, which then rebuilds with
+no room carried (``reset_room``, the GPU plugin's ``set_state`` resets the padding).
+
 A linear-attention state is a unit of one buffer per state place (conv, recurrent),
 rebuilt like any unit, unless the policy says :attr:`Policy.double_buffered_states`:
 then each state place has two buffers, sized outside the units by their own rule
@@ -132,6 +138,24 @@ class Policy:
     #: ``unit`` (at its layer's unit, among the units' rows) or ``end`` (after the last unit, in descending
     #: layer order). A tensor not named: ``unit``.
     state_writes: ClassVar[dict[str, str]] = {}
+    #: What a trim (``set_state`` with the history cut to its first ``L'`` tokens; workload ``trim:N``)
+    #: does to the buffers. ``keep``: nothing is allocated or freed, the buffers hold fewer tokens
+    #: (transformers' ``DynamicLayer.crop`` keeps a view, NPUW lowers ``num_stored_tokens``, a static
+    #: cache is only written further). ``rebuild``: each K and V state, last layer first and V before
+    #: K, gets its history read back (a copy of ``L0`` tokens in :attr:`trim_io_bytes` per element),
+    #: a copy of the kept ``L'`` tokens that the state then keeps (the previous one freed), new data
+    #: and beam-table buffers of exactly ``L'`` (the old freed; scale buffers kept as they are), then
+    #: the read-back freed (the CPU plugin, policies/openvino_cpu.py). ``reset_room``: nothing now,
+    #: and the next inference rebuilds every unit with no room carried (the GPU plugin,
+    #: policies/openvino_gpu.py). ``refuse``: the runtime cannot crop this cache.
+    trim_rule: ClassVar[str] = "keep"
+    #: With ``trim_rule = "rebuild"``: bytes per element of the tensors a trim reads back and sets
+    #: (``get_state`` / ``set_state``: the model's state variable type).
+    trim_io_bytes: ClassVar[int] = 4
+    #: The NPU pipeline (policies/openvino_npu.py): besides the units (its generate model's past KV) the engines
+    #: book its models' present outputs, the prefill-to-generate copy and the prefix-cache blocks, as the
+    #: policy's ``plan(workload)`` says step by step (:mod:`simkv.engine.npu`).
+    npu_pipeline: ClassVar[bool] = False
 
     free_old: str = option("immediate", "when a replaced buffer is freed: " + " | ".join(FREE_TIMINGS))
     reset: str = option("keep", "what reset_state() does to KV buffers: keep | free")
@@ -209,6 +233,25 @@ class Policy:
 
     def check(self, model: ModelSpec, workload: Workload) -> None:
         """Raise :class:`simkv.errors.PolicyError` if this policy cannot run the workload."""
+
+    def check_trim(self, model: ModelSpec, precision: Precision) -> None:
+        """Raise :class:`simkv.errors.PolicyError` if a workload with a trim cannot run on this model.
+
+        No runtime trims a linear-attention state: GenAI resets a hybrid model's whole state and
+        prefills its history again instead (``CacheState::needs_reset``, openvino.genai ``utils.hpp``),
+        transformers' ``LinearAttentionLayer.crop`` needs ``activate_past_recording``. A sliding window
+        that dropped tokens cannot give them back either (``DynamicSlidingWindowLayer.crop``, same)."""
+        from simkv.errors import PolicyError
+
+        if self.trim_rule == "refuse":
+            raise PolicyError(f"{self.name}: this cache cannot be trimmed")
+        if any(layer.kind == "linear" for layer in model.kv_layers):
+            raise PolicyError(f"{self.name}: a trim of a model with linear-attention states is not modelled "
+                              "(GenAI resets the whole state and prefills the history again: CacheState::needs_reset)")
+        if any(layer.caches_tokens and (self.kept_tokens(layer) is not None or self.ring_tokens(layer) is not None)
+               for layer in model.kv_layers):
+            raise PolicyError(f"{self.name}: a sliding window that dropped tokens cannot be trimmed back "
+                              "(transformers' DynamicSlidingWindowLayer.crop needs activate_past_recording)")
 
     # -- helpers -----------------------------------------------------------
 

@@ -58,6 +58,7 @@ class HFStatic(Policy):
     mla_compute = "latent-expand"
     kv_in_model_dtype = True
     row_orders = {"grow": _PER_LAYER, "gather": _PER_LAYER}
+    trim_rule = "refuse"  # StaticLayer has no crop (CacheLayerMixin.is_croppable is False)
 
     max_cache_len: int = option(4096, "tokens each layer's K and V tensors hold (StaticCache max_cache_len)")
     first_touch: bool = option(False, "resident only once written (off: torch.zeros writes each tensor whole, resident = allocated)")

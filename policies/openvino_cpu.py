@@ -53,6 +53,27 @@ write buffer at this inference's shape. Measured (openvino 2026.4.1 CPU, memray,
 So: both buffers in the first inference (R then, with its layer, W), nothing while decoding, a batch growth
 replaces W in its inference and the other buffer at the start of the next one, and a select, a smaller batch,
 ``reset_state()`` or a prompt that fits allocate nothing.
+
+A trim (``trim:N``; ``trim_rule = "rebuild"``). GenAI's ``utils::trim_kv_cache`` (openvino.genai da1db864,
+``src/cpp/src/utils.cpp``) loops over ``request.query_state()``: ``get_state()``, an ROI of the first ``L'``
+tokens, a new ``ov::Tensor`` of that shape, ``copy_to``, ``set_state``. In the plugin
+(``src/plugins/intel_cpu/src/memory_state.cpp``, ``VariableStateKVcache``): ``get_state`` returns a new
+tensor of the whole history (``L0`` tokens) in the state's external type (dequantised from u8/u4);
+``set_state_impl`` keeps the tensor it is given (``m_state = state``, "to extend the lifetime": the one it
+kept before is freed), allocates a dense internal buffer of exactly ``L'`` tokens (``m_internal_mem``; the
+old one freed by the assignment), re-quantises into it, leaves the scale/zero-point buffer at its capacity
+(``PlainTensor::resize`` reallocates only to grow), and allocates a new beam table ``[B, L']``. Measured with
+memray (openvino 2026.4.1, ``simkv validate --ops prefill:64,decode:40,trim:20,prefill:16,decode:10``;
+docs/DESIGN.md §3), per state ``+read-back(L0) +kept(L') [-kept(previous)] +data(L') -data -beam... -read-back``
+in the order ``query_state`` returns them — last layer first, V before K — and the next inference that
+appends grows from the exact ``L'`` as any overflow does (``2 (L' + L1)``), freeing the old scales at their
+own capacity. The kept f32 copy outlives ``reset_state()`` (``reset_impl`` does nothing) until the next trim.
+``set_state`` on a u4 cache kills the process (SIGSEGV, or glibc's "malloc assertion failure in
+_int_malloc"; measured, openvino 2026.4.1: ``get_state`` works, ``set_state_impl`` quantises only u8 and
+loads anything else as is): a trim of a u4 cache is refused. The order of the states is the plugin's:
+last layer first, V before K, measured for up to 5 attention layers (10 states); with more, ``query_state``
+returns them in the order of the plugin's hash map of state names, which simkv does not reproduce
+(``simkv validate`` then compares a trim's events state by state).
 """
 
 from __future__ import annotations
@@ -64,7 +85,7 @@ import numpy as np
 
 from policies.base import option
 from policies.mechanics import CPUMechanics
-from simkv.errors import ConfigError
+from simkv.errors import ConfigError, PolicyError
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,7 @@ class OpenVINOCPU(CPUMechanics):
     accepted_precisions = ("u8", "u4", "bf16", "f16", "f32")
     double_buffered_states = True
     state_writes = {"conv_state": "end", "recurrent_state": "unit"}
+    trim_rule = "rebuild"  # VariableStateKVcache::set_state_impl (class docstring, "A trim")
 
     growth: float = option(2.0, "capacity multiplier on overflow, a ratio >= 1 (the plugin uses 2)")
 
@@ -87,6 +109,12 @@ class OpenVINOCPU(CPUMechanics):
         super().__post_init__()
         if not self.growth >= 1:
             raise ConfigError(f"growth must be >= 1, got {self.growth}")
+
+    def check_trim(self, model, precision) -> None:
+        super().check_trim(model, precision)
+        if precision.name == "u4":
+            raise PolicyError("openvino-cpu: set_state on a u4 KV cache crashes the plugin (SIGSEGV, openvino "
+                              "2026.4.1: set_state_impl quantises only u8); a trim needs another --precision")
 
     def capacity(self, needed, prim):
         # ceil(growth x needed) in exact rational arithmetic (growth 2: exactly 2 x needed).

@@ -43,6 +43,14 @@ here to run them). docs/DESIGN.md §2 has the whole reading; the mechanics share
   models but removes it when it compresses the weights (``_remove_f16_kv_cache_precision_flag``),
   which it does by default from 10^9 parameters; the plugin's own default on a device without
   systolic arrays is then i8 (``--precision i8``).
+* A trim (``trim:N``, ``trim_rule = "reset_room"``; GenAI's ``utils::trim_kv_cache`` calls ``set_state``
+  with the first ``L'`` tokens): ``VariableState::set_state`` (``plugin/variable_state.cpp``, 08fa3d99)
+  sets the layout's padding to zero and its shape to ``L'``; ``update_device_buffer`` allocates only
+  when the buffer it has is smaller (``actual_size < bytes_count``), so the device buffer is kept and
+  reinterpreted, and the tensor is copied into it (``convert_and_copy``). No device memory moves; with
+  the padding gone, the next append cannot be in place (``L1 <= p`` fails at ``p = 0``) and rebuilds
+  at ``L' + L1 + P_id``. ``get_state`` and GenAI's cut tensor are host tensors (``create_host_tensor``),
+  freed within the trim: not device memory, not modelled.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ class OpenVINOGPU(GPUMechanics):
     name = "openvino-gpu"
     summary = "GPU plugin: cap = L + room left + 128 + id % 64 per primitive (staggered), old freed next inference"
     default_precision = "f16"
+    trim_rule = "reset_room"  # VariableState::set_state resets the padding (docstring, "A trim")
 
     headroom_base: int = option(128, "tokens of headroom every primitive gets")
     stagger: int = option(64, "headroom modulus: primitive id adds id % stagger tokens (1 = no stagger)")

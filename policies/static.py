@@ -1,11 +1,10 @@
-"""Static cache: one allocation of ``MAX_PROMPT_LEN + MIN_RESPONSE_LEN`` tokens.
+"""Static cache: one allocation of ``MAX_PROMPT_LEN + MIN_RESPONSE_LEN`` tokens, a generic what-if.
 
-OpenVINO's NPU static pipeline (``MAX_PROMPT_LEN``, ``MIN_RESPONSE_LEN``;
-chunked prefill in ``NPUW_LLM_PREFILL_CHUNK_SIZE`` = 1,024 tokens, so
-``MAX_PROMPT_LEN`` is rounded up to a multiple of it) and Hugging Face /
-TensorRT ``StaticCache``: the cache never grows and never copies; a prompt
-longer than ``MAX_PROMPT_LEN`` or a history longer than the cache cannot run
-(DESIGN.md §4).
+A fixed cache in the manner of TensorRT's or Hugging Face's ``StaticCache``: it never grows and never
+copies; a prompt longer than ``max_prompt_len`` (rounded up to a multiple of ``prefill_chunk``) or a
+history longer than the cache cannot run (DESIGN.md §4). A trim only lowers the token count. OpenVINO's NPU
+pipeline as NPUW builds it (two fixed-shape models, their outputs, the staged copy, prefix-cache blocks,
+MAX_PROMPT_LEN aligned to 64 before the chunk) is ``openvino-npu`` (policies/openvino_npu.py).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from simkv.workload import Fork
 @dataclass(frozen=True)
 class Static(Policy):
     name = "static"
-    summary = "one allocation of max_prompt_len + min_response_len tokens, never grows"
+    summary = "one allocation of max_prompt_len + min_response_len tokens, never grows (generic; the NPU: openvino-npu)"
 
     max_prompt_len: int = option(1024, "longest prompt (or chat turn) in tokens")
     min_response_len: int = option(128, "tokens reserved for the answer")

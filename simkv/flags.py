@@ -166,7 +166,7 @@ def check_contract(parser: Parser, args: argparse.Namespace) -> None:
 def workload_modes(session: Callable[[argparse.Namespace], bool]) -> tuple[Mode, Mode, Mode]:
     """The modes of a session's workload flags, for a command whose sessions are ``session``: its lengths
     (``--prompt``, ``--decode``, ``--turns``, ``--beam``), or its operations (``--ops``, which replaces them), and its
-    chat turns (``--turn-tokens``, ``--turn-decode``: with ``--turns`` above 0)."""
+    chat turns (``--turn-tokens``, ``--turn-decode``, ``--turn-divergence``: with ``--turns`` above 0)."""
     return (Mode("lengths", "a single session described by its lengths (no --ops)", lambda a: session(a) and not a.ops,
                  "workload"),
             Mode("ops", "a single session given as operations (--ops)", lambda a: session(a) and bool(a.ops), "workload",
@@ -184,7 +184,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser, *, model=ANY, workload=AN
     add_model_arguments(p, modes=model, **{k: v for k, v in modes.items() if k in _MODEL_DESTS})
     w = p.add_argument_group("workload (one stateful session)")
     defaults = {"prompt": lengths, "decode": lengths, "turns": lengths, "beam": lengths, "turn_tokens": chat,
-                "turn_decode": chat, "ops": workload}
+                "turn_decode": chat, "turn_divergence": chat, "ops": workload}
 
     def mode(dest):
         return modes.get(dest, defaults[dest])
@@ -201,9 +201,12 @@ def add_scenario_arguments(p: argparse.ArgumentParser, *, model=ANY, workload=AN
                    help="tokens generated per chat turn (default: --decode)")
     w.add_argument("--beam", type=int, default=1, modes=mode("beam"),
                    help="beam width for every answer: fork, decode, select (default 1)")
+    w.add_argument("--turn-divergence", type=int, default=0, metavar="D", modes=mode("turn_divergence"),
+                   help="per chat turn, the last D stored tokens differ from the re-tokenized history: each turn "
+                   "trims them (trim:D) and prefills them again (default 0)")
     w.add_argument("--ops", modes=mode("ops"),
                    help="explicit operations instead of the above, e.g. prefill:32,decode:100,fork:4,decode:50,"
-                   "reorder,select:0,reset,prefill:16,decode:10")
+                   "reorder,select:0,trim:20,prefill:36,decode:10,reset")
 
 
 _MODEL_DESTS = ("model", "layers", "heads", "kv_heads", "head_dim", "sliding_window", "precision")
@@ -272,6 +275,8 @@ def scenario_fields(args: argparse.Namespace) -> dict:
         "prompt": args.prompt, "decode": args.decode, "turns": args.turns, "turn_tokens": args.turn_tokens,
         "turn_decode": args.turn_decode, "beam": args.beam, "ops": args.ops, "device_memory": args.device_memory,
         "weights_memory": args.weights_memory, "weights_precision": args.weights_precision,
+        # only when asked for: a sweep point's id hashes its keys
+        **({"turn_divergence": args.turn_divergence} if getattr(args, "turn_divergence", 0) else {}),
     }
     if args.sliding_window is not None:
         fields["sliding_window"] = args.sliding_window

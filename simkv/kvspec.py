@@ -55,6 +55,8 @@ class LayerKV:
     convolution state, model dtype) and ``recurrent_elements`` per sequence; either may be 0 (LFM2's
     short-conv layers keep only a conv state: its recurrent place is then an absent slot of 0 bytes).
     ``reuses``: the layer whose KV a ``none`` layer reads (cross-layer sharing), if any.
+    ``indexer = (index_n_heads, index_head_dim)``: an MLA layer's DeepSeek sparse-attention indexer (DeepSeek-V3.2,
+    GLM-5), which keeps one key of ``index_head_dim`` per token beside the latent (:func:`indexer_bytes`).
     """
 
     kind: str = "full"
@@ -67,6 +69,7 @@ class LayerKV:
     conv_elements: int = 0
     recurrent_elements: int = 0
     reuses: int | None = None
+    indexer: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -83,6 +86,8 @@ class LayerKV:
             raise ConfigError(f"a {self.kind} layer has no window (got {self.window!r})")
         if self.latent is not None and (len(self.latent) != 2 or min(self.latent) <= 0):
             raise ConfigError(f"an MLA latent is (kv_lora_rank, qk_rope_head_dim) > 0, got {self.latent!r}")
+        if self.indexer is not None and (self.latent is None or len(self.indexer) != 2 or min(self.indexer) <= 0):
+            raise ConfigError(f"an indexer is (index_n_heads, index_head_dim) > 0 on an MLA layer, got {self.indexer!r}")
         if self.kind == "linear" and (min(self.conv_elements, self.recurrent_elements) < 0
                                       or self.conv_elements + self.recurrent_elements <= 0):
             raise ConfigError("a linear-attention layer needs a state: conv and recurrent elements >= 0, not both 0 "
@@ -117,6 +122,8 @@ class LayerKV:
         else:
             dims = f"{self.k_dim}" if self.k_dim == self.v_dim else f"K {self.k_dim} / V {self.v_dim}"
             text = f"{self.kv_heads} kv heads x {dims}"
+        if self.indexer is not None:
+            text += f" + indexer key {self.indexer[1]}"
         window = {"sliding": f", window {self.window}", "chunked": f", chunk {self.window}"}.get(self.kind, "")
         return f"{self.kind}{window}: {text}" + (", sinks" if self.sinks else "")
 
@@ -134,6 +141,25 @@ def k_v_bytes(layer: LayerKV, precision: Precision, mla: str = "latent") -> tupl
     heads, k_dim, v_dim = layer.cached(mla)
     what = precision.name
     return whole_bytes(heads * k_dim, precision.bits, what), whole_bytes(heads * v_dim, precision.bits, what)
+
+
+#: vLLM's indexer key cache (vllm/model_executor/models/deepseek_v2.py ``Indexer.__init__``: "fp8 naive cache,
+#: where we store value in fp8 and scale in fp32 per quant_block_size element", ``quant_block_size = 128``;
+#: ``DeepseekV32IndexerCache(head_dim=head_dim + head_dim // quant_block_size * 4, dtype=torch.uint8)``, whose
+#: ``get_kv_cache_spec`` is an ``MLAAttentionSpec`` of one head: one such vector per token per layer).
+INDEXER_QUANT_BLOCK = 128
+INDEXER_SCALE_BYTES = 4
+
+
+def indexer_bytes(layer: LayerKV) -> int:
+    """Bytes per token of an MLA layer's sparse-attention indexer key as vLLM caches it, whatever the KV cache's
+    own dtype: ``index_head_dim`` fp8 bytes + one f32 scale per 128 (DeepSeek-V3.2 / GLM-5: 128 + 4 = 132); 0 for
+    a layer without an indexer. simkv's other runtimes do not hold it (:meth:`simkv.precision.Precision.check`
+    refuses such a model there)."""
+    if layer.indexer is None:
+        return 0
+    dim = layer.indexer[1]
+    return dim + dim // INDEXER_QUANT_BLOCK * INDEXER_SCALE_BYTES
 
 
 def cached_heads(layer: LayerKV, mla: str = "latent") -> int:
@@ -164,7 +190,7 @@ def token_bytes(layers: Sequence[LayerKV], precision: Precision, *, meta_per_hea
     for layer in layers:
         if layer.caches_tokens:
             k, v = k_v_bytes(layer, precision, mla)
-            total += k + v + 2 * cached_heads(layer, mla) * meta
+            total += k + v + 2 * cached_heads(layer, mla) * meta + indexer_bytes(layer)
     return total
 
 
@@ -181,7 +207,7 @@ def request_bytes(layers: Sequence[LayerKV], precision: Precision, context: int,
         if layer.caches_tokens:
             k, v = k_v_bytes(layer, precision, mla)
             held = min(context, layer.window) if windows and layer.window else context
-            total += held * (k + v + 2 * cached_heads(layer, mla) * meta)
+            total += held * (k + v + 2 * cached_heads(layer, mla) * meta + indexer_bytes(layer))
         elif layer.kind == "linear":
             total += sum(state_bytes(layer, conv, recurrent_bytes))
     return total

@@ -81,6 +81,12 @@ def session_times(result, device: Device, weights_precision: str | None = None, 
     new = np.maximum(tokens - before, 0.0)
     if scenario.policy.stateless:  # the whole history is recomputed every step
         new, before = np.where(new > 0, tokens, 0.0), np.zeros_like(tokens)
+    calls = None
+    if scenario.policy.npu_pipeline:  # fixed shapes: each call computes its whole padded tensors
+        from simkv.ledger import PHASES
+
+        plan = scenario.policy.plan(scenario.workload)[: len(steps)]
+        calls, new, before = scenario.policy.priced_calls(plan, [PHASES[p] for p in steps["phase"]])
     # an MLA model's attention reads the form the policy caches (the latent, or OpenVINO's decompressed K and V)
     cost = forward_cost(
         model or scenario.model, device, scenario.precision, batch=steps["batch"].astype(np.float64), context=before, new=new,
@@ -88,8 +94,13 @@ def session_times(result, device: Device, weights_precision: str | None = None, 
         mla=scenario.policy.mla_compute,
     )
     idle = (steps["phase"] == PHASE_CODE["reset"]) | (new == 0)
+    # A trim runs no model: it takes the time of its copies (a CPU plugin's read-back, kept copy and rebuild).
+    trim = steps["phase"] == PHASE_CODE["trim"]
     seconds = np.where(idle, 0.0, np.broadcast_to(cost.seconds, tokens.shape))
-    copy_s = np.where(idle, 0.0, np.broadcast_to(cost.copy_s, tokens.shape))
+    if calls is not None:  # the calls' compute, then the step's copies
+        seconds = np.where(idle, 0.0, calls * (np.broadcast_to(cost.seconds, tokens.shape) - cost.copy_s) + cost.copy_s)
+    copy_s = np.where(idle & ~trim, 0.0, np.broadcast_to(cost.copy_s, tokens.shape))
+    seconds = np.where(trim, copy_s, seconds)
     return SessionTimes(device.name, weights_precision, seconds, copy_s, np.broadcast_to(cost.bound, tokens.shape), cost)
 
 

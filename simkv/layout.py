@@ -97,6 +97,30 @@ class Layout:
         """Bytes per token per batch row of each unit (all its buffers)."""
         return self.row_bytes[self.unit_slots].sum(axis=1)
 
+    def trim_states(self, bits: int, io_bytes: int) -> tuple[np.ndarray, ...]:
+        """The K and V states a trim rebuilds (``Policy.trim_rule == "rebuild"``) in the order the CPU
+        plugin's ``query_state()`` returns them — last layer first, V before K (measured, openvino 2026.4.1;
+        policies/openvino_cpu.py): per state its unit, data slot, beam-table slot (-1: none), the tensor code
+        of its copies (``k_copy`` / ``v_copy``) and their bytes per token per beam (the data's elements at
+        ``io_bytes`` each, the data being ``bits`` per element)."""
+        units, data, beam, code, io_row = [], [], [], [], []
+        for unit in range(self.units - 1, -1, -1):
+            slots = self.unit_slots[unit]
+            if self.unit_state[unit]:
+                continue
+            for kv in ("v", "k"):
+                found = [int(s) for s in slots if self.tensor[s] == TENSOR_CODE[kv] and self.row_bytes[s]]
+                if not found:
+                    continue
+                tables = [int(s) for s in slots if self.tensor[s] == TENSOR_CODE[kv + "_beam"] and self.row_bytes[s]]
+                units.append(unit)
+                data.append(found[0])
+                beam.append(tables[0] if tables else -1)
+                code.append(TENSOR_CODE[kv + "_copy"])
+                io_row.append(int(self.row_bytes[found[0]]) * 8 // bits * io_bytes)
+        as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+        return as_array(units), as_array(data), as_array(beam), as_array(code), as_array(io_row)
+
     def row_order(self, template: str | None) -> np.ndarray:
         """Emission order of one unit's rows as indices ``op * slots + slot``.
 

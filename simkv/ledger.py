@@ -6,11 +6,15 @@ millions of rows stays cheap and two ledgers compare with one call.
 Columns:
 
 ``step``            0 = first inference (prefill), then one per operation
-``phase``           prefill | turn | decode | fork | reorder | select | reset
+``phase``           prefill | turn | decode | fork | reorder | select | reset | trim
 ``request``         request id (0 for a single session)
 ``layer``           attention layer (-1 for a model-wide buffer)
 ``tensor``          k | v | k_scale | v_scale | k_beam | v_beam | past_view (the CPU
-                    plugin's model-wide f32 past block, see policies/openvino_cpu.py)
+                    plugin's model-wide f32 past block, see policies/openvino_cpu.py) |
+                    conv_state | recurrent_state (a linear-attention layer's) | k_copy | v_copy
+                    (a copy of a K or V history outside the cache: a trim's read-back and kept
+                    tensor, the NPU pipeline's staging copy) | k_present | v_present (the NPU
+                    models' KV outputs) | k_block | v_block (NPU prefix-cache blocks)
 ``op``              alloc | copy | free
 ``bytes``           bytes allocated, copied or freed
 ``capacity_tokens`` capacity of the buffer the row is about
@@ -28,9 +32,12 @@ import numpy as np
 
 from simkv.errors import ConfigError, SimkvError
 
-PHASES = ("prefill", "turn", "decode", "fork", "reorder", "select", "reset")
+PHASES = ("prefill", "turn", "decode", "fork", "reorder", "select", "reset", "trim")
 #: A linear-attention layer's states take the K and V places of its unit: "conv_state", "recurrent_state".
-TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam", "past_view", "conv_state", "recurrent_state")
+#: Buffers outside the units: "past_view" (CPU plugin), the copies a trim makes ("k_copy", "v_copy"), the
+#: NPU pipeline's output and prefix-cache buffers ("k_present" … "v_block"; policies/openvino_npu.py).
+TENSORS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam", "past_view", "conv_state", "recurrent_state",
+           "k_copy", "v_copy", "k_present", "v_present", "k_block", "v_block")
 OPS = ("alloc", "copy", "free")
 ALLOC, COPY, FREE = range(3)
 PHASE_CODE = {name: i for i, name in enumerate(PHASES)}

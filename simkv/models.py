@@ -159,7 +159,9 @@ class ModelSpec:
           ``q_b_proj`` q_lora_rank x heads x qk_head_dim (or one ``q_proj`` hidden x heads x qk_head_dim when
           ``q_lora_rank`` is 0), ``kv_a_proj_with_mqa`` hidden x (kv_lora_rank + qk_rope_head_dim), ``kv_b_proj``
           kv_lora_rank x heads x (qk_nope_head_dim + v_head_dim), ``o_proj`` heads x v_head_dim x hidden, with
-          qk_head_dim = ``k_dim`` and qk_nope_head_dim = k_dim - qk_rope_head_dim;
+          qk_head_dim = ``k_dim`` and qk_nope_head_dim = k_dim - qk_rope_head_dim; a sparse-attention indexer
+          (``indexer`` = (n, d), vLLM deepseek_v2.py ``Indexer``) adds ``wq_b`` q_lora_rank x n x d, ``wk``
+          hidden x d and ``weights_proj`` hidden x n;
         - linear attention (Qwen3-Next Gated DeltaNet, transformers ``Qwen3NextGatedDeltaNet``, ``linear_dims``
           = (key heads kh, value heads vh, dk, dv, conv kernel K)): ``in_proj_qkvz`` hidden x (2 kh dk + 2 vh dv),
           ``in_proj_ba`` hidden x 2 vh, the depthwise ``conv1d`` (2 kh dk + vh dv) x K, ``out_proj`` vh dv x hidden;
@@ -196,6 +198,9 @@ class ModelSpec:
             q = (h * self.q_lora_rank + self.q_lora_rank * heads * layer.k_dim if self.q_lora_rank
                  else h * heads * layer.k_dim)
             out["attn_in"] = q + h * (rank + rope) + rank * heads * (layer.k_dim - rope + layer.v_dim)
+            if layer.indexer is not None:
+                n, d = layer.indexer
+                out["attn_in"] += self.q_lora_rank * n * d + h * d + h * n
             out["attn_out"] = heads * layer.v_dim * h
         else:
             out["attn_in"] = h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)

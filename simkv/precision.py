@@ -29,7 +29,14 @@ class Precision:
 
     def check(self, model: ModelSpec) -> None:
         """Refuse a model whose K or V rows would not fill whole bytes at this precision (u4 with an odd
-        head size), in any layer and either MLA form."""
+        head size), in any layer and either MLA form; and a model whose MLA layers keep a sparse-attention
+        indexer's keys (DeepSeek-V3.2, GLM-5): only vLLM's layout of that cache is read
+        (:func:`simkv.kvspec.indexer_bytes`, ``simkv models --model``), and the runtimes simkv runs keep it
+        otherwise or not at all (transformers' GLM-5 caches its MLA expanded and the indexer keys outside
+        DynamicCache; OpenVINO has no export of it), so runs and serving refuse it rather than guess."""
+        if any(layer.indexer for layer in model.kv_layers):
+            raise ConfigError(f"model {model.name}: its MLA layers keep a sparse-attention indexer's key cache, read "
+                              "only as vLLM lays it out (see simkv models --model); simkv's runtimes do not hold it yet")
         for layer in set(model.kv_layers):
             for form in MLA_FORMS if layer.latent else MLA_FORMS[:1]:
                 k_v_bytes(layer, self, form)

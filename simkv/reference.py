@@ -62,6 +62,14 @@ class ReferenceEngine:
             if s not in late:
                 self.writes_at_unit[int(self.unit_of[s])].append(s)
         self.writes_at_end = late[::-1]  # descending
+        # A trim (policy.trim_rule): the copy each K and V state keeps (per data slot), and whether the next
+        # inference must rebuild every unit with no room carried ("reset_room").
+        self.copies: dict[int, Buffer] = {}
+        self.trimmed = False
+        # The NPU pipeline (policy.npu_pipeline): its step plan, present outputs and prefix-cache blocks.
+        self.npu_plan = self.policy.plan(scenario.workload) if self.policy.npu_pipeline else []
+        self.presents: list[Buffer] = []
+        self.blocks: dict[int, list[Buffer]] = {}
 
     def run(self) -> None:
         lay, policy, mem = self.layout, self.policy, self.memory
@@ -98,6 +106,14 @@ class ReferenceEngine:
                         if buf is not None:
                             buf.used = 0
                     stored, after_reset = 0, True
+                    self.ledger.append(mem.take_rows())
+                    self._record(step, phase, stored, batch)
+                    continue
+
+                if inf.phase == "trim":
+                    kept = stored + inf.tokens  # a trim's tokens are minus the tokens cut off
+                    self._trim(where, stored, kept)
+                    stored = kept
                     self.ledger.append(mem.take_rows())
                     self._record(step, phase, stored, batch)
                     continue
@@ -145,6 +161,8 @@ class ReferenceEngine:
                                            held[unit], self._order(orders, unit),
                                            immediate=policy.free_old == "immediate", exact=padded[unit])
                 self._run_kernels(where, kernels, lay.units, tokens, inf.batch, stored)
+                if policy.npu_pipeline:
+                    self._npu(where, step)
                 for slot in self.writes_at_end:  # and those written after the last unit
                     self._grow_state(where, slot, 1, inf.batch)
                 batch = inf.batch
@@ -173,7 +191,7 @@ class ReferenceEngine:
                     pair.reverse()  # commit: the buffers swap
                 if self.double:
                     self.last_rows = inf.batch
-                stored, after_reset = stored + inf.tokens, False
+                stored, after_reset, self.trimmed = stored + inf.tokens, False, False
                 mem.resident_peak = max(mem.resident_peak, mem.resident)
                 if policy.free_old == "end_of_step":
                     for buf in later:
@@ -193,6 +211,95 @@ class ReferenceEngine:
                 return
             self.ledger.append(mem.take_rows())
             self._record(step, phase, stored, batch)
+
+    def _trim(self, where, stored: int, kept: int) -> None:
+        """Cut the history from ``stored`` to ``kept`` tokens as the policy's runtime does (Policy.trim_rule)."""
+        policy, lay, mem = self.policy, self.layout, self.memory
+        if policy.trim_rule == "reset_room":
+            self.trimmed = True
+        if policy.trim_rule == "rebuild":
+            for _unit, data, beam, code, io_row in zip(*lay.trim_states(self.scenario.precision.bits,
+                                                                         policy.trim_io_bytes)):
+                layer, old = int(lay.layer[data]), self.current[data]
+                # get_state: the whole history read back; the cut copy handed to set_state, which keeps it
+                got = mem.alloc(*where, layer=layer, tensor=int(code), capacity=stored, batch=1, row_bytes=int(io_row),
+                                holds=stored)
+                mem.copy(*where, old, got, stored)
+                cut = mem.alloc(*where, layer=layer, tensor=int(code), capacity=kept, batch=1, row_bytes=int(io_row),
+                                holds=kept)
+                mem.copy(*where, got, cut, kept)
+                if data in self.copies:
+                    mem.free(*where, self.copies.pop(data))
+                self.copies[data] = cut
+                # set_state: new data of exactly the kept tokens, then the old freed; a new beam table likewise
+                new = mem.alloc(*where, layer=layer, tensor=int(lay.tensor[data]), capacity=kept, batch=1,
+                                row_bytes=int(lay.row_bytes[data]), holds=kept)
+                mem.copy(*where, cut, new, kept)
+                mem.free(*where, old)
+                self.current[data] = new
+                if beam >= 0:
+                    table = mem.alloc(*where, layer=layer, tensor=int(lay.tensor[beam]), capacity=kept, batch=1,
+                                      row_bytes=int(lay.row_bytes[beam]), holds=kept)
+                    mem.write(table, kept)
+                    table.used = kept
+                    mem.free(*where, self.current[beam])
+                    self.current[beam] = table
+                mem.free(*where, got)
+        for buf in self.current:
+            if buf is not None:
+                buf.used = min(buf.used, kept)
+
+    def _npu(self, where, step: int) -> None:
+        """The NPU pipeline's step (policies/openvino_npu.py, ``plan``), one buffer at a time: the present outputs
+        at the first inference, a prefill's restored and stored prefix-cache blocks, the first generate step's
+        copy of the prefill's KV into the cache (through a staging tensor per K and V for earlier chunks)."""
+        policy, lay, mem, plan = self.policy, self.layout, self.memory, self.npu_plan[step]
+        kv = [s for s in range(len(lay.layer)) if TENSORS[lay.tensor[s]] in ("k", "v") and lay.row_bytes[s]]
+
+        def new(slot: int, kind: str, tokens: int, holds: int) -> Buffer:
+            return mem.alloc(*where, layer=int(lay.layer[slot]), tensor=TENSOR_CODE[TENSORS[lay.tensor[slot]] + kind],
+                             capacity=tokens, batch=1, row_bytes=int(lay.row_bytes[slot]), holds=holds)
+
+        def copy(src: Buffer, dst: Buffer, tokens: int) -> None:
+            used = dst.used
+            mem.copy(*where, src, dst, tokens)
+            if TENSORS[dst.tensor] in ("k", "v"):
+                dst.used = used  # a copy into the cache does not change what it holds
+
+        if not self.presents:
+            for tokens in policy.presents():  # the generate model's, then the prefill model's
+                self.presents += [new(s, "_present", tokens, 0) for s in kv]
+        prefill_present = {s: self.presents[len(kv) + i] for i, s in enumerate(kv)}
+        block = policy.block
+        for key in plan.restored:
+            for s in kv:
+                copy(self.blocks[key][kv.index(s)], self.current[s], block)
+        made = None
+        for action, key in plan.stores:
+            if action == "new":
+                if made is not None:
+                    self.blocks[made[0]] = made[1]
+                buffers = []
+                for s in kv:
+                    buffers.append(new(s, "_block", block, block))
+                    copy(prefill_present[s], buffers[-1], block)
+                made = (key, buffers)
+            else:
+                for buf in self.blocks.pop(key) if action == "evict" else made[1]:
+                    mem.free(*where, buf)
+                made = None if action == "drop" else made
+        if made is not None:
+            self.blocks[made[0]] = made[1]
+        if plan.copied:
+            rest = plan.copied - plan.staged
+            for s in kv:
+                if plan.staged:
+                    past = policy.prompt_size - policy.chunk
+                    staging = new(s, "_copy", past, past)
+                    copy(self.current[s], staging, past)
+                    copy(staging, self.current[s], plan.staged)
+                    mem.free(*where, staging)
+                copy(prefill_present[s], self.current[s], rest)
 
     def _run_kernels(self, where, start: int, stop: int, needed: int, batch: int, stored: int) -> int:
         """Run the kernels of units ``start`` … ``stop - 1`` (their beam tables); returns ``stop``."""
@@ -295,7 +402,7 @@ class ReferenceEngine:
 
     def _fits(self, unit: int, needed: int, new_batch: int, batch: int, padded: int) -> bool:
         buf = self.current[int(self.layout.unit_slots[unit][0])]
-        if buf is None or new_batch != batch or new_batch * needed > buf.rows:
+        if buf is None or new_batch != batch or new_batch * needed > buf.rows or self.trimmed:
             return False
         if self.state[unit]:  # updated in place: never rebuilt while it fits
             return True
@@ -319,7 +426,7 @@ class ReferenceEngine:
         """Unused tokens of a unit's buffer, carried into its next one (policy.carry_padding);
         none before the first inference or after a reset (the runtime resets the padding), nor in a state."""
         buf = self.current[int(self.layout.unit_slots[unit][0])]
-        if not self.policy.carry_padding or not held or buf is None or self.state[unit]:
+        if not self.policy.carry_padding or not held or buf is None or self.state[unit] or self.trimmed:
             return 0
         return buf.capacity - held
 
@@ -351,6 +458,7 @@ class ReferenceEngine:
             raise AssertionError("allocator lost track of memory")
         current = [b for b in self.current if b is not None] + ([self.view] if self.view else [])
         current += [b for pair in self.tables for b in pair if b is not None] + self._state_buffers()
+        current += list(self.copies.values()) + self.presents + [b for bufs in self.blocks.values() for b in bufs]
         if steady is None:
             steady = sum(b.bytes for b in current)
         if used is None:

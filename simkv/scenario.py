@@ -22,7 +22,7 @@ from simkv.models import (CHECKPOINT, INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, WE
                           optimum_intel_weights_precision, weights_bytes)
 from simkv.precision import Precision, get_precision
 from simkv.units import format_bytes, parse_bytes
-from simkv.workload import Workload, chat_session, parse_ops
+from simkv.workload import Trim, Workload, chat_session, parse_ops
 
 if TYPE_CHECKING:  # policies imports simkv, so simkv imports policies only when used
     from policies import Policy
@@ -54,6 +54,8 @@ class Scenario:
             raise ConfigError(f"weights memory must be a non-negative number of bytes, got {self.weights_memory!r}")
         self.precision.check(self.model)  # rejects u4 with an odd head size
         self.policy.check(self.model, self.workload)
+        if any(isinstance(op, Trim) for op in self.workload.ops):
+            self.policy.check_trim(self.model, self.precision)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -142,6 +144,7 @@ def build_scenario(
     turn_tokens: int = 64,
     turn_decode: int | None = None,
     beam: int = 1,
+    turn_divergence: int = 0,
     ops: str | None = None,
     device_memory: str | int | None = None,
     weights_memory: str | int | None = None,
@@ -153,7 +156,8 @@ def build_scenario(
     ``model``: a preset name or a ``config.json`` path (simkv.hfconfig); ``None`` with all four dimensions
     gives a custom shape; a preset with some dimensions overrides those (a uniform model's only); ``sliding_window`` N sets a window (0 removes a preset's,
     None keeps it; only policies that model windows use it). ``ops`` (e.g. ``"prefill:32,decode:100,reset"``)
-    replaces the prompt/decode/turns/beam description of the workload.
+    replaces the prompt/decode/turns/beam description of the workload; ``turn_divergence`` D makes each further
+    turn first trim the D tokens the re-tokenized history differs in (:func:`simkv.workload.chat_session`).
 
     ``device`` (a preset, ``host`` or a preset file; default :data:`simkv.cost.DEFAULT_DEVICE`) is the device the
     session runs on: its memory unless ``device_memory`` (bytes or a size such as ``"16GiB"``) is given, and the
@@ -175,7 +179,8 @@ def build_scenario(
         workload = parse_ops(ops)
     else:
         workload = chat_session(
-            prompt, decode, turns=turns, turn_tokens=turn_tokens, turn_decode=turn_decode, beam=beam
+            prompt, decode, turns=turns, turn_tokens=turn_tokens, turn_decode=turn_decode, beam=beam,
+            turn_divergence=turn_divergence,
         )
     dev = get_device(device or DEFAULT_DEVICE)
     memory = dev.memory_bytes if device_memory is None else parse_bytes(device_memory)

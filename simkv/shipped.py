@@ -1,5 +1,5 @@
 """The data shipped inside the package (``simkv/data/``): the model presets' ``config.json`` files, real upstream
-configs with their sources, and the request traces — found through ``importlib.resources``, so a wheel installed
+configs with their sources, the request traces and device files — found through ``importlib.resources``, so a wheel installed
 anywhere reads them as a source checkout does."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from pathlib import Path
 DATA = Path(str(files("simkv") / "data"))
 CONFIG_DIR = DATA / "configs"
 TRACE_DIR = DATA / "traces"
+#: Device files (``--device PATH``) of devices simkv has no preset for: an NPU, priced with assumed efficiencies.
+DEVICE_DIR = DATA / "devices"
 #: Shipped traces by the short name ``--trace`` takes (a file name in TRACE_DIR, with or without ``.csv``, too).
 TRACES = {"azure-conv": "azure_llm_2023_conv.csv", "azure-code": "azure_llm_2023_code.csv"}
 

@@ -10,10 +10,14 @@ operation is one *step* of the simulation (step 0 is the first prefill):
   ``w`` beams, all copies of beam 0 (``beam_idx = [0] * w``);
 * ``Reorder()`` — one decode inference that permutes beams at the same width;
 * ``Select(i)`` — one decode inference that keeps beam ``i`` only (width 1);
-* ``Reset()`` — ``reset_state()``: the stored history is dropped.
+* ``Reset()`` — ``reset_state()``: the stored history is dropped;
+* ``Trim(n)`` — the last ``n`` stored tokens are cut off (no inference): what GenAI's
+  stateful chat does when the re-tokenized history differs from what the cache holds
+  (``align_cache_and_history`` then ``utils::trim_kv_cache``: ``set_state`` with a shorter
+  tensor); each runtime's own effect on memory is its policy's (``Policy.trim_rule``).
 
 Workloads also have a compact text form for the command line, e.g.
-``prefill:1024,decode:256,fork:4,decode:100,select:0,prefill:64,decode:32,reset``.
+``prefill:1024,decode:256,fork:4,decode:100,select:0,prefill:64,decode:32,trim:20,prefill:36,reset``.
 """
 
 from __future__ import annotations
@@ -54,15 +58,20 @@ class Reset:
     pass
 
 
-Op = Union[Prefill, Decode, Fork, Reorder, Select, Reset]
+@dataclass(frozen=True, slots=True)
+class Trim:
+    tokens: int
+
+
+Op = Union[Prefill, Decode, Fork, Reorder, Select, Reset, Trim]
 
 
 @dataclass(frozen=True, slots=True)
 class Inference:
     """One step as the engines see it: tokens appended and the batch before and after."""
 
-    phase: str  # prefill | turn | decode | fork | reorder | select | reset
-    tokens: int  # appended per beam (0 for reset)
+    phase: str  # prefill | turn | decode | fork | reorder | select | reset | trim
+    tokens: int  # appended per beam (0 for reset; a trim removes: minus the tokens cut off)
     batch_in: int  # beams stored before this step
     batch: int  # beams after this step's beam_idx gather
 
@@ -91,25 +100,31 @@ class Workload:
             match op:
                 case Prefill(tokens=n):
                     _positive(n, "prefill tokens")
-                    stored += n
                 case Decode(steps=n):
                     _positive(n, "decode steps")
                 case Fork(width=w):
                     if _positive(w, "fork width") < 2:
                         raise ConfigError("fork width must be at least 2 beams")
-                    batch = w
                 case Select(beam=i):
                     if not 0 <= i < batch:
                         raise ConfigError(f"select: beam {i} does not exist (width {batch})")
-                    batch = 1
-                case Reset():
-                    batch, stored = 1, 0
-                case Reorder():
+                case Reset() | Reorder():
                     pass
+                case Trim(tokens=n):
+                    if stored and _positive(n, "trim tokens") >= stored:
+                        raise ConfigError(f"trim:{n} must keep at least one of the {stored} tokens stored "
+                                          "(a new history is a reset)")
+                    if batch > 1:
+                        raise ConfigError(f"trim:{n} needs one sequence; select a beam first (width {batch})")
                 case _:
                     raise ConfigError(f"not a workload operation: {op!r}")
             if not isinstance(op, (Prefill, Reset)) and stored == 0:
                 raise ConfigError(f"{describe_op(op)} needs a prompt first (prefill)")
+            if isinstance(op, Decode):
+                stored += op.steps
+            else:
+                inf = inference_of(op, batch, stored)
+                batch, stored = inf.batch, 0 if inf.phase == "reset" else stored + inf.tokens
 
     def inferences(self) -> Iterator[Inference]:
         """Expand the operations into steps (a ``Decode(n)`` is n steps)."""
@@ -160,6 +175,8 @@ def inference_of(op: Op, batch: int, stored: int) -> Inference:
             return Inference("select", 1, batch, 1)
         case Reset():
             return Inference("reset", 0, batch, 1)
+        case Trim(tokens=n):
+            return Inference("trim", -n, batch, batch)
     raise ConfigError(f"not a single-step operation: {op!r}")
 
 
@@ -177,12 +194,15 @@ def describe_op(op: Op) -> str:
             return "reorder"
         case Reset():
             return "reset"
+        case Trim(tokens=n):
+            return f"trim:{n}"
     raise ConfigError(f"not a workload operation: {op!r}")
 
 
 _PARSERS = {
     "prefill": (Prefill, True), "turn": (Prefill, True), "decode": (Decode, True),
     "fork": (Fork, True), "select": (Select, False), "reorder": (Reorder, None), "reset": (Reset, None),
+    "trim": (Trim, True),
 }
 
 
@@ -220,17 +240,24 @@ def chat_session(
     turn_tokens: int = 64,
     turn_decode: int | None = None,
     beam: int = 1,
+    turn_divergence: int = 0,
 ) -> Workload:
     """The common shape: a prompt, ``decode`` generated tokens, then ``turns`` more chat turns.
 
     With ``beam > 1`` every answer is generated with that many beams (fork on
-    the first generated token, select beam 0 on the last).
+    the first generated token, select beam 0 on the last). With ``turn_divergence`` D,
+    the history GenAI re-tokenizes each turn differs from what the cache holds in its last
+    D tokens (an answer's tail, a template's end-of-turn marks): each turn first cuts them off
+    (``trim:D``) and prefills them again with its own tokens (``prefill:turn_tokens + D``),
+    as ``align_cache_and_history`` + ``trim_kv_cache`` do (openvino.genai ``lm_encoding.cpp``,
+    ``utils.cpp``).
     """
     _positive(prompt, "prompt")
     _not_negative(decode, "decode")  # 0: a prompt-only run
     _positive(beam, "beam width")
     if turns < 0:
         raise ConfigError(f"turns must be >= 0, got {turns}")
+    _not_negative(turn_divergence, "turn divergence")
     turn_decode = decode if turn_decode is None else turn_decode
 
     def answer(n: int) -> list[Op]:
@@ -244,5 +271,7 @@ def chat_session(
 
     ops: list[Op] = [Prefill(prompt), *answer(decode)]
     for _ in range(turns):
-        ops += [Prefill(_positive(turn_tokens, "turn tokens")), *answer(_not_negative(turn_decode, "turn decode"))]
+        _positive(turn_tokens, "turn tokens")
+        retokenized = [Trim(turn_divergence)] if turn_divergence else []
+        ops += [*retokenized, Prefill(turn_tokens + turn_divergence), *answer(_not_negative(turn_decode, "turn decode"))]
     return Workload(tuple(ops))

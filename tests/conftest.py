@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from simkv import build_scenario, simulate
 from simkv.ledger import OPS, TENSORS
@@ -58,3 +59,46 @@ def assert_same_run(a, b):
         first = int(np.flatnonzero(a.steps != b.steps)[0])
         pytest.fail(f"step tables differ first at step {first}: {a.steps[first]} vs {b.steps[first]}")
     assert (a.oom is None) == (b.oom is None)
+
+
+#: What :func:`workloads` draws from: decode runs, chat turns, resets, beam search, reorders, trims.
+OP_KINDS = ("decode", "decode", "turn", "reset", "beam", "reorder", "trim")
+
+
+@st.composite
+def workloads(draw, kinds=OP_KINDS, prompt=300, turn=200, decode=400):
+    """A valid ``--ops`` text: a prompt then up to 7 operations of ``kinds`` (a beam forks, then selects;
+    a trim keeps at least one token of one sequence; a reset is followed by a new prompt)."""
+    first = draw(st.integers(1, prompt))
+    ops, width, stored = [f"prefill:{first}"], 1, first
+    for _ in range(draw(st.integers(0, 7))):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "decode":
+            n = draw(st.integers(1, decode))
+            ops.append(f"decode:{n}")
+            stored += n
+        elif kind == "turn":
+            n = draw(st.integers(1, turn))
+            ops.append(f"prefill:{n}")
+            stored += n
+        elif kind == "reset":
+            stored = draw(st.integers(1, prompt))
+            ops += ["reset", f"prefill:{stored}"]
+            width = 1
+        elif kind == "beam" and width == 1:
+            width = draw(st.integers(2, 4))
+            ops.append(f"fork:{width}")
+            stored += 1
+        elif kind == "beam":
+            ops.append(f"select:{draw(st.integers(0, width - 1))}")
+            width, stored = 1, stored + 1
+        elif kind == "trim" and width == 1 and stored > 1:  # GenAI's chat-history trim (cut back, then go on)
+            n = draw(st.integers(1, stored - 1))
+            ops.append(f"trim:{n}")
+            stored -= n
+        elif kind in ("reorder", "beam", "trim") and "reorder" in kinds:
+            ops.append("reorder")
+            stored += 1
+    if draw(st.booleans()):
+        ops.append("reset")
+    return ",".join(ops)

@@ -264,7 +264,7 @@ def test_a_parquet_name_writes_parquet(tmp_path):
 RUN_VALUES = {
     "--model": ["qwen2.5-0.5b"], "--layers": ["4"], "--heads": ["16"], "--kv-heads": ["4"], "--head-dim": ["64"],
     "--sliding-window": ["512"], "--precision": ["f32"], "--prompt": ["64"], "--decode": ["32"], "--turns": ["2"],
-    "--turn-tokens": ["8"], "--turn-decode": ["4"], "--beam": ["2"], "--ops": ["prefill:16,decode:2"],
+    "--turn-tokens": ["8"], "--turn-decode": ["4"], "--turn-divergence": ["4"], "--beam": ["2"], "--ops": ["prefill:16,decode:2"],
     "--policy": ["fixed"], "--policy-opt": ["stagger=7"], "--device-memory": ["64GiB"], "--weights-memory": ["1GiB"],
     "--weights-precision": ["f16"], "--device": ["h100-sxm"], "--requests": ["7"], "--rate": ["2.5"],
     "--arrivals": ["fixed"], "--prompt-dist": ["fixed:64"], "--output-dist": ["fixed:8"], "--seed": ["3"],

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 runner = importlib.import_module("experiments.__main__")
 
-MINE = ("beam_memory", "frontier", "precision", "serving_waste", "simcost", "stagger")
+MINE = ("beam_memory", "frontier", "npu_chat", "precision", "serving_waste", "simcost", "stagger")
 
 
 def run_experiments(*args, env=None):

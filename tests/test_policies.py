@@ -11,8 +11,8 @@ SMALL = dict(layers=3, kv_heads=2, head_dim=16, precision="f16")
 
 
 def test_registry_has_the_builtin_policies():
-    assert set(REGISTRY) == {"openvino-gpu", "openvino-cpu", "fixed", "geometric", "exact", "static", "stateless",
-                             "hf-dynamic", "hf-static"}
+    assert set(REGISTRY) == {"openvino-gpu", "openvino-cpu", "openvino-npu", "fixed", "geometric", "exact", "static",
+                             "stateless", "hf-dynamic", "hf-static"}
     for cls in REGISTRY.values():
         assert cls.__doc__ and cls.summary, cls.name
         assert all(f.metadata.get("help") for f in cls.options()), cls.name

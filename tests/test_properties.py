@@ -17,36 +17,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same_run
+from conftest import assert_same_run, workloads
 from simkv import build_scenario, simulate
 from simkv.errors import SimkvError
 from simkv.ledger import ALLOC
 from simkv.memory import replay
-
-
-@st.composite
-def workloads(draw):
-    ops, width = [f"prefill:{draw(st.integers(1, 300))}"], 1
-    for _ in range(draw(st.integers(0, 7))):
-        kind = draw(st.sampled_from(["decode", "decode", "turn", "reset", "beam", "reorder"]))
-        if kind == "decode":
-            ops.append(f"decode:{draw(st.integers(1, 400))}")
-        elif kind == "turn":
-            ops.append(f"prefill:{draw(st.integers(1, 200))}")
-        elif kind == "reset":
-            ops += ["reset", f"prefill:{draw(st.integers(1, 300))}"]
-            width = 1
-        elif kind == "beam" and width == 1:
-            width = draw(st.integers(2, 4))
-            ops.append(f"fork:{width}")
-        elif kind == "beam":
-            ops.append(f"select:{draw(st.integers(0, width - 1))}")
-            width = 1
-        else:
-            ops.append("reorder")
-    if draw(st.booleans()):
-        ops.append("reset")
-    return ",".join(ops)
 
 
 @st.composite

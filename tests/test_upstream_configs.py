@@ -4,7 +4,14 @@ naming its model type — never silently wrong. The hand arithmetic is bf16 (2 B
 latent: attention layers x 2 (K and V) x KV heads x head size x 2 B; MLA layers x (kv_lora_rank + qk_rope_head_dim)
 x 2 B; Gated DeltaNet layers keep no per-token KV (only the full-attention layers count); MiMo-V2-Flash K 192 and
 V 128 with 4 KV heads on its 9 full layers and 8 on its 39 sliding ones; Gemma-4 its sliding layers' heads x 256
-and its full layers' global heads x 512; Nemotron-NAS 49 attention layers of 64 / 8 KV heads (31 no-op)."""
+and its full layers' global heads x 512; Nemotron-NAS 49 attention layers of 64 / 8 KV heads (31 no-op).
+DeepSeek-V3.2 and GLM-5 (MLA + DeepSeek sparse attention): each MLA layer also keeps the indexer's key as vLLM
+caches it (vllm/model_executor/models/deepseek_v2.py Indexer.__init__: DeepseekV32IndexerCache of head_dim
+index_head_dim + index_head_dim // 128 * 4, dtype uint8 — fp8 values and an f32 scale per 128, whatever the KV
+dtype): index_head_dim 128 in every such file, so 128 + 4 = 132 B per layer beside the latent's
+(512 + 64) x 2 B = 1,152 B; 1,284 B per layer. GLM-5.1-NVFP4, 5.2 and 5.3 carry indexer_types (IndexCache: layers
+that reuse another's top-k) and stay refused naming it; GLM-5(.1)-FP8 stay refused by their quantization module
+names (their MTP layer 78's eh_proj)."""
 
 from __future__ import annotations
 
@@ -19,6 +26,9 @@ from simkv.errors import ConfigError
 from simkv.precision import get_precision
 
 UPSTREAM = hfconfig.CONFIG_DIR / "upstream"
+#: The FP8 GLM-5 / 5.1 files leave their MTP layer's ``eh_proj`` unquantized by name (layer 78 of 78): refused by
+#: simkv.weights for a module name it cannot place, not for the model type.
+_MTP_MODULE = "quantization module name 'model.layers.78.eh_proj'"
 #: file stem → bf16 KV bytes per token by hand, or the model type it is refused for.
 EXPECTED = {
     "MiniMaxAI--MiniMax-M2.5": 62 * 2 * 8 * 128 * 2,
@@ -49,7 +59,7 @@ EXPECTED = {
     "XiaomiMiMo--MiMo-7B-Base": 36 * 2 * 8 * 128 * 2,
     "XiaomiMiMo--MiMo-V2-Flash": 9 * 4 * (192 + 128) * 2 + 39 * 8 * (192 + 128) * 2,
     "deepseek-ai--DeepSeek-R1": 61 * (512 + 64) * 2,
-    "deepseek-ai--DeepSeek-V3.2": "deepseek_v32",
+    "deepseek-ai--DeepSeek-V3.2": 61 * ((512 + 64) * 2 + 128 + 4),
     "deepseek-ai--DeepSeek-V3": 61 * (512 + 64) * 2,
     "deepseek-ai--DeepSeek-V4-Flash": "deepseek_v4",
     "deepseek-ai--DeepSeek-V4-Pro": "deepseek_v4",
@@ -65,10 +75,10 @@ EXPECTED = {
     "moonshotai--Kimi-K2.5": 61 * (512 + 64) * 2,
     "moonshotai--Kimi-K3": "kimi_linear",
     "nvidia--DeepSeek-V3.1-NVFP4": 61 * (512 + 64) * 2,
-    "nvidia--DeepSeek-V3.2-NVFP4": "deepseek_v32",
+    "nvidia--DeepSeek-V3.2-NVFP4": 61 * ((512 + 64) * 2 + 128 + 4),
     "nvidia--DeepSeek-V4-Flash-NVFP4": "deepseek_v4",
     "nvidia--DeepSeek-V4-Pro-NVFP4": "deepseek_v4",
-    "nvidia--GLM-5-NVFP4": "glm_moe_dsa",
+    "nvidia--GLM-5-NVFP4": 78 * ((512 + 64) * 2 + 128 + 4),
     "nvidia--GLM-5.1-NVFP4": "glm_moe_dsa",
     "nvidia--GLM-5.2-NVFP4": "glm_moe_dsa",
     "nvidia--GLM-5.3-NVFP4": "glm_moe_dsa",
@@ -101,14 +111,14 @@ EXPECTED = {
     "sgl-project--DeepSeek-V4-Pro-FP8": "deepseek_ref",
     "stepfun-ai--Step-3.7-Flash-FP8": 45 * 2 * 8 * 128 * 2,
     "stepfun-ai--Step-3.7-Flash": 45 * 2 * 8 * 128 * 2,
-    "zai-org--GLM-5-FP8": "glm_moe_dsa",
-    "zai-org--GLM-5.1-FP8": "glm_moe_dsa",
-    "zai-org--GLM-5.1": "glm_moe_dsa",
+    "zai-org--GLM-5-FP8": _MTP_MODULE,
+    "zai-org--GLM-5.1-FP8": _MTP_MODULE,
+    "zai-org--GLM-5.1": 78 * ((512 + 64) * 2 + 128 + 4),
     "zai-org--GLM-5.2-FP8": "glm_moe_dsa",
     "zai-org--GLM-5.2": "glm_moe_dsa",
     "zai-org--GLM-5.3-FP8": "glm_moe_dsa",
     "zai-org--GLM-5.3": "glm_moe_dsa",
-    "zai-org--GLM-5": "glm_moe_dsa",
+    "zai-org--GLM-5": 78 * ((512 + 64) * 2 + 128 + 4),
 }
 FILES = sorted(p for p in UPSTREAM.glob("*_config.json") if not p.name.endswith("hf_quant_config.json"))
 
@@ -124,7 +134,7 @@ def test_upstream_config_exact_or_refused(path):
         with pytest.raises(ConfigError) as err:
             hfconfig.load_config(path)
         text = str(err.value)
-        assert f"model_type {want}" in text and "\n" not in text
+        assert (want in text if want == _MTP_MODULE else f"model_type {want}" in text) and "\n" not in text
     else:
         assert get_precision("bf16").kv_bytes_per_token(hfconfig.load_config(path)) == want
 
@@ -132,7 +142,7 @@ def test_upstream_config_exact_or_refused(path):
 def test_share_read():
     """The share read exactly (the rest refused): reported, and held from falling back."""
     read = sum(not isinstance(v, str) for v in EXPECTED.values())
-    assert (read, len(EXPECTED)) == (57, 88)
+    assert (read, len(EXPECTED)) == (62, 88)
 
 
 def test_models_command_json_names_groups_and_runtimes():
@@ -152,11 +162,28 @@ def test_models_command_json_names_groups_and_runtimes():
 
 
 def test_refused_config_is_one_line_exit_2_in_both_commands():
-    path = str(UPSTREAM / "zai-org--GLM-5_config.json")
+    path = str(UPSTREAM / "zai-org--GLM-5.3_config.json")
     for args in (["models", "--model", path, "--json"], ["run", "--model", path, "--policy", "hf-dynamic", "--json"]):
         out = subprocess.run([sys.executable, "-m", "simkv.cli", *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
-        assert "model_type glm_moe_dsa" in out.stderr and "indexer" in out.stderr
+        assert "model_type glm_moe_dsa" in out.stderr and "indexer_types" in out.stderr
+
+
+def test_indexer_model_read_for_vllm_only_and_refused_by_runs():
+    """GLM-5: 78 MLA layers x (1,152 B latent + 132 B indexer key, vLLM's layout) = 100,152 B per token under vLLM;
+    the other runtimes' columns are null (they keep that cache otherwise or not at all); a run refuses it in one
+    line, and so does serving."""
+    path = str(UPSTREAM / "zai-org--GLM-5_config.json")
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", path, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["kv_bytes_per_token"] == {"transformers": None, "vllm": 100_152, "openvino": None, "genai": None}
+    assert d["groups"][0]["layers"] == list(range(78)) and "indexer key 128" in d["groups"][0]["describe"]
+    for args in (["run", "--model", path, "--policy", "hf-dynamic"], ["run", "--model", path, "--memory", "paged", "--kv-manager", "vllm"]):
+        out = subprocess.run([sys.executable, "-m", "simkv.cli", *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, (args, out.stderr)
+        assert "sparse-attention indexer" in out.stderr
 
 
 def test_unknown_model_type_with_unread_layout_field_is_refused(tmp_path):

@@ -144,3 +144,21 @@ def test_ir_reports_query_and_kv_heads_read_from_the_model(tmp_path):
     sc = data["scenario"]
     assert (sc["model"], sc["layers"], sc["heads"], sc["kv_heads"], sc["head_dim"]) == ("ir", 2, 6, 2, 32)
     assert data["events_missing"] == data["events_unexpected"] == 0
+
+
+@pytest.mark.parametrize("extra", [[], ["--layers", "8", "--kv-heads", "2", "--precision", "bf16"]])
+def test_trim_then_prefill_is_event_exact(extra):
+    """GenAI's chat-history trim (get_state / cut / set_state per state) on the real plugin, then a turn that
+    grows from the exact kept size, a second trim (frees the first kept copy) and a trim after a reset: every
+    K/V data, scale, beam-table and copy event matched. With 8 layers the plugin sets the states in its hash
+    map's order: compared state by state (a warning says so)."""
+    ops = "prefill:64,decode:40,trim:20,prefill:16,decode:10,trim:5,decode:30,reset,prefill:20,trim:7,prefill:3"
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--ops", ops, *extra, "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["events_missing"] == data["events_unexpected"] == 0
+    tensors = {e["tensor"] for e in data["events"] if e["step"] == 41}
+    assert tensors == {"k", "v", "k_beam", "v_beam", "k_copy", "v_copy"}
+    reordered = [w for w in data["observer"]["warnings"] if w.startswith("trim at step")]
+    assert bool(reordered) == bool(extra)

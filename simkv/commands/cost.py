@@ -55,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
     device = get_device(args.device)
     weights = args.weights_precision or device.default_weights_precision(model)
     kv = get_precision(args.precision or runtime_defaults(device, model)["precision"])
+    kv.check(model)  # also refuses a sparse-attention indexer: its top-k attention is not costed
     out = estimate(model, device, kv, batch=args.batch, context=args.context, prompt=args.prompt,
                    weights_precision=weights)
     out["warnings"] = warnings(out, model, device, context_of(model), args)

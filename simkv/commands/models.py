@@ -14,7 +14,8 @@ from simkv.units import format_bytes
 
 #: How each runtime holds a model's cache, for ``--model`` (docs/DESIGN.md §3c, §4c, §7; docs/guide/models.md):
 #: (KV element type: the model's dtype or a fixed one, MLA form, frees what left a window, state element bytes
-#: (conv, recurrent): None = the KV element's).
+#: (conv, recurrent): None = the KV element's). A sparse-attention indexer's key cache (DeepSeek-V3.2, GLM-5) is
+#: read only as vLLM lays it out (simkv.kvspec.indexer_bytes): the other runtimes' bytes are then null ("—").
 RUNTIMES = {
     "transformers": ("model", "latent", True, (None, 4)),  # DynamicCache; torch delta rule keeps f32 states
     "vllm": ("model", "latent", True, (None, None)),  # MLAAttentionSpec, SlidingWindowSpec; mamba_cache_dtype auto
@@ -92,22 +93,29 @@ def describe_model(name: str) -> dict:
         each = kv[rt].bits / 8
         return sum(state_bytes(spec, conv or each, rec or each))
 
+    indexer = any(layer.indexer for layer in m.kv_layers)
+    held = [rt for rt in RUNTIMES if rt == "vllm" or not indexer]
+
+    def each(values: dict) -> dict:
+        return {rt: values[rt] if rt in held else None for rt in RUNTIMES}
+
     groups = []
     for spec, ids in m.groups:
         groups.append({
             "layers": list(ids), "count": len(ids), "kind": spec.kind, "describe": spec.describe(),
             "kv_heads": spec.kv_heads, "k_dim": spec.k_dim, "v_dim": spec.v_dim, "window": spec.window,
             "latent": list(spec.latent) if spec.latent else None, "sinks": spec.sinks, "reuses": spec.reuses,
-            "bytes_per_token": {rt: len(ids) * token_bytes([spec], kv[rt], mla=RUNTIMES[rt][1]) for rt in RUNTIMES},
-            "state_bytes_per_sequence": {rt: len(ids) * state(spec, rt) for rt in RUNTIMES},
+            "bytes_per_token": each({rt: len(ids) * token_bytes([spec], kv[rt], mla=RUNTIMES[rt][1])
+                                     for rt in held}),
+            "state_bytes_per_sequence": each({rt: len(ids) * state(spec, rt) for rt in held}),
         })
     out = {
         "model": m.name, "source": m.source, "describe": m.describe(), "layers": m.layers, "heads": m.heads,
         "hidden": m.hidden, "dtype": m.dtype or None,
         "kv_precision": {rt: p.name for rt, p in kv.items()},
         "frees_windows": {rt: r[2] for rt, r in RUNTIMES.items()},
-        "kv_bytes_per_token": {rt: sum(g["bytes_per_token"][rt] for g in groups) for rt in RUNTIMES},
-        "state_bytes_per_sequence": {rt: sum(g["state_bytes_per_sequence"][rt] for g in groups) for rt in RUNTIMES},
+        "kv_bytes_per_token": each({rt: sum(g["bytes_per_token"][rt] for g in groups) for rt in held}),
+        "state_bytes_per_sequence": each({rt: sum(g["state_bytes_per_sequence"][rt] for g in groups) for rt in held}),
         "groups": groups,
         "weights": {"scheme": m.weight_scheme.describe() if m.weight_scheme else None,
                     "params_by_format": params_by_format(m, CHECKPOINT),
@@ -136,12 +144,12 @@ def _one(name: str, as_json: bool) -> int:
     print(f"  {'group':<58}" + "".join(f"{rt:>14}" for rt in rts))
     for g in d["groups"]:
         label = f"{g['count']} x {g['describe']}"
-        print(f"  {label[:58]:<58}" + "".join(f"{format_bytes(g['bytes_per_token'][rt]):>14}" for rt in rts))
+        print(f"  {label[:58]:<58}" + "".join(f"{_bytes(g['bytes_per_token'][rt]):>14}" for rt in rts))
         if any(g["state_bytes_per_sequence"].values()):
             print(f"  {'  state per sequence':<58}" + "".join(
-                f"{format_bytes(g['state_bytes_per_sequence'][rt]):>14}" for rt in rts))
+                f"{_bytes(g['state_bytes_per_sequence'][rt]):>14}" for rt in rts))
     print(f"  {'KV bytes per token (every token kept)':<58}" + "".join(
-        f"{format_bytes(d['kv_bytes_per_token'][rt]):>14}" for rt in rts))
+        f"{_bytes(d['kv_bytes_per_token'][rt]):>14}" for rt in rts))
     print(f"  {'KV element type':<58}" + "".join(f"{d['kv_precision'][rt]:>14}" for rt in rts))
     print(f"  {'frees what left a window':<58}" + "".join(
         f"{'yes' if d['frees_windows'][rt] else 'no':>14}" for rt in rts))
@@ -154,6 +162,11 @@ def _one(name: str, as_json: bool) -> int:
         if d["fields"]["neutral"]:
             print(f"  not needed  {', '.join(d['fields']['neutral'])}")
     return 0
+
+
+def _bytes(value) -> str:
+    """A byte count, or "—" where the runtime does not hold the model's cache (null in the JSON)."""
+    return "—" if value is None else format_bytes(value)
 
 
 def group_line(spec, count: int, precision) -> str:

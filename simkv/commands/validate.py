@@ -23,6 +23,9 @@ VALIDATE_MODES = (
          lambda a: not a.paged and a.runtime == "transformers", "runtime", ("--runtime", "transformers")),
     Mode("paged", "GenAI's continuous batching (--paged)", lambda a: a.paged, "runtime", ("--paged",)),
     *workload_modes(lambda a: not a.paged),
+    # the transformers runner builds its chat turns without the trims (simkv/validate/transformers/runner.py)
+    Mode("openvino-chat", "chat turns on the OpenVINO CPU plugin (--turns above 0, no --ops)",
+         lambda a: not a.paged and a.runtime == "openvino" and not a.ops and a.turns > 0, "turns", ("--turns", "1")),
 )
 #: A single session, on either runtime (not --paged).
 SESSION = ("openvino", "transformers")
@@ -40,7 +43,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "with hf-dynamic / hf-static."))
     # --paged builds its own toy model from the dimension flags, and its own workloads
     add_scenario_arguments(p, model=SESSION, workload=SESSION, layers=ANY, heads=ANY, kv_heads=ANY, head_dim=ANY,
-                           sliding_window="transformers")
+                           sliding_window="transformers", turn_divergence="openvino-chat")
     p.set_defaults(**VALIDATE_DEFAULTS)
     helps = {
         "model": "preset or config.json whose dimensions the toy model takes (one of identical plain "
@@ -153,7 +156,8 @@ def main(args: argparse.Namespace) -> int:
     # Validates the shape and the workload before anything slow happens.
     sc = build_scenario(model=model, **dims, precision="u8", policy="openvino-cpu", prompt=args.prompt, decode=args.decode,
                         turns=args.turns, turn_tokens=args.turn_tokens, turn_decode=args.turn_decode,
-                        beam=args.beam, ops=args.ops, weights_memory=0)  # a host run: KV only
+                        beam=args.beam, turn_divergence=args.turn_divergence, ops=args.ops,
+                        weights_memory=0)  # a host run: KV only
     m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
     from simkv.validate.openvino.cleanrun import ValidateConfig  # these two import neither openvino nor memray
     from simkv.validate.openvino.runner import MISSING_DEPS, check_dependencies, run_validation

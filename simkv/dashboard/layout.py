@@ -146,7 +146,7 @@ def sidebar(d: dict) -> html.Div:
         html.Details(id="ops-details", className="advanced", children=[
             html.Summary("Advanced: explicit operations"),
             field("ops", text_input("ops", d["ops"], placeholder="prefill:32,decode:100,fork:4,decode:50,select:0,reset"),
-                  hint="prefill:N, decode:N, fork:W, reorder, select:I, reset — replaces the fields above"),
+                  hint="prefill:N, decode:N, fork:W, reorder, select:I, reset, trim:N — replaces the fields above"),
         ]),
         html.H3("Device"),
         field("device_memory", text_input("device_memory", d["device_memory"]), hint="e.g. 16GiB, 512MiB, 8000000000"),

@@ -41,6 +41,7 @@ class Events:
     """(Re)allocations of units, one per entry, with what their rows need."""
 
     def __init__(self, *, unit, step, needed, copied, new_cap, batch, old_rows, old_batch, old_ids, old_resident, ids):
+        # old_rows: per event (a unit's slots all alike), or per event and slot (after a trim)
         self.unit, self.step, self.needed, self.copied = unit, step, needed, copied
         self.new_cap, self.batch = new_cap, batch
         self.old_rows, self.old_batch, self.old_ids, self.old_resident = old_rows, old_batch, old_ids, old_resident
@@ -72,12 +73,13 @@ def event_rows(layout, ev: Events, phase: int, order: np.ndarray, request: int, 
     alloc["buffer"] = copy["buffer"] = ev.ids
     copy["bytes"] = _col(ev.copied) * ev.batch * row_bytes
     copy["used_tokens"] = _col(ev.copied)
-    free["bytes"] = _col(ev.old_rows) * row_bytes
-    free["capacity_tokens"] = _col(ev.old_rows) // ev.old_batch
+    old_rows = ev.old_rows if np.ndim(ev.old_rows) == 2 else _col(ev.old_rows)  # per slot after a trim
+    free["bytes"] = old_rows * row_bytes
+    free["capacity_tokens"] = old_rows // ev.old_batch
     free["used_tokens"] = _col(ev.copied)
     free["buffer"] = ev.old_ids
 
-    had = np.broadcast_to(_col(ev.old_rows) > 0, (n, k))
+    had = np.broadcast_to(old_rows > 0, (n, k))
     present = row_bytes > 0
     happens = np.zeros((n, 3, k), dtype=bool)
     happens[:, 0] = present

@@ -24,13 +24,14 @@ from simkv.engine import decode_run, stateless
 from simkv.engine.beam_tables import BeamTables
 from simkv.engine.decode_run import NoPlan
 from simkv.engine.events import NO_BYTES, NO_ROWS, Events, alloc_delta, event_rows, fresh_ids
+from simkv.engine.npu import NpuBuffers
 from simkv.engine.oom import failure, first_failure, limit_headroom
 from simkv.engine.past_view import PastView
 from simkv.engine.residency import touch
 from simkv.engine.state_buffers import StateBuffers
 from simkv.errors import SimkvError
 from simkv.layout import Layout
-from simkv.ledger import ALLOC, FREE, PHASE_CODE, ROW, Ledger
+from simkv.ledger import ALLOC, COPY, FREE, PHASE_CODE, ROW, Ledger
 from simkv.limits import MAX_LEDGER_ROWS
 from simkv.memory import OutOfMemory
 from simkv.steps import StepRecorder
@@ -89,6 +90,18 @@ class FastEngine:
         self.planned_rows = 0  # ledger rows of the last plan
         self.limit_step = None  # where the last failed plan met a memory limit (see _decode_run)
         self.met_headroom = False  # whether that limit was the policy's headroom limit, met at the policy's sizes
+        # A trim (policy.trim_rule). "rebuild" leaves a unit's slots at different sizes (the scales keep theirs):
+        # per slot its rows where they differ from the unit's budget (-1: the budget), None while none do; and
+        # the copy each K and V state keeps (per data slot: buffer id, bytes, tokens; -1 / 0 when none).
+        # "reset_room": the next inference rebuilds every unit with no room carried.
+        self.slot_rows: np.ndarray | None = None
+        self.copy_id = np.full(len(lay.layer), -1, dtype=np.int64)
+        self.copy_bytes = np.zeros(len(lay.layer), dtype=np.int64)
+        self.copy_tokens = np.zeros(len(lay.layer), dtype=np.int64)
+        self.trimmed = False
+        # The NPU pipeline's present outputs, staging copies and prefix-cache blocks (policy.npu_pipeline).
+        self.npu = NpuBuffers(lay, policy, scenario.workload, request)
+        self.inferred = False  # an inference has run (the NPU's fixed buffers exist)
 
     # -- the SimPy process ---------------------------------------------------
 
@@ -112,6 +125,12 @@ class FastEngine:
             limit_next = False  # the last plan ended on the step before a known limit
             exact_sizes = False  # past the headroom limit: plans size every reallocation exactly
             while remaining and self.oom is None:
+                if self.slot_rows is not None or self.trimmed or self.npu.pending(int(env.now)):
+                    # right after a trim, or the NPU's first generate step after a prefill: that step alone
+                    self._step(int(env.now), Inference("decode", 1, self.width, self.width))
+                    remaining -= 1
+                    yield env.timeout(1)
+                    continue
                 reclaim = self._reclaims_next()
                 n = min(remaining, self.chunk)
                 if plan and not reclaim and self._decode_run(int(env.now), n, exact_sizes):
@@ -166,7 +185,7 @@ class FastEngine:
 
         None before the first inference or after a reset, where the runtime resets the padding.
         """
-        if not self.policy.carry_padding or not self.stored:
+        if not self.policy.carry_padding or not self.stored or self.trimmed:
             return np.zeros(self.layout.units, dtype=np.int64)
         return np.where((self.budget > 0) & ~self.state, self.budget // self.batch - self._held(), 0)
 
@@ -220,9 +239,17 @@ class FastEngine:
         deferred, needed = (NO_ROWS, NO_BYTES), 0
         if inf.phase == "reset":
             self._reset(step, phase, rows, resident_delta)
+        elif inf.phase == "trim":
+            self._trim(step, phase, inf, rows, resident_delta)
         else:
             needed = self._needed(inf.tokens)
             deferred = self._inference(step, phase, inf, needed, rows, resident_delta)
+            if self.npu.enabled:
+                npu, self.next_id = self.npu.rows(step, phase, not self.inferred, self.buf[self.npu.data],
+                                                  self.policy.total - self.policy.generate_tokens, self.next_id)
+                rows.append(npu)
+                resident_delta.append(alloc_delta(npu))  # resident = allocated (the policy refuses first touch)
+            self.inferred = True
         peaks = self._allocate(step, phase, before, np.concatenate(rows), np.concatenate(resident_delta))
         if peaks is not None:  # None: out of memory, the run stops
             self._end_step(step, phase, inf, needed, *peaks, deferred)
@@ -242,6 +269,86 @@ class FastEngine:
             self.batch = 1  # also with nothing live (a stateless policy)
         self.states.reset()
         self.after_reset = True
+
+    def _trim(self, step: int, phase: int, inf: Inference, rows: list, resident_delta: list) -> None:
+        """A trim from ``stored`` to ``stored + inf.tokens`` tokens (policy.trim_rule): for ``rebuild``, per K and
+        V state (``Layout.trim_states``) the rows the reference engine's ``_trim`` performs one by one — the
+        read-back and the kept copy, the previous kept copy freed, the exact-size data and beam table replacing
+        the old — all states at once; appends its rows."""
+        policy, lay = self.policy, self.layout
+        if policy.trim_rule == "reset_room":
+            self.trimmed = True
+        if policy.trim_rule != "rebuild":
+            return
+        L0, kept = self.stored, self.stored + inf.tokens
+        units, data, beam, code, io_row = lay.trim_states(self.scenario.precision.bits, policy.trim_io_bytes)
+        n, has_beam = len(data), bool((beam >= 0).any())
+        if not n:
+            return
+        k = lay.unit_slots.shape[1]
+        old_rows = self._slot_rows(np.arange(len(lay.layer)))
+        per = 4 if has_beam else 3  # allocations per state: read-back, kept copy, data, beam table
+        ids = self.next_id + per * np.arange(n)[:, None] + np.arange(per)[None, :]
+        self.next_id += per * n
+        block = np.zeros((n, 11), dtype=ROW)
+        block["step"], block["phase"], block["request"] = step, phase, self.request
+        block["layer"] = lay.layer[data][:, None]
+        ops = np.array([ALLOC, COPY, ALLOC, COPY, FREE, ALLOC, COPY, FREE, ALLOC, FREE, FREE], dtype=np.int8)
+        block["op"] = ops[None, :]
+        tensor = np.stack([code, code, code, code, code, lay.tensor[data], lay.tensor[data], lay.tensor[data],
+                           lay.tensor[np.maximum(beam, 0)], lay.tensor[np.maximum(beam, 0)], code], axis=1)
+        block["tensor"] = tensor
+        row_d, row_b = lay.row_bytes[data], lay.row_bytes[np.maximum(beam, 0)]
+        old_d, old_b = old_rows[data], old_rows[np.maximum(beam, 0)]
+        nbytes = np.stack([L0 * io_row, L0 * io_row, kept * io_row, kept * io_row, self.copy_bytes[data],
+                           kept * row_d, kept * row_d, old_d * row_d, kept * row_b, old_b * row_b, L0 * io_row], axis=1)
+        block["bytes"] = nbytes
+        block["capacity_tokens"] = np.stack([np.full(n, L0), np.full(n, L0), np.full(n, kept), np.full(n, kept),
+                                             self.copy_tokens[data], np.full(n, kept), np.full(n, kept), old_d,
+                                             np.full(n, kept), old_b, np.full(n, L0)], axis=1)
+        block["used_tokens"] = np.stack([np.full(n, L0), np.full(n, L0), np.full(n, kept), np.full(n, kept),
+                                         self.copy_tokens[data], np.full(n, kept), np.full(n, kept), np.full(n, L0),
+                                         np.full(n, kept), np.full(n, L0), np.full(n, L0)], axis=1)
+        beam_id = ids[:, 3] if has_beam else np.full(n, -1)
+        block["buffer"] = np.stack([ids[:, 0], ids[:, 0], ids[:, 1], ids[:, 1], self.copy_id[data], ids[:, 2],
+                                    ids[:, 2], self.buf[data], beam_id, self.buf[np.maximum(beam, 0)], ids[:, 0]],
+                                   axis=1)
+        happens = np.ones((n, 11), dtype=bool)
+        happens[:, 4] = self.copy_id[data] >= 0
+        happens[:, 8:10] = (beam >= 0)[:, None]
+        if self.first_touch:  # written on copy (and the beam table as it is filled); freed as far as written
+            resident = np.stack([0 * io_row, L0 * io_row, 0 * io_row, kept * io_row, -self.copy_bytes[data],
+                                 0 * row_d, kept * row_d, -self.written[data] * row_d, kept * row_b,
+                                 -self.written[np.maximum(beam, 0)] * row_b, -L0 * io_row], axis=1)
+        else:
+            resident = np.where(block["op"] == ALLOC, nbytes, np.where(block["op"] == FREE, -nbytes, 0))
+        rows.append(block[happens])
+        resident_delta.append(resident[happens])
+        # The state after the trim: every rebuilt unit holds ``kept`` rows; its other slots (scales) keep theirs.
+        rebuilt = np.unique(units)
+        slot_rows = self._slot_rows(np.arange(len(lay.layer)))
+        self.budget[rebuilt] = kept
+        slots = lay.unit_slots[rebuilt].ravel()
+        self.slot_rows = np.where(np.isin(np.arange(len(lay.layer)), slots), slot_rows, -1)
+        changed = np.concatenate([data, beam[beam >= 0]])
+        self.slot_rows[changed] = -1
+        if not (self.slot_rows >= 0).any() or (self.slot_rows == np.repeat(self.budget, k)).all():
+            self.slot_rows = None
+        self.buf[data] = ids[:, 2]
+        self.written[data] = kept
+        if has_beam:
+            self.buf[beam] = ids[:, 3]
+            self.written[beam] = kept
+        self.copy_id[data], self.copy_bytes[data], self.copy_tokens[data] = ids[:, 1], kept * io_row, kept
+        self.batch = 1
+
+    def _slot_rows(self, slots: np.ndarray) -> np.ndarray:
+        """Rows each slot's buffer holds: its unit's budget, unless a trim left it at its own size."""
+        rows = self.budget[slots // self.layout.unit_slots.shape[1]]
+        if self.slot_rows is None:
+            return rows
+        own = self.slot_rows[slots]
+        return np.where(own >= 0, own, rows)
 
     def _inference(self, step: int, phase: int, inf: Inference, needed: int, rows: list, resident_delta: list):
         """An inference's rows, appended to ``rows`` (and their changes of resident memory): the past
@@ -274,7 +381,7 @@ class FastEngine:
         unit_rows, unit_res, deferred = self._grow(step, phase, inf, needed, rows)
         rows.append(unit_rows)
         resident_delta.append(unit_res)
-        self.after_reset = False
+        self.after_reset = self.trimmed = False
         if self.states.enabled:
             self.batch = inf.batch  # also where no unit holds a buffer (a model of linear layers only)
         return deferred
@@ -292,6 +399,8 @@ class FastEngine:
         fits = has & ~rebatch & (inf.batch * needed <= self.budget)
         padded = needed + self._room()
         fits &= ~self._reclaimed(padded)
+        if self.trimmed:  # the padding a trim reset: nothing appends in place (policy.trim_rule "reset_room")
+            fits[:] = False
         if self.rings:  # a full ring is rebuilt (policy.ring_tokens)
             fits &= ~((self.ring >= 0) & (self._held() >= self.ring))
         units = np.flatnonzero(~fits & ~self.outside)
@@ -386,6 +495,8 @@ class FastEngine:
         released = self._live_resident(slots) if self.first_touch else free["bytes"]
         self.budget[units], self.written[slots] = 0, 0
         self.buf[self.layout.unit_slots[units].ravel()] = -1
+        if self.slot_rows is not None:
+            self.slot_rows[self.layout.unit_slots[units].ravel()] = -1
         return free, released
 
     def _reallocate(self, units, needed, batch, step, phase, rows_so_far, kind, padded, tables_before, immediate=None):
@@ -419,9 +530,13 @@ class FastEngine:
         ids = self._ids_in_order(len(units), order)
         ev = Events(
             unit=units, step=step, needed=needed, copied=held, new_cap=caps, batch=batch,
-            old_rows=old_rows, old_batch=self.batch, old_ids=self.buf[slots],
-            old_resident=self._live_resident(slots), ids=ids,
+            old_rows=old_rows if self.slot_rows is None else self._slot_rows(slots), old_batch=self.batch,
+            old_ids=self.buf[slots], old_resident=self._live_resident(slots), ids=ids,
         )
+        if self.slot_rows is not None:  # rebuilt units hold one size again
+            self.slot_rows[slots.ravel()] = -1
+            if not (self.slot_rows >= 0).any():
+                self.slot_rows = None
         out = event_rows(lay, ev, phase, order, self.request, self.first_touch)
         self.budget[units] = caps * batch
         self.buf[slots] = ids
@@ -451,7 +566,7 @@ class FastEngine:
 
     def _live_rows(self, slots: np.ndarray, step: int, phase: int) -> np.ndarray:
         lay = self.layout
-        budget = self.budget[slots // lay.unit_slots.shape[1]]
+        budget = self._slot_rows(slots)
         rows = np.zeros(len(slots), dtype=ROW)
         rows["step"], rows["phase"], rows["request"], rows["op"] = step, phase, self.request, FREE
         rows["layer"] = lay.layer[slots]
@@ -469,7 +584,9 @@ class FastEngine:
 
     def steady(self) -> int:
         """Bytes the live buffers, the past block and the beam tables hold."""
-        return int((self.budget * self.unit_row).sum()) + self.view.bytes + self.tables.bytes() + self.states.bytes()
+        held = int((self._slot_rows(np.arange(len(self.layout.layer))) * self.layout.row_bytes).sum())
+        return (held + self.view.bytes + self.tables.bytes() + self.states.bytes() + int(self.copy_bytes.sum())
+                + self.npu.bytes())
 
     def _used(self) -> int:
         live = self.budget.any() or self.states.live()

@@ -176,6 +176,8 @@ class Family:
     #: The ``layer_types`` entry whose per-sequence state ``state`` gives (LFM2: ``conv``).
     state_type: str = "linear_attention"
     mla: bool = False
+    #: MLA with DeepSeek sparse attention's indexer (``index_n_heads``, ``index_head_dim``): its key per token.
+    indexer: bool = False
     sinks: bool = False
     #: The keys that may hold layer_types in a file (Granite's attribute_map adds ``layers_block_type``);
     #: none: always derived (Jamba's ``layer_types`` is a read-only property).

@@ -212,6 +212,8 @@ def _layers(c: Config, types: list[str], family: Family | None, kv_heads: int, h
         v_dim = c.int("v_head_dim", limits.MAX_HEAD_DIM)
         heads = c.int("num_attention_heads", limits.MAX_HEADS)
         attn = dict(kv_heads=heads, k_dim=nope + rope, v_dim=v_dim, latent=(rank, rope))
+        if family.indexer:  # vLLM deepseek_v2.py Indexer: n_head = index_n_heads, head_dim = index_head_dim
+            attn["indexer"] = (c.int("index_n_heads", limits.MAX_HEADS), c.int("index_head_dim", limits.MAX_HEAD_DIM))
         latent = (heads, nope + rope)
     else:
         attn = dict(kv_heads=kv_heads, k_dim=head_dim, v_dim=head_dim, sinks=bool(family and family.sinks))

@@ -5,16 +5,11 @@ wrong."""
 
 from __future__ import annotations
 
-_INDEXER = ("MLA plus the sparse-attention indexer's own per-token key cache (vLLM DeepseekV32IndexerCache: "
-            "index_head_dim fp8 keys + one f32 scale per 128; transformers DynamicIndexedLayer), a cache simkv "
-            "does not hold yet")
 _STATE_SPACE = "a pure state-space model (no attention layer): its recurrent state shapes are not read"
 
 REFUSED: dict[str, str] = {
     "falcon_h1": "every Falcon-H1 layer is 'hybrid', attention KV and a Mamba state in one layer "
                  "(configuration_falcon_h1.py layers_block_type), which no simkv layer kind holds",
-    "deepseek_v32": _INDEXER,
-    "glm_moe_dsa": _INDEXER,
     "deepseek_v4": "compressed sparse attention (compress_ratios: CSA and HCA layers, transformers "
                    "compressed_sparse_attention / heavily_compressed_attention), a cache simkv does not hold yet",
     "deepseek_ref": "DeepSeek-V4's compressed sparse attention (compress_ratios), a cache simkv does not hold yet",

@@ -120,7 +120,7 @@ class TraceSummary:
 
 def read_segments(
     path: str | Path, n_ops: int, keep_min_bytes: int = 0, always_keep: frozenset[str] = frozenset({"POSIX_MEMALIGN"}),
-    site_of=None,
+    site_of=None, keep_all_in: frozenset[int] = frozenset(),
 ) -> tuple[list[RawRecord], TraceSummary]:
     """Read a memray capture and return the allocator calls made inside operations.
 
@@ -136,6 +136,8 @@ def read_segments(
 
     ``site_of(record)`` names an allocation's call site (default: memray's
     ``native_stack_id``; the transformers validator reads the Python stack instead).
+    ``keep_all_in``: operations (``seq``) whose every allocation is returned, whatever its
+    allocator and size (a trim's kept copy is an ``ov::Tensor``, allocated with ``malloc``).
     """
     import memray
 
@@ -175,7 +177,7 @@ def read_segments(
             size, site, kind = known
             out.append(RawRecord(current, "free", size, rec.address, site, kind, rec.tid))
         elif alloc in _ALLOC and current is not None:
-            if alloc not in always_keep and rec.size < keep_min_bytes:
+            if alloc not in always_keep and rec.size < keep_min_bytes and current not in keep_all_in:
                 live.pop(rec.address, None)  # address reused by an untracked allocation
                 summary.dropped_small += 1
                 continue

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from simkv.errors import ConfigError
-from simkv.workload import Decode, Fork, Prefill, Reorder, Reset, Select, Workload, parse_ops
+from simkv.workload import Decode, Fork, Prefill, Reorder, Reset, Select, Trim, Workload, parse_ops
 
 from ..child import DEFAULT_MMAP_THRESHOLD, child_env
 
@@ -59,7 +59,7 @@ def observer_scenario(workload: Workload):
 
     ``prefill`` on a stored history is a chat turn; ``fork:W`` is ``beam_idx=[0]*W``;
     ``reorder`` reverses the beams (same width: any permutation allocates the same);
-    ``select:i`` keeps beam i.
+    ``select:i`` keeps beam i; ``trim:N`` cuts N tokens as GenAI's chat does (``observe.trim_states``).
     """
     from .observe import Scenario
 
@@ -84,6 +84,9 @@ def observer_scenario(workload: Workload):
         elif isinstance(op, Reset):
             sc.reset()
             batch, stored = 1, 0
+        elif isinstance(op, Trim):
+            sc.trim(op.tokens)
+            stored -= op.tokens
         else:  # pragma: no cover - Workload validates its ops
             raise ConfigError(f"cannot observe {op!r}")
     return sc

@@ -45,6 +45,16 @@ capacity 6 when P = 1 -- do not form such groups.  Once labelled, every allocati
 that site is KV, wherever it happens; the j-th allocation of a site inside one
 operation is layer j (the SDPA nodes execute in layer order).
 
+A *trim* (an operation whose ``OpContext.trim`` is set: GenAI's ``utils::trim_kv_cache``, one
+``get_state`` / ``set_state`` per K and V state) allocates per state, in this order, the read-back of the
+whole history (``get_state``: ``[B, H_kv, L0, S]`` in the state's external type), the cut tensor handed to
+``set_state`` (``L'`` tokens, same type; kept by the state), a data buffer of exactly ``L'`` tokens, then
+frees the state's old data buffer, allocates a beam table ``[B, L']`` and frees the old one
+(``VariableStateKVcache::set_state_impl``, ``memory_state.cpp``). None of these come in K/V pairs, so no
+site is learned from them: the free of the old data buffer (labelled by its address) names the state,
+and the read-back, the cut copy and the new data before it, and the beam table after it, take its kind
+and layer (``k_copy`` / ``v_copy`` for the two copies), each recognised by its size.
+
 ``past_view`` marks the one extra state-shaped buffer of the model: an f32
 ``[B_state, H_kv, L0, S]`` block (B_state = batch of the stored state *before* the
 inference; one block for the whole model, not per layer: the MemoryInput past-KV
@@ -66,6 +76,7 @@ from ..memtrace import RawRecord
 
 __all__ = [
     "KV_KINDS",
+    "COPY_KINDS",
     "KVDims",
     "OpContext",
     "SiteLabel",
@@ -76,6 +87,8 @@ __all__ = [
 
 #: Buffer kinds a KV event can carry (plus "past_view" and "other").
 KV_KINDS = ("k", "v", "k_scale", "v_scale", "k_beam", "v_beam")
+#: A trim's copies of a K or V history (the read-back and the tensor the state keeps).
+COPY_KINDS = ("k_copy", "v_copy")
 
 _BITS = {"u4": 4, "i4": 4, "u8": 8, "i8": 8, "bf16": 16, "f16": 16, "f32": 32}
 
@@ -120,8 +133,9 @@ class OpContext:
     seq: int
     batch: int  # batch of the inputs (after a fork/select: the new width)
     past_len: int  # L0, tokens stored before the operation
-    total_len: int  # L0 + L1 after the operation (0 after a reset)
+    total_len: int  # L0 + L1 after the operation (0 after a reset; L' after a trim)
     state_batch: int = 0  # batch of the stored state before the operation (0: same as batch)
+    trim: bool = False  # a trim: get_state / set_state of every K and V state (module docstring)
 
     @property
     def past_batch(self) -> int:
@@ -273,6 +287,7 @@ def classify(records: Sequence[RawRecord], contexts: Iterable[OpContext], dims: 
             warnings.append(f"seq {seq}: site {site} ({sites[site].kind}) allocated {n}x for {dims.layers} layers")
 
     by_address: dict[int, tuple[str, int | None, int | None]] = {}
+    trim = _TrimReader(dims)
     for rec in records:
         c = ctx[rec.seq]
         if rec.op == "free":
@@ -280,9 +295,13 @@ def classify(records: Sequence[RawRecord], contexts: Iterable[OpContext], dims: 
             kinds.append(kind)
             layers.append(layer)
             caps.append(cap)
+            if c.trim:
+                trim.freed(rec, kind, layer, c, kinds, layers, caps, by_address)
             continue
         kind, layer, cap = "other", None, None
-        if rec.site in sites:
+        if c.trim:
+            kind, layer, cap = trim.allocated(len(kinds), rec, c)
+        elif rec.site in sites:
             kind = sites[rec.site].kind
             key = (rec.seq, rec.site)
             if per_seq_site_total[key] == dims.layers:
@@ -299,4 +318,50 @@ def classify(records: Sequence[RawRecord], contexts: Iterable[OpContext], dims: 
         kinds.append(kind)
         layers.append(layer)
         caps.append(cap)
+    warnings.extend(trim.warnings)
     return Classification(kinds, layers, caps, sites, warnings)
+
+
+class _TrimReader:
+    """Labels a trim's allocations (module docstring): the read-back, the cut copy and the new data wait for
+    the free of the old data buffer that names their state; the beam table after it takes that state's name."""
+
+    def __init__(self, dims: KVDims) -> None:
+        self.dims = dims
+        self.pending: list[tuple[int, int, int, str]] = []  # (record index, address, capacity, role)
+        self.state: tuple[str, int | None] | None = None  # (k | v, layer) of the state being set
+        self.io = 0  # bytes per element of the read-back (the state's external type)
+        self.warnings: list[str] = []
+
+    def _elements(self, tokens: int, c: OpContext) -> int:
+        return c.past_batch * self.dims.kv_heads * self.dims.head_dim * tokens
+
+    def allocated(self, index: int, rec: RawRecord, c: OpContext) -> tuple[str, int | None, int | None]:
+        kept, whole = c.total_len, c.past_len
+        per_token = self._elements(1, c)
+        if (rec.allocator == "POSIX_MEMALIGN" and whole and rec.size % (per_token * whole) == 0
+                and rec.size // (per_token * whole) in (2, 4)):  # the read-back of the whole history (f16 or f32)
+            self.state, self.io = None, rec.size // (per_token * whole)
+            self.pending.append((index, rec.address, whole, "copy"))
+        elif self.pending and rec.size == per_token * kept * self.io:  # the cut tensor set_state keeps
+            self.pending.append((index, rec.address, kept, "copy"))
+        elif self.pending and rec.allocator == "POSIX_MEMALIGN" and rec.size == per_token * kept * self.dims.bits // 8:
+            self.pending.append((index, rec.address, kept, "data"))
+        elif self.state is not None and rec.allocator == "POSIX_MEMALIGN" and rec.size == c.past_batch * kept * 4:
+            kind, layer = self.state
+            self.state = None
+            return kind + "_beam", layer, kept
+        return "other", None, None
+
+    def freed(self, rec: RawRecord, kind: str, layer: int | None, c: OpContext, kinds, layers, caps, by_address) -> None:
+        if kind not in ("k", "v") or not self.pending:
+            return
+        for index, address, cap, role in self.pending:
+            name = kind if role == "data" else kind + "_copy"
+            kinds[index], layers[index], caps[index] = name, layer, cap
+            if address in by_address:
+                by_address[address] = (name, layer, cap)
+        if sum(role == "data" for *_, role in self.pending) != 1:
+            self.warnings.append(f"seq {rec.seq}: trim of {kind} layer {layer} without one new data buffer")
+        self.pending = []
+        self.state = (kind, layer)

@@ -43,12 +43,12 @@ import openvino as ov
 from ..memtrace import RawRecord, Recorder, TraceSummary, read_segments
 from ..memtrace import proc_status as _proc_status
 from ..memtrace import reset_hwm as _reset_hwm
-from .kvclassify import KV_KINDS, Classification, KVDims, OpContext, classify
+from .kvclassify import COPY_KINDS, KV_KINDS, Classification, KVDims, OpContext, classify
 from .ovmodel import RuntimeInspection, inspect_runtime, require_fused
 from .statebufs import STATE_KINDS, StateVar, buffer_signature, identify, value_signature
 
-#: Kinds of cache events: KV buffers and a hybrid model's linear-attention state buffers.
-CACHE_KINDS = KV_KINDS + STATE_KINDS
+#: Kinds of cache events: KV buffers, a hybrid model's linear-attention state buffers, a trim's copies.
+CACHE_KINDS = KV_KINDS + STATE_KINDS + COPY_KINDS
 
 __all__ = [
     "Op",
@@ -63,7 +63,7 @@ __all__ = [
     "cpu_flags",
 ]
 
-PHASES = ("prefill", "decode", "chat", "fork", "reorder", "select", "reset")
+PHASES = ("prefill", "decode", "chat", "fork", "reorder", "select", "reset", "trim")
 
 
 # --------------------------------------------------------------------------- scenario
@@ -77,7 +77,8 @@ class Op:
     ``beam_idx`` is ``range(batch)``.  ``decode``: one token per beam.  ``chat``: T tokens appended to the stored
     history (a user turn).  ``fork``/``reorder``/``select``: one decode token per beam
     with an explicit ``beam_idx``; the new batch is ``len(beam_idx)``.  ``reset``:
-    ``request.reset_state()``, no inference.
+    ``request.reset_state()``, no inference.  ``trim``: T tokens cut off the stored history as
+    GenAI's ``utils::trim_kv_cache`` does (:func:`trim_states`), no inference.
     """
 
     phase: str
@@ -88,7 +89,7 @@ class Op:
         if self.phase not in PHASES:
             raise ValueError(f"unknown phase {self.phase!r}")
         if self.phase != "reset" and self.tokens < 1:
-            raise ValueError("an inference needs at least one token")
+            raise ValueError("an inference or a trim needs at least one token")
 
 
 class Scenario:
@@ -112,6 +113,11 @@ class Scenario:
 
     def reset(self) -> "Scenario":
         self.ops.append(Op("reset", 0))
+        return self
+
+    def trim(self, tokens: int) -> "Scenario":
+        """Cut the last ``tokens`` tokens off the stored history (GenAI's chat-history trim)."""
+        self.ops.append(Op("trim", tokens))
         return self
 
     def fork(self, width: int) -> "Scenario":
@@ -140,8 +146,8 @@ class Scenario:
                 label = op.phase
             elif op.phase == "prefill":
                 label = f"prefill({op.tokens}" + (f", batch={len(op.beam_idx)})" if op.beam_idx else ")")
-            elif op.phase == "chat":
-                label = f"chat({op.tokens})"
+            elif op.phase in ("chat", "trim"):
+                label = f"{op.phase}({op.tokens})"
             else:
                 label = f"{op.phase}({list(op.beam_idx or ())})"
             if parts and parts[-1][0] == label:
@@ -339,6 +345,9 @@ class _Feeder:
             if op.phase == "reset":
                 batch, length = 1, 0
                 continue
+            if op.phase == "trim":
+                length -= op.tokens
+                continue
             b = len(op.beam_idx) if op.beam_idx is not None else (1 if op.phase == "prefill" else batch)
             rows, tokens = max(rows, b), max(tokens, b * op.tokens)
             mask = max(mask, b * (length + op.tokens))
@@ -385,6 +394,8 @@ class _Feeder:
     def advance(self, op: Op, batch: int) -> None:
         if op.phase == "reset":
             self.length = 0
+        elif op.phase == "trim":
+            self.length -= op.tokens
         else:
             self.length += op.tokens
             self.batch = batch
@@ -441,7 +452,7 @@ def observe(
     # run: appending a Python dict per step (~700 B) would itself grow RSS by ~700 B per
     # token, which on a small model is a sizeable share of the KV growth being measured.
     table = _sample_table(len(scenario.ops))
-    n_infer = sum(op.phase != "reset" for op in scenario.ops)
+    n_infer = sum(op.phase not in ("reset", "trim") for op in scenario.ops)
     bar = _progress(n_infer, progress)
     recorder = Recorder(trace_path, enabled=tracker == "memray")
     step = 0
@@ -449,7 +460,7 @@ def observe(
         with recorder:
             for seq, op in enumerate(scenario.ops):
                 past = feeder.length
-                if op.phase == "reset":
+                if op.phase in ("reset", "trim"):
                     batch, tensors = feeder.batch, None
                 else:
                     arrays = feeder.inputs(op)
@@ -461,7 +472,9 @@ def observe(
                 hwm_ok = _reset_hwm()
                 with recorder.operation(seq):
                     t0 = time.perf_counter()
-                    if tensors is None:
+                    if op.phase == "trim":
+                        trim_states(request, op.tokens)
+                    elif tensors is None:
                         request.reset_state()
                     else:
                         request.infer(share_outputs=True)
@@ -474,7 +487,7 @@ def observe(
                 row["phase"] = PHASES.index(op.phase)
                 row["batch"] = batch
                 row["state_batch"] = state_batch
-                row["tokens"] = 0 if tensors is None else op.tokens
+                row["tokens"] = 0 if tensors is None else op.tokens  # a trim appends nothing
                 row["past_len"] = past
                 row["total_len"] = feeder.length
                 row["latency_s"] = latency
@@ -487,13 +500,16 @@ def observe(
         bar.close()
         raw_samples = _samples_from_table(table)
         contexts = [
-            OpContext(s["seq"], s["batch"], s["past_len"], s["total_len"], int(table[s["seq"]]["state_batch"]))
+            OpContext(s["seq"], s["batch"], s["past_len"], s["total_len"], int(table[s["seq"]]["state_batch"]),
+                      trim=s["phase"] == "trim")
             for s in raw_samples
         ]
         events, summary, classification = [], TraceSummary(), None
         if tracker == "memray":
             snapshots = _state_snapshots(request, feeder, states) if states else []
-            records, summary = read_segments(recorder.path, len(scenario.ops), keep_min_bytes=other_min_bytes)
+            trims = frozenset(seq for seq, op in enumerate(scenario.ops) if op.phase == "trim")
+            records, summary = read_segments(recorder.path, len(scenario.ops), keep_min_bytes=other_min_bytes,
+                                             keep_all_in=trims)
             classification = classify(records, contexts, dims)
             if states:
                 _label_states(records, classification, states, snapshots, state_precision=inspection.state_precision)
@@ -505,6 +521,22 @@ def observe(
     facts = _facts(inspection, dims, tracker, scenario, summary, classification)
     return Observation(events, samples, facts)
 
+
+
+def trim_states(request, tokens: int, seq_axis: int = 2) -> None:
+    """Cut ``tokens`` tokens off every state as GenAI's ``utils::trim_kv_cache`` does (openvino.genai
+    da1db864, ``src/cpp/src/utils.cpp``): per state of ``query_state()``, ``get_state()``, an ROI of the kept
+    tokens, a new tensor of that shape, ``copy_to``, ``set_state``; the read-back and the handles are dropped at
+    the end of each state, as the C++ loop's scope does (the state keeps the tensor it was set to)."""
+    for state in request.query_state():
+        old = state.state
+        shape = list(old.shape)
+        shape[seq_axis] -= tokens
+        cut = ov.Tensor(old, ov.Coordinate([0] * len(shape)), ov.Coordinate(shape))
+        new = ov.Tensor(old.element_type, ov.Shape(shape))
+        cut.copy_to(new)
+        state.state = new
+        del old, cut, new
 
 
 def _state_snapshots(request, feeder: "_Feeder", states: Sequence[StateVar]) -> list[dict[str, np.ndarray]]:

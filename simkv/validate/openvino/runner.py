@@ -110,6 +110,11 @@ def run_validation(cfg: ValidateConfig) -> dict:
     except ValueError as err:
         raise ConfigError(f"{cfg.ir}: {err}") from None
     cfg.layers, cfg.kv_heads, cfg.head_dim = dims.layers, dims.kv_heads, dims.head_dim
+    # The scenario simkv predicts, built first: what the plugin cannot run is refused before it runs.
+    scenario = build_scenario(model=None, layers=dims.layers, heads=heads, kv_heads=dims.kv_heads,
+                              head_dim=dims.head_dim, precision=effective, policy="openvino-cpu", ops=cfg.workload)
+    if ir_layers is not None:
+        scenario = _ir_scenario(scenario, ir_layers, inspection)
 
     # 2. events (memray, this process)
     obs = observe(compiled, observer_scenario(workload), dims=dims, model=model, tracker="memray",
@@ -137,15 +142,12 @@ def run_validation(cfg: ValidateConfig) -> dict:
         raise RuntimeError(f"clean run compiled to {clean['kv_cache_precision']}, the memray run to {effective}")
 
     # 3. prediction
-    scenario = build_scenario(model=None, layers=dims.layers, heads=heads, kv_heads=dims.kv_heads,
-                              head_dim=dims.head_dim, precision=effective, policy="openvino-cpu", ops=cfg.workload)
-    if ir_layers is not None:
-        scenario = _ir_scenario(scenario, ir_layers, inspection)
     result = simulate(scenario)
     if len(result.steps) != len(obs.samples):
         raise RuntimeError(f"simulator has {len(result.steps)} steps, the real run {len(obs.samples)} operations")
 
-    # 4. compare
+    # 4. compare (a trim's states in the simulator's order: the plugin's past 5 layers is its hash map's)
+    observed, reordered = _trim_states_in_predicted_order(observed, result)
     data = compare(observed, clean["samples"] if clean else None, result, min_tokens=cfg.slope_min_tokens,
                    mmap_threshold=cfg.mmap_threshold)
     view = _split_view(data, observed, result) if ir_layers is not None else None
@@ -194,9 +196,54 @@ def run_validation(cfg: ValidateConfig) -> dict:
     if clean is not None:
         head["latency"] = {**data.get("latency", {}), **_predicted_latency(cfg, result, clean["samples"], observed,
                                                                             vocab, inspection.inference_precision)}
-    head["observer"] = {"trace": f.trace, "warnings": f.warnings, "kv_sites": {str(k): v for k, v in f.kv_sites.items()}}
+    warnings = f.warnings + [f"trim at step {step}: the plugin set the K and V states in its own order (its hash map "
+                             "of state names); compared state by state" for step in reordered]
+    head["observer"] = {"trace": f.trace, "warnings": warnings, "kv_sites": {str(k): v for k, v in f.kv_sites.items()}}
     head["elapsed_s"] = time.perf_counter() - t0
     return head
+
+
+def _trim_states_in_predicted_order(observed: list[dict], result) -> tuple[list[dict], list[int]]:
+    """The observed events with each trim's K and V states put in the order the simulator sets them.
+
+    A trim sets every state in the order ``query_state()`` returns them: last layer first, V before K for up
+    to 5 attention layers; past that, the order of the plugin's hash map of state names, which simkv does
+    not model (policies/openvino_cpu.py). Each state's own events stay in their observed order and must
+    match one by one. Returns the events and the trim steps whose order was changed."""
+    from simkv.ledger import PHASE_CODE
+
+    steps = result.steps
+    trims = set(steps["step"][steps["phase"] == PHASE_CODE["trim"]].tolist())
+    if not trims:
+        return observed, []
+    from ..compare import predicted_events
+
+    def state(e: dict) -> tuple:
+        return (e["layer"], e["tensor"][0]) if e["tensor"][:1] in ("k", "v") else (None, e["tensor"])
+
+    wanted: dict[int, list[tuple]] = {}
+    for e in predicted_events(result):
+        if e["step"] in trims and state(e) not in wanted.setdefault(e["step"], []):
+            wanted[e["step"]].append(state(e))
+    out, reordered, i = [], [], 0
+    while i < len(observed):
+        step = observed[i]["step"]
+        j = i
+        while j < len(observed) and observed[j]["step"] == step:
+            j += 1
+        block = observed[i:j]
+        if step in trims:
+            groups: dict[tuple, list[dict]] = {}
+            for e in block:
+                groups.setdefault(state(e), []).append(e)
+            order = [key for key in wanted.get(step, []) if key in groups] + [key for key in groups
+                                                                              if key not in wanted.get(step, [])]
+            if order != list(groups):
+                reordered.append(step)
+            block = [e for key in order for e in groups[key]]
+        out.extend(block)
+        i = j
+    return out, reordered
 
 
 def _ir_scenario(scenario, ir_layers, inspection):
