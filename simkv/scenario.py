@@ -185,9 +185,10 @@ def build_scenario(
     dev = get_device(device or DEFAULT_DEVICE)
     memory = dev.memory_bytes if device_memory is None else parse_bytes(device_memory)
     weights = resolve_weights_memory(spec, weights_memory, weights_precision, dev)
+    scenario = Scenario(spec, prec, pol, workload, memory, weights)  # what the model or policy cannot run, first
     check_weights_fit(spec, weights, memory, dev, weights_precision=weights_precision,
                       memory_given=device_memory is not None, weights_given=weights_memory is not None)
-    return Scenario(spec, prec, pol, workload, memory, weights)
+    return scenario
 
 
 #: A config's dtype name → simkv's precision of the same element type.
