@@ -255,7 +255,7 @@ class ModelSpec:
 
     def describe(self) -> str:
         if not self.layer_kv:  # every group named with its heads, sizes and window
-            gqa = "MHA" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
+            gqa = f"MHA {self.heads}" if self.kv_heads == self.heads else f"GQA {self.heads}/{self.kv_heads}"
             window = f", window {self.sliding_window}" if self.sliding_window else ""
             return f"{self.name}: {self.layers} layers, {gqa} heads x {self.head_dim}{window}"
         parts = [f"{len(ids)} x {spec.describe()}" for spec, ids in self.groups]

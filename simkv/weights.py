@@ -132,7 +132,8 @@ def _fail(where: str, message: str) -> ConfigError:
     return ConfigError(f"{where}: {message}")
 
 
-def scheme_of(quant: Mapping | None, modelopt: Mapping | None, unquantized: str, where: str) -> WeightScheme | None:
+def scheme_of(quant: Mapping | None, modelopt: Mapping | None, unquantized: str, where: str,
+              layers: int | None = None) -> WeightScheme | None:
     """The weight scheme of a checkpoint: its ``quantization_config`` (``quant``, from config.json) or its
     ``hf_quant_config.json`` (``modelopt``, which wins: ModelOpt writes both and vLLM's ``ModelOptFp8Config`` /
     ``ModelOptNvFp4Config`` read the latter); None for an unquantized checkpoint. A method or a field this
@@ -143,21 +144,30 @@ def scheme_of(quant: Mapping | None, modelopt: Mapping | None, unquantized: str,
     ``get_keys_to_not_convert`` keeps them too; they are under 0.1 % of a MoE's weights); the embedding table is
     never a Linear; the LM head is left out by transformers (``get_keys_to_not_convert``: the output embeddings)
     and by vLLM's linear methods (``ParallelLMHead`` is not a ``LinearBase``) unless a recipe lists it.
+
+    ``layers`` (the config's ``num_hidden_layers``): a module named on a layer at or above it is a multi-token
+    prediction layer's (DeepSeek-V3's and GLM-5's ``model.layers.<n>.eh_proj`` …) and is skipped. The main model
+    never loads it: vLLM's DeepseekV2Model builds ``num_hidden_layers`` layers and
+    ``DeepseekV2ForCausalLM.load_weights`` skips every weight ``get_spec_layer_idx_from_weight_name`` places on a
+    layer at or above ``num_hidden_layers`` ("skip spec decode layers for main model"; the MTP draft,
+    deepseek_mtp.py, loads them), and transformers' DeepseekV3 / GlmMoeDsa models build ``num_hidden_layers``
+    layers, ignoring the rest of the checkpoint. simkv counts no MTP weights, so their format changes nothing.
     """
     if modelopt is not None:
-        return _modelopt(modelopt, unquantized, where)
+        return _modelopt(modelopt, unquantized, where, layers)
     if quant is None:
         return None
     if not isinstance(quant, Mapping):
         raise _fail(where, f"quantization_config must be a JSON object, got {type(quant).__name__}")
     method = quant.get("quant_method")
     if method == "fp8":
-        return _fp8(quant, unquantized, where)
+        return _fp8(quant, unquantized, where, layers)
     if method == "mxfp4":
         # transformers Mxfp4HfQuantizer replaces only the experts (GptOssExperts); vLLM Mxfp4Config quantizes
         # FusedMoE only and gives every LinearBase UnquantizedLinearMethod.
         return WeightScheme("mxfp4", "mxfp4", unquantized, frozenset({"experts"}),
-                            _excluded(quant.get("modules_to_not_convert"), unquantized, where), "quantization_config")
+                            _excluded(quant.get("modules_to_not_convert"), unquantized, where, layers),
+                        "quantization_config")
     if method in ("awq", "gptq"):
         bits, group = quant.get("bits", quant.get("w_bit")), quant.get("group_size", quant.get("q_group_size"))
         if bits != 4 or not isinstance(group, int) or isinstance(group, bool) or not 8 <= group <= 8192:
@@ -165,16 +175,17 @@ def scheme_of(quant: Mapping | None, modelopt: Mapping | None, unquantized: str,
                         "with groups of 8 to 8,192")
         # AutoGPTQ / AutoAWQ quantize every Linear of the decoder layers, not the LM head.
         return WeightScheme(method, f"int4-g{group}", unquantized, LINEAR_ROLES - {"lm_head"},
-                            _excluded(quant.get("modules_to_not_convert"), unquantized, where), "quantization_config")
+                            _excluded(quant.get("modules_to_not_convert"), unquantized, where, layers),
+                        "quantization_config")
     if method == "compressed-tensors":
-        return _compressed_tensors(quant, unquantized, where)
+        return _compressed_tensors(quant, unquantized, where, layers)
     if method == "modelopt" or (method is None and "quant_algo" in quant):  # ModelOpt's own config.json form
-        return _modelopt({"quantization": quant}, unquantized, where)
+        return _modelopt({"quantization": quant}, unquantized, where, layers)
     raise _fail(where, f"quantization_config quant_method {method!r} is not one simkv reads (fp8, mxfp4, awq, gptq, "
                 "compressed-tensors, modelopt, or an hf_quant_config.json)")
 
 
-def _fp8(quant: Mapping, unquantized: str, where: str) -> WeightScheme:
+def _fp8(quant: Mapping, unquantized: str, where: str, layers: int | None) -> WeightScheme:
     """transformers FineGrainedFP8 / vLLM Fp8Config: every Linear but ``modules_to_not_convert``, per-tensor or in
     ``weight_block_size`` blocks with f32 scales."""
     block = quant.get("weight_block_size")
@@ -185,10 +196,11 @@ def _fp8(quant: Mapping, unquantized: str, where: str) -> WeightScheme:
     else:
         raise _fail(where, f"fp8 weight_block_size {block!r}: simkv reads [128, 128] blocks or per-tensor scales")
     return WeightScheme("fp8", fmt, unquantized, LINEAR_ROLES - {"lm_head"},
-                        _excluded(quant.get("modules_to_not_convert"), unquantized, where), "quantization_config")
+                        _excluded(quant.get("modules_to_not_convert"), unquantized, where, layers),
+                        "quantization_config")
 
 
-def _compressed_tensors(quant: Mapping, unquantized: str, where: str) -> WeightScheme:
+def _compressed_tensors(quant: Mapping, unquantized: str, where: str, layers: int | None) -> WeightScheme:
     """compressed-tensors (llm-compressor): one ``config_groups`` entry whose ``targets`` are ``Linear`` (or
     module names) with its weights' ``num_bits``/``type``/``group_size``, minus ``ignore``. Group scales are stored
     in the model dtype (2 B) for ints, e8m0 (1 B) for MX fp4, e4m3 (1 B) for NVFP4."""
@@ -210,12 +222,12 @@ def _compressed_tensors(quant: Mapping, unquantized: str, where: str) -> WeightS
     else:
         raise _fail(where, f"compressed-tensors weights of {bits!r} bits, type {kind!r}, group {size!r}: not read")
     targets = group.get("targets") or []
-    rules = _excluded(quant.get("ignore"), unquantized, where)
+    rules = _excluded(quant.get("ignore"), unquantized, where, layers)
     if targets == ["Linear"]:
         scope = LINEAR_ROLES - {"lm_head"}
     else:  # targets name modules: those parts, the rest unquantized
         scope = frozenset()
-        rules = tuple((role, layer, fmt) for role, layer in _parts(targets, where)) + rules
+        rules = tuple((role, layer, fmt) for role, layer in _parts(targets, where, layers)) + rules
     return WeightScheme("compressed-tensors", fmt, unquantized, scope, rules, "quantization_config")
 
 
@@ -224,7 +236,7 @@ MODELOPT = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "W4A8_NVFP4_
             "W4A16_AWQ": "int4-g128", "W4A8_AWQ": "int4-g128"}
 
 
-def _modelopt(config: Mapping, unquantized: str, where: str) -> WeightScheme:
+def _modelopt(config: Mapping, unquantized: str, where: str, layers: int | None) -> WeightScheme:
     """NVIDIA ModelOpt's ``hf_quant_config.json``: ``quant_algo`` for every Linear but ``exclude_modules`` (vLLM
     ``ModelOptFp8Config`` / ``ModelOptNvFp4Config``), or ``MIXED_PRECISION`` with a format per module in
     ``quantized_layers`` and the rest unquantized."""
@@ -233,15 +245,15 @@ def _modelopt(config: Mapping, unquantized: str, where: str) -> WeightScheme:
         raise _fail(where, "hf_quant_config.json has no quantization object")
     algo = q.get("quant_algo")
     if algo == "MIXED_PRECISION":
-        layers = q.get("quantized_layers")
-        if not isinstance(layers, Mapping):
+        per_module = q.get("quantized_layers")
+        if not isinstance(per_module, Mapping):
             raise _fail(where, "MIXED_PRECISION without quantized_layers")
         rules = []
-        for name, entry in layers.items():
+        for name, entry in per_module.items():
             fmt = MODELOPT.get((entry or {}).get("quant_algo"))
             if fmt is None:
                 raise _fail(where, f"quantized_layers {name}: quant_algo {(entry or {}).get('quant_algo')!r} not read")
-            rules += [(role, layer, fmt) for role, layer in _parts([name], where)]
+            rules += [(role, layer, fmt) for role, layer in _parts([name], where, layers)]
         names = sorted({fmt for _, _, fmt in rules})
         return WeightScheme("modelopt", "+".join(names) or unquantized, unquantized, frozenset(), tuple(rules),
                             "hf_quant_config.json")
@@ -250,15 +262,16 @@ def _modelopt(config: Mapping, unquantized: str, where: str) -> WeightScheme:
         raise _fail(where, f"ModelOpt quant_algo {algo!r} is not one simkv reads ({', '.join(MODELOPT)}, "
                     "MIXED_PRECISION)")
     return WeightScheme("modelopt", fmt, unquantized, LINEAR_ROLES - {"lm_head"},
-                        _excluded(q.get("exclude_modules", q.get("ignore")), unquantized, where), "hf_quant_config.json")
+                        _excluded(q.get("exclude_modules", q.get("ignore")), unquantized, where, layers),
+                        "hf_quant_config.json")
 
 
-def _excluded(names, unquantized: str, where: str) -> tuple[tuple[str, int | None, str], ...]:
+def _excluded(names, unquantized: str, where: str, layers: int | None) -> tuple[tuple[str, int | None, str], ...]:
     if names is None:
         return ()
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise _fail(where, "a quantization exclusion list must be a list of module names")
-    return tuple((role, layer, unquantized) for role, layer in _parts(names, where))
+    return tuple((role, layer, unquantized) for role, layer in _parts(names, where, layers))
 
 
 #: Module-name words → parts, the first that matches winning (shared experts before experts, the router and the
@@ -278,14 +291,17 @@ _PART_WORDS = (
 _NOT_COUNTED = re.compile(r"norm|bias|vision|mm_projector|multi_modal|patch_merge|visual|^mtp|\.mtp|audio")
 
 
-def _parts(names, where: str) -> list[tuple[str, int | None]]:
-    """(role, layer) pairs a list of module names or patterns (globs, ``re:`` regexes) covers."""
+def _parts(names, where: str, layers: int | None) -> list[tuple[str, int | None]]:
+    """(role, layer) pairs a list of module names or patterns (globs, ``re:`` regexes) covers; none for a name on
+    a layer at or above ``layers`` (an MTP layer the main model does not load: :func:`scheme_of`)."""
     out = []
     for raw in names:
         name = raw[3:] if raw.startswith("re:") else raw
         layer = re.search(r"layers\\?\.(\d+)", name)
         index = int(layer.group(1)) if layer else None
         rest = name[layer.end():] if layer else name
+        if index is not None and layers is not None and index >= layers:
+            continue
         if _NOT_COUNTED.search(rest):
             continue
         if layer and re.fullmatch(r"(\\?\.)?[*.]*", rest):  # "model.layers.0*", "model.layers.1.*": the whole layer

@@ -73,8 +73,8 @@ def sample(action, tmp: Path) -> list[list[str]]:
         return [["5"], [str(tmp / "r.csv")]]
     if getattr(action, "output", None):
         return [[str(tmp / ("out" + (action.output[0] or "")))]]
-    if action.choices:
-        return [[str(list(action.choices)[-1])]]
+    if action.choices:  # each: a choice may select a mode (--runtime vllm)
+        return [[str(c)] for c in action.choices]
     if action.type is int or callable(action.type) and action.type is not float:  # tune --samples N|all
         return [["2"]]
     if action.type is float:
@@ -268,7 +268,8 @@ RUN_VALUES = {
     "--policy": ["fixed"], "--policy-opt": ["stagger=7"], "--device-memory": ["64GiB"], "--weights-memory": ["1GiB"],
     "--weights-precision": ["f16"], "--device": ["h100-sxm"], "--requests": ["7"], "--rate": ["2.5"],
     "--arrivals": ["fixed"], "--prompt-dist": ["fixed:64"], "--output-dist": ["fixed:8"], "--seed": ["3"],
-    "--limit": ["5"], "--scheduler": ["static", "sequential"], "--memory": ["contiguous", "paged"], "--block-size": ["16"],
+    "--limit": ["5"], "--scheduler": ["static", "sequential"], "--memory": ["contiguous", "paged"], "--block-size": ["8"], "--gpu-memory-utilization": ["0.8"],
+    "--scheduling-policy": ["priority"], "--long-prefill-token-threshold": ["64"],
     "--num-kv-blocks": ["1000"], "--cache-size": ["2.0"], "--max-num-seqs": ["4"], "--max-num-batched-tokens": ["512"],
     "--no-dynamic-split-fuse": [], "--prefix-caching": [], "--kv-manager": ["vllm"], "--on-oom": ["wait"],
     "--static-batch": ["3"], "--max-context": ["4096"], "--strict-context": [], "--replicas": ["2", "3"],

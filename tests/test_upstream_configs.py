@@ -9,9 +9,12 @@ DeepSeek-V3.2 and GLM-5 (MLA + DeepSeek sparse attention): each MLA layer also k
 caches it (vllm/model_executor/models/deepseek_v2.py Indexer.__init__: DeepseekV32IndexerCache of head_dim
 index_head_dim + index_head_dim // 128 * 4, dtype uint8 — fp8 values and an f32 scale per 128, whatever the KV
 dtype): index_head_dim 128 in every such file, so 128 + 4 = 132 B per layer beside the latent's
-(512 + 64) x 2 B = 1,152 B; 1,284 B per layer. GLM-5.1-NVFP4, 5.2 and 5.3 carry indexer_types (IndexCache: layers
-that reuse another's top-k) and stay refused naming it; GLM-5(.1)-FP8 stay refused by their quantization module
-names (their MTP layer 78's eh_proj)."""
+(512 + 64) x 2 B = 1,152 B; 1,284 B per layer. GLM-5.2 and 5.3 (IndexCache: index_topk_freq 4, index_skip_topk_offset 3)
+keep the indexer's key only on the 21 layers vLLM builds an indexer on (deepseek_v2.py DeepseekV2MLAAttention:
+_skip_topk = max(i - offset + 1, 0) % freq != 0); GLM-5.1-NVFP4's indexer_types marks every layer "full" (the
+default freq 1), so it is GLM-5's sum. GLM-5(.1)-FP8 list their MTP layer's
+``model.layers.78.eh_proj`` (layer 78 of 78) among the unquantized modules: a layer the main model never loads
+(simkv.weights.scheme_of), so the name is skipped and the file read as GLM-5."""
 
 from __future__ import annotations
 
@@ -26,9 +29,10 @@ from simkv.errors import ConfigError
 from simkv.precision import get_precision
 
 UPSTREAM = hfconfig.CONFIG_DIR / "upstream"
-#: The FP8 GLM-5 / 5.1 files leave their MTP layer's ``eh_proj`` unquantized by name (layer 78 of 78): refused by
-#: simkv.weights for a module name it cannot place, not for the model type.
-_MTP_MODULE = "quantization module name 'model.layers.78.eh_proj'"
+#: GLM-5.2 / 5.3 (index_topk_freq 4, index_skip_topk_offset 3): vLLM builds an indexer where
+#: max(i - 3 + 1, 0) % 4 == 0 — layers 0, 1, 2 (max(...) = 0) and 6, 10, ..., 74 ((i - 2) % 4 == 0: 18 layers) —
+#: 21 of 78; the other 57 reuse a top-k and keep only the latent. Their indexer_types lists the same 21 "full".
+_INDEXED_5_3 = 3 + 18
 #: file stem → bf16 KV bytes per token by hand, or the model type it is refused for.
 EXPECTED = {
     "MiniMaxAI--MiniMax-M2.5": 62 * 2 * 8 * 128 * 2,
@@ -79,9 +83,9 @@ EXPECTED = {
     "nvidia--DeepSeek-V4-Flash-NVFP4": "deepseek_v4",
     "nvidia--DeepSeek-V4-Pro-NVFP4": "deepseek_v4",
     "nvidia--GLM-5-NVFP4": 78 * ((512 + 64) * 2 + 128 + 4),
-    "nvidia--GLM-5.1-NVFP4": "glm_moe_dsa",
-    "nvidia--GLM-5.2-NVFP4": "glm_moe_dsa",
-    "nvidia--GLM-5.3-NVFP4": "glm_moe_dsa",
+    "nvidia--GLM-5.1-NVFP4": 78 * ((512 + 64) * 2 + 128 + 4),
+    "nvidia--GLM-5.2-NVFP4": 78 * (512 + 64) * 2 + _INDEXED_5_3 * (128 + 4),
+    "nvidia--GLM-5.3-NVFP4": 78 * (512 + 64) * 2 + _INDEXED_5_3 * (128 + 4),
     "nvidia--Gemma-4-26B-A4B-NVFP4": 25 * 2 * 8 * 256 * 2 + 5 * 2 * 2 * 512 * 2,
     "nvidia--Gemma-4-31B-IT-NVFP4": 50 * 2 * 16 * 256 * 2 + 10 * 2 * 4 * 512 * 2,
     "nvidia--Kimi-K2.5-NVFP4": 61 * (512 + 64) * 2,
@@ -111,13 +115,13 @@ EXPECTED = {
     "sgl-project--DeepSeek-V4-Pro-FP8": "deepseek_ref",
     "stepfun-ai--Step-3.7-Flash-FP8": 45 * 2 * 8 * 128 * 2,
     "stepfun-ai--Step-3.7-Flash": 45 * 2 * 8 * 128 * 2,
-    "zai-org--GLM-5-FP8": _MTP_MODULE,
-    "zai-org--GLM-5.1-FP8": _MTP_MODULE,
+    "zai-org--GLM-5-FP8": 78 * ((512 + 64) * 2 + 128 + 4),
+    "zai-org--GLM-5.1-FP8": 78 * ((512 + 64) * 2 + 128 + 4),
     "zai-org--GLM-5.1": 78 * ((512 + 64) * 2 + 128 + 4),
-    "zai-org--GLM-5.2-FP8": "glm_moe_dsa",
-    "zai-org--GLM-5.2": "glm_moe_dsa",
-    "zai-org--GLM-5.3-FP8": "glm_moe_dsa",
-    "zai-org--GLM-5.3": "glm_moe_dsa",
+    "zai-org--GLM-5.2-FP8": 78 * (512 + 64) * 2 + _INDEXED_5_3 * (128 + 4),
+    "zai-org--GLM-5.2": 78 * (512 + 64) * 2 + _INDEXED_5_3 * (128 + 4),
+    "zai-org--GLM-5.3-FP8": 78 * (512 + 64) * 2 + _INDEXED_5_3 * (128 + 4),
+    "zai-org--GLM-5.3": 78 * (512 + 64) * 2 + _INDEXED_5_3 * (128 + 4),
     "zai-org--GLM-5": 78 * ((512 + 64) * 2 + 128 + 4),
 }
 FILES = sorted(p for p in UPSTREAM.glob("*_config.json") if not p.name.endswith("hf_quant_config.json"))
@@ -134,7 +138,7 @@ def test_upstream_config_exact_or_refused(path):
         with pytest.raises(ConfigError) as err:
             hfconfig.load_config(path)
         text = str(err.value)
-        assert (want in text if want == _MTP_MODULE else f"model_type {want}" in text) and "\n" not in text
+        assert f"model_type {want}" in text and "\n" not in text
     else:
         assert get_precision("bf16").kv_bytes_per_token(hfconfig.load_config(path)) == want
 
@@ -142,7 +146,7 @@ def test_upstream_config_exact_or_refused(path):
 def test_share_read():
     """The share read exactly (the rest refused): reported, and held from falling back."""
     read = sum(not isinstance(v, str) for v in EXPECTED.values())
-    assert (read, len(EXPECTED)) == (62, 88)
+    assert (read, len(EXPECTED)) == (71, 88)
 
 
 def test_models_command_json_names_groups_and_runtimes():
@@ -162,11 +166,11 @@ def test_models_command_json_names_groups_and_runtimes():
 
 
 def test_refused_config_is_one_line_exit_2_in_both_commands():
-    path = str(UPSTREAM / "zai-org--GLM-5.3_config.json")
+    path = str(UPSTREAM / "deepseek-ai--DeepSeek-V4-Flash_config.json")
     for args in (["models", "--model", path, "--json"], ["run", "--model", path, "--policy", "hf-dynamic", "--json"]):
         out = subprocess.run([sys.executable, "-m", "simkv.cli", *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1
-        assert "model_type glm_moe_dsa" in out.stderr and "indexer_types" in out.stderr
+        assert "model_type deepseek_v4" in out.stderr and "compress_ratios" in out.stderr
 
 
 def test_indexer_model_read_for_vllm_only_and_refused_by_runs():
@@ -205,3 +209,36 @@ def test_docs_family_table_is_current():
     page = (hfconfig.CONFIG_DIR.parents[2] / "docs" / "guide" / "models.md").read_text()
     assert hfconfig.family_table() in page, "regenerate: python -c 'from simkv.hfconfig import family_table; " \
                                             "print(family_table())'"
+
+
+def test_run_header_names_the_heads():
+    """The header names every group's heads: a uniform MHA model its head count (Llama-2-7B: 32 heads of 128, no
+    KV grouping), a GQA model query/KV heads, Nemotron-NAS its attention and no-cache groups."""
+    assert hfconfig.get_model("llama-2-7b").describe() == "llama-2-7b: 32 layers, MHA 32 heads x 128"
+    assert hfconfig.get_model("llama-3-8b").describe() == "llama-3-8b: 32 layers, GQA 32/8 heads x 128"
+    nas = hfconfig.load_config(UPSTREAM / "nvidia--Llama-3_3-Nemotron-Super-49B-v1_config.json", name="super")
+    assert nas.describe() == "super: 80 layers (49 x full: 8 kv heads x 128; 31 x no cache)"
+
+
+def test_index_cache_layers_keep_no_indexer_key(tmp_path):
+    """GLM-5.3 under vLLM: 21 layers keep latent + indexer key (1,152 + 132 = 1,284 B), 57 the latent only
+    (1,152 B): 21 x 1,284 + 57 x 1,152 = 26,964 + 65,664 = 92,628 B per token; the indexer weights only on the 21.
+    An indexer_types list that disagrees with vLLM's rule is refused in one line."""
+    path = UPSTREAM / "zai-org--GLM-5.3_config.json"
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["kv_bytes_per_token"]["vllm"] == 92_628
+    with_key, without = d["groups"]
+    assert with_key["layers"] == [0, 1, 2, *range(6, 78, 4)] and with_key["bytes_per_token"]["vllm"] == 26_964
+    assert without["count"] == 57 and "indexer" not in without["describe"]
+    m = hfconfig.load_config(path)
+    indexer_weights = 2048 * 32 * 128 + 6144 * 128 + 6144 * 32  # wq_b q_lora_rank x n x d, wk, weights_proj
+    assert m.layer_roles(0)["attn_in"] - m.layer_roles(3)["attn_in"] == indexer_weights
+    raw = json.loads(path.read_text())
+    raw["indexer_types"] = ["full"] * 78
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="indexer_types disagrees with index_topk_freq") as err:
+        hfconfig.load_config(tmp_path)
+    assert "\n" not in str(err.value)

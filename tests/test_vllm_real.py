@@ -203,3 +203,21 @@ def test_missing_venv_is_one_line_naming_the_setup_command(tmp_path):
     where = subprocess.run([sys.executable, "-m", "simkv.cli", "setup", "vllm", "--where"], env=env,
                            capture_output=True, text=True)
     assert where.returncode == 0 and where.stdout.strip() == f"{tmp_path / 'none'} (not built)"
+
+
+@needs_vllm
+@pytest.mark.parametrize("shape", ["custom", "gpt_oss", "llama4", "deepseek_v3", "qwen3_next"])
+def test_simkv_scheduler_matches_the_real_one_step_by_step(shape):
+    """A small random workload per model shape (full, sliding + full, chunked + full, MLA, Mamba hybrid) through
+    the real scheduler and simkv's ``--scheduler vllm``: every step equal (tokens, preemptions, block ids per group,
+    free blocks, finished, queues). A pool of twice the longest request's blocks makes requests preempt."""
+    from simkv.validate.vllm.compare import compare_steps, fitting_pool, random_workload, simulate
+
+    model = uniform() if shape == "custom" else resolve_model(str(TINY / f"{shape}.json"))
+    reqs = random_workload(8, 5, False)
+    settings = SchedulerSettings(num_blocks=2, block_size=16, max_num_batched_tokens=32, max_num_seqs=4,
+                                 max_model_len=512)
+    settings = SchedulerSettings(**{**settings.__dict__, "num_blocks": fitting_pool(model, reqs, settings)})
+    ids = prompt_token_ids(reqs, 5)
+    result = compare_steps(run_real(model, reqs, ids, settings).steps, simulate(model, reqs, ids, settings))
+    assert result["steps_total"] > 0 and result["steps_mismatched"] == 0, result["first_mismatches"][:2]

@@ -79,6 +79,20 @@ def test_exclusion_lists_name_parts_and_layers():
         "bf16", "bf16", "bf16", "bf16", "int4-g32-sym"]
 
 
+def test_mtp_layer_module_names_are_skipped():
+    """GLM-5-FP8 lists ``model.layers.78.eh_proj`` (its MTP layer: num_hidden_layers 78, layers 0-77) among the
+    unquantized modules. The main model never loads layer 78 (vLLM DeepseekV2ForCausalLM.load_weights skips the
+    spec-decode layers), so the name sets no rule; a name below the layer count still does, and without the count
+    the name stays one simkv cannot place."""
+    quant = {"quant_method": "fp8", "weight_block_size": [128, 128],
+             "modules_to_not_convert": ["model.layers.78.eh_proj", "model.layers.77.self_attn.indexers_proj"]}
+    scheme = scheme_of(quant, None, "bf16", "t", 78)
+    assert scheme.rules == (("attn_in", 77, "bf16"),)
+    assert scheme.format_of("attn_in", 77) == "bf16" and scheme.format_of("attn_in", 76) == "fp8-block"
+    with pytest.raises(ConfigError, match="quantization module name 'model.layers.78.eh_proj'"):
+        scheme_of(quant, None, "bf16", "t")
+
+
 @pytest.mark.parametrize("quant, message", [
     ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not one simkv reads"),
     ({"quant_method": "fp8", "weight_block_size": [64, 64]}, "fp8 weight_block_size [64, 64]"),

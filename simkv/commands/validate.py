@@ -21,7 +21,10 @@ VALIDATE_MODES = (
          lambda a: not a.paged and a.runtime == "openvino", "runtime"),
     Mode("transformers", "Hugging Face transformers (--runtime transformers)",
          lambda a: not a.paged and a.runtime == "transformers", "runtime", ("--runtime", "transformers")),
-    Mode("paged", "GenAI's continuous batching (--paged)", lambda a: a.paged, "runtime", ("--paged",)),
+    Mode("paged", "GenAI's continuous batching (--paged)", lambda a: a.paged and a.runtime != "vllm", "runtime",
+         ("--paged",)),
+    Mode("vllm", "the real vLLM scheduler (--runtime vllm)", lambda a: a.runtime == "vllm", "runtime",
+         ("--runtime", "vllm")),
     *workload_modes(lambda a: not a.paged),
     # the transformers runner builds its chat turns without the trims (simkv/validate/transformers/runner.py)
     Mode("openvino-chat", "chat turns on the OpenVINO CPU plugin (--turns above 0, no --ops)",
@@ -42,7 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--runtime transformers runs Hugging Face DynamicCache / StaticCache on torch CPU instead and compares "
         "with hf-dynamic / hf-static."))
     # --paged builds its own toy model from the dimension flags, and its own workloads
-    add_scenario_arguments(p, model=SESSION, workload=SESSION, layers=ANY, heads=ANY, kv_heads=ANY, head_dim=ANY,
+    add_scenario_arguments(p, model=(*SESSION, "vllm"), workload=SESSION, layers=ANY, heads=ANY, kv_heads=ANY, head_dim=ANY,
                            sliding_window="transformers", turn_divergence="openvino-chat")
     p.set_defaults(**VALIDATE_DEFAULTS)
     helps = {
@@ -62,7 +65,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
             action.help = helps[action.dest]
     r = p.add_argument_group("real run")
     r.add_argument("--hidden", type=int, modes=SESSION, help="hidden size of the toy model (default heads x head-dim)")
-    r.add_argument("--vocab", type=int, default=1000, modes=ANY, help="vocabulary of the toy model (default 1000)")
+    r.add_argument("--vocab", type=int, default=1000, modes=(*SESSION, "paged"), help="vocabulary of the toy model (default 1000)")
     r.add_argument("--inference-precision", modes="openvino",
                    help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
     r.add_argument("--ir", metavar="PATH", modes="openvino", help="validate an exported model (openvino_model.xml or "
@@ -72,9 +75,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--slope-min-tokens", type=int, default=500, modes=SESSION,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
     r.add_argument("--seed", type=int, default=0, modes=ANY, help="weights and token ids (default 0)")
-    r.add_argument("--runtime", choices=("openvino", "transformers"), default="openvino", modes=SESSION,
+    r.add_argument("--runtime", choices=("openvino", "transformers", "vllm"), default="openvino",
+                   modes=(*SESSION, "vllm"),
                    help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
-                   "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32)")
+                   "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32); vllm: the real vLLM "
+                   "V1 scheduler (side venv: simkv setup vllm) vs --scheduler vllm, step by step (--trace or --random "
+                   "N requests; --num-kv-blocks, --block-size, --max-model-len, the --paged flags)")
     from simkv.validate.transformers.archs import ARCHS  # imports no runtime
 
     r.add_argument("--arch", choices=tuple(ARCHS), modes="transformers",
@@ -89,8 +95,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                           "compared with: this host (after `simkv calibrate`), a preset or a preset file")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", modes=ANY, help="print the result as JSON on stdout")
-    o.add_argument("--out", metavar="PATH.json", modes=ANY, output=(".json",), help="write the JSON result to a file")
-    o.add_argument("--report", metavar="PATH.html", modes=ANY, output=(".html", ".htm"),
+    o.add_argument("--out", metavar="PATH.json", modes=(*SESSION, "paged"), output=(".json",), help="write the JSON result to a file")
+    o.add_argument("--report", metavar="PATH.html", modes=(*SESSION, "paged"), output=(".html", ".htm"),
                    help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
     return p
@@ -102,25 +108,33 @@ def _add_paged_validate_arguments(p) -> None:
     g.add_argument("--paged", action="store_true", modes="paged",
                    help="validate the paged continuous-batching model step by step against GenAI's pipeline on CPU "
                         "(model flags shape its toy model: default 2 layers, 4 heads, 2 kv heads x 32)")
-    g.add_argument("--trace", metavar="W.csv", modes="paged",
+    g.add_argument("--trace", metavar="W.csv", modes=("paged", "vllm"),
                    help="the workload (serving CSV/JSONL with arrival_step)")
-    g.add_argument("--random", type=int, metavar="N", modes="paged",
+    g.add_argument("--random", type=int, metavar="N", modes=("paged", "vllm"),
                    help="N random workloads and configurations from --seed")
-    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", modes="paged",
+    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", modes=("paged", "vllm"),
                    help="pool blocks (0 with --cache-size 0: dynamic pool)")
     g.add_argument("--cache-size", type=int, default=0, metavar="GIB", modes="paged",
                    help="pool size in whole GiB (GenAI's cache_size)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", modes="paged",
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", modes=("paged", "vllm"),
                    help="tokens per step (default 256)")
-    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", modes="paged",
+    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", modes=("paged", "vllm"),
                    help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
     g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged",
                    help="vLLM mode: whole prompts, no chunks")
-    g.add_argument("--prefix-caching", action="store_true", modes="paged", help="enable_prefix_caching")
+    g.add_argument("--prefix-caching", action="store_true", modes=("paged", "vllm"), help="enable_prefix_caching")
     g.add_argument("--no-memray", action="store_true", modes="paged", help="skip recording the pool allocations (faster)")
+    g.add_argument("--block-size", type=int, default=16, metavar="N", modes="vllm",
+                   help="--runtime vllm: tokens per block (default 16)")
+    g.add_argument("--max-model-len", type=int, default=4096, metavar="N", modes="vllm",
+                   help="--runtime vllm: max_model_len (default 4096)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.runtime == "vllm":  # the real vLLM V1 scheduler vs simkv's (simkv/validate/vllm/)
+        from simkv.validate.vllm.compare import cli_main as vllm_main
+
+        return vllm_main(args)
     if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai/)
         from simkv.validate.genai.runner import cli_main
 

@@ -178,6 +178,8 @@ class Family:
     mla: bool = False
     #: MLA with DeepSeek sparse attention's indexer (``index_n_heads``, ``index_head_dim``): its key per token.
     indexer: bool = False
+    #: Which MLA layers build the indexer (and keep its key), from ``(config, layers)``; None: every one.
+    indexed: Callable[[Config, int], list[bool]] | None = None
     sinks: bool = False
     #: The keys that may hold layer_types in a file (Granite's attribute_map adds ``layers_block_type``);
     #: none: always derived (Jamba's ``layer_types`` is a read-only property).

@@ -121,7 +121,7 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
     moe = _moe(c, n, family)
     quant = text.get("quantization_config", raw.get("quantization_config"))
     quantized = quant is not None or hf_quant is not None
-    scheme = scheme_of(quant, hf_quant, DTYPE_FORMAT.get(_dtype(raw, text, c, quantized), "bf16"), where)
+    scheme = scheme_of(quant, hf_quant, DTYPE_FORMAT.get(_dtype(raw, text, c, quantized), "bf16"), where, n)
     spec = dict(
         name=name, layers=n, heads=heads, kv_heads=kv_heads, head_dim=head_dim, hidden=hidden,
         intermediate=moe.pop("intermediate"), vocab=c.int("vocab_size", limits.MAX_WIDTH, default=0),
@@ -218,6 +218,7 @@ def _layers(c: Config, types: list[str], family: Family | None, kv_heads: int, h
     else:
         attn = dict(kv_heads=kv_heads, k_dim=head_dim, v_dim=head_dim, sinks=bool(family and family.sinks))
     sliding = chunk = state = None
+    indexed = family.indexed(c, len(types)) if family and family.indexer and family.indexed else None
     out = []
     for i, t in enumerate(types):
         kind = KIND_OF_TYPE[t]
@@ -239,6 +240,8 @@ def _layers(c: Config, types: list[str], family: Family | None, kv_heads: int, h
             out.append(LayerKV("linear", conv_elements=state[0], recurrent_elements=state[1]))
         elif kind == "none":
             out.append(LayerKV("none"))
+        elif indexed is not None and not indexed[i]:  # a layer that reuses another layer's top-k: no indexer
+            out.append(LayerKV("full", **{**attn, "indexer": None}))
         else:
             out.append(LayerKV("full", **attn))
     return out, latent

@@ -38,6 +38,14 @@ RUN_MODES = (
              "--policy": "the pool's blocks are GenAI's (--block-size, --num-kv-blocks, --cache-size); a policy "
                          "sizes per-request buffers under --memory contiguous",
              "--policy-opt": "a policy sizes per-request buffers under --memory contiguous"}),
+    Mode("genai-paged", "GenAI's scheduler on paged memory (--scheduler continuous)",
+         lambda a: _serving(a) and a.memory == "paged" and a.scheduler != "vllm", "scheduler",
+         ("--synthetic", "--memory", "paged", "--scheduler", "continuous")),
+    Mode("vllm", "vLLM's scheduler (--scheduler vllm)", lambda a: _serving(a) and a.scheduler == "vllm", "scheduler",
+         ("--synthetic", "--scheduler", "vllm"), hints={
+             "--kv-manager": "vLLM's scheduler has vLLM's own KV manager",
+             "--no-dynamic-split-fuse": "vLLM's scheduler always chunks prefills (--long-prefill-token-threshold)",
+             "--on-oom": "vLLM's scheduler preempts the last running request"}),
     Mode("contiguous", "contiguous memory (--memory contiguous)",
          lambda a: _serving(a) and a.memory == "contiguous", "memory", ("--synthetic", "--memory", "contiguous")),
     Mode("contiguous-continuous", "contiguous memory under the continuous scheduler",
@@ -112,25 +120,32 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"{' | '.join(SCHEDULERS)} (default continuous)")
     g.add_argument("--memory", default="paged", modes="serving", help=f"{' | '.join(MEMORIES)}: GenAI block pool, "
                    "or per-request buffers under --policy (default paged)")
-    g.add_argument("--block-size", type=int, default=32, modes="paged",
-                   help="paged: tokens per block (32 on CPU, 16 on GPU; default 32)")
+    g.add_argument("--block-size", type=int, modes="paged", help="paged: tokens per block (32 on CPU, 16 on GPU; "
+                   "default 32, --scheduler vllm 16)")
     g.add_argument("--num-kv-blocks", type=int, default=0, modes="paged", help="paged: pool size in blocks (default 0)")
     g.add_argument("--cache-size", type=float, default=0.0, modes="paged", help="paged: pool size in GiB (default 0; "
                    "with --num-kv-blocks 0: a dynamic pool that grows by 256 tokens' worth of blocks)")
-    g.add_argument("--max-num-seqs", type=int, default=256, modes=("paged", "contiguous-continuous"),
+    g.add_argument("--max-num-seqs", type=int, modes=("paged", "contiguous-continuous"),
                    help="requests running at once (paged: vLLM mode, and linear-attention state blocks; contiguous "
-                   "continuous; default 256)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, modes="paged",
-                   help="paged: tokens per step (default 256)")
-    g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged",
+                   "continuous; default 256; --scheduler vllm: vLLM's server default for the device, 1024 or 256)")
+    g.add_argument("--max-num-batched-tokens", type=int, modes="paged", help="paged: tokens per step (default 256; "
+                   "--scheduler vllm: vLLM's server default for the device, 8192 on an H100, 2048 on an A100)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, modes="vllm", help="--scheduler vllm: the "
+                   "device's share vLLM takes; the pool is that less the weights and the profile run's activations "
+                   "(default 0.9; --num-kv-blocks or --cache-size override it)")
+    g.add_argument("--scheduling-policy", default="fcfs", modes="vllm",
+                   help="--scheduler vllm: fcfs | priority (default fcfs)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, modes="vllm", help="--scheduler vllm: most "
+                   "prompt tokens one request gets per step while others are present (default 0: no cap)")
+    g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="genai-paged",
                    help="paged: vLLM mode (whole prompts first)")
     g.add_argument("--prefix-caching", action="store_true", modes="paged", help="paged: enable_prefix_caching")
-    g.add_argument("--kv-manager", default="genai", modes="paged", help="paged: genai (one block spans every "
+    g.add_argument("--kv-manager", default="genai", modes="genai-paged", help="paged: genai (one block spans every "
                    "attention layer, windows keep every block, linear-attention states in a pool of their own) | vllm "
                    "(vLLM's hybrid manager: a block table per group of layers, windows and chunks free blocks, MLA as "
                    "its latent, a state block per running request; GenAI's scheduling either way; default genai)")
-    g.add_argument("--on-oom", default="preempt", modes="serving", help=f"when a request's memory does not fit: "
-                   f"{' | '.join(ON_OOM)} (default preempt: by recompute, GenAI's victim rule)")
+    g.add_argument("--on-oom", default="preempt", modes=("genai-paged", "contiguous"), help="when a request's memory "
+                   f"does not fit: {' | '.join(ON_OOM)} (default preempt: by recompute, GenAI's victim rule)")
     g.add_argument("--static-batch", type=int, default=8, modes="static",
                    help="static scheduler: requests per batch (default 8)")
     g.add_argument("--max-context", type=int, modes="serving", help="reject prompts at or above this many tokens "
@@ -181,8 +196,9 @@ def spec_from_args(args):
     from simkv.precision import get_precision
     from simkv.scenario import resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
-    from simkv.serving.run import ServingSpec, context_of, runtime_defaults
+    from simkv.serving.run import ServingSpec, context_of, kv_dtype, runtime_defaults
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.vllm import batch_defaults
 
     if args.trace and args.synthetic:
         raise ConfigError("give --trace or --synthetic, not both")
@@ -199,15 +215,26 @@ def spec_from_args(args):
         requests = synthetic(count, args.rate, args.prompt_dist, args.output_dist, arrivals=args.arrivals,
                              seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
-    # paged: the KV precision the device's runtime keeps its pool in (as simkv plan takes it); contiguous: the
-    # policy's runtime's
-    precision = get_precision(args.precision or (runtime_defaults(device, model)["precision"] if args.memory == "paged"
-                                                 else policy.default_precision))
+    # the KV precision: vLLM's scheduler keeps the model's dtype (kv_cache_dtype "auto"); GenAI's paged pool what the
+    # device's runtime keeps (as simkv plan takes it: u8 on a CPU, f16 on an Intel GPU, the model's dtype on a vLLM
+    # device); contiguous buffers the policy's runtime's
+    default = (kv_dtype(model) if args.scheduler == "vllm" else
+               runtime_defaults(device, model)["precision"] if args.memory == "paged" else policy.default_precision)
+    precision = get_precision(args.precision or default)
     precision.check(model)
-    cfg = SchedulerConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
-                          max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+    vllm = args.scheduler == "vllm"
+    if vllm:  # vLLM's defaults where GenAI's differ (block size 16: CacheConfig.DEFAULT_BLOCK_SIZE on CUDA)
+        tokens, seqs = batch_defaults(device.name, device.memory_bytes)
+        block_size, batched, seqs = args.block_size or 16, args.max_num_batched_tokens or tokens, args.max_num_seqs or seqs
+    else:
+        block_size, batched, seqs = args.block_size or 32, args.max_num_batched_tokens or 256, args.max_num_seqs or 256
+    cfg = SchedulerConfig(block_size=block_size, num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
+                          max_num_batched_tokens=batched, max_num_seqs=seqs,
                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
-                          on_oom=args.on_oom, kv_manager=args.kv_manager)
+                          on_oom=args.on_oom, kv_manager=args.kv_manager, scheduler="vllm" if vllm else "genai",
+                          gpu_memory_utilization=args.gpu_memory_utilization,
+                          long_prefill_token_threshold=args.long_prefill_token_threshold,
+                          scheduling_policy=args.scheduling_policy)
     device_memory = None if args.device_memory is None else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:
@@ -271,7 +298,9 @@ def render(result) -> str:
 
     sec = _sec
     mem = (f"paged, block {sp.paged.block_size}" + (f", {sp.paged.num_kv_blocks:,} blocks" if sp.paged.num_kv_blocks
-           else f", {sp.paged.cache_size:,g} GiB" if sp.paged.cache_size else ", dynamic pool")
+           else f", {sp.paged.cache_size:,g} GiB" if sp.paged.cache_size else
+           f", pool of gpu_memory_utilization {sp.paged.gpu_memory_utilization}" if sp.paged.scheduler == "vllm" else
+           ", dynamic pool")
            + (", prefix caching" if sp.paged.enable_prefix_caching else "")
            + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")) if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"

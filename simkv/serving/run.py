@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from simkv.serving.requests import Request, check_workload, over_context
 from simkv.serving.sched.config import SchedulerConfig
 from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED, Group
 
-SCHEDULERS = ("sequential", "static", "continuous")
+SCHEDULERS = ("sequential", "static", "continuous", "vllm")
 MEMORIES = ("contiguous", "paged")
 ON_OOM = ("wait", "preempt", "reject")
 
@@ -38,6 +38,12 @@ def context_of(model) -> int | None:
     return CONTEXT.get(model.name) or model.context or None
 
 
+def kv_dtype(model) -> str:
+    """vLLM's ``kv_cache_dtype="auto"``: the KV cache in the model's dtype — bf16 where the config's is bfloat16, else
+    f16 (none named) — whatever format its weights are stored in."""
+    return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
+
+
 #: vLLM's ``gpu_memory_utilization`` default (``CacheConfig``, 0.9; plan-facts §2.1): the fixed pool of a vLLM device.
 VLLM_UTILIZATION = 0.9
 
@@ -51,9 +57,8 @@ def runtime_defaults(device, model) -> dict:
     DESIGN §4b)."""
     from simkv.serving.engine.core import memory_path
 
-    if device.runtime == "vllm":  # the model's dtype, whatever format its weights are stored in
-        dtype = "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
-        return {"precision": dtype, "block_size": 16, "pool": str(VLLM_UTILIZATION)}
+    if device.runtime == "vllm":
+        return {"precision": kv_dtype(model), "block_size": 16, "pool": str(VLLM_UTILIZATION)}
     gpu = memory_path(device) == "gpu"
     return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic"}
 
@@ -445,7 +450,9 @@ def _watched(progress, watch, replica: int):
 def _engine(spec: ServingSpec, device, requests: list[Request], progress):
     """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
     cfg = spec.paged
-    if spec.scheduler == "continuous" and spec.memory == "paged":
+    if spec.scheduler in ("continuous", "vllm") and spec.memory == "paged":
+        if (spec.scheduler == "vllm") != (cfg.scheduler == "vllm"):  # the one switch: GenAI's rules or vLLM's
+            cfg = spec.paged = replace(cfg, scheduler="vllm" if spec.scheduler == "vllm" else "genai")
         from simkv.serving.engine.core import PagedServing
 
         eng = PagedServing(requests, spec.device_model, spec.precision, cfg, device=device,

@@ -34,7 +34,9 @@ from simkv.serving.kv.block_pool import BlockPool
 from simkv.serving.kv.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
 from simkv.serving.sched.config import SchedulerConfig
-from simkv.serving.sched.genai import ContinuousScheduler, GpuCheck, prepare_tokens
+from simkv.serving.sched.genai import ContinuousScheduler, GpuCheck
+from simkv.serving.sched.vllm import (UNBOUNDED_MODEL_LEN, EngineVllm, VllmSettings, num_gpu_blocks,
+                                      profile_peak_bytes)
 from simkv.serving.sched.group import RUNNING, UNFINISHED, Group
 from simkv.serving.engine.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
@@ -44,6 +46,17 @@ _index = attrgetter("index")
 #: other device (xeon-8480, host, a custom one) follows its CPU path: no check, and an allocation that does not fit
 #: is out of memory. NVIDIA presets have no OpenVINO plugin; they take the GPU path, a device's own memory.
 GPU_DEVICES = frozenset({"h100-sxm", "a100-80gb", "arc-a770", "core-ultra-155h-igpu"})
+
+
+#: The scheduling rules the engine serves with (``SchedulerConfig.scheduler``).
+SCHEDULER_RULES = ("genai", "vllm")
+
+
+def takes_fast_paths(sched) -> bool:
+    """Whether the engine may plan quiet runs and squeezed runs (:mod:`.planned_run`, :mod:`.squeezed`) for this
+    scheduler: they replay GenAI's rules only, so every other scheduler (vLLM's) takes the step-by-step reference
+    path, fast or not. The one place this is decided."""
+    return isinstance(sched, ContinuousScheduler)
 
 
 def memory_path(device) -> str:
@@ -160,9 +173,14 @@ class PagedServing:
         self.model, self.cfg = model, config
         if config.block_size <= 0:
             raise ConfigError("block size and block bytes must be positive")
-        kv = paged_kv(model, precision, config.block_size, config.kv_manager,
+        if config.scheduler not in SCHEDULER_RULES:
+            raise ConfigError(f"unknown scheduler rules {config.scheduler!r}; choose {', '.join(SCHEDULER_RULES)}")
+        vllm = config.scheduler == "vllm"
+        kv = paged_kv(model, precision, config.block_size, "vllm" if vllm else config.kv_manager,
                       prefix_caching=config.enable_prefix_caching)
-        if config.kv_manager == "vllm" and config.enable_prefix_caching:
+        if vllm and (block_bytes or tensor_block_bytes is not None):
+            raise ConfigError("bytes per block given by hand are not modelled under --scheduler vllm")
+        if config.kv_manager == "vllm" and config.enable_prefix_caching and not vllm:
             raise ConfigError("prefix caching under --kv-manager vllm is not modelled (vLLM's hit rules per group: "
                               "sliding windows scanned from the right, Mamba states at block boundaries); use the "
                               "GenAI manager or drop --prefix-caching")
@@ -183,17 +201,17 @@ class PagedServing:
             raise ConfigError(f"no room for even one KV block: {device_memory:,} B device memory, "
                               f"{weights_bytes:,} B weights")
         self.max_blocks = budget // self.block_bytes
-        fixed, state_fixed = self._pool_sizes(config, kv, budget)
-        self.pool = BlockPool(fixed, config.enable_prefix_caching)
-        self.state_pool = BlockPool(state_fixed, config.enable_prefix_caching) if kv.state_bytes else None
         self.device_memory, self.weights_bytes = device_memory, weights_bytes
         #: GenAI's path for a dynamic pool on this device (:func:`memory_path`); the largest single allocation is
         #: taken as the whole device (GenAI reads ``device_max_alloc_mem_size``; no preset has a figure for it).
         self.memory_path = memory_path(device)
-        gpu = (GpuCheck(device_memory, weights_bytes, device_memory, len(kv.tensors) + len(kv.state_tensors))
-               if self.memory_path == "gpu" else None)
-        self.sched = ContinuousScheduler(config, self.pool, dynamic=config.dynamic, max_blocks=self.max_blocks, kv=kv,
-                                         state_pool=self.state_pool, budget=budget, gpu=gpu)
+        #: The scheduler: what the loop asks of it is :class:`ContinuousScheduler`'s and :class:`EngineVllm`'s
+        #: common interface (add_group, schedule, update, free_group; pool, copies).
+        self.sched = self._vllm_scheduler(model, config, kv, budget) if vllm else self._genai_scheduler(config, kv,
+                                                                                                         budget)
+        self.pool = self.sched.pool
+        self.state_pool = getattr(self.sched, "state_pool", None)
+        self.vllm = vllm
         self.side_pools = [self.sched.pools[grp.pool] for grp in kv.side]
         #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
         self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
@@ -216,6 +234,36 @@ class PagedServing:
                                    config.transient_buffers and kv.transient, kv.state_tensors,
                                    by_layer=kv.manager == "genai")
         self.ledger = self.tensors.ledger
+
+    def _genai_scheduler(self, config: SchedulerConfig, kv, budget: int) -> ContinuousScheduler:
+        fixed, state_fixed = self._pool_sizes(config, kv, budget)
+        pool = BlockPool(fixed, config.enable_prefix_caching)
+        state_pool = BlockPool(state_fixed, config.enable_prefix_caching) if kv.state_bytes else None
+        gpu = (GpuCheck(self.device_memory, self.weights_bytes, self.device_memory,
+                        len(kv.tensors) + len(kv.state_tensors)) if self.memory_path == "gpu" else None)
+        return ContinuousScheduler(config, pool, dynamic=config.dynamic, max_blocks=self.max_blocks, kv=kv,
+                                   state_pool=state_pool, budget=budget, gpu=gpu)
+
+    def _vllm_scheduler(self, model, config: SchedulerConfig, kv, budget: int) -> EngineVllm:
+        """vLLM's scheduler over a pool of ``--num-kv-blocks`` blocks, else ``--cache-size`` GiB, else vLLM's
+        ``num_gpu_blocks`` (:func:`~simkv.serving.sched.vllm.num_gpu_blocks`: ``gpu_memory_utilization`` of the
+        device less the weights and the profile run's activation peak)."""
+        if config.on_oom != "preempt":
+            raise ConfigError("--scheduler vllm preempts by recompute (vLLM's rule): drop --on-oom")
+        if config.num_kv_blocks or config.cache_size:
+            blocks, _ = self._pool_sizes(config, kv, budget)
+        else:
+            peak = profile_peak_bytes(model, config.max_num_batched_tokens, config.max_num_seqs)
+            blocks = num_gpu_blocks(kv.block_bytes, self.device_memory, self.weights_bytes, peak,
+                                    config.gpu_memory_utilization)
+        if blocks < 2:
+            raise ConfigError("--scheduler vllm needs a pool of at least 2 blocks (block 0 is vLLM's null block)")
+        settings = VllmSettings(num_blocks=blocks, block_size=kv.block_size,
+                                max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+                                max_model_len=UNBOUNDED_MODEL_LEN,
+                                long_prefill_token_threshold=config.long_prefill_token_threshold,
+                                policy=config.scheduling_policy, enable_prefix_caching=config.enable_prefix_caching)
+        return EngineVllm(kv, settings)
 
     @staticmethod
     def _pool_sizes(config: SchedulerConfig, kv, budget: int) -> tuple[int, int]:
@@ -281,7 +329,7 @@ class PagedServing:
         the requests given here; default: computed from them) and the trace's longest request (the stall
         bound; default: these requests')."""
         reqs = self.requests
-        self.fast = fast
+        self.fast = fast and takes_fast_paths(self.sched)
         # arrivals in steps (arrival_step), else in seconds (arrival_s): also the planned runs and joins
         self.by_step = bool(reqs) and reqs[0].arrival_step is not None
         self.prompts = session_prompts(reqs) if prompts is None else list(prompts)
@@ -549,7 +597,9 @@ class PagedServing:
             copied += self.sched.state_copies * self.state_bytes
         blocks_used = self.pool.used()
         state_used = state.used() if state is not None else 0
-        if self.sched.simple:
+        if self.vllm:
+            used_b = self.sched.data_bytes(part)
+        elif self.sched.simple:
             internal = internal_slack(part, self.pool, self.bs)
             used_b = (blocks_used * self.bs - internal) * self.block_bytes // self.bs
         else:
@@ -571,10 +621,7 @@ class PagedServing:
         if self.trace_requests:
             for g in live:
                 self.progress_rows.append((step, g.req.id, g.generated, g.processed, g.status))
-        if self.window_blocks:
-            for g in scheduled:
-                if g.status == RUNNING:
-                    self.sched.drop_skipped(g)
+        self.sched.update(scheduled, finished)
         if self.observe is not None:
             self.observe(step, self, live)
         for g in finished:
@@ -682,12 +729,9 @@ class PagedServing:
 
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])
-        self.sched.init_side(g)
         g.added_s, g.added_step = (req.arrival_s if req.arrival_s is not None else self.t), self.step
-        if self.tokens is not None:
-            prepare_tokens(g, self.tokens[index], self.bs)
-            self.sched.restore(g)
-            if g.tables[0]:  # restored blocks: not untouched
-                self.cold = max(self.cold, index + 1)
+        self.sched.add_group(g, self.tokens[index] if self.tokens is not None else None)
+        if g.tables[0]:  # restored blocks: not untouched
+            self.cold = max(self.cold, index + 1)
         self.groups.append(g)
         return g

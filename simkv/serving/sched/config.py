@@ -10,6 +10,9 @@ from dataclasses import dataclass
 GENAI_FIELDS = ("num_kv_blocks", "cache_size", "max_num_batched_tokens", "max_num_seqs", "dynamic_split_fuse",
                 "enable_prefix_caching")
 
+#: The fields only ``scheduler="vllm"`` reads (left out of a GenAI run's summary).
+VLLM_FIELDS = ("scheduler", "gpu_memory_utilization", "long_prefill_token_threshold", "scheduling_policy")
+
 
 @dataclass
 class SchedulerConfig:
@@ -41,6 +44,13 @@ class SchedulerConfig:
     #: or "vllm" (vLLM's hybrid manager: a block table per group of layers, windows and chunks free blocks, MLA as
     #: its latent, a Mamba state block per running request). The scheduling rules stay GenAI's.
     kv_manager: str = "genai"
+    #: simkv extension: whose scheduling rules serve: "genai" (:mod:`simkv.serving.sched.genai`) or "vllm" (vLLM V1's
+    #: ``Scheduler`` and ``KVCacheManager``, :mod:`simkv.serving.sched.vllm`; always vLLM's KV manager). The fields
+    #: below are vLLM's (``CacheConfig`` / ``SchedulerConfig``) and are read only under "vllm".
+    scheduler: str = "genai"
+    gpu_memory_utilization: float = 0.9
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
 
     @property
     def dynamic(self) -> bool:
@@ -54,4 +64,5 @@ class SchedulerConfig:
     def summary(self) -> dict:
         """The ``paged`` object of ``simkv run --json``: every field, the pool size under its older key,
         ``cache_size_gib``."""
-        return {"cache_size_gib" if name == "cache_size" else name: value for name, value in vars(self).items()}
+        return {"cache_size_gib" if name == "cache_size" else name: value for name, value in vars(self).items()
+                if self.scheduler == "vllm" or name not in VLLM_FIELDS}

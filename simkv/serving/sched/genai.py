@@ -306,6 +306,23 @@ class ContinuousScheduler:
                 for table in tables:
                     _drop(table, drop, pool)
 
+    def add_group(self, g: Group, tokens=None) -> None:
+        """A request arrives (``add_request``): empty side tables, and with prefix caching (``tokens``: its prompt's
+        ids) its hashes and the blocks restored from the cache. (The engine's interface: :class:`..vllm.EngineVllm`
+        answers the same.)"""
+        self.init_side(g)
+        if tokens is not None:
+            prepare_tokens(g, tokens, self.bs)
+            self.restore(g)
+
+    def update(self, scheduled: list[Group], finished: list[Group]) -> None:
+        """After sampling: vLLM's manager (``kv_manager="vllm"``) frees the blocks that left a window of each request
+        still running; the finished are freed by the engine (:meth:`free_group`)."""
+        if self.windowed:
+            for g in scheduled:
+                if g.status == RUNNING:
+                    self.drop_skipped(g)
+
     def init_side(self, g: Group) -> None:
         """Empty side tables for a new group (one sequence)."""
         if self.side:

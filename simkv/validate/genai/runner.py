@@ -185,29 +185,41 @@ def compare_steps(real: Sequence[dict], sim: Sequence[dict], *, exempt_blocks: I
     """
     bounds = bounds or {}
     exempt = set(exempt_blocks)
+
+    def diff_of(k: int, a: dict, b: dict) -> dict:
+        diff: dict[str, dict] = {}
+        for f in STEP_FIELDS:
+            if f == "blocks_used" and k in exempt:
+                lo, hi = bounds[k]
+                if not lo <= a[f] <= hi:
+                    diff[f] = {"real": a[f], "simulated": b[f], "bounds": [lo, hi]}
+            elif a[f] != b[f]:
+                diff[f] = {"real": a[f], "simulated": b[f]}
+        for rid in sorted(set(a["status"]) | set(b["status"]), key=lambda s: int(s)):
+            for f in ("status", "generated"):
+                ra, sb = a[f].get(rid), b[f].get(rid)
+                if f == "generated" and ra is None:
+                    continue
+                if ra != sb:
+                    diff[f"{f}[{rid}]"] = {"real": ra, "simulated": sb}
+        return diff
+
+    return tally_steps(real, sim, diff_of, limit)
+
+
+def tally_steps(real: Sequence[dict], sim: Sequence[dict], diff_of, limit: int = 20) -> dict:
+    """Step records compared pairwise (``diff_of(k, real_step, sim_step)``: the differing fields); a step missing
+    on one side mismatches. The summary every step validator reports: ``steps_total``, ``steps_matched``,
+    ``steps_mismatched``, ``first_mismatches`` (at most ``limit``)."""
     n = max(len(real), len(sim))
     mismatches, matched = [], 0
     for k in range(n):
         a = real[k] if k < len(real) else None
         b = sim[k] if k < len(sim) else None
-        diff: dict[str, dict] = {}
         if a is None or b is None:
-            diff["step"] = {"real": None if a is None else k, "simulated": None if b is None else k}
+            diff = {"step": {"real": None if a is None else k, "simulated": None if b is None else k}}
         else:
-            for f in STEP_FIELDS:
-                if f == "blocks_used" and k in exempt:
-                    lo, hi = bounds[k]
-                    if not lo <= a[f] <= hi:
-                        diff[f] = {"real": a[f], "simulated": b[f], "bounds": [lo, hi]}
-                elif a[f] != b[f]:
-                    diff[f] = {"real": a[f], "simulated": b[f]}
-            for rid in sorted(set(a["status"]) | set(b["status"]), key=lambda s: int(s)):
-                for f in ("status", "generated"):
-                    ra, sb = a[f].get(rid), b[f].get(rid)
-                    if f == "generated" and ra is None:
-                        continue
-                    if ra != sb:
-                        diff[f"{f}[{rid}]"] = {"real": ra, "simulated": sb}
+            diff = diff_of(k, a, b)
         if diff:
             if len(mismatches) < limit:
                 mismatches.append({"step": k, "fields": diff})

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from simkv.errors import ConfigError
+from simkv.serving.sched.vllm import VllmSettings
 
 from .env import driver_env, require
 
@@ -41,29 +42,8 @@ MAX_STEPS = 100_000
 TIMEOUT_S = 600
 
 
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """vLLM's scheduler and cache settings that a validation varies (``SchedulerConfig`` / ``CacheConfig`` names)."""
-
-    num_blocks: int = 64  # the whole pool, null block 0 included
-    block_size: int = 16
-    max_num_batched_tokens: int = 64
-    max_num_seqs: int = 8
-    max_model_len: int = 4096
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
-    enable_prefix_caching: bool = False
-
-    def check(self) -> None:
-        if self.num_blocks < 2:
-            raise ConfigError("num_blocks must be >= 2 (block 0 is vLLM's null block)")
-        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1")
-        if self.long_prefill_token_threshold < 0:
-            raise ConfigError("long_prefill_token_threshold must be >= 0")
-        if self.policy not in ("fcfs", "priority"):
-            raise ConfigError(f"unknown vLLM scheduling policy {self.policy!r}; choose fcfs, priority")
+#: vLLM's scheduler and cache settings that a validation varies: simkv's own scheduler takes the same.
+SchedulerSettings = VllmSettings
 
 
 @dataclass

@@ -1,0 +1,209 @@
+"""vLLM V1's block pool and per-group block tables (``vllm/v1/core/block_pool.py``, ``kv_cache_utils.py``
+``FreeKVCacheBlockQueue``, ``single_type_kv_cache_manager.py``), as simkv's ``--scheduler vllm`` runs them.
+
+Rules (docs/research/vllm-scheduler.md, K1–K5):
+
+* K1: ``num_blocks`` blocks; block 0 is the null block (never free, never counted); the free queue starts as
+  1, 2, …; ``get_new_blocks(n)`` pops the queue's head (``popleft_n``), evicting a cached block's hash as it goes.
+* K3: ``BlockPool.free_blocks(ordered)``: ref counts drop; blocks reaching 0 without a hash (or any, caching off)
+  are prepended to the queue's front in the given order (``prepend_n``), cached ones appended to its tail
+  (``append_n``: LRU). A manager frees its table in reverse (``SingleTypeKVCacheManager.free``).
+* K4/K5: ``remove_skipped_blocks`` replaces the blocks before ``get_num_skipped_tokens(n)`` by the null block,
+  walking back from the last skipped one and stopping at a null block (``_remove_blocks_in_range``).
+* K2/S4: ``get_num_blocks_to_allocate`` (base class), with the admission cap of sliding/chunked specs
+  (``max_admission_blocks_per_request``, ``vllm/v1/kv_cache_interface.py``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+NULL = 0
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class VllmBlockPool:
+    """``BlockPool`` with its free queue: an ordered dict of free block ids (front = next handed out)."""
+
+    def __init__(self, num_blocks: int, prefix_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.caching = prefix_caching
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.ref = [0] * num_blocks
+        self.hash_of: list = [None] * num_blocks
+        #: (block hash, group id) -> the cached blocks with it, first cached first (``cached_block_hash_to_block``).
+        self.cached: dict[object, dict[int, None]] = {}
+        #: Block ids handed out so far are all below this (the engine's resident pool: ``BlockPool.touched``).
+        self.touched = 0
+
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def total(self) -> int:
+        """Blocks the pool's tensors hold, the null block included (the serving engine's ledger)."""
+        return self.num_blocks
+
+    def used(self) -> int:
+        """Blocks held by requests (the null block is never counted; cached free blocks are free)."""
+        return self.num_blocks - 1 - len(self.free_queue)
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        if n > len(self.free_queue):
+            raise ValueError(f"cannot get {n} free blocks from the pool")
+        out = []
+        for _ in range(n):
+            b, _ = self.free_queue.popitem(last=False)
+            if self.caching:
+                self._evict(b)
+            self.ref[b] = 1
+            out.append(b)
+        if out:
+            self.touched = max(self.touched, max(out) + 1)
+        return out
+
+    def _evict(self, b: int) -> None:
+        key = self.hash_of[b]
+        if key is None:
+            return
+        self.hash_of[b] = None
+        holders = self.cached.get(key)
+        if holders is not None:
+            holders.pop(b, None)
+            if not holders:
+                del self.cached[key]
+
+    def touch(self, blocks) -> None:
+        """A prefix hit: each block's ref count + 1, out of the free queue if it was free (``BlockPool.touch``)."""
+        for b in blocks:
+            if b == NULL:
+                continue
+            if self.ref[b] == 0:
+                del self.free_queue[b]
+            self.ref[b] += 1
+
+    def free_blocks(self, ordered) -> None:
+        first, last = [], []
+        for b in ordered:
+            if b == NULL:
+                continue
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                (first if self.hash_of[b] is None or not self.caching else last).append(b)
+        for b in reversed(first):  # prepend_n: the list's order at the queue's front
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
+        for b in last:
+            self.free_queue[b] = None
+
+    def cache(self, b: int, key) -> None:
+        """``cache_full_blocks``: a block that became full gets its hash (block hash ‖ group id)."""
+        if self.hash_of[b] is not None:
+            return
+        self.hash_of[b] = key
+        self.cached.setdefault(key, {})[b] = None
+
+    def cached_block(self, key) -> int | None:
+        holders = self.cached.get(key)
+        return next(iter(holders)) if holders else None
+
+
+class GroupTables:
+    """One KV-cache group's manager: its spec (kind, block size, window) and each request's block table."""
+
+    def __init__(self, gid: int, kind: str, block_size: int, window: int, pool: VllmBlockPool, *,
+                 max_in_flight: int, max_model_len: int) -> None:
+        self.gid, self.kind, self.block_size, self.window = gid, kind, block_size, window
+        self.pool = pool
+        self.tables: dict[str, list[int]] = {}
+        #: ``num_cached_block``: requests registered by a prefix lookup or by caching (their count of cached blocks).
+        self.num_cached: dict[str, int] = {}
+        # max_admission_blocks_per_request (kv_cache_interface.py): SlidingWindowSpec / ChunkedLocalAttentionSpec
+        if kind == "sliding":
+            self.cap = cdiv(min(window - 1 + max_in_flight, max_model_len), block_size) + 1
+        elif kind == "chunked":
+            self.cap = cdiv(min(window + max_in_flight, max_model_len), block_size)
+        else:
+            self.cap = None
+
+    def skipped_tokens(self, n: int) -> int:
+        """``get_num_skipped_tokens``: sliding ``n − W + 1``, chunked ``n // C × C``, Mamba ``n − 1``."""
+        if self.kind == "sliding":
+            return max(0, n - self.window + 1)
+        if self.kind == "chunked":
+            return n // self.window * self.window
+        if self.kind == "mamba":
+            return max(0, n - 1)
+        return 0
+
+    def blocks_to_allocate(self, rid: str, num_tokens: int, hit: list[int], total_computed: int,
+                           cap: bool = False) -> int:
+        required = cdiv(num_tokens, self.block_size)
+        if cap and self.cap is not None:
+            required = min(required, self.cap)
+        have = len(self.tables.get(rid, ()))
+        if rid in self.num_cached:
+            return max(required - have, 0)
+        skipped_blocks = self.skipped_tokens(total_computed) // self.block_size
+        new = max(required - max(skipped_blocks, len(hit) + have), 0)
+        skip_hit = max(0, skipped_blocks - have)
+        evictable = sum(1 for b in hit[skip_hit:] if b != NULL and self.pool.ref[b] == 0)
+        return new + evictable
+
+    def remove_skipped(self, rid: str, computed: int) -> None:
+        skipped = self.skipped_tokens(computed)
+        if skipped <= 0:
+            return
+        table = self.tables.setdefault(rid, [])
+        last = min(skipped // self.block_size, len(table))
+        freed = []
+        for i in range(last - 1, -1, -1):
+            if table[i] == NULL:
+                break
+            freed.append(table[i])
+            table[i] = NULL
+        if freed:
+            self.pool.free_blocks(freed)
+
+    def add_hit(self, rid: str, hit: list[int]) -> None:
+        self.pool.touch(hit)
+        table = self.tables.setdefault(rid, [])
+        table.extend(hit)
+        self.num_cached[rid] = len(table)
+
+    def allocate(self, rid: str, num_tokens: int) -> None:
+        table = self.tables.setdefault(rid, [])
+        n = cdiv(num_tokens, self.block_size) - len(table)
+        if n > 0:
+            table.extend(self.pool.get_new_blocks(n))
+
+    def cache_blocks(self, rid: str, hashes: list, num_tokens: int) -> None:
+        cached = self.num_cached.get(rid, 0)
+        full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
+        if cached >= full:
+            return
+        table = self.tables[rid]
+        for i in range(cached, full):
+            if table[i] != NULL:
+                self.pool.cache(table[i], (hashes[i], self.gid))
+        self.num_cached[rid] = full
+
+    def free(self, rid: str) -> None:
+        table = self.tables.pop(rid, [])
+        self.num_cached.pop(rid, None)
+        while table and table[0] == NULL:  # trim_null_head
+            table = table[1:]
+        self.pool.free_blocks(reversed(table))
+
+    def longest_hit(self, hashes: list, max_length: int) -> list[int]:
+        """Full attention's ``find_longest_cache_hit``: cached blocks from the left while every hash is cached."""
+        out = []
+        for h in hashes[:max_length // self.block_size]:
+            b = self.pool.cached_block((h, self.gid))
+            if b is None:
+                break
+            out.append(b)
+        return out

@@ -1,0 +1,515 @@
+"""vLLM V1's scheduler (``--scheduler vllm``): ``Scheduler.schedule`` and ``update_from_output`` of
+``vllm/v1/core/sched/scheduler.py`` (vLLM 0.33.0), over vLLM's block pool and per-group tables
+(:mod:`simkv.serving.kv.vllm_pool`).
+
+The rules, each read in vLLM's source and checked against the real scheduler (docs/research/vllm-scheduler.md):
+
+* S1/S3: one token budget (``max_num_batched_tokens``) per step; a request gets ``num_tokens − num_computed``
+  capped by ``long_prefill_token_threshold`` (only when more than one request is eligible), the budget, and
+  ``max_model_len − num_computed − 1``. No prefill/decode phases: chunked prefill falls out of the budget.
+* S2: running requests first, in ``self.running`` order; waiting requests only in a step that preempted none.
+* S4: admission (``allocate_slots(..., full_sequence_must_fit=True)``, ``scheduler_reserve_full_isl``): the blocks
+  of the whole known sequence must fit the free blocks (sliding/chunked groups capped); the waiting loop stops at
+  the first request that does not fit, at ``max_num_seqs`` running, or when the budget is spent.
+* S5: prefix lookup for a request with 0 computed tokens: whole cached blocks, at most ``num_tokens − 1`` tokens.
+* S6/S7: a running request that gets no slots preempts the last running request (FCFS: ``running.pop()``) or the
+  one with the largest ``(priority, arrival)`` (priority; its tokens this step go back to the budget), by
+  recompute: all blocks freed, 0 computed tokens, back at the waiting queue's head (FCFS) or into the heap.
+* S9: ``update_from_output``: a request past its known tokens samples one; it finishes at ``max_tokens`` outputs
+  or ``max_model_len`` tokens, and its blocks are freed then, in scheduled order.
+* K2: ``KVCacheManager.allocate_slots``: remove skipped blocks, count, touch the hit, allocate group by group,
+  cache the blocks that became full.
+
+Not modelled (refused with one line): prefix caching beside sliding, chunked or Mamba groups (their hit rules:
+windows scanned from the right, Mamba states cached at block-aligned chunks, ``mamba_cache_mode="align"``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from simkv.errors import ConfigError
+from simkv.serving.kv.vllm_pool import NULL, GroupTables, VllmBlockPool
+
+WAITING, RUNNING, PREEMPTED, FINISHED = "WAITING", "RUNNING", "PREEMPTED", "FINISHED"
+#: Generated tokens' ids start here (as the real driver's: distinct per request, never a prompt's).
+GENERATED_ID = 1_000_000
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """The scheduler and cache settings (vLLM's ``SchedulerConfig`` / ``CacheConfig`` names); also the real
+    driver's (:mod:`simkv.validate.vllm.real`)."""
+
+    num_blocks: int = 64  # the whole pool, null block 0 included
+    block_size: int = 16
+    max_num_batched_tokens: int = 64
+    max_num_seqs: int = 8
+    max_model_len: int = 4096
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    enable_prefix_caching: bool = False
+
+    def check(self) -> None:
+        if self.num_blocks < 2:
+            raise ConfigError("num_blocks must be >= 2 (block 0 is vLLM's null block)")
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError("long_prefill_token_threshold must be >= 0")
+        if self.policy not in ("fcfs", "priority"):
+            raise ConfigError(f"unknown vLLM scheduling policy {self.policy!r}; choose fcfs, priority")
+
+
+@dataclass
+class VRequest:
+    """vLLM's ``Request`` as the scheduler reads it."""
+
+    id: str
+    index: int  # arrival order (arrival_time)
+    tokens: list  # prompt + generated token ids
+    prompt: int
+    max_tokens: int
+    priority: int = 0
+    computed: int = 0
+    status: str = WAITING
+    preemptions: int = 0
+    hashes: list = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def outputs(self) -> int:
+        return len(self.tokens) - self.prompt
+
+    def __lt__(self, other: "VRequest") -> bool:  # Request.__lt__: (priority, arrival_time, request_id)
+        return (self.priority, self.index, self.id) < (other.priority, other.index, other.id)
+
+
+def group_specs(kv, max_model_len: int) -> list[tuple[str, int, int]]:
+    """vLLM's groups (kind, block size, window) in vLLM's order from simkv's ``--kv-manager vllm`` layout
+    (:func:`simkv.serving.kv.groups.paged_kv`): buckets of equal specs in order of first appearance, then the
+    strided groups of each (``_get_kv_cache_groups_uniform_page_size``). A Mamba group's block is
+    ``max_model_len`` (``mamba_cache_mode="none"``)."""
+    groups = list(kv.groups)
+    first = {}
+    for g in groups:
+        key = (g.kind, g.window, g.block_size)
+        first[key] = min(first.get(key, min(g.layers)), min(g.layers))
+    groups.sort(key=lambda g: (first[(g.kind, g.window, g.block_size)], min(g.layers)))
+    return [("mamba" if g.kind == "state" else g.kind, max_model_len if g.kind == "state" else g.block_size,
+             g.window) for g in groups]
+
+
+class VllmScheduler:
+    """``Scheduler`` + ``KVCacheManager`` over one pool. :meth:`add`, :meth:`schedule`, :meth:`update`."""
+
+    def __init__(self, specs: list[tuple[str, int, int]], settings: VllmSettings) -> None:
+        s = self.s = settings
+        s.check()
+        if s.enable_prefix_caching and any(kind not in ("full", "mla") for kind, _, _ in specs):
+            raise ConfigError("prefix caching under --scheduler vllm is modelled for full-attention groups only "
+                              "(vLLM's sliding, chunked and Mamba hit rules are not): drop --prefix-caching")
+        self.pool = VllmBlockPool(s.num_blocks, s.enable_prefix_caching)
+        self.groups = [GroupTables(i, kind, bs, w, self.pool, max_in_flight=s.max_num_batched_tokens,
+                                   max_model_len=s.max_model_len) for i, (kind, bs, w) in enumerate(specs)]
+        self.hash_block = min(bs for _, bs, _ in specs)
+        self.running: list[VRequest] = []
+        self.waiting: list[VRequest] = []  # FCFS: a list, head first; priority: a heap
+        self.requests: dict[str, VRequest] = {}
+
+    # -- queues (request_queue.py) -------------------------------------------------------------------
+
+    def _push(self, r: VRequest, head: bool = False) -> None:
+        if self.s.policy == "priority":
+            heapq.heappush(self.waiting, r)
+        elif head:
+            self.waiting.insert(0, r)
+        else:
+            self.waiting.append(r)
+
+    def _peek(self) -> VRequest:
+        return self.waiting[0]
+
+    def _pop(self) -> VRequest:
+        return heapq.heappop(self.waiting) if self.s.policy == "priority" else self.waiting.pop(0)
+
+    def waiting_order(self) -> list[VRequest]:
+        return sorted(self.waiting) if self.s.policy == "priority" else list(self.waiting)
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def add(self, rid: str, index: int, prompt_ids, max_tokens: int, priority: int = 0) -> None:
+        r = VRequest(str(rid), index, list(prompt_ids), len(prompt_ids), max_tokens, priority)
+        self._rehash(r)
+        self.requests[r.id] = r
+        self._push(r)
+
+    def _rehash(self, r: VRequest) -> None:
+        """``Request.update_block_hashes``: one chained hash per full block of known tokens."""
+        if not self.s.enable_prefix_caching:
+            return
+        bs = self.hash_block
+        while (len(r.hashes) + 1) * bs <= r.num_tokens:
+            i = len(r.hashes)
+            parent = r.hashes[-1] if r.hashes else None
+            r.hashes.append(hash((parent, tuple(r.tokens[i * bs:(i + 1) * bs]))))
+
+    def unfinished(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def block_ids(self, rid: str) -> list[list[int]]:
+        return [list(g.tables.get(rid, ())) for g in self.groups]
+
+    # -- the KV-cache manager (kv_cache_manager.py) ------------------------------------------------
+
+    def _allocate(self, r: VRequest, n: int, hit=None, hit_tokens: int = 0, full: bool = False) -> bool:
+        """``KVCacheManager.allocate_slots``: False where the blocks do not fit (vLLM returns None)."""
+        hit = hit or [[] for _ in self.groups]
+        local = r.computed + hit_tokens
+        total = min(local, self.s.max_model_len)
+        free = self.pool.num_free()
+        if full:  # full_sequence_must_fit (scheduler_reserve_full_isl)
+            whole = min(r.num_tokens, self.s.max_model_len)
+            need = sum(g.blocks_to_allocate(r.id, whole, h, total, cap=True) for g, h in zip(self.groups, hit))
+            if need > free:
+                return False
+        slot = min(total + n, self.s.max_model_len)
+        for g in self.groups:
+            g.remove_skipped(r.id, total)
+        need = sum(g.blocks_to_allocate(r.id, slot, h, local) for g, h in zip(self.groups, hit))
+        if need > self.pool.num_free():
+            return False
+        if hit_tokens or (self.s.enable_prefix_caching and r.computed == 0):
+            for g, h in zip(self.groups, hit):
+                g.add_hit(r.id, h)
+        for g in self.groups:
+            g.allocate(r.id, slot)
+        if self.s.enable_prefix_caching:
+            for g in self.groups:
+                g.cache_blocks(r.id, r.hashes, min(total + n, r.num_tokens))
+        return True
+
+    def _free(self, r: VRequest) -> None:
+        for g in self.groups:
+            g.free(r.id)
+
+    def _lookup(self, r: VRequest) -> tuple[list[list[int]], int]:
+        """``get_computed_blocks``: the longest hit common to every group, at most ``num_tokens − 1`` tokens."""
+        if not self.s.enable_prefix_caching:
+            return [[] for _ in self.groups], 0
+        hits = [g.longest_hit(r.hashes, r.num_tokens - 1) for g in self.groups]
+        n = min(len(h) * g.block_size for h, g in zip(hits, self.groups))
+        return [h[:n // g.block_size] for h, g in zip(hits, self.groups)], n
+
+    def _preempt(self, r: VRequest) -> None:
+        self._free(r)
+        r.status, r.computed = PREEMPTED, 0
+        r.preemptions += 1
+        self._push(r, head=True)
+
+    # -- one step ------------------------------------------------------------------------------------
+
+    def schedule(self) -> dict:
+        """``Scheduler.schedule``: ``{"scheduled": {id: tokens}, "new", "resumed", "preempted", "hits"}``."""
+        s = self.s
+        budget = s.max_num_batched_tokens
+        eligible = len(self.running) + len(self.waiting)
+        threshold = s.long_prefill_token_threshold if eligible > 1 else 0
+        scheduled: dict[str, int] = {}
+        preempted: list[VRequest] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            n = r.num_tokens - r.computed
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, s.max_model_len - r.computed - 1)
+            if n <= 0:
+                i += 1
+                continue
+            ok = False
+            while True:
+                ok = self._allocate(r, n)
+                if ok:
+                    break
+                if s.policy == "priority":
+                    victim = max(self.running, key=lambda q: (q.priority, q.index))
+                    at = self.running.index(victim)
+                    del self.running[at]
+                    if at < i:
+                        i -= 1
+                    if victim.id in scheduled:
+                        budget += scheduled.pop(victim.id)
+                else:
+                    victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is r:
+                    break
+            if not ok:
+                if s.policy == "priority" and r.status == PREEMPTED:
+                    continue
+                break
+            scheduled[r.id] = n
+            budget -= n
+            i += 1
+        new, resumed, hits = [], [], {}
+        if not preempted:
+            while budget > 0 and self.waiting and len(self.running) < s.max_num_seqs:
+                r = self._peek()
+                hit, hit_tokens = self._lookup(r) if r.computed == 0 else ([[] for _ in self.groups], 0)
+                computed = r.computed + hit_tokens
+                n = r.num_tokens - computed
+                if 0 < threshold < n:
+                    n = threshold
+                n = min(n, budget)
+                if not self._allocate(r, n, hit, hit_tokens, full=True):
+                    break
+                self._pop()
+                (resumed if r.status == PREEMPTED else new).append(r.id)
+                hits[r.id] = computed
+                r.computed = computed
+                r.status = RUNNING
+                self.running.append(r)
+                scheduled[r.id] = n
+                budget -= n
+        for rid, n in scheduled.items():  # _update_after_schedule
+            self.requests[rid].computed += n
+        return {"scheduled": scheduled, "new": new, "resumed": sorted(resumed),
+                "preempted": sorted(q.id for q in preempted), "hits": hits}
+
+    def update(self, scheduled: dict[str, int]) -> list[str]:
+        """``update_from_output`` with one sampled token for each request past its known tokens; the finished."""
+        finished = []
+        for rid in scheduled:
+            r = self.requests[rid]
+            if r.computed < r.num_tokens:
+                continue  # a partial prefill chunk samples nothing
+            r.tokens.append(GENERATED_ID + r.index)
+            self._rehash(r)
+            if r.outputs >= r.max_tokens or r.num_tokens >= self.s.max_model_len:  # check_stop
+                r.status = FINISHED
+                self.running.remove(r)
+                self._free(r)
+                del self.requests[rid]
+                finished.append(rid)
+        return finished
+
+
+def simulate_steps(specs, settings: VllmSettings, requests, token_ids, *, max_steps: int = 100_000,
+                   check=None) -> list[dict]:
+    """The workload step by step, recorded as the real driver records it (``simkv/validate/vllm/driver.py``):
+    requests arriving at step ``k`` are added (file order) before ``schedule()``. ``check(scheduler)`` runs after
+    ``schedule()`` and after ``update()`` (tests)."""
+    sched = VllmScheduler(specs, settings)
+    pending = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step, i))
+    order = {str(r.id): i for i, r in enumerate(requests)}
+    steps, k, cursor = [], 0, 0
+    while cursor < len(pending) or sched.unfinished():
+        while cursor < len(pending) and requests[pending[cursor]].arrival_step <= k:
+            i = pending[cursor]
+            r = requests[i]
+            sched.add(str(r.id), i, token_ids[i], r.max_new_tokens, int(getattr(r, "priority", 0) or 0))
+            cursor += 1
+        out = sched.schedule()
+        record = {"step": k, "scheduled": dict(out["scheduled"]), "new": out["new"], "resumed": out["resumed"],
+                  "preempted": out["preempted"], "hits": out["hits"],
+                  "blocks": {r.id: sched.block_ids(r.id) for r in sched.running},
+                  "free_after_schedule": sched.pool.num_free()}
+        if check is not None:
+            check(sched)
+        fin = sched.update(out["scheduled"])
+        if check is not None:
+            check(sched)
+        record["finished"] = sorted(fin, key=order.get)
+        record["free"] = sched.pool.num_free()
+        record["running"] = [r.id for r in sched.running]
+        record["waiting"] = [r.id for r in sched.waiting_order()]
+        steps.append(record)
+        k += 1
+        if not out["scheduled"] and not sched.running and cursor == len(pending) and sched.waiting:
+            head = sched.waiting_order()[0].id
+            raise ConfigError(f"stalled at step {k - 1}: request {head} can never be admitted (the pool is too small "
+                              "for its whole prompt: scheduler_reserve_full_isl)")
+        if k >= max_steps:
+            raise ConfigError(f"no end after {max_steps} steps")
+    return steps
+
+
+class EngineVllm:
+    """:class:`VllmScheduler` as the serving engine asks any scheduler (:class:`simkv.serving.engine.core.PagedServing`,
+    the same questions it asks GenAI's :class:`~simkv.serving.sched.genai.ContinuousScheduler`):
+
+    * :meth:`add_group` a request that arrived; :meth:`schedule` one step (sets each scheduled request's
+      ``scheduled`` tokens; a preempted one's counters go back to 0, a prefix hit's ``processed`` to the hit);
+    * :meth:`update` after the engine sampled (``update_from_output``: vLLM appends each sampled token and frees
+      what finished; the engine's finished must be vLLM's); :meth:`free_group` (a request the engine drops);
+    * metrics: :attr:`pool` (``total`` and ``used()`` blocks), :meth:`data_bytes`; ``copies`` / ``state_copies``
+      (none: vLLM copies no block).
+
+    The engine's :class:`~simkv.serving.sched.group.Group` keeps the counters the cost model and the request table
+    read (``processed``, ``maxc``, ``generated``, times); vLLM's own :class:`VRequest` keeps its queues and tables.
+    """
+
+    #: No GenAI fast path reads this scheduler (the engine takes the reference path: core.takes_fast_paths).
+    simple = False
+    dynamic = False
+    windowed = False
+    copies = state_copies = 0
+
+    def __init__(self, kv, settings: VllmSettings) -> None:
+        specs = group_specs(kv, settings.max_model_len)
+        self.v = VllmScheduler(specs, settings)
+        self.pool = self.v.pool
+        self.pools = [self.pool]
+        self.kv = kv
+        # bytes of data in one block of each vLLM group (simkv's groups in vLLM's order, as group_specs gives it)
+        by_spec: dict[tuple, list] = {}
+        for g in sorted(kv.groups, key=lambda g: min(g.layers)):
+            by_spec.setdefault(("mamba" if g.kind == "state" else g.kind, g.window), []).append(g)
+        taken: dict[tuple, int] = {}
+        self._real = []
+        for kind, _, window in specs:
+            k = taken.get((kind, window), 0)
+            taken[(kind, window)] = k + 1
+            self._real.append(by_spec[(kind, window)][k].real_bytes)
+        self.by_id: dict[str, object] = {}
+        self._last: dict[str, int] = {}  # the last step's scheduled tokens, for update()
+
+    def init_side(self, g) -> None:  # the engine's fast paths' hook (never called: no fast path here)
+        raise AssertionError("no fast path runs under --scheduler vllm")
+
+    def add_group(self, g, tokens=None) -> None:
+        """A request arrives (``Scheduler.add_request``): prompt token ids are the trace's (prefix caching) or ids
+        unique to the request (never a hit)."""
+        if g.n != 1:
+            raise ConfigError("--scheduler vllm: parallel samples (n > 1) and beams are not modelled")
+        rid = str(g.index)
+        ids = tokens if tokens is not None else range(g.P)
+        self.v.add(rid, g.index, ids, g.G, int(getattr(g.req, "priority", 0) or 0))
+        self.by_id[rid] = g
+
+    def schedule(self, live) -> tuple[int, list]:
+        out = self.v.schedule()
+        for rid in out["preempted"]:
+            g = self.by_id[rid]
+            g.processed = 0  # recompute: vLLM's num_computed_tokens = 0
+            g.preemptions += 1
+        for rid, hit in out["hits"].items():
+            g = self.by_id[rid]
+            g.processed = hit
+            if hit and g.maxc == 0:
+                g.prefix_hit = hit
+        scheduled = []
+        total = 0
+        for rid, n in out["scheduled"].items():
+            g = self.by_id[rid]
+            g.scheduled = n
+            total += n
+            scheduled.append(g)
+        scheduled.sort(key=lambda g: g.index)
+        self._last = out["scheduled"]
+        return total, scheduled
+
+    def update(self, scheduled, finished) -> None:
+        """``update_from_output``; vLLM frees the finished requests' blocks here, in scheduled order."""
+        done = self.v.update(self._last)
+        self._last = {}
+        if sorted(done, key=int) != [str(g.index) for g in sorted(finished, key=lambda g: g.index)]:
+            raise AssertionError(f"vLLM finished {done}, the engine {[g.index for g in finished]}")
+        for rid in done:
+            del self.by_id[rid]
+
+    def free_group(self, g) -> None:
+        """Drop a request vLLM still holds (the engine gave up on it: nothing could be scheduled)."""
+        rid = str(g.index)
+        r = self.v.requests.pop(rid, None)
+        if r is None:
+            return
+        if r in self.v.running:
+            self.v.running.remove(r)
+        elif r in self.v.waiting:
+            self.v.waiting.remove(r)
+            if self.v.s.policy == "priority":
+                heapq.heapify(self.v.waiting)
+        self.v._free(r)
+        self.by_id.pop(rid, None)
+
+    def data_bytes(self, live) -> int:
+        """Bytes of data the blocks in use hold: per group, each running request's non-null blocks less its last
+        block's unfilled slots (a Mamba page whole), at the group's bytes per block; a prefix-shared block once."""
+        total = 0
+        for gt, real in zip(self.v.groups, self._real):
+            seen = set()
+            for rid, table in gt.tables.items():
+                g = self.by_id.get(rid)
+                ctx = (g.processed + g.scheduled) if g is not None else 0
+                for i, b in enumerate(table):
+                    if b == NULL or b in seen:
+                        continue
+                    seen.add(b)
+                    if gt.kind == "mamba":
+                        total += real
+                    else:
+                        filled = min(gt.block_size, max(ctx - i * gt.block_size, 0))
+                        total += real * filled // gt.block_size
+        return total
+
+
+#: ``max_model_len`` of the engine's vLLM scheduler: no length stop (simkv's run rejects prompts at or above the
+#: model's context before the engine, ``--max-context``; a request ends at its ``max_new_tokens``).
+UNBOUNDED_MODEL_LEN = 1 << 40
+#: Bytes per activation element (bf16/f16) and per logit (the sampler's fp32 logits).
+ACTIVATION_BYTES, LOGIT_BYTES = 2, 4
+
+
+def profile_peak_bytes(model, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """The activation peak of vLLM's profile run, as simkv models it (a profile run's peak is measured by the
+    real vLLM, not computable from the config: this is the model). ``Worker.determine_available_memory``
+    (``vllm/v1/worker/gpu_worker.py``) runs ``profile_run``: a dummy forward of ``max_num_batched_tokens`` tokens,
+    then the sampler on ``max_num_seqs`` rows of logits. simkv takes the peak as the larger of
+
+    * the forward's live tensors inside one layer, per token: the residual stream and the normed input
+      (``2 × hidden``), the fused QKV output (``(heads + 2 × kv_heads) × head_dim``) and the MLP's gate and up
+      outputs (``2 × intermediate``; an MoE layer's ``experts_per_token`` experts), at 2 B per element;
+    * the sampler's ``max_num_seqs × vocab`` fp32 logits.
+
+    Left out: CUDA-graph memory (not applied unless ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``), the allocator's
+    fragmentation and non-torch memory (NCCL, the CUDA context) that ``memory_profiling`` also counts."""
+    inter = model.intermediate or model.expert_intermediate * max(model.experts_per_token, 1)
+    per_token = 2 * model.hidden + (model.heads + 2 * model.kv_heads) * model.head_dim + 2 * inter
+    return max(max_num_batched_tokens * per_token * ACTIVATION_BYTES, max_num_seqs * model.vocab * LOGIT_BYTES)
+
+
+def num_gpu_blocks(block_bytes: int, device_memory: int, weights_bytes: int, activation_bytes: int,
+                   gpu_memory_utilization: float) -> int:
+    """vLLM's pool size: ``requested_memory = total × gpu_memory_utilization`` less the non-KV memory (weights and
+    the profile run's peak, ``determine_available_memory``), divided by one block's bytes over every layer
+    sharing it (``kv_cache_utils.get_num_blocks``: ``available // page_size // num_layers``, the page size unified
+    across groups), the null block included."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
+    available = int(device_memory * gpu_memory_utilization) - weights_bytes - activation_bytes
+    blocks = available // block_bytes if available > 0 else 0
+    if blocks < 2:
+        raise ConfigError(f"no KV cache fits: {gpu_memory_utilization} × {device_memory:,} B less {weights_bytes:,} B "
+                          f"weights and {activation_bytes:,} B activations leaves {max(available, 0):,} B, under two "
+                          f"{block_bytes:,}-byte blocks (vLLM: \"No available memory for the cache blocks\")")
+    return blocks
+
+
+def batch_defaults(device_name: str, device_memory: int) -> tuple[int, int]:
+    """vLLM's ``max_num_batched_tokens`` and ``max_num_seqs`` when not given, for a server
+    (``UsageContext.OPENAI_API_SERVER``; ``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``, vLLM 0.33.0):
+    a device of ≥ 160 GiB 16384 / 1024; ≥ 70 GiB and not an A100 (H100, H200) 8192 / 1024; others 2048 / 256."""
+    gib = 1024 ** 3
+    if device_memory >= 160 * gib:
+        return 16384, 1024
+    if device_memory >= 70 * gib and "a100" not in device_name.lower():
+        return 8192, 1024
+    return 2048, 256
