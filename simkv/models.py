@@ -53,6 +53,17 @@ class ModelSpec:
     #: LFM2's short-conv layers instead (their conv kernel ``conv_L_cache``; 0: none): a linear layer's
     #: weights are then ``Lfm2ShortConv``'s.
     short_conv: int = 0
+    #: Mamba-2 layers instead (Granite-4-H, Nemotron-H): (heads H, head size P, groups G, state size N, conv kernel
+    #: K); the mixer's inner size is H x P (:meth:`layer_roles`).
+    mamba_dims: tuple[int, int, int, int, int] | None = None
+    #: The recurrent state's dtype where vLLM keeps it in another than the model's (Nemotron-H's
+    #: ``mamba_ssm_cache_dtype``); "": the model's dtype.
+    ssm_dtype: str = ""
+    #: The indices of the MoE layers where they are not the last ``layers - dense_layers`` (Jamba, Nemotron-H
+    #: interleave them); empty: the last ones.
+    moe_at: tuple[int, ...] = ()
+    #: Why the weights cannot be sized exactly (a layout simkv does not count yet); "": they can. The KV is read.
+    weights_refused: str = ""
     #: The weights' dtype in the config (``torch_dtype``), the KV dtype of transformers; "" if not given.
     dtype: str = ""
     #: Where the numbers come from (a config file, a published config).
@@ -110,6 +121,15 @@ class ModelSpec:
                 isinstance(v, int) and v > 0 for v in self.linear_dims)):
             raise ConfigError("linear_dims are five positive integers (key heads, value heads, key head size, "
                               f"value head size, conv kernel), got {self.linear_dims!r}")
+        if self.mamba_dims is not None and (len(self.mamba_dims) != 5 or not all(
+                isinstance(v, int) and v > 0 for v in self.mamba_dims)):
+            raise ConfigError("mamba_dims are five positive integers (heads, head size, groups, state size, conv "
+                              f"kernel), got {self.mamba_dims!r}")
+        if self.moe_at and (len(set(self.moe_at)) != len(self.moe_at) or not all(
+                isinstance(i, int) and 0 <= i < self.layers for i in self.moe_at)
+                or self.layers - len(self.moe_at) != self.dense_layers or not self.experts):
+            raise ConfigError(f"moe_at must name distinct layers below {self.layers}, as many as the layers less "
+                              f"dense_layers, in a mixture of experts (got {len(self.moe_at)} of {self.layers})")
 
     @property
     def kv_layers(self) -> tuple[LayerKV, ...]:
@@ -137,7 +157,8 @@ class ModelSpec:
 
     @property
     def moe_layers(self) -> int:
-        """Layers whose MLP is a mixture of experts: every layer after the ``dense_layers`` first (0 if dense)."""
+        """Layers whose MLP is a mixture of experts: those ``moe_at`` names, else every layer after the
+        ``dense_layers`` first (0 if dense)."""
         return self.layers - self.dense_layers if self.experts else 0
 
     @property
@@ -168,12 +189,17 @@ class ModelSpec:
           no q/k/v/o of attention; LFM2's short conv (``short_conv`` = conv kernel L, transformers
           ``Lfm2ShortConv.__init__``): ``in_proj`` hidden x 3 hidden, the depthwise ``conv`` hidden x L,
           ``out_proj`` hidden x hidden (a ``tp`` share: 1/tp of each, vLLM's column- and row-parallel
-          ``ShortConv`` projections);
+          ``ShortConv`` projections); Mamba-2 (``mamba_dims`` = (H, P, G, N, K), inner I = H x P; vLLM
+          ``MambaMixer2.__init__``, transformers ``NemotronHMamba2Mixer`` / ``GraniteMoeHybridMambaLayer``):
+          ``in_proj`` hidden x (2 I + 2 G N + H) (z, x, B, C, dt), the depthwise ``conv1d`` (I + 2 G N) x K,
+          ``out_proj`` I x hidden; its ``A_log``, ``D``, ``dt_bias`` (H each) and gated norm (I) are vectors, left
+          out as every norm and bias is;
         - none: a layer that reads another layer's KV (``reuses``) has that layer's projections; one without
           attention has none.
 
         MLP: ``mlp_matrices x hidden x intermediate`` for a dense layer (every layer of a dense model, the first
-        ``dense_layers`` of a MoE); a MoE layer has ``experts`` routed experts (:attr:`expert_params` each), the
+        ``dense_layers`` of a MoE, or those ``moe_at`` does not name; ``layer_intermediate`` where sizes differ,
+        0 for a layer with no MLP: Nemotron-H's Mamba and attention layers); a MoE layer has ``experts`` routed experts (:attr:`expert_params` each), the
         shared experts (``mlp_matrices x hidden x shared_intermediate``) and the router (hidden x experts).
         """
         layer = self.kv_layers[index]
@@ -183,10 +209,15 @@ class ModelSpec:
         out = dict.fromkeys(LAYER_ROLES, 0)
         if layer.kind == "linear" and self.short_conv:  # one tensor-parallel share: each of them split by channels
             out["attn_in"], out["attn_out"] = (3 * h * h + h * self.short_conv) // self.tp, h * h // self.tp
+        elif layer.kind == "linear" and self.mamba_dims:
+            heads, head, groups, state, kernel = self.mamba_dims
+            inner, conv_dim = heads * head, heads * head + 2 * groups * state
+            out["attn_in"] = h * (inner + conv_dim + heads) + conv_dim * kernel
+            out["attn_out"] = inner * h
         elif layer.kind == "linear":
             if self.linear_dims is None:
-                raise ConfigError(f"model {self.name}: a linear-attention layer's weights need linear_dims "
-                                  "(key heads, value heads, key and value head sizes, conv kernel)")
+                raise ConfigError(f"model {self.name}: the weights of its linear-attention layers are not sized "
+                                  "(no Gated DeltaNet, short-conv or Mamba-2 dimensions: Mamba-1 is not counted)")
             kh, vh, dk, dv, kernel = self.linear_dims
             out["attn_in"] = h * (2 * kh * dk + 2 * vh * dv) + h * 2 * vh + (2 * kh * dk + vh * dv) * kernel
             out["attn_out"] = vh * dv * h
@@ -205,7 +236,7 @@ class ModelSpec:
         else:
             out["attn_in"] = h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)
             out["attn_out"] = self.heads * layer.v_dim * h
-        if index < self.layers - self.moe_layers:
+        if not (index in self.moe_at if self.moe_at else index >= self.layers - self.moe_layers):
             size = self.layer_intermediate[index] if self.layer_intermediate else self.intermediate
             out["mlp"] = self.mlp_matrices * h * size
         else:
@@ -223,7 +254,10 @@ class ModelSpec:
         """Parameters of the weight matrices and embeddings, from the config's dimensions: every
         layer's :meth:`layer_params` (all experts of a MoE) + the embedding table and the LM head
         (one matrix when tied). Biases and norms (under 0.1 %) are left out. 0 when the shape is only
-        the attention geometry (a custom model without hidden/intermediate/vocab)."""
+        the attention geometry (a custom model without hidden/intermediate/vocab). A model whose weights are
+        not sized (``weights_refused``): :class:`ConfigError`, one line."""
+        if self.weights_refused:
+            raise ConfigError(f"model {self.name}: its weights are not sized: {self.weights_refused}")
         if not (self.hidden and (self.intermediate or self.experts or self.layer_intermediate) and self.vocab):
             return 0
         if self.layer_kv or self.experts or self.layer_intermediate:
@@ -462,6 +496,9 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
         linear = (split(kh, "linear-attention key heads"), split(vh, "linear-attention value heads"), dk, dv, kernel)
     if model.short_conv and model.hidden:
         split(model.hidden, "short-conv channels")
+    mamba = model.mamba_dims
+    if mamba is not None:  # MambaMixer2: heads and groups column-parallel (state dims whole)
+        mamba = (split(mamba[0], "Mamba heads"), mamba[1], split(mamba[2], "Mamba groups"), *mamba[3:])
     return replace(
         model, heads=heads, kv_heads=kv_heads, hidden=model.hidden or model.heads * model.head_dim,
         layer_kv=tp_layers(model.layer_kv, tp) if model.layer_kv else (),
@@ -469,4 +506,4 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
         layer_intermediate=tuple(split(v, "MLP intermediate size") for v in model.layer_intermediate),
         expert_intermediate=split(model.expert_intermediate, "expert intermediate size") if model.experts else 0,
         shared_intermediate=split(model.shared_intermediate, "shared-expert intermediate size"),
-        vocab=vocab, linear_dims=linear, tp=tp)
+        vocab=vocab, linear_dims=linear, mamba_dims=mamba, tp=tp)

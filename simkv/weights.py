@@ -281,14 +281,20 @@ _PART_WORDS = (
     (re.compile(r"expert"), ("experts",)),
     (re.compile(r"(mlp|moe|mixer|ffn)\\?\.gate($|[^_a-z])|router|e_score_correction"), ("router",)),
     (re.compile(r"(o_proj|out_proj)($|[^a-z])"), ("attn_out",)),
-    (re.compile(r"q_proj|k_proj|v_proj|qkv|kv_a|kv_b|q_a|q_b|in_proj|indexer|conv1d"), ("attn_in",)),
+    (re.compile(r"q_proj|k_proj|v_proj|qkv|kv_a|kv_b|q_a|q_b|in_proj|indexer"), ("attn_in",)),
+    # an MLP's projections before the block names: Nemotron-H's MLP layers are ``backbone.layers.N.mixer.up_proj``
+    (re.compile(r"(gate|up|down)_proj"), ("mlp",)),
     (re.compile(r"self_attn|linear_attn|\battn\b|attention|mixer"), ("attn_in", "attn_out")),
     (re.compile(r"mlp|ffn|gate_proj|up_proj|down_proj"), ("mlp",)),
     (re.compile(r"lm_head|^head$"), ("lm_head",)),
     (re.compile(r"embed"), ("embed",)),
 )
-#: Names that are no matmul weight simkv counts: norms, biases, the vision tower, MTP draft layers.
-_NOT_COUNTED = re.compile(r"norm|bias|vision|mm_projector|multi_modal|patch_merge|visual|^mtp|\.mtp|audio")
+#: Names that are no matmul weight simkv counts: norms, biases, the vision tower, MTP draft layers; and the
+#: depthwise ``conv1d`` of a Mamba or Gated DeltaNet mixer, an ``nn.Conv1d`` that no Linear quantizer converts
+#: (ModelOpt lists it among the excluded anyway: Nemotron-3-Nano-NVFP4 names every ``mixer.conv1d``), so naming it
+#: leaves the ``in_proj`` beside it quantized. (simkv counts its K x conv_dim weights, under 0.1 % of the layer's,
+#: in ``attn_in``'s format.)
+_NOT_COUNTED = re.compile(r"norm|bias|vision|mm_projector|multi_modal|patch_merge|visual|^mtp|\.mtp|audio|conv1d")
 
 
 def _parts(names, where: str, layers: int | None) -> list[tuple[str, int | None]]:

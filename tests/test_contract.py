@@ -377,8 +377,8 @@ def test_a_clipped_reason_ends_between_words():
 
 
 def test_the_reproduce_line_rounds_the_pool_and_reproduces_the_run():
-    """The plan's pool, a fraction of the device less the weights, in GiB: shortened to the fewest decimals that
-    keep its blocks — the same run."""
+    """A GenAI-scheduled deployment's pool, a fraction of the device less the weights, in GiB: shortened to the
+    fewest decimals that keep its blocks — the same run."""
     from dataclasses import replace
 
     from simkv.cost import get_device
@@ -391,7 +391,7 @@ def test_the_reproduce_line_rounds_the_pool_and_reproduces_the_run():
            "model": "llama-3.1-8b", "device": "h100-sxm", "precision": "bf16", "block_size": 16, "pool": "0.9",
            "max_num_batched_tokens": 256, "tp": 1, "replicas": 1, "router": "-", "max_num_seqs": 256,
            "dynamic_split_fuse": True, "prefix_caching": False, "kv_manager": "genai", "memory": "paged",
-           "policy": "openvino-cpu", "max_context": None}
+           "policy": "openvino-cpu", "max_context": None, "scheduler": "continuous"}  # --serving-scheduler continuous
     exact = plan._device_share(row)[3]
     line = plan.command(row)
     shown = line.split("--cache-size ")[1].split()[0]

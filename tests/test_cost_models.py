@@ -191,7 +191,7 @@ def test_model_errors_are_one_line():
             ModelSpec("m", intermediate=96, **base, **kw)
         assert "\n" not in str(err.value)
     lin = ModelSpec("m", intermediate=96, **base, layer_kv=(LINEAR, LayerKV("full", 2, 16, 16)))
-    with pytest.raises(ConfigError, match="need linear_dims"):
+    with pytest.raises(ConfigError, match="weights of its linear-attention layers are not sized"):
         lin.weight_params
 
 

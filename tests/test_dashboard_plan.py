@@ -226,7 +226,7 @@ def test_plan_tab_runs_and_shows_the_recommendation(app_page):
     expect(cli).to_contain_text("--limit 30 ")
     expect(cli).to_contain_text("--max-devices 2")
     page.click("#pl-run")
-    expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, tp 1, 1 replica")
+    expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, vLLM scheduler, tp 1, 1 replica")
     expect(page.locator("#pl-rec-detail")).to_contain_text("ttft_p99")
     expect(page.locator("#pl-rec-plan")).to_have_text(cli.inner_text())
     expect(page.locator("#pl-rec-run")).to_contain_text("simkv run --trace azure-conv --limit 30")

@@ -217,3 +217,31 @@ def test_cli_tune_json_contract_and_reproduce_command(tmp_path):
 def test_cli_tune_errors_are_one_line(args, message):
     r = run_cli("tune", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_serving_tune_searches_vllms_settings_under_its_scheduler(tmp_path, capsys):
+    """``--serving-scheduler vllm``: the candidates are vLLM's settings served under ``--scheduler vllm``; the
+    baseline is vLLM's server defaults for an H100 (8192 batched tokens, 1024 sequences: ``batch_defaults``), and
+    the reproduce line serves the chosen settings with ``simkv run --scheduler vllm`` (every vLLM value written:
+    its run defaults are the device's). GenAI-only parameters are refused in one line."""
+    import shlex
+
+    from simkv.cli import main
+
+    path = tmp_path / "t.csv"
+    path.write_text("id,arrival,prompt,max_new_tokens\n" + "".join(f"{i},{i * 0.05},{200 + 10 * i},{20 + i}\n"
+                                                                     for i in range(12)))
+    args = ["tune", "--serving", "--serving-scheduler", "vllm", "--trace", str(path), "--model", "llama-3.1-8b",
+            "--device", "h100-sxm", "--search", "grid", "--budget", "2", "--workers", "1",
+            "--param", "max_num_batched_tokens=2048,8192"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    line = out["command"]
+    assert "--scheduler vllm" in line and "--gpu-memory-utilization 0.9" in line and "--block-size 16" in line
+    assert "--max-num-seqs 1024" in line  # the device's default, not GenAI's 256
+    assert out["evaluated"] == 2 and out["baseline"]["feasible"]
+    assert main(shlex.split(line)[1:] + ["--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["scenario"]["scheduler"] == "vllm" and run["requests_finished"] == 12
+    assert main(args[:-1] + ["cache_size=2,4"]) == 2
+    assert "--param cache_size: not one of block_size, gpu_memory_utilization" in capsys.readouterr().err

@@ -104,6 +104,16 @@ def test_candidates_in_search_order():
                    (2, "h100-sxm", 1, 2, "round-robin", "bf16", 16, "0.9"), (2, "h100-sxm", 2, 1, "-", "bf16", 16, "0.9"),
                    (2, "xeon-8480", 1, 2, "round-robin", "u8", 32, "dynamic")]
     assert len(skipped) == 1 and skipped[0].startswith("xeon-8480 tp 2: ") and "OpenVINO" in skipped[0]
+    # each device's runtime's scheduler: vLLM's on the vLLM preset, GenAI's on the OpenVINO one
+    assert [c["scheduler"] for c in cands] == ["vllm", "continuous", "vllm", "vllm", "continuous"]
+    # vLLM's pool is fixed: a dynamic pool on the H100 is left out with a line; one scheduler for all on request
+    dyn = plan.Space(("h100-sxm", "xeon-8480"), max_devices=1, tp=(1,), pools=("dynamic",),
+                     max_num_batched_tokens=(256,))
+    cands, skipped = plan.candidates(dyn, resolve_model("llama-3.1-8b"))
+    assert [c["device"] for c in cands] == ["xeon-8480"] and skipped == [
+        "h100-sxm pool dynamic: vLLM's pool is fixed (gpu_memory_utilization)"]
+    cands, _ = plan.candidates(space, resolve_model("llama-3.1-8b"), scheduler="continuous")
+    assert {c["scheduler"] for c in cands} == {"continuous"}
 
 
 def test_the_plan_worked_out_by_hand(slow_device, ten_at_once):
@@ -212,14 +222,21 @@ def test_figure(slow_device, ten_at_once, tmp_path):
     assert names.count("recommended") == 2 and "Pareto front" in names  # one panel per SLO
 
 
-def test_the_reproduce_line_serves_the_same_run(slow_device, ten_at_once, capsys):
+@pytest.mark.parametrize("scheduler, pool_flag", [("auto", "--gpu-memory-utilization 0.5"),
+                                                   ("continuous", "--cache-size")])
+def test_the_reproduce_line_serves_the_same_run(slow_device, ten_at_once, capsys, scheduler, pool_flag):
+    """The device's runtime is vLLM: by default its deployments run vLLM's scheduler, whose pool is vLLM's
+    ``gpu_memory_utilization``; ``--serving-scheduler continuous`` serves them with GenAI's and a fixed cache size."""
     import shlex
+    from dataclasses import replace
 
     space = plan.Space((slow_device,), max_devices=2, tp=(1,), routers=("least-outstanding",),
                        max_num_batched_tokens=(256,), pools=("0.5",))
-    rec = plan.run_plan(_target(ten_at_once), space, workers=1).recommended
+    rec = plan.run_plan(replace(_target(ten_at_once), scheduler=scheduler), space, workers=1).recommended
     line = plan.command(rec)
-    assert "--replicas 2 --router least-outstanding" in line and "--cache-size" in line
+    assert "--replicas 2 --router least-outstanding" in line and pool_flag in line
+    assert ("--scheduler vllm" in line) == (scheduler == "auto")
+    assert ("vLLM scheduler" if scheduler == "auto" else "GenAI scheduler") in plan.describe(rec)
     assert main(shlex.split(line)[1:] + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ttft_p99_s"] == rec["ttft_p99_s"] and out["tpot_p99_s"] == rec["tpot_p99_s"]

@@ -49,13 +49,13 @@ def test_azure_loader(azure_slice):
 def test_our_csv_and_jsonl_round_trip(tmp_path):
     reqs = [Request(0, 10, 5, arrival_s=0.0, prefix_id="sys", prefix_tokens=4),
             Request(1, 12, 3, arrival_s=0.5, session="u1", samples=2),
-            Request(2, 3, 1, arrival_s=0.5, token_ids=(7, 8, 9))]
+            Request(2, 3, 1, arrival_s=0.5, token_ids=(7, 8, 9), priority=-2)]
     write_trace(reqs, tmp_path / "w.csv")
     assert load_trace(tmp_path / "w.csv") == reqs
     (tmp_path / "w.jsonl").write_text("\n".join(json.dumps(
         {"id": r.id, "arrival": r.arrival_s, "prompt": r.prompt, "max_new_tokens": r.max_new_tokens,
          "prefix_id": r.prefix_id, "prefix_tokens": r.prefix_tokens, "session": r.session, "samples": r.samples,
-         "token_ids": list(r.token_ids) if r.token_ids else None}) for r in reqs) + "\n")
+         "token_ids": list(r.token_ids) if r.token_ids else None, "priority": r.priority}) for r in reqs) + "\n")
     assert load_trace(tmp_path / "w.jsonl") == reqs
 
 

@@ -14,7 +14,12 @@ keep the indexer's key only on the 21 layers vLLM builds an indexer on (deepseek
 _skip_topk = max(i - offset + 1, 0) % freq != 0); GLM-5.1-NVFP4's indexer_types marks every layer "full" (the
 default freq 1), so it is GLM-5's sum. GLM-5(.1)-FP8 list their MTP layer's
 ``model.layers.78.eh_proj`` (layer 78 of 78) among the unquantized modules: a layer the main model never loads
-(simkv.weights.scheme_of), so the name is skipped and the file read as GLM-5."""
+(simkv.weights.scheme_of), so the name is skipped and the file read as GLM-5.
+Nemotron-H / Nemotron-3: the attention layers (``*`` in hybrid_override_pattern, "attention" in
+layers_block_type) x 2 x num_key_value_heads x head_dim 128 x 2 B; Mamba-2, MLP and MoE layers keep no per-token KV.
+Counted from the files: Nano and Lightning 6 of 52 (23 M, 23 E), Super 8 of 88 (40 M, 40 E), Ultra 12 of 108
+(48 mamba, 48 moe; no num_hidden_layers: the list's length), 56B-Base 10 of 118 (54 M, 54 -) with 8 KV heads and
+its head size spelt attention_head_dim 128 (= the head_dim both runtimes take)."""
 
 from __future__ import annotations
 
@@ -95,15 +100,15 @@ EXPECTED = {
     "nvidia--Llama-3_3-Nemotron-Super-49B-v1": 49 * 2 * (64 // 8) * 128 * 2,
     "nvidia--MiniMax-M2.5-NVFP4": 62 * 2 * 8 * 128 * 2,
     "nvidia--MiniMax-M2.7-NVFP4": 62 * 2 * 8 * 128 * 2,
-    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "nemotron_h",
-    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4": "nemotron_h",
-    "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": "nemotron_h",
-    "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4": "nemotron_h",
-    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": "nemotron_h",
-    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-FP8": "nemotron_h",
-    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4": "nemotron_h",
-    "nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4": "nemotron_h",
-    "nvidia--Nemotron-H-56B-Base-8K": "nemotron_h",
+    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": 6 * 2 * 2 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4": 6 * 2 * 2 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": 8 * 2 * 2 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4": 8 * 2 * 2 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": 12 * 2 * 2 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-FP8": 12 * 2 * 2 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4": 12 * 2 * 2 * 128 * 2,
+    "nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4": 6 * 2 * 2 * 128 * 2,
+    "nvidia--Nemotron-H-56B-Base-8K": 10 * 2 * 8 * 128 * 2,
     "nvidia--Qwen3-235B-A22B-NVFP4": 94 * 2 * 4 * 128 * 2,
     "nvidia--Qwen3.5-122B-A10B-NVFP4": 12 * 2 * 2 * 256 * 2,
     "nvidia--Qwen3.5-397B-A17B-NVFP4": 15 * 2 * 2 * 256 * 2,
@@ -146,7 +151,7 @@ def test_upstream_config_exact_or_refused(path):
 def test_share_read():
     """The share read exactly (the rest refused): reported, and held from falling back."""
     read = sum(not isinstance(v, str) for v in EXPECTED.values())
-    assert (read, len(EXPECTED)) == (71, 88)
+    assert (read, len(EXPECTED)) == (80, 88)
 
 
 def test_models_command_json_names_groups_and_runtimes():
@@ -242,3 +247,88 @@ def test_index_cache_layers_keep_no_indexer_key(tmp_path):
     with pytest.raises(ConfigError, match="indexer_types disagrees with index_topk_freq") as err:
         hfconfig.load_config(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def test_nemotron_3_nano_state_and_weights_by_hand():
+    """Nemotron-3-Nano-30B-A3B (hidden 2,688; 23 Mamba-2, 6 attention, 23 MoE layers; bf16).
+
+    Mamba-2 (mamba_num_heads H 64 x mamba_head_dim P 64: inner I 4,096; n_groups G 8, ssm_state_size N 128,
+    conv_kernel K 4): conv_dim = I + 2 G N = 4,096 + 2,048 = 6,144; recurrent H x P x N = 524,288 elements.
+    State per sequence, 23 layers: transformers conv 6,144 x 4 x 2 B + recurrent 524,288 x 4 B (torch scan, f32)
+    = 49,152 + 2,097,152 = 2,146,304 B, x 23 = 49,364,992; vLLM conv K - 1 = 3 columns, 6,144 x 3 x 2 = 36,864,
+    recurrent in mamba_ssm_cache_dtype float32: 2,097,152; 2,134,016 x 23 = 49,082,368.
+
+    Weights: Mamba in_proj 2,688 x (2 I + 2 G N + H = 10,304) = 27,697,152 + conv1d 6,144 x 4 = 24,576 + out_proj
+    4,096 x 2,688 = 11,010,048: 38,731,776 x 23 = 890,830,848. Attention q 2,688 x 32 x 128 = 11,010,048, k + v
+    2,688 x 2 x 256 = 1,376,256, o 11,010,048: 23,396,352 x 6 = 140,378,112. MoE (relu2, 2 matrices): 128 experts
+    x 2 x 2,688 x 1,856 = 1,277,165,568 + shared 2 x 2,688 x 3,712 = 19,955,712 + router 2,688 x 128 = 344,064:
+    1,297,465,344 x 23 = 29,841,702,912. Embedding + LM head 2 x 131,072 x 2,688 = 704,643,072. Sum
+    31,577,554,944 (NVIDIA's model card: 31.6 B). The NVFP4 checkpoint's exclude_modules keep lm_head, 6 Mamba
+    layers' in/out_proj and 6 attention layers' q/k/v/o in bf16 and name every mixer.conv1d (an nn.Conv1d no
+    quantizer converts, so the in_proj beside it stays nvfp4): bf16 = 704,643,072 + routers 23 x 344,064 +
+    6 x (27,721,728 + 11,010,048) + 140,378,112 = 1,085,325,312."""
+    from simkv.commands.models import describe_model
+
+    d = describe_model(str(UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json"))
+    assert d["state_bytes_per_sequence"]["transformers"] == 49_364_992
+    assert d["state_bytes_per_sequence"]["vllm"] == 49_082_368
+    assert d["weights"]["params"] == 31_577_554_944
+    m = hfconfig.load_config(UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json")
+    assert m.moe_at[:3] == (1, 3, 6) and m.layer_roles(5)["experts"] == 0 and m.layer_roles(6)["mlp"] == 0
+    d = describe_model(str(UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4_config.json"))
+    assert d["weights"]["params_by_format"]["bf16"] == 1_085_325_312
+
+
+def test_nemotron_h_56b_dense_mlp_layers_and_latent_moe_weights_refused():
+    """56B-Base: 54 relu2 MLP layers (up + down, 2 x 8,192 x 32,768 = 536,870,912 each) and no MoE; Super's latent
+    MoE (moe_latent_size) keeps its KV read and refuses only its weights, in one line."""
+    m = hfconfig.load_config(UPSTREAM / "nvidia--Nemotron-H-56B-Base-8K_config.json")
+    assert m.layer_roles(1)["mlp"] == 536_870_912 and m.layer_roles(0)["mlp"] == 0 and not m.experts
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model",
+                          str(UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4_config.json"), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["kv_bytes_per_token"]["vllm"] == 8 * 2 * 2 * 128 * 2 and "moe_latent_size" in d["weights"]["refused"]
+    super_ = hfconfig.load_config(UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4_config.json")
+    with pytest.raises(ConfigError, match="its weights are not sized: Nemotron-H latent MoE") as err:
+        super_.weight_params
+    assert "\n" not in str(err.value)
+
+
+def test_nemotron_h_layer_count_disagreement_is_refused(tmp_path):
+    raw = json.loads((UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json").read_text())
+    for change, text in (({"num_hidden_layers": 50}, "num_hidden_layers 50 differs from the 52 blocks"),
+                         ({"hybrid_override_pattern": "M*X"}, "hybrid_override_pattern holds 'X'"),
+                         ({"attention_head_dim": 64}, "attention_head_dim 64 differs from head_dim 128")):
+        (tmp_path / "config.json").write_text(json.dumps({**raw, **change}))
+        with pytest.raises(ConfigError, match=text) as err:
+            hfconfig.load_config(tmp_path)
+        assert "\n" not in str(err.value)
+
+
+def test_granite_mamba2_weights_and_one_vllm_state_rule(tmp_path):
+    """A Granite-4-H config (hidden 64; layers mamba, attention, mamba, mamba; mamba_n_heads 8, mamba_d_head auto =
+    2 x 64 / 8 = 16, groups 2, d_state 12, d_conv 3; bf16) is sized by ``simkv models --model`` (it failed on its
+    weights before). Mamba-2: inner 128, conv_dim 128 + 2 x 2 x 12 = 176; in_proj 64 x (2 x 128 + 48 + 8) = 19,968,
+    conv1d 176 x 3 = 528, out_proj 128 x 64 = 8,192: 28,688 per Mamba layer. vLLM state per Mamba layer: conv
+    176 x (3 - 1) x 2 B = 704 + recurrent 8 x 16 x 12 x 2 B = 3,072 (model dtype: no mamba_ssm_cache_dtype) =
+    3,776, x 3 = 11,328 — in ``simkv models``' column and in serving's vLLM pool (the same function)."""
+    from simkv.precision import get_precision
+    from simkv.serving.kv.groups import paged_kv
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "granitemoehybrid", "hidden_size": 64, "num_hidden_layers": 4,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 8,
+                                "mamba_d_state": 12, "mamba_n_groups": 2, "mamba_d_conv": 3, "num_local_experts": 0,
+                                "intermediate_size": 96, "shared_intermediate_size": 96, "vocab_size": 100,
+                                "dtype": "bfloat16", "layers_block_type": ["mamba", "attention", "mamba", "mamba"]}))
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["state_bytes_per_sequence"]["vllm"] == 11_328
+    m = hfconfig.load_config(path)
+    assert m.layer_roles(0)["attn_in"] + m.layer_roles(0)["attn_out"] == 19_968 + 528 + 8_192
+    pool = paged_kv(m, get_precision("bf16"), 16, "vllm")
+    assert sum(g.real_bytes for g in pool.groups if g.kind == "state") == 11_328

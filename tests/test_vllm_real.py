@@ -19,8 +19,9 @@ from simkv.errors import ConfigError
 from simkv.hfconfig import resolve_model
 from simkv.serving.requests import Request
 from simkv.validate.genai.runner import prompt_token_ids
+from simkv.validate.vllm.compare import random_workload
 from simkv.validate.vllm.env import SETUP_COMMAND, is_built
-from simkv.validate.vllm.real import SchedulerSettings, job, run_real
+from simkv.validate.vllm.real import SchedulerSettings, job, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "simkv" / "data" / "configs" / "tiny"
@@ -33,17 +34,39 @@ def uniform():
     return resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
 
 
-def run(model, requests, **settings):
-    ids = prompt_token_ids(requests, 0)
-    return run_real(model, requests, ids, SchedulerSettings(**settings))
+#: Every case that runs the real scheduler, by name: (model, requests, settings, token-id seed). They all run in
+#: one start of the side venv's Python (:func:`run_jobs`: vLLM imported once, not once per case).
+CASES: dict = {}
+
+
+def case(name, model, requests, seed=0, **settings):
+    CASES[name] = (model, requests, SchedulerSettings(**settings), seed)
+
+
+@pytest.fixture(scope="module")
+def real_runs():
+    names = list(CASES)
+    jobs = [job(m, reqs, prompt_token_ids(reqs, seed), st) for m, reqs, st, seed in (CASES[n] for n in names)]
+    return dict(zip(names, run_jobs(jobs)))
+
+
+def run(real_runs, name):
+    answer = real_runs[name]
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 def column(real, name):
     return [s[name] for s in real.steps]
 
 
+case("chunked", uniform(), [Request(0, 40, 3, arrival_step=0), Request(1, 10, 2, arrival_step=0)],
+     num_blocks=20, block_size=16, max_num_batched_tokens=32, max_num_seqs=4)
+
+
 @needs_vllm
-def test_chunked_prefill_across_two_steps_under_the_budget():
+def test_chunked_prefill_across_two_steps_under_the_budget(real_runs):
     """Budget 32 tokens, blocks of 16, 19 usable blocks (block 0 is the null block); request 0 (prompt 40, 3 new)
     and request 1 (prompt 10, 2 new) both arrive at step 0.
 
@@ -55,8 +78,7 @@ def test_chunked_prefill_across_two_steps_under_the_budget():
     * step 2: one token each; request 1 has its 2 tokens and finishes: block 4 back (free 16).
     * step 3: request 0's third token; it finishes (free 19).
     """
-    real = run(uniform(), [Request(0, 40, 3, arrival_step=0), Request(1, 10, 2, arrival_step=0)],
-               num_blocks=20, block_size=16, max_num_batched_tokens=32, max_num_seqs=4)
+    real = run(real_runs, "chunked")
     assert column(real, "scheduled") == [{"0": 32}, {"0": 8, "1": 10}, {"0": 1, "1": 1}, {"0": 1}]
     assert column(real, "blocks")[:2] == [{"0": [[1, 2]]}, {"0": [[1, 2, 3]], "1": [[4]]}]
     assert column(real, "free") == [17, 15, 16, 19]
@@ -64,8 +86,12 @@ def test_chunked_prefill_across_two_steps_under_the_budget():
     assert real.free_at_end == 19
 
 
+case("preemption", uniform(), [Request(0, 16, 20, arrival_step=0), Request(1, 16, 20, arrival_step=0)],
+     num_blocks=5, block_size=16, max_num_batched_tokens=64, max_num_seqs=4)
+
+
 @needs_vllm
-def test_preemption_and_its_recompute():
+def test_preemption_and_its_recompute(real_runs):
     """4 usable blocks of 16; two requests (prompt 16, 20 new) at step 0; FCFS; budget 64.
 
     * step 0: both admitted whole (S4: the whole prompt must fit, ``scheduler_reserve_full_isl``): [1] and [2];
@@ -81,8 +107,7 @@ def test_preemption_and_its_recompute():
     * step 20: request 0's blocks [1, 3, 4] went back as [4, 3, 1] before [2]: request 1 resumes (S8), recomputes
       its 33 tokens in one chunk into [4, 3, 1] and samples its 18th token; it finishes at step 22.
     """
-    real = run(uniform(), [Request(0, 16, 20, arrival_step=0), Request(1, 16, 20, arrival_step=0)],
-               num_blocks=5, block_size=16, max_num_batched_tokens=64, max_num_seqs=4)
+    real = run(real_runs, "preemption")
     sched = column(real, "scheduled")
     assert sched[0] == {"0": 16, "1": 16} and sched[1] == {"0": 1, "1": 1}
     assert column(real, "blocks")[1] == {"0": [[1, 3]], "1": [[2, 4]]}
@@ -97,8 +122,12 @@ def test_preemption_and_its_recompute():
     assert len(real.steps) == 23 and real.free_at_end == 4
 
 
+case("sliding", resolve_model(str(TINY / "gpt_oss.json")), [Request(0, 40, 3, arrival_step=0)],
+     num_blocks=12, block_size=16, max_num_batched_tokens=32, max_num_seqs=4)
+
+
 @needs_vllm
-def test_sliding_group_frees_blocks_to_the_null_block():
+def test_sliding_group_frees_blocks_to_the_null_block(real_runs):
     """gpt-oss's tiny shape: layers 0, 2 sliding (window 4), 1, 3 full, equal pages: group size 2, so one sliding
     group and one full group (K6), blocks of 16; 11 usable blocks; one request, prompt 40, 3 new, budget 32.
 
@@ -111,8 +140,7 @@ def test_sliding_group_frees_blocks_to_the_null_block():
       tokens and has them.
     * step 3: the third token; the request finishes; all 11 free.
     """
-    real = run(resolve_model(str(TINY / "gpt_oss.json")), [Request(0, 40, 3, arrival_step=0)],
-               num_blocks=12, block_size=16, max_num_batched_tokens=32, max_num_seqs=4)
+    real = run(real_runs, "sliding")
     assert [(g["spec"], g["layers"]) for g in real.groups] == [("SlidingWindowSpec", [0, 2]),
                                                                 ("FullAttentionSpec", [1, 3])]
     assert column(real, "scheduled") == [{"0": 32}, {"0": 8}, {"0": 1}, {"0": 1}]
@@ -121,8 +149,12 @@ def test_sliding_group_frees_blocks_to_the_null_block():
     assert column(real, "free") == [7, 6, 7, 11]
 
 
+case("mamba", resolve_model(str(TINY / "qwen3_next.json")), [Request(0, 40, 3, arrival_step=0)],
+     num_blocks=12, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512)
+
+
 @needs_vllm
-def test_mamba_group_keeps_one_state_page():
+def test_mamba_group_keeps_one_state_page(real_runs):
     """Qwen3-Next's tiny shape: 3 linear-attention layers and 1 full layer. The Mamba page (conv state with
     kernel − 1 columns + recurrent state, fp16) is larger than a 16-token attention page, so the attention block
     grows to 32 tokens and the Mamba page is padded to it (K7). Group size = 1 (3 ≥ 1.5 × 1): three Mamba groups
@@ -133,8 +165,7 @@ def test_mamba_group_keeps_one_state_page():
     * step 1: 8 tokens: the Mamba tables need ceil(40/512) = 1 entry, have it; the full group a 2nd block [5].
     * steps 2–3: decode to 42 tokens: nothing new; the request finishes at step 3.
     """
-    real = run(resolve_model(str(TINY / "qwen3_next.json")), [Request(0, 40, 3, arrival_step=0)],
-               num_blocks=12, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512)
+    real = run(real_runs, "mamba")
     assert [(g["spec"], g["layers"], g["block_size"]) for g in real.groups] == [
         ("MambaSpec", [0], 512), ("MambaSpec", [1], 512), ("MambaSpec", [2], 512), ("FullAttentionSpec", [3], 32)]
     assert len({g["page_size_bytes"] for g in real.groups}) == 1  # the Mamba page padded to the attention page
@@ -143,8 +174,13 @@ def test_mamba_group_keeps_one_state_page():
     assert column(real, "free") == [7, 6, 6, 11]
 
 
+case("prefix", uniform(), [Request(0, 40, 2, arrival_step=0, prefix_id="a", prefix_tokens=32),
+                           Request(1, 40, 2, arrival_step=2, prefix_id="a", prefix_tokens=32)],
+     num_blocks=10, block_size=16, max_num_batched_tokens=64, max_num_seqs=4, enable_prefix_caching=True)
+
+
 @needs_vllm
-def test_prefix_hit_and_the_eviction_order_of_cached_blocks():
+def test_prefix_hit_and_the_eviction_order_of_cached_blocks(real_runs):
     """Prefix caching on, blocks of 16, 9 usable; requests 0 (arrives at step 0) and 1 (step 2) share their first
     32 prompt tokens, then differ; prompt 40, 2 new each; budget 64.
 
@@ -156,23 +192,23 @@ def test_prefix_hit_and_the_eviction_order_of_cached_blocks():
       [1, 2, 3]; free 9 − 3 = 6.
     * step 3: its 2nd token; it finishes (free 9).
     """
-    reqs = [Request(0, 40, 2, arrival_step=0, prefix_id="a", prefix_tokens=32),
-            Request(1, 40, 2, arrival_step=2, prefix_id="a", prefix_tokens=32)]
-    real = run(uniform(), reqs, num_blocks=10, block_size=16, max_num_batched_tokens=64, max_num_seqs=4,
-               enable_prefix_caching=True)
+    real = run(real_runs, "prefix")
     assert column(real, "scheduled") == [{"0": 40}, {"0": 1}, {"1": 8}, {"1": 1}]
     assert column(real, "hits") == [{"0": 0}, {}, {"1": 32}, {}]
     assert column(real, "blocks") == [{"0": [[1, 2, 3]]}, {"0": [[1, 2, 3]]}, {"1": [[1, 2, 3]]}, {"1": [[1, 2, 3]]}]
     assert column(real, "free") == [6, 9, 6, 9]
 
 
+case("never-admitted", resolve_model(str(TINY / "gemma3.json")), [Request(0, 40, 6, arrival_step=0)],
+     num_blocks=16, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512)
+
+
 @needs_vllm
-def test_a_request_that_can_never_be_admitted_stops_with_one_line():
+def test_a_request_that_can_never_be_admitted_stops_with_one_line(real_runs):
     """Gemma-3's tiny shape: 5 sliding groups of one layer and a full one; a 40-token prompt needs 3 full blocks
     + 5 × 3 sliding blocks to be admitted whole (S4) > 15: vLLM would wait forever; the driver stops."""
     with pytest.raises(ConfigError, match="can never be admitted"):
-        run(resolve_model(str(TINY / "gemma3.json")), [Request(0, 40, 6, arrival_step=0)],
-            num_blocks=16, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512)
+        run(real_runs, "never-admitted")
 
 
 def test_the_job_maps_simkv_specs_to_vllm_specs():
@@ -205,19 +241,77 @@ def test_missing_venv_is_one_line_naming_the_setup_command(tmp_path):
     assert where.returncode == 0 and where.stdout.strip() == f"{tmp_path / 'none'} (not built)"
 
 
+SHAPES = ["custom", "gpt_oss", "llama4", "deepseek_v3", "qwen3_next"]
+
+
+def compared_case(name, model, reqs, **settings):
+    """A random workload's case, its pool twice the longest request's blocks (requests preempt each other)."""
+    from simkv.validate.vllm.compare import fitting_pool
+
+    base = SchedulerSettings(**{"num_blocks": 2, "block_size": 16, "max_num_batched_tokens": 32, "max_num_seqs": 4,
+                                "max_model_len": 512, **settings})
+    case(name, model, reqs, seed=5, **{**base.__dict__, "num_blocks": fitting_pool(model, reqs, base)})
+
+
+def shape_model(shape):
+    return uniform() if shape == "custom" else resolve_model(str(TINY / f"{shape}.json"))
+
+
+for _shape in SHAPES:
+    compared_case(f"random-{_shape}", shape_model(_shape), random_workload(8, 5, False))
+# The priority policy (random priorities 0..3: preemption takes the lowest-priority running request, the waiting
+# queue is a heap) and the long-prefill threshold (prompt chunks of at most 24 tokens while several prefill).
+compared_case("random-priority", uniform(), random_workload(12, 7, False, priorities=True), policy="priority")
+compared_case("random-long-prefill", shape_model("gpt_oss"), random_workload(12, 8, False),
+              long_prefill_token_threshold=24)
+
+
+def assert_step_exact(real_runs, name):
+    from simkv.validate.vllm.compare import compare_steps, simulate
+
+    model, reqs, settings, seed = CASES[name]
+    result = compare_steps(run(real_runs, name).steps, simulate(model, reqs, prompt_token_ids(reqs, seed), settings))
+    assert result["steps_total"] > 0 and result["steps_mismatched"] == 0, result["first_mismatches"][:2]
+    return result
+
+
 @needs_vllm
-@pytest.mark.parametrize("shape", ["custom", "gpt_oss", "llama4", "deepseek_v3", "qwen3_next"])
-def test_simkv_scheduler_matches_the_real_one_step_by_step(shape):
+@pytest.mark.parametrize("shape", SHAPES)
+def test_simkv_scheduler_matches_the_real_one_step_by_step(real_runs, shape):
     """A small random workload per model shape (full, sliding + full, chunked + full, MLA, Mamba hybrid) through
     the real scheduler and simkv's ``--scheduler vllm``: every step equal (tokens, preemptions, block ids per group,
     free blocks, finished, queues). A pool of twice the longest request's blocks makes requests preempt."""
-    from simkv.validate.vllm.compare import compare_steps, fitting_pool, random_workload, simulate
+    assert_step_exact(real_runs, f"random-{shape}")
 
-    model = uniform() if shape == "custom" else resolve_model(str(TINY / f"{shape}.json"))
-    reqs = random_workload(8, 5, False)
-    settings = SchedulerSettings(num_blocks=2, block_size=16, max_num_batched_tokens=32, max_num_seqs=4,
-                                 max_model_len=512)
-    settings = SchedulerSettings(**{**settings.__dict__, "num_blocks": fitting_pool(model, reqs, settings)})
-    ids = prompt_token_ids(reqs, 5)
-    result = compare_steps(run_real(model, reqs, ids, settings).steps, simulate(model, reqs, ids, settings))
-    assert result["steps_total"] > 0 and result["steps_mismatched"] == 0, result["first_mismatches"][:2]
+
+@needs_vllm
+def test_priority_policy_matches_the_real_one_step_by_step(real_runs):
+    """``policy="priority"`` with priorities 0..3: step-exact, and the case does exercise the policy (some step
+    preempts, and some request is admitted ahead of an earlier-arrived one of a larger priority value)."""
+    assert_step_exact(real_runs, "random-priority")
+    steps = run(real_runs, "random-priority").steps
+    assert sum(len(s["preempted"]) for s in steps) > 0
+    reqs = {str(r.id): r for r in CASES["random-priority"][1]}
+    admitted = [rid for s in steps for rid in s["new"]]
+    assert any(reqs[a].priority < reqs[b].priority and reqs[a].arrival_step > reqs[b].arrival_step
+               for i, a in enumerate(admitted) for b in admitted[i + 1:])
+
+
+@needs_vllm
+def test_long_prefill_threshold_matches_the_real_one_step_by_step(real_runs):
+    """``long_prefill_token_threshold=24`` on the sliding + full shape: step-exact, and the threshold binds (some
+    step gives a prefilling request exactly 24 tokens while the budget of 32 had room for more)."""
+    assert_step_exact(real_runs, "random-long-prefill")
+    steps = run(real_runs, "random-long-prefill").steps
+    assert any(24 in s["scheduled"].values() and sum(s["scheduled"].values()) < 32 for s in steps)
+
+
+def test_max_model_len_refuses_a_prompt_as_vllms_input_processor_does():
+    """``InputProcessor._validate_prompt_len`` (vLLM 0.33.0): a prompt longer than ``max_model_len`` is refused, and
+    one of exactly ``max_model_len`` tokens too (no room for an output token); 511 tokens with 100 new is
+    admitted (the scheduler stops it at 512). No venv needed: the job is refused before the driver starts."""
+    for prompt in (512, 600):
+        with pytest.raises(ConfigError, match="longer than the maximum model length of 512"):
+            job(uniform(), [Request(0, prompt, 1, arrival_step=0)], [[5] * prompt], SchedulerSettings(max_model_len=512))
+    ok = job(uniform(), [Request(0, 511, 100, arrival_step=0)], [[5] * 511], SchedulerSettings(max_model_len=512))
+    assert ok["requests"][0]["max_new_tokens"] == 100

@@ -18,7 +18,7 @@ from simkv.units import format_bytes
 #: read only as vLLM lays it out (simkv.kvspec.indexer_bytes): the other runtimes' bytes are then null ("—").
 RUNTIMES = {
     "transformers": ("model", "latent", True, (None, 4)),  # DynamicCache; torch delta rule keeps f32 states
-    "vllm": ("model", "latent", True, (None, None)),  # MLAAttentionSpec, SlidingWindowSpec; mamba_cache_dtype auto
+    "vllm": ("model", "latent", True, None),  # MLAAttentionSpec, SlidingWindowSpec; states: vllm_state_bytes
     "openvino": ("f16", "decompressed", False, (None, 4)),  # stateful export: every token of every layer
     "genai": ("f16", "decompressed", False, (None, 4)),  # paged, no sliding-window freeing
 }
@@ -80,15 +80,17 @@ def describe_model(name: str) -> dict:
     from simkv.hfconfig import resolve_model
     from simkv.hfconfig.reader import field_report
     from simkv.kvspec import state_bytes, token_bytes
-    from simkv.models import CHECKPOINT, params_by_format, weights_bytes
     from simkv.precision import get_precision
     from simkv.scenario import DTYPE_PRECISION
+    from simkv.serving.kv.groups import vllm_state_bytes
 
     m = resolve_model(name)
     own = DTYPE_PRECISION.get(m.dtype.lower(), "f16")
     kv = {rt: get_precision(own if dtype == "model" else dtype) for rt, (dtype, *_) in RUNTIMES.items()}
 
     def state(spec, rt):
+        if rt == "vllm":
+            return sum(vllm_state_bytes(m, spec))
         conv, rec = RUNTIMES[rt][3]
         each = kv[rt].bits / 8
         return sum(state_bytes(spec, conv or each, rec or each))
@@ -117,12 +119,21 @@ def describe_model(name: str) -> dict:
         "kv_bytes_per_token": each({rt: sum(g["bytes_per_token"][rt] for g in groups) for rt in held}),
         "state_bytes_per_sequence": each({rt: sum(g["state_bytes_per_sequence"][rt] for g in groups) for rt in held}),
         "groups": groups,
-        "weights": {"scheme": m.weight_scheme.describe() if m.weight_scheme else None,
-                    "params_by_format": params_by_format(m, CHECKPOINT),
-                    "bytes": weights_bytes(m, CHECKPOINT), "params": m.weight_params, "active_params": m.active_params},
+        "weights": _weights(m),
         "fields": field_report(m.source) if m.source else None,
     }
     return out
+
+
+def _weights(m) -> dict:
+    """The weights by format, or why they are not sized (``refused``: the KV above is still read)."""
+    from simkv.models import CHECKPOINT, params_by_format, weights_bytes
+
+    scheme = m.weight_scheme.describe() if m.weight_scheme else None
+    if m.weights_refused:
+        return {"scheme": scheme, "refused": m.weights_refused}
+    return {"scheme": scheme, "params_by_format": params_by_format(m, CHECKPOINT), "bytes": weights_bytes(m, CHECKPOINT),
+            "params": m.weight_params, "active_params": m.active_params}
 
 
 def _one(name: str, as_json: bool) -> int:
@@ -154,9 +165,12 @@ def _one(name: str, as_json: bool) -> int:
     print(f"  {'frees what left a window':<58}" + "".join(
         f"{'yes' if d['frees_windows'][rt] else 'no':>14}" for rt in rts))
     w = d["weights"]
-    formats = ", ".join(f"{k} {v:,}" for k, v in sorted(w["params_by_format"].items()))
-    print(f"  weights     {format_bytes(w['bytes'])} as stored ({w['scheme'] or d['dtype'] or 'one precision'}): "
-          f"{formats or 'no weights (a custom shape)'} parameters")
+    if "refused" in w:
+        print(f"  weights     not sized: {w['refused']}")
+    else:
+        formats = ", ".join(f"{k} {v:,}" for k, v in sorted(w["params_by_format"].items()))
+        print(f"  weights     {format_bytes(w['bytes'])} as stored ({w['scheme'] or d['dtype'] or 'one precision'}): "
+              f"{formats or 'no weights (a custom shape)'} parameters")
     if d["fields"]:
         print(f"  fields read {', '.join(d['fields']['read'])}")
         if d["fields"]["neutral"]:

@@ -22,6 +22,11 @@ PLAN_MODES = (
          ("--synthetic", "--memory", "paged")),
     Mode("contiguous", "contiguous memory (--memory contiguous)", lambda a: a.memory == "contiguous", "memory",
          ("--synthetic", "--memory", "contiguous")),
+    Mode("genai", "deployments GenAI's scheduler serves (paged, --serving-scheduler auto or continuous)",
+         lambda a: a.memory == "paged" and a.serving_scheduler != "vllm", "scheduler"),
+    Mode("vllm-only", "vLLM's scheduler on every device (--serving-scheduler vllm)",
+         lambda a: a.memory == "paged" and a.serving_scheduler == "vllm", "scheduler",
+         ("--synthetic", "--serving-scheduler", "vllm")),
     *EXECUTOR_MODES,
 )
 
@@ -83,11 +88,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="tokens per step (default 256,2048)")
     s.add_argument("--max-num-seqs", type=int, default=256, modes=ANY,
                    help="requests running at once (vLLM mode; contiguous memory) (default 256)")
-    s.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged", help="GenAI's vLLM mode (whole "
+    s.add_argument("--no-dynamic-split-fuse", action="store_true", modes="genai", help="GenAI's vLLM mode (whole "
                    "prompts first; --max-num-seqs applies) in every deployment")
     s.add_argument("--prefix-caching", action="store_true", modes="paged",
                    help="enable_prefix_caching in every deployment")
-    s.add_argument("--kv-manager", default="genai", modes="paged", help="genai or vllm (as simkv run; default genai)")
+    s.add_argument("--serving-scheduler", default="auto", choices=("auto", "continuous", "vllm"), modes="paged",
+                   help="the serving scheduler: auto (default) each device's runtime's: vLLM's (--scheduler vllm) on "
+                   "vLLM presets (h100-sxm, h200-sxm, b200, a100 ...), OpenVINO GenAI's on OpenVINO ones (xeon, arc, "
+                   "NPU ...); or continuous / vllm for every device")
+    s.add_argument("--kv-manager", default="genai", modes="genai", help="genai or vllm (as simkv run; default genai; "
+                   "GenAI-scheduled deployments only)")
     s.add_argument("--memory", default="paged", choices=("paged", "contiguous"), modes=ANY, help="paged pool "
                    "(default) or contiguous per-request buffers under --policies")
     s.add_argument("--policies", default="openvino-cpu", modes="contiguous", help="contiguous: memory policies to "
@@ -125,7 +135,8 @@ def target_from_args(args):
         raise ConfigError("--devices names no device")
     target = plan.Target(workload, args.model, plan.parse_slo(args.slo), kv_manager=args.kv_manager,
                          prefix_caching=args.prefix_caching, max_num_seqs=args.max_num_seqs, memory=args.memory,
-                         max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse)
+                         max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse,
+                         scheduler=args.serving_scheduler)
     if args.max_num_seqs <= 0:
         raise ConfigError("--max-num-seqs must be positive")
     paged = args.memory == "paged"

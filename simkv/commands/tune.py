@@ -76,6 +76,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "baseline: GenAI's defaults; metrics: peak, pool, tpot_p99, ttft_p99, preemptions, copied, waste, "
                    "time (default objectives peak:max tpot_p99:max ttft_p99:max); constraints: every request FINISHED, "
                    "peak <= device memory - weights; a prompt at or above the context is refused before any run")
+    v.add_argument("--serving-scheduler", choices=("continuous", "vllm"), default="continuous", modes="serving",
+                   help="whose settings to search: continuous (GenAI's, default) or vllm (vLLM V1's: block_size, "
+                   "gpu_memory_utilization, max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, "
+                   "prefix_caching; baseline vLLM's server defaults for --device)")
     v.add_argument("--limit", type=int, modes="serving", help="serve the first N requests of the trace (default 1000)")
     v.add_argument("--device", metavar="NAME|host|PATH", modes="serving", help="the device: its memory unless "
                    "--device-memory, its runtime's precisions, and the cost model's step times (default "
@@ -127,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
             layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
             precision=args.precision, device=args.device, device_memory=args.device_memory,
             weights_memory=args.weights_memory, weights_precision=args.weights_precision,
-            max_context=args.max_context, max_preemptions=args.max_preemptions)
+            max_context=args.max_context, max_preemptions=args.max_preemptions, scheduler=args.serving_scheduler)
         base = {"policy": "paged"}
         workloads, source = [], f"the first {target.limit:,} requests of {args.trace}"
     elif args.trace:
@@ -142,7 +146,9 @@ def main(args: argparse.Namespace) -> int:
     else:
         workloads, source = [(args.prompt, args.decode)], "the scenario flags"
     if target:
-        params = [tune.Param.parse(x, "paged", tune_serving.kinds()) for x in (args.param or tune_serving.TUNABLE)]
+        sched = args.serving_scheduler
+        params = [tune.Param.parse(x, "paged", tune_serving.kinds(sched))
+                  for x in (args.param or tune_serving.tunable(sched))]
         objectives = args.objective or tune_serving.DEFAULT_OBJECTIVES
     else:
         params = [tune.Param.parse(x, args.policy) for x in (args.param or tune.TUNABLE.get(args.policy, ()))]
@@ -164,7 +170,8 @@ def main(args: argparse.Namespace) -> int:
         json.dump(result.to_json(command, tune_command, source), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        what = (f"GenAI scheduler settings serving {source}" if target
+        whose = "vLLM" if target and target.template.scheduler == "vllm" else "GenAI"
+        what = (f"{whose} scheduler settings serving {source}" if target
                 else f"{args.policy} over {len(workloads)} workloads from {source}")
         print(f"simkv tune: {what}; search {args.search}, "
               f"{len(result.evaluated)} configurations; objectives {', '.join(o.name for o in spec.objectives)}; "

@@ -128,6 +128,10 @@ def _add_paged_validate_arguments(p) -> None:
                    help="--runtime vllm: tokens per block (default 16)")
     g.add_argument("--max-model-len", type=int, default=4096, metavar="N", modes="vllm",
                    help="--runtime vllm: max_model_len (default 4096)")
+    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs", modes="vllm",
+                   help="--runtime vllm: fcfs | priority (the trace's priority column; --random draws 0..3)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N", modes="vllm",
+                   help="--runtime vllm: most prompt tokens per request per step when several prefill (0: off)")
 
 
 def main(args: argparse.Namespace) -> int:

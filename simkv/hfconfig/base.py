@@ -203,6 +203,16 @@ class Family:
     per_layer_mlp: Callable | None = None
     #: Fields checked by a family's own rule before reading (e.g. a per-kind size that must equal another).
     check: Callable[[Config], None] | None = None
+    #: The layer count where it is not ``num_hidden_layers`` (Nemotron-H: the length of its block list).
+    num_layers: Callable[[Config], int] | None = None
+    #: Mamba-2 layers' (heads, head size, groups, state size, conv kernel), for their weights and vLLM's conv.
+    mamba_dims: Callable[[Config], tuple[int, int, int, int, int]] | None = None
+    #: Matrices per MLP and expert: 3 gated (SwiGLU), 2 for a plain up/down MLP (Nemotron-H's relu²).
+    mlp_matrices: int = 3
+    #: The recurrent state's dtype vLLM keeps where it is not the model's (Nemotron-H's mamba_ssm_cache_dtype).
+    ssm_dtype: Callable[[Config], str] | None = None
+    #: Why the weights of a config cannot be sized exactly ("" when they can): its KV is still read.
+    weights_refused: Callable[[Config], str] | None = None
 
     def understood(self) -> frozenset[str]:
         return frozenset((*COMMON, *self.defaults, *self.reads, *self.aliases, *self.types_keys))

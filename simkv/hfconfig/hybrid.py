@@ -16,10 +16,16 @@ def jamba_types(c: Config, n: int, window) -> list[str]:
     return ["full_attention" if i % period == offset else "linear_attention" for i in range(n)]
 
 
-def mamba2(c: Config) -> tuple[int, int]:
-    """Granite-4's Mamba-2 state per sequence (modeling_granitemoehybrid.py GraniteMoeHybridMambaLayer.forward:
-    ``update_conv_state`` keeps ``[conv_dim = inner + 2·groups·d_state, d_conv]``; ``torch_chunk_scan``'s final
-    state is ``[heads, d_head, d_state]``), inner = ``mamba_expand × hidden_size``."""
+def mamba2_state(heads: int, head: int, groups: int, state: int, kernel: int) -> tuple[int, int]:
+    """A Mamba-2 layer's (conv, recurrent) elements per sequence as transformers keeps them: conv ``[conv_dim =
+    heads x head + 2 x groups x state, kernel]``, recurrent ``[heads, head, state]`` (vLLM keeps kernel − 1 conv
+    columns: simkv.serving.kv.groups.conv_columns)."""
+    return (heads * head + 2 * groups * state) * kernel, heads * head * state
+
+
+def granite_dims(c: Config) -> tuple[int, int, int, int, int]:
+    """Granite-4's Mamba-2 (heads, head size, groups, state size, conv kernel), inner = heads x head size =
+    ``mamba_expand × hidden_size``."""
     inner = mamba_inner(c)
     heads, groups = c.int("mamba_n_heads", limits.MAX_HEADS), c.int("mamba_n_groups", limits.MAX_HEADS)
     state, kernel = c.int("mamba_d_state", limits.MAX_HEAD_DIM), c.int("mamba_d_conv", limits.MAX_HEAD_DIM)
@@ -27,7 +33,14 @@ def mamba2(c: Config) -> tuple[int, int]:
     if heads * d_head != inner:  # GraniteMoeHybridConfig.validate_architecture
         raise c.fail(f"mamba_n_heads x mamba_d_head ({heads} x {d_head}) must equal mamba_expand x hidden_size "
                      f"({inner})")
-    return (inner + 2 * groups * state) * kernel, heads * d_head * state
+    return heads, d_head, groups, state, kernel
+
+
+def mamba2(c: Config) -> tuple[int, int]:
+    """Granite-4's Mamba-2 state per sequence (modeling_granitemoehybrid.py GraniteMoeHybridMambaLayer.forward:
+    ``update_conv_state`` keeps ``[conv_dim = inner + 2·groups·d_state, d_conv]``; ``torch_chunk_scan``'s final
+    state is ``[heads, d_head, d_state]``), inner = ``mamba_expand × hidden_size``."""
+    return mamba2_state(*granite_dims(c))
 
 
 def mamba1(c: Config) -> tuple[int, int]:
@@ -50,7 +63,7 @@ FAMILIES = {
                                 "num_local_experts": 8, "num_experts_per_tok": 2, "mamba_n_heads": 128,
                                 "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_head": "auto",
                                 "mamba_d_conv": 4, "mamba_expand": 2, "shared_intermediate_size": 1024},
-                               types=lambda c, n, w: ["linear_attention"] * n, state=mamba2,
+                               types=lambda c, n, w: ["linear_attention"] * n, state=mamba2, mamba_dims=granite_dims,
                                types_keys=("layer_types", "layers_block_type"), dense_key="shared_intermediate_size",
                                shared=lambda c, n: c.int("shared_intermediate_size", limits.MAX_WIDTH),
                                reads=("mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "position_embedding_type"),

@@ -91,8 +91,9 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
     if family and family.aliases:
         text = {**text, **{field: text[alias] for alias, field in family.aliases.items() if alias in text}}
     c = Config(where, text, family.defaults if family else {})
-    missing = [k for k in ("num_hidden_layers", "hidden_size") + (() if family else ("num_attention_heads",))
-               if c.get(k) is None]
+    counted = family is not None and family.num_layers is not None  # the layer count from the block list
+    missing = [k for k in ("hidden_size",) + (() if counted else ("num_hidden_layers",))
+               + (() if family else ("num_attention_heads",)) if c.get(k) is None]
     if missing:
         raise c.fail(f"missing {', '.join(missing)}" + (f" (model_type {model_type})" if model_type else ""))
     _refuse_unread(c, family, model_type)
@@ -100,7 +101,7 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         family.check(c)
     keys = family.types_keys if family else ("layer_types",)
     given_types = next((text[k] for k in keys if text.get(k) is not None), None)
-    n = c.int("num_hidden_layers", limits.MAX_LAYERS)
+    n = family.num_layers(c) if counted else c.int("num_hidden_layers", limits.MAX_LAYERS)
     hidden = c.int("hidden_size", limits.MAX_WIDTH)
     heads = c.int("num_attention_heads", limits.MAX_HEADS)
     if family and family.layers:
@@ -129,6 +130,10 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         q_lora_rank=c.int("q_lora_rank", limits.MAX_HEAD_DIM, default=0) if family and family.mla else 0,
         linear_dims=_linear_dims(c) if family and family.state is gated_delta_net else None,
         short_conv=c.int("conv_L_cache", limits.MAX_HEAD_DIM) if family and family.short_conv else 0,
+        mamba_dims=family.mamba_dims(c) if family and family.mamba_dims else None,
+        mlp_matrices=family.mlp_matrices if family else 3,
+        ssm_dtype=family.ssm_dtype(c) if family and family.ssm_dtype else "",
+        weights_refused=family.weights_refused(c) if family and family.weights_refused else "",
         dtype=_dtype(raw, text, c, quantized), source=source, weight_scheme=scheme,
         context=c.int("max_position_embeddings", limits.MAX_TOKENS, default=0),
         layer_intermediate=family.per_layer_mlp(c, n) if family and family.per_layer_mlp else (),
@@ -287,8 +292,10 @@ def _moe(c: Config, n: int, family: Family | None) -> dict:
         shared = c.int("shared_expert_intermediate_size", limits.MAX_WIDTH, minimum=0)
     else:
         shared = c.int("n_shared_experts", limits.MAX_EXPERTS, minimum=0, default=0) * expert
+    # interleaved MoE layers (Jamba, Nemotron-H) are named; the last ones are ModelSpec's default
+    moe_at = tuple(moe_layers) if moe_layers != list(range(n - len(moe_layers), n)) else ()
     return out | dict(experts=experts, experts_per_token=per_token, expert_intermediate=expert,
-                      shared_intermediate=shared, dense_layers=n - len(moe_layers))
+                      shared_intermediate=shared, dense_layers=n - len(moe_layers), moe_at=moe_at)
 
 
 def _linear_dims(c: Config) -> tuple[int, int, int, int, int]:

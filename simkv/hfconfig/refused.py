@@ -19,8 +19,6 @@ REFUSED: dict[str, str] = {
                   "cache simkv does not hold yet",
     "minimax_m3_vl": "lightning-indexer sparse attention (sparse_attention_config: an index-key cache beside KV), a "
                      "cache simkv does not hold yet",
-    "nemotron_h": "Mamba-2 / attention / MoE layers from hybrid_override_pattern: the Mamba-2 state of this family "
-                  "is not read yet",
     "gemma3n": "Gemma-3n's KV sharing across layers with per-layer inputs and AltUp: not read",
     "gemma3n_text": "Gemma-3n's KV sharing across layers with per-layer inputs and AltUp: not read",
     "zamba2": "attention blocks shared across Mamba layers: not read",

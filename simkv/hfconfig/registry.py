@@ -5,12 +5,12 @@ generated from here."""
 
 from __future__ import annotations
 
-from simkv.hfconfig import (deepseek, gemma, gemma4, gpt_oss, hybrid, lfm2, llama, llama4, mimo_v2, nemotron_nas,
-                            qwen, qwen3_next, refused, step)
+from simkv.hfconfig import (deepseek, gemma, gemma4, gpt_oss, hybrid, lfm2, llama, llama4, mimo_v2, nemotron_h,
+                            nemotron_nas, qwen, qwen3_next, refused, step)
 from simkv.hfconfig.base import COMMON, Family
 
 MODULES = (llama, qwen, qwen3_next, gemma, gemma4, gpt_oss, llama4, deepseek, mimo_v2, nemotron_nas, step, hybrid,
-           lfm2)
+           nemotron_h, lfm2)
 FAMILIES: dict[str, Family] = {name: family for module in MODULES for name, family in module.FAMILIES.items()}
 #: The module each model type is read by.
 MODULE_OF = {name: module.__name__.rpartition(".")[2] for module in MODULES for name in module.FAMILIES}

@@ -181,13 +181,15 @@ class Target:
     memory: str = "paged"
     max_context: int | None = None
     dynamic_split_fuse: bool = True
+    scheduler: str = "auto"  # auto: each device's runtime's (device_defaults); continuous (GenAI's) or vllm for all
 
     def key(self) -> dict:
         """The fixed inputs as stored with every row (and hashed into its point id)."""
         return {"workload": json.dumps(self.workload, sort_keys=True), "model": self.model or "custom",
                 "slo": ",".join(f"{s.name}={s.limit_s!r}" for s in self.slo), "kv_manager": self.kv_manager,
                 "prefix_caching": self.prefix_caching, "max_num_seqs": self.max_num_seqs, "memory": self.memory,
-                "max_context": self.max_context, "dynamic_split_fuse": self.dynamic_split_fuse}
+                "max_context": self.max_context, "dynamic_split_fuse": self.dynamic_split_fuse,
+                "scheduler": self.scheduler}
 
 
 @dataclass
@@ -205,19 +207,27 @@ class Space:
     policies: tuple[str, ...] = ("openvino-cpu",)
 
 
+#: ``simkv plan --serving-scheduler``: each device's runtime's scheduler, or one for every device.
+PLAN_SCHEDULERS = ("auto", "continuous", "vllm")
+
+
 # --- candidates ----------------------------------------------------------------------------------
 
 
-def candidates(space: Space, model, memory: str = "paged") -> tuple[list[dict], list[str]]:
+def candidates(space: Space, model, memory: str = "paged", scheduler: str = "auto") -> tuple[list[dict], list[str]]:
     """Every deployment of the space, in the order the search visits them (device count, then device, tp,
     replicas, router, precision, block size, pool, batched tokens, policy), and a line for each device × tp
     left out (a runtime without tensor parallelism, a model ``tp`` does not split). Contiguous memory has no
-    blocks or pool: one value each (``block_size`` 0, ``pool`` "-")."""
+    blocks or pool: one value each (``block_size`` 0, ``pool`` "-"), and GenAI's scheduler. Each deployment
+    names its scheduler: ``scheduler`` for every device, or (``auto``) the device's runtime's; vLLM's has no
+    dynamic pool, so a ``dynamic`` pool under it is left out with a line."""
     from simkv.cost import get_device
     from simkv.models import tp_shard
     from simkv.serving.router import ROUTERS
     from simkv.serving.run import runtime_defaults
 
+    if scheduler not in PLAN_SCHEDULERS:
+        raise ConfigError(f"--serving-scheduler: unknown {scheduler!r}; choose {', '.join(PLAN_SCHEDULERS)}")
     if not 1 <= space.max_devices <= MAX_DEVICES:
         raise ConfigError(f"--max-devices must be in 1..{MAX_DEVICES}, got {space.max_devices}")
     for r in space.routers:
@@ -246,8 +256,10 @@ def candidates(space: Space, model, memory: str = "paged") -> tuple[list[dict], 
                 continue
             tps.append(tp)
         default = runtime_defaults(device, model)
+        if scheduler != "auto":
+            default["scheduler"] = scheduler
         if memory == "contiguous":
-            default.update(block_size=0, pool="-")
+            default.update(block_size=0, pool="-", scheduler="continuous")
         kinds.append((name, device, tps, default))
     out: list[dict] = []
     for count in range(1, space.max_devices + 1):
@@ -260,11 +272,17 @@ def candidates(space: Space, model, memory: str = "paged") -> tuple[list[dict], 
                     for precision in space.precisions or (default["precision"],):
                         for block in (space.block_sizes if memory == "paged" else None) or (default["block_size"],):
                             for pool in (space.pools if memory == "paged" else None) or (default["pool"],):
+                                if pool == "dynamic" and default["scheduler"] == "vllm":
+                                    line = f"{name} pool dynamic: vLLM's pool is fixed (gpu_memory_utilization)"
+                                    if line not in skipped:
+                                        skipped.append(line)
+                                    continue
                                 for mnbt in space.max_num_batched_tokens:
                                     for policy in space.policies:
                                         out.append({"device": name, "devices": count, "tp": tp, "replicas": replicas,
                                                     "router": router, "precision": precision, "block_size": block,
-                                                    "pool": pool, "max_num_batched_tokens": mnbt, "policy": policy})
+                                                    "pool": pool, "max_num_batched_tokens": mnbt, "policy": policy,
+                                                    "scheduler": default["scheduler"]})
                                         if len(out) > MAX_CANDIDATES:
                                             raise ConfigError(f"more than {MAX_CANDIDATES:,} deployments to search: "
                                                               "narrow the lists or --max-devices")
@@ -381,13 +399,18 @@ def spec_of(point: dict):
     model, _, weights, cache = _device_share(point)
     precision = get_precision(point["precision"])
     precision.check(model)
-    cfg = SchedulerConfig(block_size=point["block_size"] or SchedulerConfig.block_size, cache_size=cache,
-                          max_num_batched_tokens=point["max_num_batched_tokens"], max_num_seqs=point["max_num_seqs"],
-                          enable_prefix_caching=point["prefix_caching"], kv_manager=point["kv_manager"],
-                          dynamic_split_fuse=point["dynamic_split_fuse"])
+    if point["scheduler"] == "vllm":  # vLLM sizes its pool itself (num_gpu_blocks); no GenAI-only options
+        cfg = SchedulerConfig(block_size=point["block_size"], max_num_batched_tokens=point["max_num_batched_tokens"],
+                              max_num_seqs=point["max_num_seqs"], enable_prefix_caching=point["prefix_caching"],
+                              scheduler="vllm", gpu_memory_utilization=_pool_fraction(point["pool"]))
+    else:
+        cfg = SchedulerConfig(block_size=point["block_size"] or SchedulerConfig.block_size, cache_size=cache,
+                              max_num_batched_tokens=point["max_num_batched_tokens"],
+                              max_num_seqs=point["max_num_seqs"], enable_prefix_caching=point["prefix_caching"],
+                              kv_manager=point["kv_manager"], dynamic_split_fuse=point["dynamic_split_fuse"])
     requests = list(_requests(point["workload"], point["model"], point["max_context"]))
     policy = get_policy(point["policy"]) if point["memory"] == "contiguous" else "openvino-cpu"
-    return ServingSpec(requests, model, precision, "continuous", point["memory"], cfg, device=point["device"],
+    return ServingSpec(requests, model, precision, point["scheduler"], point["memory"], cfg, device=point["device"],
                        weights_bytes=weights, policy=policy, max_context=point["max_context"], strict_context=True,
                        tp=point["tp"],
                        replicas=point["replicas"], router=point["router"] if point["replicas"] > 1 else "round-robin",
@@ -494,7 +517,7 @@ def run_plan(target: Target, space: Space, prices: dict[str, float] | None = Non
     from simkv.lab.sweep import executor, point_id, read_rows, write_rows
 
     model = resolve_model(target.model)
-    deployments, skipped = candidates(space, model, target.memory)
+    deployments, skipped = candidates(space, model, target.memory, target.scheduler)
     if not deployments:
         raise ConfigError("no deployment to search: " + ("; ".join(skipped) if skipped else "no device given"))
     fixed = target.key()
@@ -565,7 +588,8 @@ def run_plan(target: Target, space: Space, prices: dict[str, float] | None = Non
 
 def describe(row: dict) -> str:
     """A deployment in a few words."""
-    parts = [f"{row['devices']} x {row['device']}", f"tp {row['tp']}",
+    parts = [f"{row['devices']} x {row['device']}", SCHEDULER_WORDS[row.get("scheduler", "continuous")],
+             f"tp {row['tp']}",
              f"{row['replicas']} replica{'s' if row['replicas'] > 1 else ''}"]
     if row["replicas"] > 1:
         parts.append(row["router"])
@@ -577,6 +601,10 @@ def describe(row: dict) -> str:
                   "dynamic pool" if row["pool"] == "dynamic" else f"pool {row['pool']} of memory",
                   f"{row['max_num_batched_tokens']:,} batched tokens"]
     return ", ".join(parts)
+
+
+#: How a deployment's scheduler reads in the report.
+SCHEDULER_WORDS = {"continuous": "GenAI scheduler", "vllm": "vLLM scheduler"}
 
 
 def command(row: dict) -> str:
@@ -591,24 +619,29 @@ def command(row: dict) -> str:
         words += ["--synthetic", "--requests", str(w["requests"]), "--rate", repr(float(w["rate"])), "--arrivals",
                   w["arrivals"], "--prompt-dist", w["prompt_dist"], "--output-dist", w["output_dist"], "--seed",
                   str(w["seed"])]
+    vllm = row.get("scheduler") == "vllm"
     words += ["--model", row["model"], "--device", row["device"], "--precision", row["precision"]]
+    if vllm:
+        words += ["--scheduler", "vllm"]
     if row["memory"] == "paged":
         words += ["--block-size", str(row["block_size"])]
     if row["memory"] == "paged":  # contiguous memory takes each prompt whole
         words += ["--max-num-batched-tokens", str(row["max_num_batched_tokens"])]
-    if row["memory"] == "paged" and row["pool"] != "dynamic":
+    if vllm:
+        words += ["--gpu-memory-utilization", row["pool"]]
+    elif row["memory"] == "paged" and row["pool"] != "dynamic":
         words += ["--cache-size", _cache_gib(row)]
     if row["tp"] > 1:
         words += ["--tp", str(row["tp"])]
     if row["replicas"] > 1:
         words += ["--replicas", str(row["replicas"]), "--router", row["router"]]
-    if row["max_num_seqs"] != 256:
+    if row["max_num_seqs"] != 256 or vllm:  # simkv run's vLLM default is the device's, not 256
         words += ["--max-num-seqs", str(row["max_num_seqs"])]
-    if not row["dynamic_split_fuse"]:
+    if not row["dynamic_split_fuse"] and not vllm:
         words.append("--no-dynamic-split-fuse")
     if row["prefix_caching"]:
         words.append("--prefix-caching")
-    if row["kv_manager"] != "genai":
+    if row["kv_manager"] != "genai" and not vllm:
         words += ["--kv-manager", row["kv_manager"]]
     if row["memory"] != "paged":
         words += ["--memory", row["memory"], "--policy", row["policy"]]
@@ -649,6 +682,7 @@ def summary(result: PlanResult) -> dict:
         keys = ("device", "devices", "tp", "replicas", "router", "precision", "block_size", "pool",
                 "max_num_batched_tokens")
         out = {k: row[k] for k in keys}
+        out["scheduler"] = row.get("scheduler", "continuous")
         if row.get("memory") == "contiguous":
             out["policy"] = row["policy"]
         return out
@@ -684,6 +718,12 @@ def render(result: PlanResult, max_rejected: int = 12) -> str:
              f"  {'searched':<14}{len(result.rows) + len(result.pruned):,} deployments of {', '.join(result.space.devices)} "
              f"(at most {result.space.max_devices} device{'s' if result.space.max_devices > 1 else ''}): {len(result.rows):,} served "
              f"({result.computed:,} run now, {result.stored:,} from the output file), {len(result.pruned):,} pruned"]
+    by_scheduler: dict[str, list[str]] = {}
+    for d in [r for r in result.rows] + [d for d, _ in result.pruned]:
+        names = by_scheduler.setdefault(SCHEDULER_WORDS[d.get("scheduler", "continuous")], [])
+        if d["device"] not in names:
+            names.append(d["device"])
+    lines.append(f"  {'schedulers':<14}" + "; ".join(f"{w} on {', '.join(names)}" for w, names in by_scheduler.items()))
     rec = result.recommended
     if rec is None:
         lines.append(f"  {'RECOMMENDED':<14}none: no deployment searched meets the SLO (widen --devices or "
@@ -715,6 +755,9 @@ def render(result: PlanResult, max_rejected: int = 12) -> str:
                 lines.append(f"    {len(some):,} {what}, e.g. {describe(some[0])}: {_clip(some[0]['reason'], 200)}")
     by_device: dict[str, list[str]] = {}
     for line in result.skipped:
+        if " tp " not in line:  # a pool the scheduler cannot have
+            lines.append(f"  not searched: {_clip(line, 200)}")
+            continue
         device, _, rest = line.partition(" tp ")
         by_device.setdefault(device, []).append(rest)
     for device, items in by_device.items():

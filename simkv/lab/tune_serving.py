@@ -1,4 +1,10 @@
-"""``simkv tune --serving``: search GenAI's scheduler settings for a serving trace.
+"""``simkv tune --serving``: search a serving scheduler's settings (GenAI's, or vLLM's) for a serving trace.
+
+With ``scheduler="vllm"`` (``--serving-scheduler vllm``) the candidates are vLLM's settings instead
+(:data:`VLLM_PARAMS`: ``block_size``, ``gpu_memory_utilization`` — the pool, vLLM's ``num_gpu_blocks`` —,
+``max_num_batched_tokens``, ``max_num_seqs``, ``long_prefill_token_threshold``, ``prefix_caching``), served
+under ``--scheduler vllm``; the baseline is vLLM's server defaults for the device (``batch_defaults``: block 16,
+0.9 of the device, 8192 / 1024 on an H100), as ``simkv run --scheduler vllm`` takes them.
 
 The candidate is a paged serving configuration (OpenVINO GenAI ``SchedulerConfig``: ``block_size``,
 the pool — ``num_kv_blocks`` or ``cache_size`` GiB, both 0 = the dynamic pool —,
@@ -30,14 +36,35 @@ PARAMS: dict[str, tuple[str, type]] = {
 }
 #: What to search when no --param is given.
 TUNABLE = ("block_size=16,32,64", "cache_size=0,2,4,8,16", "max_num_batched_tokens=128,256,512,1024,2048")
+#: vLLM's tunable settings (``--scheduler vllm``) → (SchedulerConfig field, type).
+VLLM_PARAMS: dict[str, tuple[str, type]] = {
+    "block_size": ("block_size", int), "gpu_memory_utilization": ("gpu_memory_utilization", float),
+    "max_num_batched_tokens": ("max_num_batched_tokens", int), "max_num_seqs": ("max_num_seqs", int),
+    "long_prefill_token_threshold": ("long_prefill_token_threshold", int),
+    "prefix_caching": ("enable_prefix_caching", bool),
+}
+#: What to search under vLLM's scheduler when no --param is given.
+VLLM_TUNABLE = ("block_size=16,32", "gpu_memory_utilization=0.8,0.9,0.95",
+                "max_num_batched_tokens=2048,4096,8192,16384", "max_num_seqs=256,1024")
+#: The schedulers ``tune --serving`` searches the settings of.
+SCHEDULERS = ("continuous", "vllm")
 DEFAULT_OBJECTIVES = ("peak:max", "tpot_p99:max", "ttft_p99:max")
 #: Requests one candidate serves at most.
 MAX_REQUESTS = 100_000
 DEFAULT_LIMIT = 1000
 
 
-def kinds() -> dict[str, type]:
-    return {k: t for k, (_, t) in PARAMS.items()}
+def params_of(scheduler: str = "continuous") -> dict[str, tuple[str, type]]:
+    """The tunable settings of a scheduler."""
+    return VLLM_PARAMS if scheduler == "vllm" else PARAMS
+
+
+def tunable(scheduler: str = "continuous") -> tuple[str, ...]:
+    return VLLM_TUNABLE if scheduler == "vllm" else TUNABLE
+
+
+def kinds(scheduler: str = "continuous") -> dict[str, type]:
+    return {k: t for k, (_, t) in params_of(scheduler).items()}
 
 
 def serve_row(spec) -> dict:
@@ -81,24 +108,32 @@ class ServingTarget:
     def weights_bytes(self) -> int:
         return self.template.weights_bytes
 
+    @property
+    def params(self) -> dict[str, tuple[str, type]]:
+        return params_of(self.template.scheduler)
+
     def defaults(self) -> dict:
-        return {key: getattr(self.template.paged, name) for key, (name, _) in PARAMS.items()}
+        return {key: getattr(self.template.paged, name) for key, (name, _) in self.params.items()}
 
     def spec(self, params: dict):
-        unknown = sorted(set(params) - set(PARAMS))
+        known = self.params
+        unknown = sorted(set(params) - set(known))
         if unknown:
-            raise ConfigError(f"--param {unknown[0]}: not a serving parameter ({', '.join(PARAMS)})")
-        cfg = dataclasses.replace(self.template.paged, **{PARAMS[k][0]: v for k, v in params.items()})
+            raise ConfigError(f"--param {unknown[0]}: not a {self.template.scheduler} serving parameter "
+                              f"({', '.join(known)})")
+        cfg = dataclasses.replace(self.template.paged, **{known[k][0]: v for k, v in params.items()})
         return dataclasses.replace(self.template, paged=cfg)
 
     def command(self, params: dict) -> str:
         """A ``simkv run --trace`` line serving the same requests with ``params``."""
         cfg = self.spec(params).paged
         base = self.template.paged
+        vllm = self.template.scheduler == "vllm"
         words = ["simkv", "run", "--trace", self.trace, "--limit", str(self.limit), *self.flags]
-        for key, (name, kind) in PARAMS.items():
+        for key, (name, kind) in self.params.items():
             value = getattr(cfg, name)
-            if value == getattr(base.__class__(), name):
+            # GenAI's: what differs from simkv run's defaults; vLLM's run defaults depend on the device: all of them
+            if value == getattr(base.__class__(), name) and not (vllm and kind is not bool):
                 continue
             if key == "dynamic_split_fuse":
                 words.append("--no-dynamic-split-fuse")
@@ -121,14 +156,15 @@ class ServingTarget:
 
 def build_target(*, trace: str, limit: int | None, model: str | None, layers=None, heads=None, kv_heads=None,
                  head_dim=None, precision: str | None, device: str | None, device_memory, weights_memory,
-                 weights_precision, max_context: int | None, max_preemptions: int | None) -> ServingTarget:
+                 weights_precision, max_context: int | None, max_preemptions: int | None,
+                 scheduler: str = "continuous") -> ServingTarget:
     """A target from the flag values of ``simkv tune --serving`` (the same meaning as ``simkv run --trace``)."""
     from simkv.hfconfig import resolve_model
     from simkv.precision import get_precision
     from simkv.cost import DEFAULT_DEVICE, get_device
     from simkv.scenario import resolve_weights_memory
     from simkv.serving import SchedulerConfig, ServingSpec, load_trace
-    from simkv.serving.run import check_spec, context_of, runtime_defaults
+    from simkv.serving.run import check_spec, context_of, kv_dtype, runtime_defaults
     from simkv.units import parse_bytes
 
     limit = DEFAULT_LIMIT if limit is None else limit
@@ -136,24 +172,36 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
         raise ConfigError(f"--limit must be in 1..{MAX_REQUESTS:,}, got {limit}")
     if max_preemptions is not None and max_preemptions < 0:
         raise ConfigError(f"--max-preemptions must be >= 0, got {max_preemptions}")
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"--serving-scheduler: unknown {scheduler!r}; choose {', '.join(SCHEDULERS)}")
+    vllm = scheduler == "vllm"
     spec_model = resolve_model(model, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     device = device or DEFAULT_DEVICE
-    # the paged cache's precision on this device, as simkv run serves it (GenAI's u8 on a CPU)
-    prec = get_precision(precision or runtime_defaults(get_device(device), spec_model)["precision"])
+    # the paged cache's precision, as simkv run serves it: vLLM's scheduler the model's dtype, GenAI's what the
+    # device's runtime keeps (u8 on a CPU)
+    prec = get_precision(precision or (kv_dtype(spec_model) if vllm else
+                                       runtime_defaults(get_device(device), spec_model)["precision"]))
     prec.check(spec_model)
     requests = load_trace(trace, limit=limit)
     memory = None if device_memory is None else parse_bytes(device_memory)
     weights = resolve_weights_memory(spec_model, weights_memory, weights_precision, get_device(device))
     context = max_context if max_context is not None else context_of(spec_model)
     cap = len(requests) if max_preemptions is None else max_preemptions
-    template = ServingSpec(requests, spec_model, prec, "continuous", "paged", SchedulerConfig(), device=device,
+    config = SchedulerConfig()
+    if vllm:  # vLLM's server defaults for the device (simkv run --scheduler vllm)
+        from simkv.serving.sched.vllm import batch_defaults
+
+        preset = get_device(device)
+        tokens, seqs = batch_defaults(preset.name, preset.memory_bytes)
+        config = SchedulerConfig(block_size=16, max_num_batched_tokens=tokens, max_num_seqs=seqs, scheduler="vllm")
+    template = ServingSpec(requests, spec_model, prec, scheduler, "paged", config, device=device,
                            device_memory=memory, weights_bytes=weights, max_context=context, max_preemptions=cap,
                            strict_context=True, weights_precision=weights_precision,
                            weights_given=weights_memory is not None)
     # serve()'s own checks, once now rather than once per candidate (a prompt beyond the context: a candidate could
     # never serve every request; weights that fill the device); it also fills in the preset's device memory
     preset = check_spec(template)
-    flags = ["--model", model or "custom"]
+    flags = ["--model", model or "custom"] + (["--scheduler", "vllm"] if vllm else [])
     for flag, value in (("--layers", layers), ("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim),
                         ("--precision", precision), ("--device", device), ("--device-memory", device_memory
                         if template.device_memory != preset.memory_bytes else None), ("--weights-memory", weights_memory),
@@ -209,5 +257,6 @@ class ServingEvaluator:
         return Candidate(dict(params), objectives, violations + constraint_violations(self.spec, [row]), [row])
 
 
-__all__ = ["DEFAULT_OBJECTIVES", "PARAMS", "TUNABLE", "ServingEvaluator", "ServingTarget", "build_target",
+__all__ = ["DEFAULT_OBJECTIVES", "PARAMS", "SCHEDULERS", "TUNABLE", "VLLM_PARAMS", "VLLM_TUNABLE", "kinds",
+           "params_of", "tunable", "ServingEvaluator", "ServingTarget", "build_target",
            "serve_row"]

@@ -12,7 +12,9 @@ and then ``step()`` would), asks for ``max_new_tokens`` after a prompt of
 * ``samples`` — n parallel samples (multinomial ``num_return_sequences``);
 * ``beam`` — beam width (beam search);
 * ``token_ids`` — explicit prompt token ids (prefix caching hashes ids; a
-  real pipeline replaying the workload must use the same ids).
+  real pipeline replaying the workload must use the same ids);
+* ``priority`` — an integer, lower served first, read only by ``--scheduler vllm
+  --scheduling-policy priority`` (vLLM's ``priority`` argument of ``add_request``; default 0).
 
 Files (:func:`load_trace`):
 
@@ -62,6 +64,7 @@ class Request:
     samples: int = 1
     beam: int = 1
     token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt <= 0:
@@ -177,7 +180,7 @@ def _load_azure(reader: csv.DictReader, p: Path, limit: int | None) -> list[Requ
     return out
 
 
-_INT = ("arrival_step", "prompt", "max_new_tokens", "prefix_tokens", "samples", "beam")
+_INT = ("arrival_step", "prompt", "max_new_tokens", "prefix_tokens", "samples", "beam", "priority")
 
 
 def _request_from(row: dict, p: Path, line: int, default_id: int) -> Request:
@@ -186,7 +189,7 @@ def _request_from(row: dict, p: Path, line: int, default_id: int) -> Request:
         missing.append("arrival or arrival_step")
     if missing:
         raise ConfigError(f"{p}:{line}: missing {', '.join(missing)} (columns: id, arrival|arrival_step, prompt, "
-                          "max_new_tokens[, session, prefix_id, prefix_tokens, samples, beam, token_ids])")
+                          "max_new_tokens[, session, prefix_id, prefix_tokens, samples, beam, token_ids, priority])")
     kw: dict = {}
     try:
         for k in _INT:
@@ -249,14 +252,14 @@ def _load_jsonl(fh, p: Path, limit: int | None) -> list[Request]:
 def write_trace(requests: list[Request], path: str | Path) -> None:
     """Our CSV format (round-trips through :func:`load_trace`)."""
     cols = ["id", "arrival", "arrival_step", "prompt", "max_new_tokens", "session", "prefix_id", "prefix_tokens",
-            "samples", "beam", "token_ids"]
+            "samples", "beam", "token_ids", "priority"]
     with Path(path).open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(cols)
         for r in requests:
             w.writerow([r.id, "" if r.arrival_s is None else repr(r.arrival_s), "" if r.arrival_step is None else r.arrival_step,
                         r.prompt, r.max_new_tokens, r.session or "", r.prefix_id or "", r.prefix_tokens or "",
-                        r.samples, r.beam, " ".join(map(str, r.token_ids)) if r.token_ids else ""])
+                        r.samples, r.beam, " ".join(map(str, r.token_ids)) if r.token_ids else "", r.priority])
 
 
 # -- synthetic ---------------------------------------------------------------------------------------

@@ -49,18 +49,20 @@ VLLM_UTILIZATION = 0.9
 
 
 def runtime_defaults(device, model) -> dict:
-    """What a device's usual runtime uses when nothing is named (``Device.runtime``), for ``simkv run``'s paged
-    serving and every deployment ``simkv plan`` searches alike: vLLM (h100-sxm, a100-80gb) keeps KV in the model's
-    dtype (``kv_cache_dtype="auto"``), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool of ``0.9 × memory −
-    weights`` (``gpu_memory_utilization``; plan-facts §2.1); OpenVINO GenAI u8 KV on CPU (f16 on a GPU: the plugin's
-    inference precision), blocks of 32 on CPU and 16 on GPU, and its dynamic pool (``SchedulerConfig`` defaults,
-    DESIGN §4b)."""
+    """What a device's usual runtime uses when nothing is named (``Device.runtime``): the KV precision for ``simkv
+    run``'s paged serving, ``simkv cost`` and every deployment ``simkv plan`` searches alike, and for ``plan`` the
+    rest: vLLM (h100-sxm, a100-80gb) schedules with vLLM V1's scheduler (``--scheduler vllm``), keeps KV in the
+    model's dtype (``kv_cache_dtype="auto"``: :func:`kv_dtype`), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool
+    sized from ``gpu_memory_utilization`` 0.9 (plan-facts §2.1); OpenVINO GenAI's continuous-batching scheduler, u8 KV
+    on CPU (f16 on a GPU: the plugin's inference precision), blocks of 32 on CPU and 16 on GPU, and its dynamic pool
+    (``SchedulerConfig`` defaults, DESIGN §4b)."""
     from simkv.serving.engine.core import memory_path
 
     if device.runtime == "vllm":
-        return {"precision": kv_dtype(model), "block_size": 16, "pool": str(VLLM_UTILIZATION)}
+        return {"precision": kv_dtype(model), "block_size": 16, "pool": str(VLLM_UTILIZATION), "scheduler": "vllm"}
     gpu = memory_path(device) == "gpu"
-    return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic"}
+    return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic",
+            "scheduler": "continuous"}
 
 
 @dataclass

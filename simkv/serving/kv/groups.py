@@ -177,16 +177,34 @@ def genai_tensor_bytes(layer: LayerKV, precision, block_size: int) -> tuple[int,
 
 
 def conv_columns(model) -> tuple[int, int] | None:
-    """(conv kernel K, columns vLLM keeps: K − 1) when the model gives its linear-attention dims or its short-conv
-    kernel (LFM2's ``conv_L_cache``: vLLM ``MambaStateShapeCalculator.short_conv_state_shape`` keeps
-    ``(conv_kernel − 1, conv_dim)``, as its Gated-DeltaNet and Mamba shapes do), else None.
+    """(conv kernel K, columns vLLM keeps: K − 1) when the model gives its linear-attention dims, its Mamba-2 dims
+    or its short-conv kernel — vLLM ``MambaStateShapeCalculator`` keeps ``conv_kernel − 1`` columns in every shape
+    it builds (``gated_delta_net_state_shape``, ``mamba2_state_shape``, ``short_conv_state_shape``) — else None
+    (Jamba's Mamba-1 layers: the kernel is not carried, all K counted).
     ``LayerKV.conv_elements`` counts ``conv_dim × K`` (transformers' ``[B, conv_dim, K]`` and GenAI's measured
     ``conv_state_table`` ``[?, conv_dim, K]``)."""
-    dims = getattr(model, "linear_dims", None)
+    dims = getattr(model, "linear_dims", None) or getattr(model, "mamba_dims", None)
     if dims:
         return dims[4], dims[4] - 1
     kernel = getattr(model, "short_conv", 0)
     return (kernel, kernel - 1) if kernel else None
+
+
+def vllm_state_bytes(model, layer: LayerKV) -> tuple[int, int]:
+    """Bytes of a linear layer's (conv, recurrent) state for one sequence as vLLM keeps them: the conv's K − 1 of
+    K columns (:func:`conv_columns`) in the model dtype (``mamba_cache_dtype`` auto), the recurrent state in the
+    model's ``ssm_dtype`` where it names one (Nemotron-H's ``mamba_ssm_cache_dtype``: vllm/model_executor/
+    models/config.py ``NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype``; mamba_utils.py
+    ``_mamba_state_dtype``), else the model dtype. The one rule serving's vLLM pool and ``simkv models`` use."""
+    dtype = DTYPE_BYTES.get(getattr(model, "dtype", "") or "", 2)
+    ssm_dtype = getattr(model, "ssm_dtype", "")
+    recurrent = DTYPE_BYTES.get(ssm_dtype, dtype) if ssm_dtype else dtype
+    conv, rec = state_bytes(layer, dtype, recurrent)
+    columns = conv_columns(model)
+    if columns:
+        kernel, kept = columns
+        conv = conv * kept // kernel
+    return conv, rec
 
 
 def paged_kv(model, precision, block_size: int, manager: str = "genai", *, prefix_caching: bool = False) -> PagedKV:
@@ -241,19 +259,13 @@ def _genai(model, precision, bs: int, prefix_caching: bool) -> PagedKV:
 
 def _vllm(model, precision, bs: int, prefix_caching: bool) -> PagedKV:
     layers = model.kv_layers
-    dtype = DTYPE_BYTES.get(getattr(model, "dtype", "") or "", 2)
-    columns = conv_columns(model)
     # one spec per layer: (kind, window, page bytes per token or per state)
     specs: dict[int, tuple[str, int, int]] = {}
     for i, layer in enumerate(layers):
         if layer.caches_tokens:
             specs[i] = (layer.kind, layer.window or 0, token_bytes((layer,), precision, mla="latent"))
         elif layer.kind == "linear":
-            conv, recurrent = state_bytes(layer, dtype, dtype)
-            if columns:
-                kernel, kept = columns
-                conv = conv * kept // kernel
-            specs[i] = ("state", 0, conv + recurrent)
+            specs[i] = ("state", 0, sum(vllm_state_bytes(model, layer)))
     attn_kinds = {s[0] for s in specs.values() if s[0] != "state"}
     has_state = any(s[0] == "state" for s in specs.values())
     per_token = {s[2] for s in specs.values() if s[0] != "state"}

@@ -44,10 +44,18 @@ def compare_steps(real: Sequence[dict], sim: Sequence[dict], limit: int = 20) ->
 MAX_RANDOM_REQUESTS = 500
 
 
-def random_workload(n: int, seed: int, prefix_caching: bool) -> list:
+#: Priorities a random workload draws under ``--scheduling-policy priority`` (lower is served first).
+RANDOM_PRIORITIES = 4
+
+
+def random_workload(n: int, seed: int, prefix_caching: bool, priorities: bool = False) -> list:
     """``n`` random requests drawn as ``validate --paged``'s random workloads draw theirs
     (:func:`simkv.validate.genai.runner.random_case`: prompts 1–160 tokens, 1–60 new, two shared prefixes "a" and
-    "b" under prefix caching, some prompts exactly their prefix), arriving over ``2n`` steps, one sequence each."""
+    "b" under prefix caching, some prompts exactly their prefix), arriving over ``2n`` steps, one sequence each.
+    With ``priorities`` each request gets a priority in ``0..3``, drawn after the rest from a generator of its own
+    (the lengths and arrivals stay those of the same seed without)."""
+    import dataclasses
+
     import numpy as np
 
     from simkv.serving.requests import Request
@@ -63,6 +71,9 @@ def random_workload(n: int, seed: int, prefix_caching: bool) -> list:
             pid = str(rng.choice(["a", "b"]))
             ptok = prompt if rng.random() < 0.25 else int(rng.integers(1, prompt + 1))
         reqs.append(Request(i, prompt, new, arrival_step=int(arrivals[i]), prefix_id=pid, prefix_tokens=ptok))
+    if priorities:
+        drawn = np.random.default_rng([seed, 27, 1]).integers(0, RANDOM_PRIORITIES, n)
+        reqs = [dataclasses.replace(r, priority=int(p)) for r, p in zip(reqs, drawn)]
     return reqs
 
 
@@ -95,7 +106,7 @@ def cli_main(args) -> int:
     from simkv.hfconfig import resolve_model
     from simkv.validate.genai.runner import prompt_token_ids
 
-    from .real import SchedulerSettings, check_workload, run_real
+    from .real import SchedulerSettings, check_model_len, check_workload, run_real
 
     if (args.trace is None) == (args.random is None):
         raise ConfigError("--runtime vllm needs exactly one of --trace W.csv and --random N")
@@ -107,7 +118,7 @@ def cli_main(args) -> int:
     if args.random is not None:
         if not 1 <= args.random <= MAX_RANDOM_REQUESTS:
             raise ConfigError(f"--random must be in 1..{MAX_RANDOM_REQUESTS}")
-        requests = random_workload(args.random, args.seed, args.prefix_caching)
+        requests = random_workload(args.random, args.seed, args.prefix_caching, args.scheduling_policy == "priority")
     else:
         from simkv.serving.requests import load_trace
 
@@ -115,8 +126,11 @@ def cli_main(args) -> int:
     check_workload(requests)
     settings = SchedulerSettings(num_blocks=args.num_kv_blocks or 2, block_size=args.block_size,
                                  max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                                 max_model_len=args.max_model_len, enable_prefix_caching=args.prefix_caching)
+                                 max_model_len=args.max_model_len, enable_prefix_caching=args.prefix_caching,
+                                 long_prefill_token_threshold=args.long_prefill_token_threshold,
+                                 policy=args.scheduling_policy)
     settings.check()
+    check_model_len(requests, settings.max_model_len)
     if not args.num_kv_blocks:
         settings = dataclasses.replace(settings, num_blocks=fitting_pool(model, requests, settings))
     ids = prompt_token_ids(requests, args.seed)

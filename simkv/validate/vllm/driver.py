@@ -1,8 +1,10 @@
 """The real vLLM V1 scheduler, driven step by step with fake model outputs: run by the side venv's Python.
 
 This file runs in the side venv (``simkv setup vllm``), not in simkv's: it imports vLLM and the standard
-library only, never ``simkv``. It reads one job as JSON on stdin and writes the run as JSON on stdout
-(:func:`simkv.validate.vllm.real.run_real` writes the job and reads the answer).
+library only, never ``simkv``. It reads ``{"jobs": [job, …]}`` as JSON on stdin and writes
+``{"answers": [run, …]}`` on stdout, one run (or ``{"error": …}``) per job, in order
+(:func:`simkv.validate.vllm.real.run_jobs` writes the jobs and reads the answers). Several jobs share one process,
+so vLLM is imported once (about 6 s of a start here): CI batches its cases into one start.
 
 Job: ``layers`` (one spec per layer, in order: ``{"kind": "full"|"sliding"|"chunked"|"mla"|"mamba", ...}``),
 ``block_size`` (tokens per attention block, after simkv's Mamba alignment), ``num_blocks`` (the pool,
@@ -197,15 +199,20 @@ def run(job: dict) -> dict:
             "elapsed_s": time.perf_counter() - t0, "versions": {"vllm": vllm.__version__}}
 
 
+def run_one(job: dict) -> dict:
+    """One job's run, or the one line the real scheduler refused it with (the other jobs go on)."""
+    try:
+        return run(job)
+    except Exception as err:  # the real scheduler refused the job: one line back to the parent
+        return {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
+
+
 def main() -> int:
-    job = json.load(sys.stdin)
+    jobs = json.load(sys.stdin)["jobs"]
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # vLLM's prints must not corrupt the answer
-    try:
-        answer = run(job)
-    except Exception as err:  # the real scheduler refused the job: one line back to the parent
-        answer = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
-    json.dump(answer, real_stdout)
+    answers = [run_one(job) for job in jobs]
+    json.dump({"answers": answers}, real_stdout)
     real_stdout.write("\n")
     return 0
 

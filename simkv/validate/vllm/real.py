@@ -112,6 +112,7 @@ def job(model, requests: Sequence, token_ids: Sequence[Sequence[int]], settings:
     """The JSON job :mod:`.driver` reads."""
     settings.check()
     check_workload(requests)
+    check_model_len(requests, settings.max_model_len)
     layers, block_size = layer_dicts(model, settings.block_size, prefix_caching=settings.enable_prefix_caching,
                                      max_model_len=settings.max_model_len)
     sched = {k: getattr(settings, k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -121,6 +122,21 @@ def job(model, requests: Sequence, token_ids: Sequence[Sequence[int]], settings:
             for r, ids in zip(requests, token_ids)]
     return {"layers": layers, "block_size": block_size, "num_blocks": settings.num_blocks, "scheduler": sched,
             "requests": reqs, "max_steps": MAX_STEPS}
+
+
+def check_model_len(requests: Sequence, max_model_len: int) -> None:
+    """vLLM's admission check on prompt length, which the driver's direct ``Scheduler.add_request`` skips:
+    ``InputProcessor._validate_prompt_len`` (``vllm/v1/engine/input_processor.py``, 0.33.0) refuses a prompt
+    longer than ``max_model_len`` and, for a generating model, one of exactly ``max_model_len`` tokens (no room for
+    one output token). A prompt that fits but whose ``max_tokens`` would run past ``max_model_len`` is admitted: the
+    scheduler stops it at ``max_model_len`` tokens (``check_stop``, ``vllm/v1/core/sched/utils.py``), and the
+    OpenAI server lowers its ``max_tokens`` to ``max_model_len − prompt`` beforehand (``get_max_tokens``,
+    ``vllm/entrypoints/serve/utils/api_utils.py``): the same end."""
+    for r in requests:
+        if r.prompt >= max_model_len:
+            raise ConfigError(f"request {r.id}: the prompt (length {r.prompt}) "
+                              f"{'plus one output token ' if r.prompt == max_model_len else ''}is longer than the "
+                              f"maximum model length of {max_model_len} (vLLM refuses it at add time)")
 
 
 def check_workload(requests: Sequence) -> None:
@@ -135,27 +151,41 @@ def check_workload(requests: Sequence) -> None:
                               "requests before it): give samples=1, beam=1")
 
 
-def run_job(payload: dict) -> RealRun:
-    """Run one job through the real scheduler in the side venv. Raises :class:`ConfigError` (missing venv, or
-    one line of what the real scheduler refused) or RuntimeError (the child died)."""
+def run_jobs(payloads: Sequence[dict]) -> list[RealRun | ConfigError]:
+    """Run several jobs through the real scheduler in one start of the side venv's Python (vLLM imported once):
+    one :class:`RealRun` per job, or the :class:`ConfigError` saying what the real scheduler refused it with.
+    Raises :class:`ConfigError` (missing venv) or RuntimeError (the child died, or ran past :data:`TIMEOUT_S`)."""
     python = require()
     t0 = time.perf_counter()
     try:
-        done = subprocess.run([str(python), str(DRIVER)], input=json.dumps(payload), capture_output=True, text=True,
-                              env=driver_env(), timeout=TIMEOUT_S, cwd=str(DRIVER.parent))
+        done = subprocess.run([str(python), str(DRIVER)], input=json.dumps({"jobs": list(payloads)}),
+                              capture_output=True, text=True, env=driver_env(), timeout=TIMEOUT_S,
+                              cwd=str(DRIVER.parent))
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the real vLLM scheduler ran past {TIMEOUT_S} s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         tail = [ln for ln in done.stderr.splitlines() if ln.strip()]
         raise RuntimeError(f"the vLLM driver failed (exit {done.returncode}): {tail[-1] if tail else 'no output'}")
-    answer = json.loads(lines[-1])
-    if "error" in answer:
-        raise ConfigError(f"the real vLLM scheduler refused the job: {answer['error']}")
-    return RealRun(steps=answer["steps"], groups=answer["groups"], block_size=answer["block_size"],
-                   hash_block_size=answer["hash_block_size"], mamba_cache_mode=answer["mamba_cache_mode"],
-                   free_at_end=answer["free_at_end"], elapsed_s=time.perf_counter() - t0,
-                   versions=answer.get("versions", {}))
+    elapsed = time.perf_counter() - t0
+    out: list[RealRun | ConfigError] = []
+    for answer in json.loads(lines[-1])["answers"]:
+        if "error" in answer:
+            out.append(ConfigError(f"the real vLLM scheduler refused the job: {answer['error']}"))
+            continue
+        out.append(RealRun(steps=answer["steps"], groups=answer["groups"], block_size=answer["block_size"],
+                           hash_block_size=answer["hash_block_size"], mamba_cache_mode=answer["mamba_cache_mode"],
+                           free_at_end=answer["free_at_end"], elapsed_s=elapsed / len(payloads),
+                           versions=answer.get("versions", {})))
+    return out
+
+
+def run_job(payload: dict) -> RealRun:
+    """One job through the real scheduler (:func:`run_jobs`); its refusal raised as the :class:`ConfigError`."""
+    (answer,) = run_jobs([payload])
+    if isinstance(answer, ConfigError):
+        raise answer
+    return answer
 
 
 def run_real(model, requests: Sequence, token_ids: Sequence[Sequence[int]], settings: SchedulerSettings) -> RealRun:
