@@ -2,7 +2,7 @@
 
     python -m experiments [--quick] [--out DIR] [--only NAME ...] [--no-images]
 
-Convention (also in the README, "Experiments"): an
+Convention (also in docs/results/experiments.md): an
 experiment is any ``experiments/<name>.py`` (not starting with ``_``) that
 defines a top-level ``run(out: Path, quick: bool) -> None`` (exactly these
 two parameter names). The runner finds them by reading the source (so other
@@ -55,7 +55,7 @@ def run_one(name: str, out: Path, quick: bool) -> tuple[str, str]:
     except output.MissingPackage as err:
         return "skipped", str(err)
     except ImportError as err:
-        return "skipped", f"needs {err.name or err}: install it (see the README's setup)"
+        return "skipped", f"needs {err.name or err}: install it (see docs/guide/getting-started.md, Install)"
     except Exception as err:  # noqa: BLE001 - one experiment's bug must not stop the others
         traceback.print_exc()
         return "failed", f"{type(err).__name__}: {err}"

@@ -120,13 +120,13 @@ def bench_serving(repeat: int) -> None:
     create_app()
     print(f"simkv dashboard Serving view callback — {platform.processor() or platform.machine()}, "
           f"{len(__import__('os').sched_getaffinity(0))} cores, Python {platform.python_version()}")
-    sv.serving_callback(dict(st.SERVING_DEFAULTS), "serving")  # imports, warm-up
+    sv.serving_callback(dict(sv.DEFAULTS), "serving")  # imports, warm-up
     for name, over in SERVING_CASES.items():
         cpu, wall = [], []
         for _ in range(repeat):
             sv.CACHE.clear()
             c, w = time.process_time(), time.perf_counter()
-            out = sv.serving_callback({**st.SERVING_DEFAULTS, **over}, "serving")
+            out = sv.serving_callback({**sv.DEFAULTS, **over}, "serving")
             to_json(out)
             cpu.append(time.process_time() - c)
             wall.append(time.perf_counter() - w)

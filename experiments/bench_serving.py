@@ -2,6 +2,10 @@
 batching on a paged pool, llama-2-7b, u8 KV, GenAI's defaults, every layer's pool tensors in the ledger.
 
     PYTHONPATH=. python experiments/bench_serving.py [--base TREE] [--only h100,cpu,...] [--small-pool-requests 500]
+        [--scheduler vllm]
+
+``--scheduler vllm`` runs the same regimes under vLLM's scheduler (vLLM's defaults: block 16, the device's
+``max_num_batched_tokens`` / ``max_num_seqs``, the pool from ``gpu_memory_utilization`` where none is given).
 
 Regimes (issue #21 point 4), each in a fresh process, CPU seconds of the simulation (the trace loaded first):
 
@@ -66,6 +70,18 @@ def day(trace: list) -> list:
             for i, (j, t) in enumerate(zip(pick, times.tolist()))]
 
 
+def scheduler_fields(scheduler: str, device: str) -> dict:
+    """SchedulerConfig fields of a scheduler's defaults (vLLM's as ``simkv run --scheduler vllm`` takes them)."""
+    if scheduler != "vllm":
+        return {}
+    from simkv.cost import get_device
+    from simkv.serving.sched.vllm import batch_defaults
+
+    dev = get_device(device)
+    tokens, seqs = batch_defaults(dev.name, dev.memory_bytes)
+    return {"scheduler": "vllm", "block_size": 16, "max_num_batched_tokens": tokens, "max_num_seqs": seqs}
+
+
 def engine(requests, device, cfg):
     from simkv.cost import get_device
     from simkv.models import get_model
@@ -83,13 +99,14 @@ def engine(requests, device, cfg):
                         max_steps=10**9)  # (the day takes more than the default 10 million steps)
 
 
-def worker(regime: str, small: int, root: Path) -> dict:
+def worker(regime: str, small: int, root: Path, scheduler: str = "continuous") -> dict:
     """One regime in this process (the tree on PYTHONPATH): its timings and outcome, as JSON."""
     from simkv.serving import load_trace
 
     import resource
 
     device, size, cfg = REGIMES[regime]
+    cfg = {**cfg, **scheduler_fields(scheduler, device)}
     reqs = load_trace(root / TRACE)
     reqs = (reqs[: len(reqs) // 2] if size == "half" else reqs[:small] if size == "small" else day(reqs)
             if size == "day" else reqs)
@@ -122,10 +139,10 @@ def outputs(groups, steps, ledger) -> str:
     return h.hexdigest()[:16]
 
 
-def measure(tree: Path, regime: str, small: int) -> dict:
+def measure(tree: Path, regime: str, small: int, scheduler: str = "continuous") -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = subprocess.run([sys.executable, __file__, "--worker", regime, "--small-pool-requests", str(small),
-                          "--root", str(tree)], capture_output=True, text=True, env=env)
+                          "--root", str(tree), "--scheduler", scheduler], capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"{regime} on {tree} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -144,23 +161,27 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated regimes (default: all)")
     ap.add_argument("--small-pool-requests", type=int, default=500)
     ap.add_argument("--reference-slice", type=int, default=300)
+    ap.add_argument("--scheduler", choices=("continuous", "vllm"), default="continuous",
+                    help="the scheduler's rules (default GenAI's continuous batching)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--root", type=Path, default=Path.cwd(), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.small_pool_requests, args.root)))
+        print(json.dumps(worker(args.worker, args.small_pool_requests, args.root, args.scheduler)))
         return
     here = Path(__file__).resolve().parent.parent
     regimes = args.only.split(",") if args.only else list(REGIMES)
     trees = [("this", here)] + ([("base", args.base.resolve())] if args.base else [])
-    print(f"trace {TRACE}; llama-2-7b, u8 KV, GenAI defaults (block 32, 256 batched tokens); CPU seconds of the "
+    rules = ("vLLM's scheduler and defaults (block 16, the device's batch defaults)" if args.scheduler == "vllm"
+             else "GenAI defaults (block 32, 256 batched tokens)")
+    print(f"trace {TRACE}; llama-2-7b, u8 KV, {rules}; CPU seconds of the "
           f"simulation, each regime in a fresh process; small-pool: first {args.small_pool_requests} requests")
     head = f"{'cpu s':>8} {'steps':>10} {'preempt':>8} {'end':>12} {'RSS GiB':>7}"
     print(f"{'regime':<15} {'device':<10} {'requests':>8} | this: {head}"
           + (f" | base: {head} | base/this" if args.base else ""))
     results = {}
     for regime in regimes:
-        row = {name: measure(tree, regime, args.small_pool_requests) for name, tree in trees}
+        row = {name: measure(tree, regime, args.small_pool_requests, args.scheduler) for name, tree in trees}
         results[regime] = row
         a, b = row["this"], row.get("base")
         print(f"{regime:<15} {REGIMES[regime][0]:<10} {a['requests']:>8,} |       {describe(a)}"
@@ -187,6 +208,7 @@ def main() -> None:
         ref = load_trace(here / TRACE)[: args.reference_slice]
         same = True
         for device, cfg in (("h100-sxm", {}), ("h100-sxm", {"cache_size": 2}), ("xeon-8480", {})):
+            cfg = {**cfg, **scheduler_fields(args.scheduler, device)}
             a, b = engine(ref, device, cfg), engine(ref, device, cfg)
             ra, rb = a.run(fast=True), b.run(fast=False)
             same &= np.array_equal(ra[1], rb[1]) and a.ledger == b.ledger

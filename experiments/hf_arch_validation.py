@@ -1,5 +1,5 @@
-"""The README's per-layer-kind transformers validation table: tiny Gemma-3, gpt-oss, Llama-4, Qwen3-Next,
-DeepSeek-V3 and LFM2 configs on torch CPU vs hf-dynamic / hf-static, event by event.
+"""The per-layer-kind transformers validation table (docs/results/validation.md): tiny Gemma-3, gpt-oss,
+Llama-4, Qwen3-Next, DeepSeek-V3 and LFM2 configs on torch CPU vs hf-dynamic / hf-static, event by event.
 
 Each architecture's tiny config (``simkv.validate.transformers.archs``, the configs of
 ``experiments/hf_layer_kinds``: window and chunk 4) is written to a ``config.json`` and validated from that

@@ -1,4 +1,5 @@
-"""The README's transformers validation table: real Hugging Face caches on torch CPU vs hf-dynamic / hf-static.
+"""The transformers validation table (docs/results/validation.md): real Hugging Face caches on torch CPU vs
+hf-dynamic / hf-static.
 
 Every cache kind (DynamicCache, StaticCache, a sliding window shorter than the session,
 beam fork / reorder / select through ``reorder_cache``) on an MHA and a GQA shape, in f16,

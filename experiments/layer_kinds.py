@@ -28,7 +28,7 @@ except qwen3-next-80b: at 1 byte its 80 B parameters (74 GiB) leave ~5 GiB of th
 (37 GiB, as AWQ / GPTQ checkpoints serve it on one GPU). Reported: live requests per GiB of KV in use (time-weighted
 over the run's simulated steps), peak allocated (with the CPU plugin's untouched scratch copies of a growing pool)
 and the pools' own peak, TTFT and TPOT p50 / p99, preemptions, and the step where the device ran out of memory, if it
-did (GenAI reserves room for every queued prompt without a memory check: the run ends there, README "Serving").
+did (GenAI reserves room for every queued prompt without a memory check: the run ends there, docs/guide/serving.md).
 
 Writes ``kv_per_request.csv``, ``azure_hour.csv``, ``wall_times.csv`` (CPU seconds: nondeterministic) and the
 figure ``kv_per_request`` (HTML, PNG, SVG).

@@ -2,7 +2,8 @@
 
     python -m experiments.plan_deployment [--quick] [--out out/plan_deployment]     (or: python -m experiments)
 
-The README's `simkv plan` example, run twice: in two local processes, then on a Dask ``LocalCluster`` of two
+The `simkv plan` example of docs/guide/sizing.md, run twice: in two local processes, then on a Dask
+``LocalCluster`` of two
 worker processes, each into its own Parquet file; the two files must be byte-identical (the run fails
 otherwise). Devices h100-sxm, a100-80gb and xeon-8480, at most 8 devices per deployment, tp 1/2/4/8, routers
 round-robin and least-outstanding, max_num_batched_tokens 256/512/1024/2048, each device's default KV

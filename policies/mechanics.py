@@ -105,7 +105,7 @@ class CPUMechanics(Policy):
     mapping, as glibc does for large ones: measured RSS then follows it within
     0.04 % (Llama-3-8B shape). Small scale buffers and beam tables land in
     glibc's heap, where writes to recycled memory and frees do not move RSS, so
-    on small models measured RSS drifts from it (README, Validation).
+    on small models measured RSS drifts from it (docs/results/validation.md).
 
     Linear-attention states (measured, a tiny optimum-intel Qwen3-Next export, openvino 2026.4.1;
     docs/DESIGN.md §4c): each conv and recurrent state is a plain ReadValue/Assign variable, not

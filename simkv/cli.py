@@ -62,7 +62,8 @@ def _main(argv: Sequence[str] | None) -> int:
               file=sys.stderr)
         return 2
     except MemoryError:
-        print(f"simkv {args.command}: error: out of host memory simulating this run (see README, Limits)",
+        print(f"simkv {args.command}: error: out of host memory simulating this run "
+              "(see docs/guide/getting-started.md, Limits)",
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -52,7 +52,7 @@ models pay per query head, not per KV byte. That loop also does not hide its KV 
 its arithmetic: it walks the rows one at a time, so on such a device (``attention_overlap``
 False) the attention time is the *sum* of the two terms, not the larger. ``simkv calibrate``
 measures both rates on two probes that differ only in KV heads, and this host's figures fit
-the sum (README "Latency").
+the sum (docs/guide/step-times.md).
 
 Every argument of :func:`step_cost` may be a numpy array: the serving engine
 evaluates ~10⁵ steps at once. The model leaves out activations' bytes (but for the decompressed K and V

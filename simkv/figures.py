@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from simkv.ledger import ALLOC, TENSOR_CODE, TENSORS
+from simkv.metrics import replacing_allocations
 from simkv.scenario import Result
 
 COLORS = {
@@ -72,13 +73,17 @@ def _layout(fig: go.Figure, title: str, y_title: str = "MiB") -> go.Figure:
     return fig
 
 
-def _alloc_groups(result: Result, tensors: tuple[str, ...] | None = None):
-    """Allocation rows grouped by step: (allocs, steps, first row of each group, rows per group)."""
+def _alloc_groups(result: Result, tensors: tuple[str, ...] | None = None, reallocations: bool = False):
+    """Allocation rows grouped by step: (allocs, steps, first row of each group, rows per group).
+    ``reallocations``: only the K/V allocations that replace a live buffer (what the reallocation count counts)."""
     rows = result.ledger.rows
-    mask = rows["op"] == ALLOC
-    if tensors is not None:
-        mask &= np.isin(rows["tensor"], [TENSOR_CODE[t] for t in tensors if t in TENSOR_CODE])
-    allocs = rows[mask]
+    if reallocations:
+        allocs = rows[replacing_allocations(rows)]
+    else:
+        mask = rows["op"] == ALLOC
+        if tensors is not None:
+            mask &= np.isin(rows["tensor"], [TENSOR_CODE[t] for t in tensors if t in TENSOR_CODE])
+        allocs = rows[mask]
     steps, start, count = np.unique(allocs["step"], return_index=True, return_counts=True)
     return allocs, steps, start, count
 
@@ -98,16 +103,18 @@ def _event_text(allocs: np.ndarray, start: np.ndarray, count: np.ndarray) -> lis
 
 
 def event_summary(
-    result: Result, max_events: int | None = None, tensors: tuple[str, ...] | None = None
+    result: Result, max_events: int | None = None, tensors: tuple[str, ...] | None = None,
+    reallocations: bool = False,
 ) -> dict[str, np.ndarray]:
     """Per step with allocations: how many, their bytes, and which layers/tensors.
 
     With ``max_events``, steps are cut into that many equal buckets and only the
     step allocating the most bytes in each bucket is kept (``"total"`` holds how
     many steps had allocations before that). ``tensors`` limits the allocations
-    counted to those tensors (e.g. :data:`KV_TENSORS`).
+    counted to those tensors (e.g. :data:`KV_TENSORS`); ``reallocations`` to the
+    K/V allocations that replace a live buffer (:func:`simkv.metrics.replacing_allocations`).
     """
-    allocs, steps, start, count = _alloc_groups(result, tensors)
+    allocs, steps, start, count = _alloc_groups(result, tensors, reallocations)
     if not len(allocs):
         return {"step": np.empty(0, dtype=np.int64), "count": np.empty(0), "bytes": np.empty(0), "text": [], "total": 0}
     total = np.add.reduceat(allocs["bytes"], start)
@@ -150,14 +157,17 @@ def _line(x: np.ndarray, y: np.ndarray, max_points: int | None) -> tuple[np.ndar
 
 def timeline(
     result: Result, title: str | None = None, max_points: int | None = None, max_events: int | None = None,
-    marker_tensors: tuple[str, ...] | None = None,
+    marker_tensors: tuple[str, ...] | None = None, reallocations: bool = False,
 ) -> go.Figure:
     """Memory over steps: allocated, in-step peak, used, resident; reallocations marked.
 
     ``max_points`` decimates each line for display (see :func:`decimate_indices`),
     ``max_events`` keeps the largest reallocation per bucket of steps,
     ``marker_tensors`` marks only allocations of those tensors (e.g.
-    :data:`KV_TENSORS`: not the CPU plugin's per-step past-view block).
+    :data:`KV_TENSORS`: not the CPU plugin's per-step past-view block);
+    ``reallocations`` marks only the steps where a K/V buffer is replaced (those
+    :attr:`~simkv.metrics.Metrics.realloc_count` counts; not first allocations),
+    and the legend says on how many steps.
     """
     st = result.steps
     x = st["step"]
@@ -170,13 +180,18 @@ def timeline(
     ):
         xs, ys = _line(x, st[column], max_points)
         fig.add_scatter(x=xs, y=ys / MIB, name=name, line=line)
-    ev = event_summary(result, max_events, marker_tensors)
+    ev = event_summary(result, max_events, marker_tensors, reallocations)
     if len(ev["step"]):
         peak_at = st["peak"][np.searchsorted(x, ev["step"])]
-        shown = len(ev["step"])
+        shown, total = len(ev["step"]), ev["total"]
+        if reallocations:
+            name = f"reallocations on {total:,} step{'s' if total > 1 else ''}" + (
+                f" (the largest {shown:,} marked)" if shown < total else "")
+        else:
+            name = "reallocation" if shown == total else f"reallocation (largest {shown:,} of {total:,} steps)"
         fig.add_scatter(
             x=ev["step"], y=peak_at / MIB, mode="markers",
-            name="reallocation" if shown == ev["total"] else f"reallocation (largest {shown:,} of {ev['total']:,} steps)",
+            name=name,
             marker={"color": COLORS["event"], "size": 6, "symbol": "triangle-up"},
             text=ev["text"], hovertemplate="step %{x}: %{text}<extra>allocations</extra>",
         )

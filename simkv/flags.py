@@ -230,7 +230,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, modes=ANY, **only) -> Non
                    help="attention window in tokens (0: none; default: the preset's, e.g. mistral-7b 4096); "
                    "policies that model windows free what leaves it (hf-dynamic)")
     m.add_argument("--precision", modes=mode("precision"),
-                   help="KV precision: f32 f16 bf16 u8 u4 i8 (default: the runtime's, see simkv policies)")
+                   help="KV precision: f32 f16 bf16 u8 u4 i8 fp8 (default: the runtime's, see simkv policies)")
 
 
 def add_policy_arguments(p: argparse.ArgumentParser, *, policy=ANY, memory=ANY) -> None:

@@ -101,8 +101,8 @@ class TooManyEvents(SimkvError):
 
     def __str__(self) -> str:
         return (f"this run would record more than {self.limit:,} ledger events (allocations, copies, frees), "
-                f"the limit, at step {self.step:,} (see README, simkv run: Limits): simulate fewer steps, layers or "
-                "requests")
+                f"the limit, at step {self.step:,} (see docs/guide/getting-started.md, Limits): simulate fewer steps, "
+                "layers or requests")
 
 
 class Ledger:

@@ -1,4 +1,5 @@
-"""Upper bounds of ``simkv run`` (README "simkv run", "Limits") and of a model config, checked before anything runs.
+"""Upper bounds of ``simkv run`` (docs/guide/getting-started.md, "Limits") and of a model config, checked
+before anything runs.
 
 Beyond them a run would take minutes or gigabytes (or is no model anyone runs): the
 command refuses with one line and exit code 2. The dashboard has tighter limits of its
@@ -29,7 +30,7 @@ MAX_WIDTH = MAX_HEADS * MAX_HEAD_DIM
 MAX_EXPERTS = 65_536
 MAX_CONFIG_BYTES = 16 << 20  # 16 MiB, far above a real config.json
 #: Ledger rows (allocations, copies, frees) a single-session run may record: 51 bytes each,
-#: so about 0.4 GB of ledger, and a run that reaches it peaks near 0.6 GB RSS (README, Limits).
+#: so about 0.4 GB of ledger, and a run that reaches it peaks near 0.6 GB RSS (docs/results/speed.md).
 #: A run that would pass it stops there with one line, exit 2 (simkv.ledger.TooManyEvents).
 MAX_LEDGER_ROWS = 8_000_000
 #: The same for a serving run (``simkv run --trace``): contiguous memory records every layer's buffers of
@@ -51,7 +52,8 @@ def check_flags(args) -> None:
     for flag, name, bound in FLAG_BOUNDS:
         value = getattr(args, name, None)
         if value is not None and value > bound:
-            raise ConfigError(f"{flag} {value:,} is over the limit of {bound:,} (see README, simkv run: Limits)")
+            raise ConfigError(f"{flag} {value:,} is over the limit of {bound:,} "
+                              "(see docs/guide/getting-started.md, Limits)")
 
 
 def certain_steps(scenario) -> int:

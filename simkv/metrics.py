@@ -64,7 +64,7 @@ def compute(ledger: Ledger, steps: np.ndarray, oom_step: int | None = None) -> M
         waste_bytes=int(final["allocated"] - final["used"]),
         waste_reserved_bytes=int(final["steady"] - final["used"]),
         waste_transient_bytes=int(final["allocated"] - final["steady"]),
-        realloc_count=_replacing_allocations(rows),
+        realloc_count=len(replacing_allocations(rows)),
         bytes_copied=int(rows["bytes"][rows["op"] == COPY].sum()),
         max_spike_bytes=int(spikes[spike_at]),
         max_spike_step=int(steps["step"][spike_at]) if spikes[spike_at] > 0 else None,
@@ -86,16 +86,18 @@ def _group_order(key: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
-def _replacing_allocations(rows: np.ndarray) -> int:
-    """Allocations of K/V data made while that (request, layer, tensor) still had a live buffer.
+def replacing_allocations(rows: np.ndarray) -> np.ndarray:
+    """Ledger row indices (ascending) of the allocations of K/V data made while that (request, layer, tensor)
+    still had a live buffer: the reallocations :attr:`Metrics.realloc_count` counts (the dashboard marks their
+    steps).
 
     The K/V allocs and frees grouped by (request, layer, tensor) in ledger order; a running
     count of live buffers per group. Arrays are dropped as soon as used: a ledger of
-    millions of rows needs about 40 bytes per row on top of itself."""
+    millions of rows needs about 50 bytes per row on top of itself."""
     tensor, op = rows["tensor"], rows["op"]
     data = np.flatnonzero(((tensor == TENSOR_CODE["k"]) | (tensor == TENSOR_CODE["v"])) & (op != COPY))
     if not len(data):
-        return 0
+        return data
     key = (rows["request"][data].astype(np.int64) * (1 << 32) + rows["layer"][data]) * len(TENSORS) + tensor[data]
     order = _group_order(key)
     key, data = key[order], data[order]
@@ -103,12 +105,11 @@ def _replacing_allocations(rows: np.ndarray) -> int:
     group_start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     del key
     delta = np.where(op[data] == ALLOC, 1, -1).astype(np.int32)
-    del data
     live_before = np.cumsum(delta, dtype=np.int64)
     live_before -= delta
     # Subtract what the groups before left live: each group counts from zero.
     live_before -= np.repeat(live_before[group_start], np.diff(np.r_[group_start, len(delta)]))
-    return int(((delta == 1) & (live_before > 0)).sum())
+    return np.sort(data[(delta == 1) & (live_before > 0)])
 
 
 def per_layer(ledger: Ledger, layers: int) -> list[dict]:

@@ -56,6 +56,13 @@ class ModelSpec:
     #: Mamba-2 layers instead (Granite-4-H, Nemotron-H): (heads H, head size P, groups G, state size N, conv kernel
     #: K); the mixer's inner size is H x P (:meth:`layer_roles`).
     mamba_dims: tuple[int, int, int, int, int] | None = None
+    #: Attention's query projection also yields an output gate (Qwen3-Next / 3.5 / 3.6 ``attn_output_gate``): q_proj
+    #: is twice as wide.
+    attn_output_gate: bool = False
+    #: Full-attention layers whose values are their keys (Gemma-4 ``attention_k_eq_v``): no v_proj.
+    full_k_eq_v: bool = False
+    #: Mamba-1 layers instead (Jamba): (inner size I, state size N, conv kernel K, time-step rank R).
+    mamba1_dims: tuple[int, int, int, int] | None = None
     #: The recurrent state's dtype where vLLM keeps it in another than the model's (Nemotron-H's
     #: ``mamba_ssm_cache_dtype``); "": the model's dtype.
     ssm_dtype: str = ""
@@ -66,6 +73,9 @@ class ModelSpec:
     weights_refused: str = ""
     #: The weights' dtype in the config (``torch_dtype``), the KV dtype of transformers; "" if not given.
     dtype: str = ""
+    #: What vLLM's ``--kv-cache-dtype auto`` becomes for this checkpoint (simkv.weights.vllm_auto_kv_dtype): "fp8"
+    #: for a ModelOpt or compressed-tensors checkpoint with an FP8 KV cache, "nvfp4"; "": the model's dtype.
+    vllm_kv_dtype: str = ""
     #: Where the numbers come from (a config file, a published config).
     source: str = ""
     #: The context the model was trained for (``max_position_embeddings``); 0: not given.
@@ -125,6 +135,10 @@ class ModelSpec:
                 isinstance(v, int) and v > 0 for v in self.mamba_dims)):
             raise ConfigError("mamba_dims are five positive integers (heads, head size, groups, state size, conv "
                               f"kernel), got {self.mamba_dims!r}")
+        if self.mamba1_dims is not None and (len(self.mamba1_dims) != 4 or not all(
+                isinstance(v, int) and v > 0 for v in self.mamba1_dims)):
+            raise ConfigError("mamba1_dims are four positive integers (inner size, state size, conv kernel, time-step "
+                              f"rank), got {self.mamba1_dims!r}")
         if self.moe_at and (len(set(self.moe_at)) != len(self.moe_at) or not all(
                 isinstance(i, int) and 0 <= i < self.layers for i in self.moe_at)
                 or self.layers - len(self.moe_at) != self.dense_layers or not self.experts):
@@ -193,9 +207,22 @@ class ModelSpec:
           ``MambaMixer2.__init__``, transformers ``NemotronHMamba2Mixer`` / ``GraniteMoeHybridMambaLayer``):
           ``in_proj`` hidden x (2 I + 2 G N + H) (z, x, B, C, dt), the depthwise ``conv1d`` (I + 2 G N) x K,
           ``out_proj`` I x hidden; its ``A_log``, ``D``, ``dt_bias`` (H each) and gated norm (I) are vectors, left
-          out as every norm and bias is;
-        - none: a layer that reads another layer's KV (``reuses``) has that layer's projections; one without
-          attention has none.
+          out as every norm and bias is; Mamba-1 (``mamba1_dims`` = (I, N, K, R); vLLM mamba_mixer.py
+          ``MambaMixer.__init__``, transformers ``JambaMambaMixer``): ``in_proj`` hidden x 2 I (x, z), the depthwise
+          ``conv1d`` I x K, ``x_proj`` I x (R + 2 N) (dt, B, C), ``dt_proj`` R x I, the state matrix ``A_log`` I x N
+          (vLLM keeps it as float32 ``A``; counted here at the layer's format, < 0.01 % of Jamba's weights),
+          ``out_proj`` I x hidden; ``D`` (I) and the dt/B/C norms are vectors, left out;
+        - an attention layer's q doubles with ``attn_output_gate`` (transformers ``Qwen3NextAttention`` /
+          ``Qwen3_5Attention``: q_proj hidden x heads x head_dim x 2, query and gate; vLLM qwen3_next.py
+          ``QKVParallelLinear(..., total_num_heads * (1 + attn_output_gate))``); a full layer of ``full_k_eq_v``
+          has no v_proj (transformers modeling_gemma4.py ``Gemma4TextAttention.__init__``: ``v_proj = None`` where
+          ``attention_k_eq_v`` and not sliding; the checkpoint ships k_proj only — vLLM gemma4.py loads that K into
+          the K and V slots of its ``QKVParallelLinear``, so its resident copy holds the V-sized slot too, which
+          this count, the checkpoint's, leaves out);
+        - none: a layer that reads another layer's KV (``reuses``) has only that layer's q and o projections
+          (transformers ``Gemma4TextAttention.__init__``: "Layers sharing kv states don't need any weight
+          matrices" beyond q_proj / o_proj; vLLM gemma4.py builds a bare q_proj for a KV-shared layer); one
+          without attention has none.
 
         MLP: ``mlp_matrices x hidden x intermediate`` for a dense layer (every layer of a dense model, the first
         ``dense_layers`` of a MoE, or those ``moe_at`` does not name; ``layer_intermediate`` where sizes differ,
@@ -203,7 +230,8 @@ class ModelSpec:
         shared experts (``mlp_matrices x hidden x shared_intermediate``) and the router (hidden x experts).
         """
         layer = self.kv_layers[index]
-        if layer.kind == "none" and layer.reuses is not None:
+        shares_kv = layer.kind == "none" and layer.reuses is not None
+        if shares_kv:
             layer = self.kv_layers[layer.reuses]
         h = self.hidden
         out = dict.fromkeys(LAYER_ROLES, 0)
@@ -214,10 +242,14 @@ class ModelSpec:
             inner, conv_dim = heads * head, heads * head + 2 * groups * state
             out["attn_in"] = h * (inner + conv_dim + heads) + conv_dim * kernel
             out["attn_out"] = inner * h
+        elif layer.kind == "linear" and self.mamba1_dims:
+            inner, state, kernel, rank = self.mamba1_dims
+            out["attn_in"] = h * 2 * inner + inner * kernel + inner * (rank + 2 * state) + rank * inner + inner * state
+            out["attn_out"] = inner * h
         elif layer.kind == "linear":
             if self.linear_dims is None:
                 raise ConfigError(f"model {self.name}: the weights of its linear-attention layers are not sized "
-                                  "(no Gated DeltaNet, short-conv or Mamba-2 dimensions: Mamba-1 is not counted)")
+                                  "(no Gated DeltaNet, short-conv, Mamba-1 or Mamba-2 dimensions)")
             kh, vh, dk, dv, kernel = self.linear_dims
             out["attn_in"] = h * (2 * kh * dk + 2 * vh * dv) + h * 2 * vh + (2 * kh * dk + vh * dv) * kernel
             out["attn_out"] = vh * dv * h
@@ -234,7 +266,10 @@ class ModelSpec:
                 out["attn_in"] += self.q_lora_rank * n * d + h * d + h * n
             out["attn_out"] = heads * layer.v_dim * h
         else:
-            out["attn_in"] = h * self.heads * layer.k_dim + h * layer.kv_heads * (layer.k_dim + layer.v_dim)
+            q = h * self.heads * layer.k_dim * (2 if self.attn_output_gate else 1)
+            kv = 0 if shares_kv else h * layer.kv_heads * (
+                layer.k_dim if self.full_k_eq_v and layer.kind == "full" else layer.k_dim + layer.v_dim)
+            out["attn_in"] = q + kv
             out["attn_out"] = self.heads * layer.v_dim * h
         if not (index in self.moe_at if self.moe_at else index >= self.layers - self.moe_layers):
             size = self.layer_intermediate[index] if self.layer_intermediate else self.intermediate
@@ -454,6 +489,22 @@ def checkpoint_weights_precision(model: ModelSpec) -> str:
     return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
 
 
+def vllm_kv_precision(model: ModelSpec) -> str:
+    """The KV precision vLLM keeps with ``--kv-cache-dtype auto`` (its default): the checkpoint's KV format where
+    its quantization config names one (:attr:`ModelSpec.vllm_kv_dtype`: fp8), else the model dtype
+    (vllm/utils/torch_utils.py ``get_kv_cache_torch_dtype``: bf16 for a bfloat16 config, else f16). One rule for
+    ``simkv run --scheduler vllm``, ``simkv tune-serving`` and ``simkv plan``'s vLLM devices."""
+    if model.vllm_kv_dtype == "fp8":
+        if any(layer.indexer for layer in model.kv_layers):
+            raise ConfigError(f"model {model.name}: its checkpoint asks vLLM for an fp8 KV cache, which vLLM lays out "
+                              "per sparse-MLA backend (fp8_ds_mla) for a model with an indexer: not modelled")
+        return "fp8"
+    if model.vllm_kv_dtype:
+        raise ConfigError(f"model {model.name}: its checkpoint asks vLLM for a {model.vllm_kv_dtype} KV cache, "
+                          "which simkv does not model; give --precision")
+    return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
+
+
 #: vLLM pads the vocabulary to a multiple of this before splitting the embedding and the LM head across
 #: tensor-parallel devices (``DEFAULT_VOCAB_PADDING_SIZE = 64``, vllm/model_executor/layers/vocab_parallel_embedding.py).
 VOCAB_PADDING = 64
@@ -499,6 +550,9 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
     mamba = model.mamba_dims
     if mamba is not None:  # MambaMixer2: heads and groups column-parallel (state dims whole)
         mamba = (split(mamba[0], "Mamba heads"), mamba[1], split(mamba[2], "Mamba groups"), *mamba[3:])
+    mamba1 = model.mamba1_dims
+    if mamba1 is not None:  # MambaMixer: every projection split by the inner channels (the state size and rank whole)
+        mamba1 = (split(mamba1[0], "Mamba inner size"), *mamba1[1:])
     return replace(
         model, heads=heads, kv_heads=kv_heads, hidden=model.hidden or model.heads * model.head_dim,
         layer_kv=tp_layers(model.layer_kv, tp) if model.layer_kv else (),
@@ -506,4 +560,4 @@ def tp_shard(model: ModelSpec, tp: int) -> ModelSpec:
         layer_intermediate=tuple(split(v, "MLP intermediate size") for v in model.layer_intermediate),
         expert_intermediate=split(model.expert_intermediate, "expert intermediate size") if model.experts else 0,
         shared_intermediate=split(model.shared_intermediate, "shared-expert intermediate size"),
-        vocab=vocab, linear_dims=linear, mamba_dims=mamba, tp=tp)
+        vocab=vocab, linear_dims=linear, mamba_dims=mamba, mamba1_dims=mamba1, tp=tp)

@@ -56,6 +56,7 @@ PRECISIONS: dict[str, Precision] = {
         Precision("u8", 8, meta_bytes_per_head=8, note="CPU plugin: f32 scale + zero-point per token per head"),
         Precision("u4", 4, meta_bytes_per_head=8, note="CPU plugin: f32 scale + zero-point per token per head"),
         Precision("i8", 8, meta_bytes_per_head=4, note="GPU plugin: f16 scale + zero-point per token per head"),
+        Precision("fp8", 8, note="vLLM fp8_e4m3: one scale per layer for K and one for V, none per token"),
     )
 }
 

@@ -323,3 +323,43 @@ def _parts(names, where: str, layers: int | None) -> list[tuple[str, int | None]
                 continue
             raise _fail(where, f"quantization module name {raw!r}: simkv cannot tell which weights it names")
     return out
+
+
+# -- the KV cache dtype a checkpoint asks vLLM for ----------------------------------------------------------------
+
+#: vllm/utils/torch_utils.py ``MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP`` (fp8 is fp8_e4m3: 1 B per element).
+MODELOPT_KV = {"fp8": "fp8", "nvfp4": "nvfp4"}
+
+
+def vllm_auto_kv_dtype(quant: Mapping | None, modelopt: Mapping | None) -> str:
+    """What vLLM 0.33's ``--kv-cache-dtype auto`` (its default) becomes for a checkpoint: "fp8", "nvfp4", or ""
+    (the model dtype). vLLM takes config.json's ``quantization_config`` and reads ``hf_quant_config.json`` only
+    when there is none (vllm/transformers_utils/config.py ``get_config``). Then:
+
+    - ModelOpt (``quant_method`` modelopt*, which ``ModelArchConfigConvertor._normalize_quantization_config`` sets
+      from ``producer.name`` modelopt): ``resolve_kv_cache_dtype_string`` → ``get_kv_cache_quant_algo_string``:
+      ``kv_cache_scheme`` (a dict: ``dynamic`` false, 8-bit float → fp8; 4-bit float → nvfp4) or
+      ``kv_cache_quant_algo`` ("FP8" → fp8_e4m3, "NVFP4" → nvfp4), in ``quantization`` or at the top; another
+      value falls back to auto with a warning. An ``hf_quant_config.json`` without ``producer`` (the trimmed
+      copies aiconfigurator ships) is read as ModelOpt's: the file name is ModelOpt's alone.
+    - compressed-tensors (and any method whose config carries a ``kv_cache_scheme``): the attention layer turns
+      auto into "fp8" (vllm/model_executor/layers/attention/attention.py ``Attention.__init__``: "llm-compressor
+      models declare an FP8 KV-cache scheme in their checkpoint config").
+    Anything else: the model dtype."""
+    config = quant if quant is not None else modelopt
+    if not isinstance(config, Mapping):
+        return ""
+    method = str(config.get("quant_method") or "").lower().replace("compressed_tensors", "compressed-tensors")
+    if method.startswith("modelopt") or config is modelopt or "quant_algo" in config:
+        inner = config.get("quantization", config)
+        inner = inner if isinstance(inner, Mapping) else config
+        algo = (inner.get("kv_cache_scheme") or config.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+                or config.get("kv_cache_quant_algo"))
+        if isinstance(algo, Mapping):
+            if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
+                return "fp8"
+            return "nvfp4" if algo.get("num_bits") == 4 and algo.get("type") == "float" else ""
+        return MODELOPT_KV.get(algo.lower(), "") if isinstance(algo, str) else ""
+    if method == "compressed-tensors" and config.get("kv_cache_scheme") is not None:
+        return "fp8"
+    return ""

@@ -194,7 +194,8 @@ def test_a_run_over_the_ledger_limit_stops_with_one_line():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [(
         "simkv run: error: this run would record more than 8,000,000 ledger events (allocations, copies, frees), "
-        "the limit, at step 41,667 (see README, simkv run: Limits): simulate fewer steps, layers or requests")]
+        "the limit, at step 41,667 (see docs/guide/getting-started.md, Limits): simulate fewer steps, layers or "
+        "requests")]
 
 
 @settings(max_examples=25, deadline=None)

@@ -87,7 +87,7 @@ def test_policies_and_models_listings():
         (["--prompt", "abc"], "invalid int value"),
         (["--policy", "magic"], "unknown policy 'magic'"),
         (["--model", "gpt-9"], "unknown model 'gpt-9'"),
-        (["--precision", "fp8"], "unknown precision 'fp8'"),
+        (["--precision", "fp6"], "unknown precision 'fp6'"),
         (["--policy-opt", "stagger"], "--policy-opt expects KEY=VALUE"),
         (["--policy-opt", "stagger=lots"], "not a valid int"),
         (["--policy", "static", "--prompt", "5000"], "does not fit max_prompt_len"),

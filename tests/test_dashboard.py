@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 
 import numpy as np
@@ -14,7 +15,7 @@ from hypothesis import strategies as hst
 
 from policies import REGISTRY
 from simkv import build_scenario, figures, simulate
-from simkv.dashboard import callbacks, components, compute, layout
+from simkv.dashboard import callbacks, components, compute, layout, url
 from simkv.dashboard import state as st
 from simkv.dashboard.server import create_app
 from simkv.dashboard.validation import ReportError, check_report, load_path, load_upload, parse_report
@@ -75,9 +76,9 @@ def report_fixture(n_steps: int = 40) -> dict:
 # -- URL state ---------------------------------------------------------------------------
 
 def test_default_state_has_an_empty_query_string():
-    assert st.encode(st.default_state()) == ""
-    state, ignored = st.decode("")
-    assert state == st.default_state() and ignored == []
+    assert url.encode(url.default_state()) == ""
+    state, ignored = url.decode("")
+    assert state == url.default_state() and ignored == []
 
 
 text = hst.text(alphabet="0123456789abcxyz-+.,:= &?%/#", max_size=12)
@@ -85,9 +86,14 @@ text = hst.text(alphabet="0123456789abcxyz-+.,:= &?%/#", max_size=12)
 
 @hst.composite
 def states(draw):
-    state = st.default_state()
-    for key in draw(hst.lists(hst.sampled_from(st.CONTROLS), max_size=8, unique=True)):
-        state[key] = draw(text) if key != "tab" else draw(hst.sampled_from(st.TABS))
+    state = url.default_state()
+    for key in draw(hst.lists(hst.sampled_from(url.CONTROLS), max_size=8, unique=True)):
+        if key in url.LISTS:  # a multiple choice: its values never hold the comma that separates them
+            state[key] = draw(hst.lists(hst.text(alphabet="0123456789abcxyz-+.:= &?%/#", min_size=1, max_size=8),
+                                        max_size=3))
+        else:
+            state[key] = {"tab": hst.sampled_from(st.TABS), "ws": hst.sampled_from(url.WORKSPACES)}.get(key, text)
+            state[key] = draw(state[key])
     policy = draw(hst.sampled_from(sorted(REGISTRY)))
     state["policy"] = policy
     state["popts"] = {name: draw(hst.one_of(hst.just(default), text))
@@ -98,22 +104,35 @@ def states(draw):
 @settings(max_examples=150, deadline=None)
 @given(states())
 def test_url_round_trip_restores_every_control(state):
-    search = st.encode(state)
-    restored, ignored = st.decode(search)
+    search = url.encode(state)
+    restored, ignored = url.decode(search)
     assert ignored == []
     assert restored == state
 
 
 def test_decode_reports_what_it_cannot_use():
-    state, ignored = st.decode("?policy=fixed&p.tokens=256&p.stagger=3&bogus=1&tab=nowhere")
+    state, ignored = url.decode("?policy=fixed&p.tokens=256&p.stagger=3&bogus=1&tab=nowhere&ws=kitchen")
     assert state["policy"] == "fixed" and state["popts"]["tokens"] == "256"
-    assert set(ignored) == {"p.stagger", "bogus", "tab"} and state["tab"] == "memory"
+    assert set(ignored) == {"p.stagger", "bogus", "tab", "ws"} and state["tab"] == "memory" and state["ws"] == "session"
 
 
 def test_query_string_is_readable():
-    state = st.default_state()
+    state = url.default_state()
     state.update(ops="prefill:32,decode:100,reset", policy="fixed", popts={"tokens": "256"})
-    assert st.encode(state) == "?policy=fixed&ops=prefill:32,decode:100,reset&p.tokens=256"
+    assert url.encode(state) == "?policy=fixed&ops=prefill:32,decode:100,reset&p.tokens=256"
+    state.update(ws="plan", pl_devices=["a100-80gb"], pl_requests="30")
+    assert url.encode(state) == ("?ws=plan&policy=fixed&ops=prefill:32,decode:100,reset&pl_requests=30"
+                                 "&pl_devices=a100-80gb&p.tokens=256")
+
+
+def test_the_workspace_is_in_the_url_and_old_links_open_theirs():
+    """``ws`` names the open workspace; a link from before the workspaces (``?tab=serving``) opens Serving."""
+    assert url.decode("?ws=plan")[0]["ws"] == "plan"
+    for old in ("serving", "plan"):
+        state, ignored = url.decode(f"?tab={old}&sv_requests=40")
+        assert (state["ws"], state["tab"], state["sv_requests"], ignored) == (old, "memory", "40", [])
+    state, _ = url.decode("?pl_devices=h100-sxm,xeon-8480")
+    assert state["pl_devices"] == ["h100-sxm", "xeon-8480"]
 
 
 # -- checking input -----------------------------------------------------------------------
@@ -203,6 +222,12 @@ def test_main_callback_default_scenario():
     assert card(out, "reallocations") == "795"
     names = [t.name for t in out["timeline"].data]
     assert names[:4] == ["peak in step", "allocated", "resident", "used"] and names[4].startswith("reallocation")
+    # the card counts buffers replaced and says on how many steps; the markers mark those steps (the largest
+    # per bucket of steps): both count 697 (the legend counted 698 steps with any K/V allocation, step 0 included)
+    detail = next(c for c in out["cards"] if c.id == "card-reallocations").children[2].children
+    assert detail == "K/V buffers replaced, on 697 steps"
+    marks = out["timeline"].data[4]
+    assert marks.name == f"reallocations on 697 steps (the largest {len(marks.x)} marked)" and 0 not in marks.x
     assert out["heatmap"].data[0].type == "heatmap"
     assert out["cli"] == "simkv run --model llama-3-8b --policy openvino-gpu --prompt 1024 --decode 2048"
 
@@ -235,10 +260,106 @@ def test_unexpected_failures_become_one_line(monkeypatch):
 
 
 def test_out_of_memory_is_a_warning_with_the_partial_run():
-    # 7.6 GiB beside llama-3-8b's 7.48 GiB of weights: the KV cache runs out mid-run (a device the weights alone
-    # fill is refused before running, simkv.scenario.check_weights_fit)
-    out = callbacks.main_callback(controls(device_memory="7.6GiB"), popt_values("openvino-gpu"))
+    # 7.48 GiB of weights leave 327 MiB of 7.8 GiB for the KV cache: the run stops partway (it peaks at 406.66 MiB)
+    out = callbacks.main_callback(controls(device_memory="7.8GiB"), popt_values("openvino-gpu"))
     assert out["store"]["ok"] and out["warning"].startswith("Out of memory: out of memory at step")
+    assert out["notice"] == "" and len(out["timeline"].data) > 4  # the lines and the reallocations
+
+
+def _refusal(changes: dict) -> str:
+    """What the library says of a scenario it refuses before running (``""`` if it builds it)."""
+    from simkv.errors import SimkvError
+
+    try:
+        compute.build(st.scenario_kwargs({**st.default_state(), **changes}))
+    except st.Invalid as err:
+        return err.notice
+    except SimkvError as err:
+        return str(err)
+    return ""
+
+
+@pytest.mark.parametrize("changes, why", [
+    # gemma-3-27b's 25.15 GiB of weights beside 16 GiB (the issue's "yellow banner over an empty chart")
+    ({"model": "gemma-3-27b", "device_memory": "16GiB"}, "gemma-3-27b's weights (25.15 GiB) do not fit the device "
+                                                         "memory (16.00 GiB)"),
+    ({"device_memory": "256MiB"}, "llama-3-8b's weights (7.48 GiB) do not fit the device memory (256.00 MiB)"),
+    # the weights fit, the prompt's KV does not: the first step already runs out
+    ({"prompt": "100000", "decode": "10", "device_memory": "9GiB"},
+     "the first step does not fit: out of memory at step 0"),
+])
+def test_a_run_with_no_room_at_its_first_step_says_why_and_the_fix(changes, why):
+    """Nothing to draw: no figure with an out-of-memory banner over it, but one message with the fix (in the
+    results area; the device memory is marked), and the cards cleared. Where the library itself refuses the
+    weights before running, the message is its line, as it says (simkv.scenario); else the dashboard's own."""
+    out = callbacks.main_callback(controls(**changes), popt_values("openvino-gpu"))
+    assert out["store"] == {"ok": False} and out["warning"] == ""
+    refused = _refusal(changes)
+    if refused:
+        assert out["notice"] == refused and "weights" in refused
+    else:
+        assert out["notice"].startswith(f"Nothing to show: {why}")
+        assert re.search(r"Fix: [0-9.]+ GiB of device memory runs the whole session", out["notice"])
+    # the message once, in full; the status and the device memory point at it
+    assert errors_of(out) == {"device_memory": "too small for this run: see the message on the right"}
+    assert out["status"] == "Nothing to show: no room on the device (why, and the fix, below)."
+    assert out["timeline"]["layout"]["annotations"][0]["text"] == "No result: see the message above."
+    assert all(c.children[1].children == "—" for c in out["cards"])
+
+
+def test_the_librarys_refusal_of_a_model_that_does_not_fit_is_shown_as_it_says(monkeypatch):
+    """Where the library refuses a model whose weights do not fit before running (one line with the fix), the
+    dashboard shows that line in full, once, as it shows its own no-room notice."""
+    from simkv.errors import ConfigError
+
+    said = "gemma-3-27b: the weights (25.15 GiB) do not fit 16.00 GiB of device memory; use --device h100-sxm"
+
+    def refuse(**kwargs):
+        raise ConfigError(said)
+
+    monkeypatch.setattr(compute, "build_scenario", refuse)
+    out = callbacks.main_callback(controls(model="gemma-3-27b", prompt="7"), popt_values("openvino-gpu"))
+    assert out["notice"] == said and out["status"] == compute.NO_ROOM_STATUS
+    assert errors_of(out) == {"device_memory": compute.NO_ROOM_INLINE} and out["store"] == {"ok": False}
+
+
+@pytest.mark.parametrize("changes, need", [
+    # 100,000 prompt tokens under `fixed`: 12.27 GiB of KV at the peak with no limit, beside 7.48 GiB of weights;
+    # on (7.48 + 12.27) / 0.9 = 21.95 GiB (rounded up) no buffer comes near the 90 % headroom limit. On 19.75 GiB
+    # (weights + peak) the limit is reached, buffers lose their headroom, reallocate every token and the second
+    # step runs out: less than the fix does not always do.
+    ({"prompt": "100000", "decode": "10", "policy": "fixed", "device_memory": "9GiB"}, "21.95 GiB"),
+    ({"model": "gemma-3-27b", "device_memory": "16GiB"}, "29.66 GiB"),
+])
+def test_the_memory_a_no_room_notice_asks_for_runs_the_session(changes, need):
+    """The notice's device memory is the weights plus the session's peak when nothing limits it (the session
+    run again on 1 PiB), over the policy's headroom limit, rounded up: on that much the whole session runs, with
+    no out-of-memory."""
+    policy = changes.get("policy", "openvino-gpu")
+    out = callbacks.main_callback(controls(**changes), popt_values(policy))
+    if _refusal(changes):  # the library refuses these weights itself, with its own fixes
+        pytest.skip("the library refuses these weights before running: its line is shown")
+    assert re.search(r"Fix: ([0-9.]+ GiB) of device memory", out["notice"]).group(1) == need
+    out = callbacks.main_callback(controls(**{**changes, "device_memory": need.replace(" ", "")}), popt_values(policy))
+    assert out["store"]["ok"] and out["notice"] == "" and out["warning"] == ""
+    almost = callbacks.main_callback(controls(**{**changes, "device_memory": "19.75GiB"}), popt_values(policy))
+    if policy == "fixed":
+        assert almost["warning"].startswith("Out of memory: out of memory at step 1,")
+
+
+def test_an_unlimited_session_over_the_limits_gives_no_number(monkeypatch):
+    """When the session run again without a memory limit would be over the dashboard's limits, the fix names
+    no number rather than a wrong one."""
+    real = compute.run
+
+    def limited(kwargs):
+        if kwargs["device_memory"] == str(st.MAX_DEVICE_BYTES):
+            raise st.Invalid({"decode": "over the limit"})
+        return real(kwargs)
+
+    monkeypatch.setattr(compute, "run", limited)
+    out = callbacks.main_callback(controls(prompt="100000", decode="10", device_memory="9GiB"), popt_values("openvino-gpu"))
+    assert out["notice"].endswith("Fix: more device memory, or a smaller model, prompt or KV precision.")
 
 
 def test_long_runs_are_decimated_for_display_but_keep_their_spikes():
@@ -266,7 +387,7 @@ def test_cli_command_reproduces_the_scenario():
 
 
 def test_restore_leaves_controls_that_are_already_right():
-    current = {k: st.DEFAULTS[k] for k in st.CONTROLS}
+    current = {k: url.DEFAULTS[k] for k in url.CONTROLS}
     popts = popt_values()
     out = callbacks.restore_callback("?prompt=512&policy=fixed&p.tokens=256", current, popts)
     changed = {k: v for k, v in out["controls"].items() if v is not no_update}
@@ -471,6 +592,19 @@ def test_pattern_matching_order_matches_the_layout():
     assert len(callbacks.ERR_KEYS) == len(set(callbacks.ERR_KEYS))
 
 
+def test_each_form_is_on_the_page_in_the_order_its_callbacks_use():
+    """A Serving or Plan control is one Field: it is on the page, in the URL, and has its error line, in FIELDS'
+    order (the order Dash passes the error lines in, and the callbacks return their messages in)."""
+    from simkv.dashboard import plan_view as pv
+    from simkv.dashboard import serving_view as sv
+
+    page = layout.layout()
+    for view, kind in ((sv, "sv-err"), (pv, "pl-err")):
+        assert [i["key"] for i in _ids(page, kind)] == list(view.KEYS)
+        assert set(view.KEYS) <= set(url.CONTROLS) and all(url.DEFAULTS[k] == view.DEFAULTS[k] for k in view.KEYS)
+        assert len({f.key for f in view.FIELDS}) == len(view.FIELDS)
+
+
 def test_app_builds_and_serves_the_page_for_a_link():
     app = create_app()
     client = app.server.test_client()
@@ -488,3 +622,89 @@ def test_simkv_app_command_line():
     assert (args.host, args.port, args.debug) == ("127.0.0.1", 8050, False)
     args = build_parser().parse_args(["app", "--host", "0.0.0.0", "--port", "9000", "--debug"])
     assert (args.host, args.port, args.debug) == ("0.0.0.0", 9000, True)
+
+
+# -- the look every figure shares; computing shows progress ----------------------------------------------------
+
+def _axes(fig) -> list:
+    layout = fig.layout
+    return [getattr(layout, k) for k in layout if k.startswith(("xaxis", "yaxis")) and getattr(layout, k) is not None]
+
+
+def test_every_figure_of_every_workspace_has_the_same_look(tmp_path):
+    """Thousands separators on every axis (log axes: 1-2-5 labels in full, so 2,000 ms reads "2,000", not "2"
+    after "1000"), the legend in one row under the plot, no fixed width (the figure fills its box)."""
+    from simkv.dashboard import plan_view as pv
+    from simkv.dashboard import serving_view as sv
+    from simkv.dashboard import tune_view as tv
+
+    session = callbacks.main_callback(controls(), popt_values("openvino-gpu"))
+    kwargs = st.scenario_kwargs(st.default_state())
+    compare = callbacks.compare_callback({"ok": True, "kwargs": kwargs}, {"cmp1_policy": "fixed"}, "allocated", "compare")
+    serving = sv.serving_callback({**sv.DEFAULTS, "sv_requests": "20"}, "serving")
+    plan = pv.plan_callback(1, {**pv.DEFAULTS, "pl_requests": "10", "pl_max_devices": "1"})
+    tune = tv.tune_callback(1, {"ok": True, "kwargs": st.scenario_kwargs({**st.default_state(), "prompt": "64",
+                                                                          "model": "tinyllama-1.1b"})},
+                            dict(tv.DEFAULT_FORM, tune_budget=3, tune_samples=2, tune_search="random"))
+    path = tmp_path / "validate.json"
+    path.write_text(json.dumps(report_fixture()))
+    validation = callbacks.validation_callback(None, str(path), None)
+    figs = {"timeline": session["timeline"], "heatmap": session["heatmap"], "compare": compare["figure"],
+            "serving memory": serving["memory"], "serving requests": serving["requests"],
+            "serving waste": serving["waste"], "plan": plan["figure"], "plan memory": plan["memory"],
+            "tune": tune["figure"], "validation": validation["figure"]}
+    logs = 0
+    for name, fig in figs.items():
+        assert fig.layout.width is None and fig.layout.height is None, name
+        assert fig.layout.separators == ".," and fig.layout.legend.orientation == "h", name
+        assert (fig.layout.legend.yref, fig.layout.legend.y, fig.layout.legend.yanchor) == ("container", 0, "bottom")
+        for axis in _axes(fig):
+            assert axis.tickformat == compute.TICKS, (name, axis)
+            if axis.type == "log":
+                assert axis.dtick == "D2", name
+                logs += 1
+    assert logs == 2  # the plan's two latency axes
+    heat = figs["heatmap"].data[0]
+    assert heat.colorbar.tickformat == compute.TICKS
+
+
+def test_the_delta_table_has_one_column_per_run():
+    """Each run's difference from A sits under its value, so four runs take five columns (not eight): the
+    table fits the Compare tab at 1280 px (the browser test checks it does)."""
+    kwargs = st.scenario_kwargs(st.default_state())
+    values = {"cmp1_policy": "fixed", "cmp2_policy": "openvino-cpu", "cmp3_policy": "exact"}
+    out = callbacks.compare_callback({"ok": True, "kwargs": kwargs}, values, "allocated", "compare")
+    head, body = out["table"].children
+    assert len(head.children.children) == 5
+    peak = body.children[0].children
+    assert peak[0].children == "peak allocated" and peak[1].children == "406.66 MiB"
+    value, diff = peak[2].children
+    assert value == "756.19 MiB" and diff.children == "+349.53 MiB (+85.9 %)" and "worse" in diff.className
+
+
+def test_computing_disables_run_and_shows_progress():
+    """Every callback that computes shows its workspace's progress bar and dims its results while it runs; the
+    searches started by a Run button (Plan, Tune) disable it meanwhile, so a search is not started twice."""
+    app = create_app()
+    running = {}
+    for spec in app._callback_list:
+        if spec.get("running"):
+            inputs = {f"{i['id']}.{i['property']}" for i in spec["inputs"]}
+            running[spec["output"]] = (inputs, spec["running"]["running"], spec["running"]["runningOff"])
+
+    def of(trigger):
+        found = [r for r in running.values() if trigger in r[0]]
+        assert len(found) >= 1, trigger
+        return found
+
+    for trigger, progress, results, button in (
+        ("pl-run.n_clicks", "pl-progress", "pl-results", "pl-run"),
+        ("tune-run.n_clicks", "tune-progress", "tune-results", "tune-run"),
+        ("sv_requests.value", "sv-progress", "sv-results", None),
+        ("prompt.value", "progress", "results", None),
+    ):
+        for _, on, off in of(trigger):
+            assert on[f"{progress}.style"] == {} and off[f"{progress}.style"] == components.HIDDEN
+            assert on[f"{results}.className"] == "results busy" and off[f"{results}.className"] == "results"
+            if button:
+                assert on[f"{button}.disabled"] is True and off[f"{button}.disabled"] is False

@@ -1,14 +1,15 @@
 """The dashboard end to end in headless Chromium (Debian's, driven by Playwright).
 
-The app runs in-process on a free port (a werkzeug server in a thread); every
-test opens a fresh page at 1280×800, fails on any browser console error or page
-error, and saves a screenshot of what it checked to ``artifacts/screenshots/``.
+The app runs in-process on a free port (a werkzeug server in a thread, one for the module, as is the
+browser); every test opens a fresh page at 1280×800 (the workspace tests also at 1920×800), fails on any
+browser console error or page error, and saves a screenshot of what it checked to ``artifacts/screenshots/``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -30,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "artifacts" / "screenshots"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
-TIMEOUT = 20_000  # ms, for anything that waits on a callback
+TIMEOUT = 30_000  # ms, for anything that waits on a callback
+HEIGHT = 800
 expect.set_options(timeout=TIMEOUT)  # assertions wait as long as actions: a loaded 2-core machine takes seconds
 
 
@@ -56,10 +58,16 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, server):
+def width():
+    """The page's width in CSS pixels (a test parametrizes it to try another screen)."""
+    return 1280
+
+
+@pytest.fixture
+def page(browser, server, width):
     """A fresh page; the test fails if the browser logs an error or a script throws."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, accept_downloads=True)
+    context = browser.new_context(viewport={"width": width, "height": HEIGHT}, accept_downloads=True)
     pg = context.new_page()
     pg.set_default_timeout(TIMEOUT)
     errors: list[str] = []
@@ -118,6 +126,10 @@ def tab(page, label: str) -> None:
     page.locator("#tab .tab", has_text=label).click()
 
 
+def workspace(page, label: str) -> None:
+    page.locator("#ws .tab", has_text=label).click()
+
+
 def test_default_scenario_loads_with_figures_and_cards(page):
     open_app(page)
     expect(card(page, "peak_allocated")).to_have_text("406.66 MiB")  # the README's default run
@@ -157,7 +169,10 @@ def test_choosing_a_policy_shows_its_own_parameters(page):
     expect(page.locator(popt("openvino-cpu", "growth"))).to_be_visible()
     expect(page.locator(popt("openvino-gpu", "stagger"))).to_be_hidden()
     fig = wait_figure(page, "timeline-graph", "policy openvino-cpu")
-    assert fig["names"][-1] == "reallocation" and fig["points"][-1] == 2  # K/V reallocations, not the past view
+    # K/V reallocations (every layer's K and V grown once, on one step), not the past view's per-step blocks
+    assert fig["names"][-1] == "reallocations on 1 step" and fig["points"][-1] == 1
+    expect(card(page, "reallocations")).to_have_text("64")
+    expect(page.locator("#card-reallocations")).to_contain_text("K/V buffers replaced, on 1 step")
     assert "policy=openvino-cpu" in page.url
 
 
@@ -233,7 +248,7 @@ def test_link_restores_every_control(page):
     page.screenshot(path=SHOTS / "07-restored-from-link.png")
     enter(page, "#decode", "400")
     expect(page.locator("#status")).to_contain_text("decode:400")
-    assert "decode=400" in page.url and "p.tokens=256" in page.url
+    expect(page).to_have_url(re.compile(r"decode=400.*p\.tokens=256"))
     page.go_back()  # back to the link: the controls follow the URL
     expect(page.locator("#decode")).to_have_value("300")
     expect(page.locator("#status")).to_contain_text("decode:300")
@@ -304,8 +319,10 @@ def test_tune_tab_runs_and_a_click_opens_the_point(page):
 
 
 def test_serving_tab_runs_and_follows_its_inputs(page):
-    open_app(page, "?sv_requests=40")
-    tab(page, "Serving")
+    # the device and the KV precision given, so the numbers below do not move with the defaults
+    open_app(page, "?sv_requests=40&sv_device=h100-sxm&sv_precision=u8")
+    workspace(page, "Serving")
+    expect(page).to_have_url(re.compile(r"ws=serving"))
     fig = wait_figure(page, "sv-memory-graph", "memory over time: paged, 40 requests")
     assert {"allocated", "used (tokens)"} <= set(fig["names"]) and "pool (dynamic" in " ".join(fig["names"])
     assert wait_figure(page, "sv-requests-graph", "requests: arrival")["names"][:2] == [
@@ -326,11 +343,131 @@ def test_serving_tab_runs_and_follows_its_inputs(page):
     expect(page.locator("#card-sv_finished-value")).to_have_text("34 / 40")
     names = figure(page, "sv-requests-graph")["names"]
     assert "preempted (6)" in names and "ignored / rejected (6)" in names
-    assert "sv_pool_size=60" in page.url
+    expect(page).to_have_url(re.compile(r"sv_pool_size=60"))
     page.locator("#sv-requests-graph").scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "serving.png"))
     enter(page, "#sv_requests", "abc")
     expect(page.locator("[id='" + json.dumps({"key": "sv_requests", "type": "sv-err"}, separators=(",", ":")) + "']")
            ).to_have_text("'abc' is not a number")
     wait_figure(page, "sv-memory-graph", "no result")
-    expect(page.locator("#sv-status")).to_contain_text("Invalid input: requests")
+    expect(page.locator("#sv-status")).to_have_text("Invalid input: requests — see the message in red on the left.")
+
+
+# --- the workspaces: each shows only its own controls, fits the screen, and is drawn ------------------------
+
+#: Per workspace: its link, a control only it has, and what shows it is done (a figure whose title has a text).
+WORKSPACES = {
+    "session": ("?ws=session", "#model", ("timeline-graph", "openvino-gpu")),
+    "serving": ("?ws=serving&sv_requests=40", "#sv_model", ("sv-memory-graph", "memory over time")),
+    # a small search (4 deployments x 20 requests), run with the Run button
+    "plan": ("?ws=plan&pl_requests=20&pl_max_devices=1", "#pl_model", ("pl-graph", "simkv plan")),
+}
+
+#: Every visible control (input, button, select) that is not in the open workspace (nor the header).
+STRAY_CONTROLS = """ws => Array.from(document.querySelectorAll('input, button, select, textarea')).filter(c => {
+    const r = c.getBoundingClientRect(), style = getComputedStyle(c);
+    if (r.width === 0 || r.height === 0 || style.visibility === 'hidden' || c.closest('.header')) return false;
+    const home = c.closest('.workspace');
+    return !home || home.id !== 'ws-' + ws;
+}).map(c => c.id || c.className || c.tagName)"""
+
+#: Horizontal overflow: the page's, and any workspace column's (whose own overflow is hidden, so it would be cut).
+OVERFLOW = """() => { const doc = document.scrollingElement;
+    const cols = Array.from(document.querySelectorAll('.workspace .main, .workspace .sidebar'))
+        .filter(e => e.getBoundingClientRect().width > 0);
+    return {page: [doc.scrollWidth, doc.clientWidth],
+            columns: cols.filter(e => e.scrollWidth > e.clientWidth).map(e => [e.parentNode.id, e.className, e.scrollWidth, e.clientWidth]),
+            scrolled: cols.filter(e => e.scrollLeft !== 0).length}; }"""
+
+#: A PNG's size and how many distinct colours it has (decoded by the browser: no image library needed here).
+PNG_FACTS = """async b64 => { const img = new Image(); img.src = 'data:image/png;base64,' + b64; await img.decode();
+    const c = document.createElement('canvas'); c.width = img.width; c.height = img.height;
+    const ctx = c.getContext('2d'); ctx.drawImage(img, 0, 0);
+    const px = new Uint32Array(ctx.getImageData(0, 0, c.width, c.height).data.buffer);
+    return {width: img.width, height: img.height, colours: new Set(px).size}; }"""
+
+
+def check_screenshot(page, name: str, width: int) -> None:
+    """A screenshot of the viewport, saved, of the page's size and not blank (a drawn page has hundreds of
+    colours: text, figures, anti-aliasing; a blank or single-colour one has a handful)."""
+    import base64
+
+    png = page.screenshot(path=SHOTS / name)
+    facts = page.evaluate(PNG_FACTS, base64.b64encode(png).decode())
+    assert (facts["width"], facts["height"]) == (width, HEIGHT), facts
+    assert facts["colours"] > 200, facts
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+@pytest.mark.parametrize("ws", list(WORKSPACES))
+def test_each_workspace_shows_only_its_own_controls_and_fits_the_screen(page, ws, width):
+    link, own, (graph, title) = WORKSPACES[ws]
+    page.goto(page.base + "/" + link)
+    expect(page.locator("#ws .tab--selected")).to_have_text(ws.capitalize())
+    expect(page.locator(own)).to_be_visible()
+    if ws == "plan":
+        page.click("#pl-run")
+    wait_figure(page, graph, title)
+    for other, (_, their, _) in WORKSPACES.items():
+        if other != ws:
+            expect(page.locator(their)).to_be_hidden()
+    assert page.evaluate(STRAY_CONTROLS, ws) == []
+    overflow = page.evaluate(OVERFLOW)
+    assert overflow["page"][0] == overflow["page"][1] == width and overflow["columns"] == [], overflow
+    assert overflow["scrolled"] == 0
+    check_screenshot(page, f"workspace-{ws}-{width}.png", width)
+
+
+def test_switching_workspaces_keeps_each_ones_state_and_the_url(page):
+    open_app(page, "?prompt=512")
+    workspace(page, "Plan")
+    expect(page).to_have_url(re.compile(r"\?ws=plan&prompt=512$"))
+    expect(page.locator("#pl_model")).to_be_visible()
+    expect(page.locator("#model")).to_be_hidden()
+    enter(page, "#pl_requests", "30")
+    expect(page).to_have_url(re.compile(r"pl_requests=30"))
+    workspace(page, "Session")
+    expect(page.locator("#prompt")).to_have_value("512")
+    expect(page.locator("#pl_requests")).to_be_hidden()
+    expect(page).to_have_url(re.compile(r"\?prompt=512&pl_requests=30$"))  # the Session is the default: no ws
+    page.go_back()  # back: the Plan workspace as it was
+    expect(page.locator("#ws .tab--selected")).to_have_text("Plan")
+    expect(page.locator("#pl_requests")).to_have_value("30")
+
+
+def test_picking_a_compare_policy_keeps_the_page_in_place(page):
+    """The issue: picking a policy in Compare scrolled the page sideways and cut the left column. With four runs
+    (the widest table) and a long label, the table fits and nothing scrolls sideways."""
+    open_app(page, "?tab=compare&cmp1_opts=tokens=256,free_old=immediate&cmp2_policy=openvino-cpu")
+    expect(page.locator("#delta")).to_contain_text("C − A")
+    page.click("#cmp3_policy")
+    page.get_by_role("option", name="exact", exact=True).click()
+    table = page.locator("#delta")
+    expect(table).to_contain_text("D: exact f16")
+    expect(table).to_contain_text("B: fixed (free_old=immediate, tokens=256) f16")
+    overflow = page.evaluate(OVERFLOW)
+    assert overflow["page"] == [1280, 1280] and overflow["columns"] == [] and overflow["scrolled"] == 0, overflow
+    assert page.evaluate("() => document.querySelector('#sidebar').getBoundingClientRect().left") == 0
+    fits = page.evaluate("() => { const d = document.querySelector('.delta'); return d.scrollWidth <= d.clientWidth; }")
+    assert fits
+    check_screenshot(page, "compare-four-runs.png", 1280)
+
+
+def test_the_reallocation_legend_and_card_count_the_same_steps(page):
+    """The issue: a legend said "reallocation (largest 467 of 698 steps)" beside a card saying 795. The card
+    counts buffers replaced and says on how many steps; the legend marks those steps: both say 697."""
+    open_app(page)
+    expect(card(page, "reallocations")).to_have_text("795")
+    expect(page.locator("#card-reallocations")).to_contain_text("K/V buffers replaced, on 697 steps")
+    names = wait_figure(page, "timeline-graph", "openvino-gpu")["names"]
+    assert re.fullmatch(r"reallocations on 697 steps \(the largest \d+ marked\)", names[4]), names
+
+
+def test_a_model_whose_weights_do_not_fit_says_so_with_the_fix(page):
+    open_app(page, "?model=gemma-3-27b&device_memory=16GiB")
+    notice = page.locator("#notice")  # the library's refusal, or the dashboard's notice: both name the weights
+    expect(notice).to_contain_text("gemma-3-27b's weights")
+    expect(notice).to_contain_text("16.00 GiB")
+    expect(page.locator("#warning")).to_be_hidden()
+    assert figure(page, "timeline-graph")["names"] == []
+    check_screenshot(page, "weights-do-not-fit.png", 1280)

@@ -3,6 +3,7 @@ own parser, bounded, and never a traceback."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import shutil
@@ -37,8 +38,8 @@ def test_the_view_shows_what_the_library_finds():
     assert [(r["devices"], r["tp"], r["replicas"], r["router"], r["batched tokens"], r["status"]) for r in view["rows"]] == [
         (r["devices"], r["tp"], r["replicas"], r["router"], r["max_num_batched_tokens"], r["status"]) for r in lib.rows]
     assert [r["ttft_p99 (ms)"] for r in view["rows"]] == [round(r["ttft_p99_s"] * 1000, 1) for r in lib.rows]
-    assert [r["note"] for r in view["rows"]].count("recommended") == 1
-    assert view["rows"][[r is rec for r in lib.rows].index(True)]["note"] == "recommended"
+    assert [r["note"] for r in view["rows"]].count(pv.RECOMMENDED) == 1
+    assert view["rows"][[r is rec for r in lib.rows].index(True)]["note"] == pv.RECOMMENDED
     # the recommendation in words, with both command lines
     text = view["recommended"]
     assert text["text"] == "Recommended: " + plan.describe(rec)
@@ -117,22 +118,30 @@ def test_the_plan_line_builds_the_same_search(over):
     ({"pl_model": "no-such-model"}, "model: choose a preset model"),
 ])
 def test_bad_input_is_one_line(over, message):
+    """A bad field's message is shown once, next to the field, as the form is typed (no Run needed); Run then
+    says only which field is wrong (the issue: a bad SLO's error was shown twice)."""
+    label, _, text = message.partition(": ")
+    key = next(k for k, v in pv.LABELS.items() if v == label)
+    live = pv.live(form(**over))
+    assert live["cli"] == "" and live["work"] == "" and list(live["errors"]) == [key] and text in live["errors"][key]
     out = pv.plan_callback(1, form(**over))
-    assert out["status"].startswith("Invalid input: ") and message in out["status"], out["status"]
-    assert "\n" not in out["status"] and out["status_class"] == "status invalid"
+    assert out["status"] == f"Invalid input: {label} — see the message in red on the left."
+    assert out["status_class"] == "status invalid" and text not in out["status"]
     assert out["rows"] == [] and out["recommended"] == []
     assert out["figure"]["layout"]["annotations"][0]["text"] == "No plan: see the message above."
-    line, error = pv.cli_text(form(**over))  # the live command line says the same
-    assert line == "" and error == out["status"]
 
 
 def test_over_the_work_limit_says_why_and_how_to_run_it():
+    line = ("simkv plan --trace azure-conv --limit 500 --model llama-3.1-8b --slo "
+            "ttft_p99=2s,tpot_p99=50ms --devices h100-sxm,a100-80gb --max-devices 8")
+    message = ("104 deployments to search × 500 requests = 52,000 requests to serve: at most 12,000 in the "
+               "dashboard; fewer requests, devices or max devices")
+    # before Run: the line (to run it in full) and the message next to the requests
+    assert pv.live(form(pl_requests="500", pl_max_devices="8")) == {"cli": line, "errors": {"pl_requests": message},
+                                                                     "work": ""}
     out = pv.plan_callback(1, form(pl_requests="500", pl_max_devices="8"))
-    assert out["status"] == (
-        "Over the dashboard's limits: 104 deployments to search × 500 requests = 52,000 requests to serve: at most "
-        "12,000 in the dashboard; fewer requests, devices or max devices. Run it with: simkv plan --trace "
-        "azure-conv --limit 500 --model llama-3.1-8b --slo ttft_p99=2s,tpot_p99=50ms "
-        "--devices h100-sxm,a100-80gb --max-devices 8")
+    assert out["status"] == ("Over the dashboard's limits: requests — see the message in red on the left. "
+                             f"Run it with: {line}")
 
 
 def test_an_unexpected_error_is_one_line(monkeypatch):
@@ -145,15 +154,35 @@ def test_an_unexpected_error_is_one_line(monkeypatch):
 
 
 def test_the_default_form_runs_and_its_line_is_shown():
-    line, error = pv.cli_text(form())
-    assert error == "" and line == ("simkv plan --trace azure-conv --limit 100 --model "
-                                    "llama-3.1-8b --slo ttft_p99=2s,tpot_p99=50ms --devices h100-sxm,a100-80gb "
-                                    "--max-devices 4")
+    live = pv.live(form())
+    assert live == {"cli": ("simkv plan --trace azure-conv --limit 100 --model "
+                            "llama-3.1-8b --slo ttft_p99=2s,tpot_p99=50ms --devices h100-sxm,a100-80gb "
+                            "--max-devices 4"),
+                    "errors": {}, "work": "Searching 44 deployments × 100 requests (fewer once one meets the SLO)…"}
     out = pv.plan_callback(1, form())
     assert out["status_class"] == "status" and out["status"].startswith("searched 44 deployments")
     shown = str(out["recommended"])
-    assert "Recommended: 1 x h100-sxm" in shown and line in shown
+    assert "Recommended: 1 x h100-sxm" in shown and live["cli"] in shown
     assert "simkv run --trace azure-conv --limit 100 " in shown
+
+
+def test_the_table_fits_the_page_and_says_once_what_every_deployment_shares():
+    """Columns holding one value for every deployment leave the table for a line above it, so the table fits a
+    1280 px page with its reason column read in full (the issue: the reason column was cut)."""
+    view = pv.plan_view(form())
+    ids = [c["id"] for c in view["columns"]]
+    assert view["shared"] == "every deployment: scheduler vllm, KV bf16, block 16, pool 0.9"
+    assert {"scheduler", "KV", "block", "pool"}.isdisjoint(ids) and ids[-1] == "reason"
+    assert all((r["KV"], r["block"], r["pool"]) == ("bf16", 16, "0.9") for r in view["rows"])  # the rows keep them
+    assert ids == ["note", "status", "devices", "device", "tp", "replicas", "router", "batched tokens", "cost",
+                   "ttft_p99 (ms)", "tpot_p99 (ms)", "reason"]
+    # a CPU and a GPU: two KV precisions, block sizes and pools, so those columns are back; one device each, so
+    # no router (its column goes, and "-" is not worth a word)
+    view = pv.plan_view(form(pl_requests="10", pl_max_devices="1", pl_devices=["xeon-8480", "h100-sxm"]))
+    assert {"scheduler", "KV", "block", "pool"} <= {c["id"] for c in view["columns"]} and view["shared"] == ""
+    assert [(r["device"], r["scheduler"]) for r in view["rows"][:3:2]] == [("xeon-8480", "continuous"),
+                                                                           ("h100-sxm", "vllm")]
+    assert "router" not in {c["id"] for c in view["columns"]}
 
 
 # --- in the browser (the pattern of tests/test_dashboard_browser.py: Debian's Chromium driven by Playwright) ---
@@ -215,10 +244,10 @@ def _wait_figure(page, graph: str, contains: str) -> list[str]:
 
 
 @pytest.mark.browser
-def test_plan_tab_runs_and_shows_the_recommendation(app_page):
+def test_plan_workspace_runs_and_shows_the_recommendation(app_page):
     page, expect = app_page
-    page.goto(page.base + "/?tab=plan")
-    expect(page.locator("#tab .tab--selected")).to_have_text("Plan")
+    page.goto(page.base + "/?ws=plan")
+    expect(page.locator("#ws .tab--selected")).to_have_text("Plan")
     cli = page.locator("#pl-cli")
     expect(cli).to_contain_text("simkv plan --trace azure-conv --limit 100")
     _enter(page, "#pl_requests", "30")
@@ -226,22 +255,37 @@ def test_plan_tab_runs_and_shows_the_recommendation(app_page):
     expect(cli).to_contain_text("--limit 30 ")
     expect(cli).to_contain_text("--max-devices 2")
     page.click("#pl-run")
+    # while it searches: Run disabled, a progress bar saying how much work it is
+    expect(page.locator("#pl-run")).to_be_disabled()
+    expect(page.locator("#pl-progress")).to_be_visible()
+    expect(page.locator("#pl-progress")).to_contain_text("Searching 16 deployments × 30 requests")
     expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, vLLM scheduler, tp 1, 1 replica")
+    expect(page.locator("#pl-run")).to_be_enabled()
+    expect(page.locator("#pl-progress")).to_be_hidden()
     expect(page.locator("#pl-rec-detail")).to_contain_text("ttft_p99")
     expect(page.locator("#pl-rec-plan")).to_have_text(cli.inner_text())
     expect(page.locator("#pl-rec-run")).to_contain_text("simkv run --trace azure-conv --limit 30")
     expect(page.locator("#pl-status")).to_contain_text("searched 16 deployments of h100-sxm, a100-80gb")
     assert {"h100-sxm", "Pareto front", "recommended"} <= set(_wait_figure(page, "pl-graph", "simkv plan: llama-3.1-8b"))
     assert _wait_figure(page, "pl-memory-graph", "memory over time, 1 replica") == ["replica 0", "replica 0"]
-    expect(page.locator("#pl-table")).to_contain_text("recommended")
-    expect(page.locator("#pl-table")).to_contain_text("pruned")
+    # the log latency axis labels every tick in full: 1,000 then 2,000 (not "2")
+    ticks = page.evaluate("() => Array.from(document.querySelectorAll('#pl-graph .ytick text')).map(t => t.textContent)")
+    assert "2,000" in ticks and "2" not in ticks, ticks
+    table = page.locator("#pl-table")
+    expect(table).to_contain_text(pv.RECOMMENDED)
+    expect(table).to_contain_text("pruned")
+    # the reason column is read in full: the table is no wider than its box
+    assert page.evaluate("""() => { const t = document.querySelector('#pl-table .dash-spreadsheet-container');
+                                    return t.scrollWidth <= t.clientWidth; }""")
     page.screenshot(path=str(SHOTS / "plan.png"))
     page.locator("#pl-notes").scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "plan-memory-and-table.png"))
-    # a bad SLO: one line, at once under the form and, on Run, in place of the results
+    # a bad SLO: one message, next to the SLO, as it is typed; Run then names the field, without repeating it
     _enter(page, "#pl_slo", "ttft_p99=fast")
-    expect(page.locator("#pl-input-err")).to_contain_text("Invalid input: SLO: ttft_p99: 'fast' is not a duration")
+    slo_err = page.locator("[id='" + json.dumps({"key": "pl_slo", "type": "pl-err"}, separators=(",", ":")) + "']")
+    expect(slo_err).to_have_text("ttft_p99: 'fast' is not a duration with a unit (e.g. 2s, 50ms)")
+    expect(cli).to_be_empty()
     page.click("#pl-run")
-    expect(page.locator("#pl-status")).to_contain_text("Invalid input: SLO")
+    expect(page.locator("#pl-status")).to_have_text("Invalid input: SLO — see the message in red on the left.")
     _wait_figure(page, "pl-graph", "no result")
     expect(page.locator("#pl-recommended")).to_be_empty()

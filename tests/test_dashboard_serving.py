@@ -30,7 +30,7 @@ SYNTHETIC = {"sv_workload": "synthetic", "sv_requests": "30", "sv_rate": "3", "s
 
 
 def form(**over) -> dict:
-    return {**st.SERVING_DEFAULTS, **over}
+    return {**sv.DEFAULTS, **over}
 
 
 def cli(argv: list[str], tmp_path: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -46,7 +46,12 @@ def cli(argv: list[str], tmp_path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return json.loads(out.stdout), cols
 
 
-@pytest.mark.parametrize("over", [SMALL_POOL, SYNTHETIC], ids=["paged-small-pool", "contiguous-synthetic-static"])
+#: vLLM's scheduler over its block pool (the form's empty block size and batch limits: vLLM's defaults for the device).
+VLLM = {"sv_requests": "40", "sv_scheduler": "vllm"}
+
+
+@pytest.mark.parametrize("over", [SMALL_POOL, SYNTHETIC, VLLM], ids=["paged-small-pool", "contiguous-synthetic-static",
+                                                                      "vllm"])
 def test_the_view_shows_what_simkv_run_prints(over, tmp_path):
     view = sv.serving_view(form(**over))
     assert view["ok"], view["status"]
@@ -92,7 +97,7 @@ def test_the_view_shows_what_simkv_run_prints(over, tmp_path):
     ({"sv_workload": "synthetic", "sv_prompt_dist": "trace:/etc/passwd"}, "sv_prompt_dist", "use fixed:N"),
     ({"sv_workload": "synthetic", "sv_output_dist": "lognormal:200:9"}, "sv_output_dist", "sigma must be in 0..2"),
     ({"sv_workload": "synthetic", "sv_rate": "inf"}, "sv_rate", "not a finite number"),
-    ({"sv_scheduler": "static"}, "sv_scheduler", "choose continuous, or contiguous memory"),
+    ({"sv_scheduler": "static"}, "sv_scheduler", "choose continuous or vllm, or contiguous memory"),
     ({"sv_pool": "blocks", "sv_pool_size": ""}, "sv_pool_size", "enter a number"),
     ({"sv_memory": "contiguous", "sv_policy_opts": "bogus=3"}, "sv_policy_opts", "'bogus' is not an option"),
     ({"sv_memory": "contiguous", "sv_policy_opts": "tokens"}, "sv_policy_opts", "expected KEY=VALUE"),
@@ -103,7 +108,9 @@ def test_bad_input_is_one_line_next_to_its_field(over, key, message):
     errors = dict(zip(sv.KEYS, out["errors"]))
     assert message in errors[key]
     assert [k for k, v in errors.items() if v] == [key]
-    assert out["status"].startswith("Invalid input:") and out["status_class"] == "status invalid"
+    # the message once, next to its field; the status names the field
+    assert out["status"] == f"Invalid input: {sv.LABELS[key]} — see the message in red on the left."
+    assert out["status_class"] == "status invalid"
     assert out["memory"]["layout"]["annotations"][0]["text"].startswith("No result: fix the input marked in red")
     assert out["cards"] == [] and out["cli"] == ""
 
@@ -122,8 +129,11 @@ def test_bad_input_is_one_line_next_to_its_field(over, key, message):
 ])
 def test_what_cannot_be_shown_says_why_and_how_to_run_it(over, message):
     out = sv.serving_callback(form(**over), "serving")
-    assert message in out["status"] and out["status_class"] == "status invalid", out["status"]
+    shown = [out["status"], *out["errors"]]
+    assert sum(message in line for line in shown) == 1 and out["status_class"] == "status invalid", shown
     assert out["cli"].startswith("simkv run --") and out["cards"] == []
+    if not message in out["status"]:  # a limit of a field: the status names it and gives the line to run
+        assert out["status"].startswith("Over the dashboard's limits: ") and out["status"].endswith(out["cli"])
 
 
 def test_the_round_limit_stops_a_paged_run(monkeypatch):
@@ -136,25 +146,26 @@ def test_the_round_limit_stops_a_paged_run(monkeypatch):
     assert out["status_class"] == "status invalid" and out["cards"] == []
 
 
-def test_nothing_runs_while_another_tab_is_open():
-    out = sv.serving_callback(form(sv_requests="abc"), "memory")
+def test_nothing_runs_while_another_workspace_is_open():
+    out = sv.serving_callback(form(sv_requests="abc"), "session")
     assert out["status"] is no_update and out["errors"] == [no_update] * len(sv.KEYS)
 
 
 def test_the_command_line_follows_the_form():
+    # the block size, max_num_seqs and max_num_batched_tokens left empty: the scheduler's own defaults
     assert sv.command(form()) == [
         "--trace", "azure-conv", "--limit", "100", "--model", "llama-3-8b",
-        "--memory", "paged", "--scheduler", "continuous", "--block-size", "32",
-        "--max-num-seqs", "256", "--max-num-batched-tokens", "256", "--device", DEFAULT_DEVICE]
+        "--memory", "paged", "--scheduler", "continuous", "--device", "h100-sxm"]
+    assert sv.command(form(sv_block_size="16", sv_max_num_seqs="64", sv_max_num_batched_tokens="512"))[-8:] == [
+        "--block-size", "16", "--max-num-seqs", "64", "--max-num-batched-tokens", "512", "--device", "h100-sxm"]
     argv = sv.command(form(sv_memory="contiguous", sv_policy="static", sv_scheduler="sequential",
                            sv_policy_opts="max_prompt_len=4096, min_response_len=0", sv_precision="f16",
-                           sv_pool="gib", sv_pool_size="2"))  # pool: paged only, ignored
+                           sv_pool="gib", sv_pool_size="2", sv_max_num_seqs="8", sv_max_num_batched_tokens="64"))
+    # the pool and the batch limits do not apply (a sequential run of contiguous buffers): not on the line, which
+    # `simkv run` would refuse
     assert argv[argv.index("--policy"):argv.index("--device")] == [
         "--policy", "static", "--policy-opt", "max_prompt_len=4096", "--policy-opt", "min_response_len=0"]
-    assert "--cache-size" not in argv and argv[argv.index("--precision") + 1] == "f16"
-    # flags the run does not use are left out (simkv run refuses them): batched tokens (paged only), running
-    # requests (paged, or contiguous memory's continuous scheduler)
-    assert "--max-num-batched-tokens" not in argv and "--max-num-seqs" not in argv
+    assert argv[argv.index("--precision") + 1] == "f16"
 
 
 TEXT = hst.text(alphabet="0123456789.-:e,= abcfxnilu", max_size=12)
@@ -165,7 +176,7 @@ TEXT = hst.text(alphabet="0123456789.-:e,= abcfxnilu", max_size=12)
        choices=hst.fixed_dictionaries({"sv_workload": hst.sampled_from(["trace", "synthetic"]),
                                        "sv_memory": hst.sampled_from(["paged", "contiguous", "x"]),
                                        "sv_pool": hst.sampled_from(["dynamic", "blocks", "gib"]),
-                                       "sv_scheduler": hst.sampled_from(["continuous", "static", "sequential"])}))
+                                       "sv_scheduler": hst.sampled_from(["continuous", "static", "sequential", "vllm"])}))
 def test_any_form_is_a_valid_command_line_or_one_line_per_field(values, choices):
     """Whatever is typed: either a command line that `simkv run`'s own parser accepts, or messages per field."""
     from simkv.cli import build_parser

@@ -60,3 +60,29 @@ def test_clicking_a_point_sets_the_policy_inputs_and_opens_the_what_if_view():
     assert out == {"popts": ["304", "64", no_update], "tab": "memory"}
     assert tune_view.open_point({"points": []}, "openvino-gpu", ids)["tab"] is no_update
 
+
+
+def test_a_few_far_configurations_do_not_squash_the_front():
+    """The issue's case: a front between 0 and 25 reallocations, the defaults at 60, two configurations at 310
+    and 460: the y axis spans 0 to about 90 (the front, the defaults, half their span again), the x axis is
+    left to plotly (its points do not stretch it), and a note counts the two beyond."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_scatter(x=[230, 240, 250], y=[25, 5, 0], name="Pareto front")
+    fig.add_scatter(x=[227], y=[60], name="defaults")
+    fig.add_scatter(x=[235, 253, 240, 244], y=[310, 460, 30, 27], name="other feasible")
+    assert tune_view.focus_axes(fig) == 2
+    assert fig.layout.yaxis.range == (-3.0, 90.0) and fig.layout.xaxis.range is None
+    assert fig.layout.annotations[0].text == "2 configurations beyond these axes: double-click to see all"
+    # nothing far: the axes are plotly's own
+    fig = go.Figure()
+    fig.add_scatter(x=[230, 240], y=[25, 5], name="Pareto front")
+    fig.add_scatter(x=[235], y=[30], name="other feasible")
+    assert tune_view.focus_axes(fig) == 0 and fig.layout.yaxis.range is None and not fig.layout.annotations
+
+
+def test_the_progress_line_says_how_much_work_run_starts():
+    assert tune_view.work_text(kwargs(), FORM) == ("Searching 4 configurations and the defaults × 3 workloads = "
+                                                  "15 simulations…")
+    assert tune_view.work_text(None, FORM) == "Searching…"

@@ -218,8 +218,8 @@ def test_double_buffered_states_hand_worked():
 def test_double_buffered_conv_states_without_recurrent_hand_worked():
     """LFM2's short-conv layers under the CPU plugin: a conv state alone (``cache_params.past.conv.N``
     ``[B, hidden_size, conv_L_cache]``, no recurrent variable), double-buffered like Qwen3-Next's
-    (docs/DESIGN.md §4c). The measured export (``simkv validate --ir`` on the tiny LFM2 export, README "Exported
-    models per layer kind") writes its conv states where Qwen3-Next's graph does, after the last layer in
+    (docs/DESIGN.md §4c). The measured export (``simkv validate --ir`` on the tiny LFM2 export,
+    docs/results/validation.md "Exported models per layer kind") writes its conv states where Qwen3-Next's graph does, after the last layer in
     descending order, so ``state_writes`` is unchanged; the state unit's recurrent place is an absent slot
     that never emits a row. Layers: conv, full, conv, full; conv 8 elements in bf16 (16 B per sequence), KV
     f32 1 head x 4 (16 B per token; beam tables 4 B), past block 16 B per row. Worked out by hand."""

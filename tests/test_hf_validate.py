@@ -190,5 +190,5 @@ def test_cli_model_path_of_a_config(tmp_path):
     assert bad.returncode == 2
     [line] = bad.stderr.strip().splitlines()
     # simkv's own loader reads the config first (simkv/hfconfig.py) and names what is missing.
-    assert line == (f"simkv validate: error: model config {tmp_path / 'bad.json'}: missing num_hidden_layers, "
-                    "hidden_size, num_attention_heads (model_type no_such_model)")
+    assert line == (f"simkv validate: error: model config {tmp_path / 'bad.json'}: missing hidden_size, "
+                    "num_hidden_layers, num_attention_heads (model_type no_such_model)")

@@ -364,9 +364,101 @@ def test_state_and_latent_shapes_equal_a_real_forward(tmp_path, name):
             assert layer.keys.shape == (1, 1, 5, rank) and layer.values.shape == (1, 1, 5, rope)
         else:
             assert layer.keys.shape == (1, spec.kv_heads, 5, spec.k_dim)
-    if name.startswith("lfm2"):  # every matrix and the depthwise conv kernels; norms left out, as simkv does
+    if name.startswith(("lfm2", "jamba")):  # every matrix and the depthwise conv kernels (Jamba's A_log [I, N] one);
+        # norms, biases and Jamba's D left out, as simkv does
         params = sum(p.numel() for key, p in model.named_parameters() if p.dim() >= 2)
         assert spec_model.weight_params == params
+
+
+WEIGHT_VARIANTS = {
+    # Gemma-4: k_eq_v full layers (no v_proj) and two KV-shared layers (q_proj and o_proj only)
+    "gemma4_k_eq_v_shared": {"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 6,
+                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                             "global_head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+                             "num_kv_shared_layers": 2, "intermediate_size": 96, "sliding_window": 8,
+                             "hidden_size_per_layer_input": 0,
+                             "layer_types": ["sliding_attention", "full_attention"] * 3},
+    # Qwen3.5: q_proj with the output gate (x 2) beside Gated DeltaNet layers
+    "qwen3_5_output_gate": {"model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 4,
+                            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                            "intermediate_size": 96, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                            "linear_key_head_dim": 8, "linear_value_head_dim": 8},
+}
+
+
+@pytest.mark.transformers
+@needs_hf
+@pytest.mark.parametrize("name", WEIGHT_VARIANTS)
+def test_weight_matrices_equal_transformers(tmp_path, name):
+    """simkv's weight matrices equal those of the model transformers builds from the config: every parameter of two
+    or more dimensions (norms and biases left out, as simkv does)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = write(tmp_path, {"vocab_size": 96, **WEIGHT_VARIANTS[name]})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config))
+    params = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    assert hfconfig.load_config(config).weight_params == params
+
+
+#: Gemma-3n E2B's text config, reconstructed from transformers' Gemma3nTextConfig defaults and the published
+#: geometry (google/gemma-3n-E2B-it: 30 layers, the last 10 KV-shared, hidden 2,048, intermediate 8,192 per layer,
+#: 8 heads, 2 KV heads x 256, window 512, full every 5th layer, per-layer inputs 256, LAuReL rank 64, AltUp 4).
+GEMMA3N_E2B = {"model_type": "gemma3n", "text_config": {
+    "model_type": "gemma3n_text", "hidden_size": 2048, "num_hidden_layers": 30, "intermediate_size": [8192] * 30,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "sliding_window": 512,
+    "num_kv_shared_layers": 10, "vocab_size": 262400, "vocab_size_per_layer_input": 262144,
+    "hidden_size_per_layer_input": 256, "laurel_rank": 64, "altup_num_inputs": 4, "altup_active_idx": 0,
+    "altup_coef_clip": 120.0, "altup_correct_scale": True, "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 20,
+    "final_logit_softcapping": 30.0, "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}}
+
+
+def test_gemma3n_kv_sharing_by_hand(tmp_path):
+    """Gemma-3n E2B: layer_types absent, so full where (i + 1) % 5 == 0; the last 10 of 30 layers (20..29) keep no
+    KV. Layers 0..19 keep it: 16 sliding (window 512) and 4 full (4, 9, 14, 19), each 2 x 2 KV heads x 256 x 2 B
+    (bf16) = 2,048 B per token: 20 x 2,048 = 40,960 B per token, every token kept, in transformers and vLLM alike.
+    Layers 20..28 of them sliding read layer 18 (the last sliding layer before 20), 24 and 29 full read layer 19 —
+    vLLM's first − 2 / first − 1 too. The weights are refused in one line (per-layer embeddings, AltUp, LAuReL)."""
+    from simkv.commands.models import describe_model
+
+    path = write(tmp_path, GEMMA3N_E2B)
+    d = describe_model(str(path))
+    assert d["kv_bytes_per_token"]["transformers"] == d["kv_bytes_per_token"]["vllm"] == 20 * 2 * 2 * 256 * 2
+    m = hfconfig.load_config(path)
+    assert [layer.reuses for layer in m.kv_layers[20:]] == [18, 18, 18, 18, 19, 18, 18, 18, 18, 19]
+    assert "AltUp" in d["weights"]["refused"] and "\n" not in d["weights"]["refused"]
+    # the last unshared layer sliding: transformers reads layer 19, vLLM first - 2 = 18 — refused
+    moved = {**GEMMA3N_E2B["text_config"],
+             "layer_types": ["sliding_attention"] * 18 + ["full_attention"] + ["sliding_attention"] * 11}
+    with pytest.raises(ConfigError, match="layer 20 reads the KV of layer 19 in transformers but of layer 18 in vLLM"):
+        hfconfig.load_config(write(tmp_path, {"model_type": "gemma3n", "text_config": moved}))
+
+
+@pytest.mark.transformers
+@needs_hf
+def test_gemma3n_cache_layers_equal_transformers(tmp_path):
+    """A tiny Gemma-3n (6 layers, the last 2 shared) writes a cache for its first 4 layers only, of simkv's shapes
+    (transformers 5.23: a KV-shared layer's cache layer is a DummyLayer, never written)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = write(tmp_path, {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 6,
+                              "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "head_dim": 16, "sliding_window": 8, "num_kv_shared_layers": 2, "vocab_size": 96,
+                              "vocab_size_per_layer_input": 96, "hidden_size_per_layer_input": 8, "laurel_rank": 4,
+                              "layer_types": ["sliding_attention", "full_attention"] * 3})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config)).eval()
+    with torch.no_grad():
+        cache = model(torch.tensor([[1, 2, 3, 4, 5]]), use_cache=True).past_key_values
+    specs = hfconfig.load_config(config).kv_layers
+    assert [spec.caches_tokens for spec in specs] == [True] * 4 + [False] * 2
+    for spec, layer in zip(specs, cache.layers, strict=True):  # a shared layer: cache_utils' DummyLayer, no tensors
+        if spec.caches_tokens:
+            assert layer.keys.shape == (1, spec.kv_heads, 5, spec.k_dim)
+        else:
+            assert type(layer).__name__ == "DummyLayer"
 
 
 # -- malformed configs: one line, exit 2 --------------------------------------------------------------------------

@@ -76,7 +76,8 @@ def test_runner_skips_an_experiment_whose_package_is_missing(monkeypatch, tmp_pa
         raise ImportError("No module named 'openvino'", name="openvino")
 
     monkeypatch.setattr(runner.importlib, "import_module", fake_import)
-    assert runner.run_one("anything", tmp_path, True) == ("skipped", "needs openvino: install it (see the README's setup)")
+    assert runner.run_one("anything", tmp_path, True) == (
+        "skipped", "needs openvino: install it (see docs/guide/getting-started.md, Install)")
 
     class Mod:
         @staticmethod

@@ -1,9 +1,10 @@
 """Replicas behind a router (simkv.serving.router): golden assignments worked out by hand, the incremental
 engine (advance to a time, add a request mid-run) equal to a whole run, planned runs equal to the reference.
 
-The rules (docs/research/plan-facts.md §1.4, README "Replicas and routers"): requests are routed in trace order
-at their arrival t; a replica has taken every step starting before t and the router sees the steps that ended by
-t; counts are updated after each assignment (simultaneous arrivals see each other); ties go to the lowest index.
+The rules (docs/research/plan-facts.md §1.4, docs/guide/serving.md "Replicas and routers"): requests are routed
+in trace order at their arrival t; a replica has taken every step starting before t and the router sees the steps
+that ended by t; counts are updated after each assignment (simultaneous arrivals see each other); ties go to the
+lowest index.
 
 The hand derivations lean on one bound only: llama-2-7b on the H100 preset streams its 6.28 GiB of int8 weights
 every step (3.35 TB/s), so no step takes less than ~2 ms — a request generating 1,000 tokens runs for more than

@@ -243,20 +243,6 @@ def test_serving_json_has_every_single_session_key():
     assert not missing, missing
 
 
-def test_readme_serving_example_is_current(tmp_path):
-    import re
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("<!-- the first 2,000 requests of the Azure conversation trace on an H100 preset -->")[1]
-    command, shown = re.findall(r"```(?:bash|text)\n(.*?)```", block, flags=re.S)[:2]
-    args = command.replace("\\\n", " ").split()[2:]  # after `simkv run`
-    out = subprocess.run([sys.executable, "-m", "simkv.cli", "run", *args], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent.parent, timeout=300)  # README paths are the repo's
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == shown
-
-
 def test_contiguous_wait_deadlock_ends_with_ignored():
     # Two requests whose growth cannot both fit, `wait`: each waits for memory only the other could free.
     # Nothing can ever step, so both are IGNORED (GenAI's rule for a step that schedules nothing).

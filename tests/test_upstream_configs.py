@@ -65,6 +65,7 @@ EXPECTED = {
     "Qwen--Qwen3.5-27B": 16 * 2 * 4 * 256 * 2,
     "Qwen--Qwen3.5-35B-A3B": 10 * 2 * 2 * 256 * 2,
     "Qwen--Qwen3.5-397B-A17B": 15 * 2 * 2 * 256 * 2,
+    "ai21labs--AI21-Jamba-1.5-Mini": 4 * 2 * 8 * 128 * 2,
     "XiaomiMiMo--MiMo-7B-Base": 36 * 2 * 8 * 128 * 2,
     "XiaomiMiMo--MiMo-V2-Flash": 9 * 4 * (192 + 128) * 2 + 39 * 8 * (192 + 128) * 2,
     "deepseek-ai--DeepSeek-R1": 61 * (512 + 64) * 2,
@@ -132,6 +133,14 @@ EXPECTED = {
 FILES = sorted(p for p in UPSTREAM.glob("*_config.json") if not p.name.endswith("hf_quant_config.json"))
 
 
+def models_json(path) -> dict:
+    """``simkv models --model PATH --json``, run as a user runs it (exit 0)."""
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_every_shipped_upstream_config_is_listed():
     assert sorted(p.name[: -len("_config.json")] for p in FILES) == sorted(EXPECTED)
 
@@ -151,7 +160,7 @@ def test_upstream_config_exact_or_refused(path):
 def test_share_read():
     """The share read exactly (the rest refused): reported, and held from falling back."""
     read = sum(not isinstance(v, str) for v in EXPECTED.values())
-    assert (read, len(EXPECTED)) == (80, 88)
+    assert (read, len(EXPECTED)) == (81, 89)
 
 
 def test_models_command_json_names_groups_and_runtimes():
@@ -230,10 +239,7 @@ def test_index_cache_layers_keep_no_indexer_key(tmp_path):
     (1,152 B): 21 x 1,284 + 57 x 1,152 = 26,964 + 65,664 = 92,628 B per token; the indexer weights only on the 21.
     An indexer_types list that disagrees with vLLM's rule is refused in one line."""
     path = UPSTREAM / "zai-org--GLM-5.3_config.json"
-    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+    d = models_json(path)
     assert d["kv_bytes_per_token"]["vllm"] == 92_628
     with_key, without = d["groups"]
     assert with_key["layers"] == [0, 1, 2, *range(6, 78, 4)] and with_key["bytes_per_token"]["vllm"] == 26_964
@@ -289,7 +295,8 @@ def test_nemotron_h_56b_dense_mlp_layers_and_latent_moe_weights_refused():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    assert d["kv_bytes_per_token"]["vllm"] == 8 * 2 * 2 * 128 * 2 and "moe_latent_size" in d["weights"]["refused"]
+    # vLLM: fp8 KV (its hf_quant_config.json kv_cache_quant_algo FP8: vLLM's auto KV dtype), 1 B per element
+    assert d["kv_bytes_per_token"]["vllm"] == 8 * 2 * 2 * 128 * 1 and "moe_latent_size" in d["weights"]["refused"]
     super_ = hfconfig.load_config(UPSTREAM / "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4_config.json")
     with pytest.raises(ConfigError, match="its weights are not sized: Nemotron-H latent MoE") as err:
         super_.weight_params
@@ -305,6 +312,57 @@ def test_nemotron_h_layer_count_disagreement_is_refused(tmp_path):
         with pytest.raises(ConfigError, match=text) as err:
             hfconfig.load_config(tmp_path)
         assert "\n" not in str(err.value)
+
+
+def test_jamba_mamba1_state_and_weights_by_hand():
+    """AI21-Jamba-1.5-Mini (hidden 4,096, 32 layers; attention where i % 8 == 4: layers 4, 12, 20, 28, Mamba-1 on
+    the other 28; MoE of 16 experts where i % 2 == 1; bf16). KV: 4 x 2 x 8 x 128 x 2 B = 16,384 B per token.
+
+    Mamba-1 (inner I = mamba_expand 2 x 4,096 = 8,192, d_state N 16, d_conv K 4, dt rank R 256). vLLM's state per
+    layer (mamba_utils.py mamba1_state_shape: conv (I, K - 1), temporal (I, N); _mamba_state_dtype: both in the
+    model dtype, Jamba setting no mamba_ssm_cache_dtype): 8,192 x 3 x 2 B + 8,192 x 16 x 2 B = 49,152 + 262,144 =
+    311,296, x 28 = 8,716,288. transformers keeps K columns and the scan's f32 state: (32,768 x 2 + 131,072 x 4)
+    x 28 = 16,515,072.
+
+    Weights (vLLM MambaMixer): in_proj 4,096 x 2 x 8,192 = 67,108,864, conv1d 8,192 x 4 = 32,768, x_proj 8,192 x
+    (256 + 32) = 2,359,296, dt_proj 256 x 8,192 = 2,097,152, A_log 8,192 x 16 = 131,072, out_proj 8,192 x 4,096 =
+    33,554,432: 105,283,584 x 28 = 2,947,940,352. Attention (q, o 4,096²; k, v 4,096 x 1,024) 41,943,040 x 4 =
+    167,772,160. Dense MLP 3 x 4,096 x 14,336 = 176,160,768 x 16 = 2,818,572,288; MoE 16 x 176,160,768 + router
+    4,096 x 16 = 2,818,637,824 x 16 = 45,098,205,184. Embedding + LM head 2 x 65,536 x 4,096 = 536,870,912.
+    Sum 51,569,360,896 (AI21: 52 B total, 12 B active)."""
+    from simkv.commands.models import describe_model
+
+    path = UPSTREAM / "ai21labs--AI21-Jamba-1.5-Mini_config.json"
+    d = models_json(path)
+    assert d["kv_bytes_per_token"]["vllm"] == 16_384
+    assert d["state_bytes_per_sequence"] == describe_model(str(path))["state_bytes_per_sequence"]
+    assert (d["state_bytes_per_sequence"]["vllm"], d["state_bytes_per_sequence"]["transformers"]) == (
+        8_716_288, 16_515_072)
+    assert d["weights"]["params"] == 51_569_360_896
+    m = hfconfig.load_config(path)
+    assert m.mamba1_dims == (8_192, 16, 4, 256)
+    assert m.layer_roles(0)["attn_in"] + m.layer_roles(0)["attn_out"] == 105_283_584
+    assert m.moe_at[:2] == (1, 3) and m.layer_roles(4)["attn_in"] == 4_096 * 4_096 + 4_096 * 2 * 1_024
+
+
+def test_output_gate_and_k_eq_v_attention_weights_by_hand(tmp_path):
+    """Qwen3.5-27B's full layer 3 (hidden 5,120; 24 heads, 4 KV heads, head_dim 256; attn_output_gate): q_proj
+    5,120 x 24 x 256 x 2 (query and gate) = 62,914,560 + k, v 5,120 x 4 x 512 = 10,485,760 = 73,400,320; o_proj
+    24 x 256 x 5,120 = 31,457,280. Gemma-4-26B-A4B's full layer 5 (hidden 2,816; 16 heads; global_head_dim 512,
+    2 global KV heads; attention_k_eq_v): q 2,816 x 16 x 512 = 23,068,672 + k only 2,816 x 2 x 512 = 2,883,584 =
+    25,952,256; its sliding layer 0 (8 KV heads x 256): q 11,534,336 + k, v 2,816 x 8 x 512 = 11,534,336. A
+    Qwen3.5 file that turns the gate off is refused: vLLM reads it, transformers always gates."""
+    qwen = hfconfig.load_config(UPSTREAM / "Qwen--Qwen3.5-27B_config.json")
+    assert (qwen.layer_roles(3)["attn_in"], qwen.layer_roles(3)["attn_out"]) == (73_400_320, 31_457_280)
+    gemma = hfconfig.load_config(UPSTREAM / "google--gemma-4-26B-A4B_config.json")
+    assert (gemma.layer_roles(5)["attn_in"], gemma.layer_roles(5)["attn_out"]) == (25_952_256, 23_068_672)
+    assert gemma.layer_roles(0)["attn_in"] == 23_068_672
+    raw = json.loads((UPSTREAM / "Qwen--Qwen3.5-27B_config.json").read_text())
+    raw["text_config"]["attn_output_gate"] = False
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="attn_output_gate False: vLLM then builds no output gate") as err:
+        hfconfig.load_config(tmp_path)
+    assert "\n" not in str(err.value)
 
 
 def test_granite_mamba2_weights_and_one_vllm_state_rule(tmp_path):
@@ -323,12 +381,75 @@ def test_granite_mamba2_weights_and_one_vllm_state_rule(tmp_path):
                                 "mamba_d_state": 12, "mamba_n_groups": 2, "mamba_d_conv": 3, "num_local_experts": 0,
                                 "intermediate_size": 96, "shared_intermediate_size": 96, "vocab_size": 100,
                                 "dtype": "bfloat16", "layers_block_type": ["mamba", "attention", "mamba", "mamba"]}))
-    out = subprocess.run([sys.executable, "-m", "simkv.cli", "models", "--model", str(path), "--json"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+    d = models_json(path)
     assert d["state_bytes_per_sequence"]["vllm"] == 11_328
     m = hfconfig.load_config(path)
     assert m.layer_roles(0)["attn_in"] + m.layer_roles(0)["attn_out"] == 19_968 + 528 + 8_192
     pool = paged_kv(m, get_precision("bf16"), 16, "vllm")
     assert sum(g.real_bytes for g in pool.groups if g.kind == "state") == 11_328
+
+
+def test_qwen3_5_recurrent_state_in_mamba_ssm_dtype_under_vllm(tmp_path):
+    """Qwen3.5-35B-A3B (40 layers, full_attention_interval 4: 30 Gated DeltaNet layers; Hk 16, Hv 32, dk = dv 128,
+    kernel 4; bf16; mamba_ssm_dtype float32). vLLM's Qwen3_5ForConditionalGenerationConfig.verify_and_update_config
+    (models/config.py) sets mamba_ssm_cache_dtype "auto" to the file's float32. Per layer: conv_dim
+    2 x 16 x 128 + 32 x 128 = 8,192, K - 1 = 3 columns x 2 B = 49,152; recurrent 32 x 128 x 128 = 524,288 x 4 B
+    = 2,097,152; 2,146,304 x 30 = 64,389,120 (it was 32,931,840 with the recurrent state at 2 B). Without the field
+    (or "auto") the model dtype: 49,152 + 1,048,576 = 1,097,728 x 30 = 32,931,840; a value vLLM does not take is
+    refused in one line."""
+    from simkv.commands.models import describe_model
+
+    path = UPSTREAM / "Qwen--Qwen3.5-35B-A3B_config.json"
+    assert describe_model(str(path))["state_bytes_per_sequence"]["vllm"] == 64_389_120
+    raw = json.loads(path.read_text())
+    for value in (None, "auto"):
+        raw["text_config"]["mamba_ssm_dtype"] = value
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+        assert describe_model(str(tmp_path / "config.json"))["state_bytes_per_sequence"]["vllm"] == 32_931_840
+    raw["text_config"]["mamba_ssm_dtype"] = "fp8"
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="mamba_ssm_dtype must be float32, bfloat16, float16 or auto") as err:
+        hfconfig.load_config(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_checkpoint_fp8_kv_is_vllms_auto_kv_dtype(tmp_path):
+    """vLLM 0.33's --kv-cache-dtype auto takes the checkpoint's KV format (vllm/utils/torch_utils.py
+    resolve_kv_cache_dtype_string: ModelOpt kv_cache_quant_algo FP8 → fp8_e4m3; attention.py Attention.__init__:
+    a compressed-tensors kv_cache_scheme → fp8). Llama-3.1-70B-Instruct-FP8 (hf_quant_config.json
+    kv_cache_quant_algo FP8): 80 layers x 2 x 8 heads x 128 x 1 B = 163,840 B per token under vLLM (bf16 for
+    transformers: 327,680). Qwen3.6-27B-NVFP4 (config.json kv_cache_scheme 8-bit float, dynamic false): 16 full
+    layers x 2 x 4 x 256 x 1 B = 32,768. Qwen3-32B-FP8 (quant_method fp8, no KV scheme): bf16, 16 x ... = 64 x 2 x
+    8 x 128 x 2 = 262,144. A compressed-tensors config with a kv_cache_scheme: fp8, 2 x 2 x 2 x 16 x 1 B = 128.
+    GLM-5-NVFP4 (fp8 KV on a sparse-MLA model: vLLM's fp8_ds_mla, per backend): vLLM's column null, the reason
+    given. serving's vLLM pool follows: one h100-sxm block of 16 tokens holds 16 x 163,840 = 2,621,440 B."""
+    from simkv.commands.models import describe_model
+
+    def vllm(path):
+        d = describe_model(str(path))
+        return d["kv_bytes_per_token"]["vllm"], d["kv_precision"]["vllm"]
+
+    assert vllm(UPSTREAM / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json") == (163_840, "fp8")
+    assert describe_model(str(UPSTREAM / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json"))[
+        "kv_bytes_per_token"]["transformers"] == 327_680
+    assert vllm(UPSTREAM / "nvidia--Qwen3.6-27B-NVFP4_config.json") == (32_768, "fp8")
+    assert vllm(UPSTREAM / "Qwen--Qwen3-32B-FP8_config.json") == (262_144, "bf16")
+    d = describe_model(str(UPSTREAM / "nvidia--GLM-5-NVFP4_config.json"))
+    assert d["kv_bytes_per_token"]["vllm"] is None and "fp8_ds_mla" in d["vllm_kv_refused"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+                                "dtype": "bfloat16", "quantization_config": {
+                                    "quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {"group_0": {
+                                        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+                                                                           "strategy": "tensor"}}},
+                                    "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                                        "dynamic": False, "symmetric": True}}}))
+    assert hfconfig.load_config(path).vllm_kv_dtype == "fp8"
+    run = [sys.executable, "-m", "simkv.cli", "run", "--model",
+           str(UPSTREAM / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json"), "--scheduler", "vllm", "--synthetic",
+           "--requests", "4", "--device", "h100-sxm"]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "under two 2,621,440-byte blocks" in out.stderr  # 70B FP8 fills one H100
+    out = subprocess.run([*run, "--precision", "bf16"], capture_output=True, text=True, timeout=120)
+    assert "under two 5,242,880-byte blocks" in out.stderr  # an explicit precision wins, as in vLLM

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simkv.cost import get_device
@@ -39,8 +40,8 @@ def workload(seed: int, n: int = 30, prefix: bool = False) -> list[Request]:
 
 
 def engine(model, reqs, blocks: int, prefix: bool = False, **kw) -> PagedServing:
-    cfg = SchedulerConfig(block_size=16, num_kv_blocks=blocks, max_num_batched_tokens=64, max_num_seqs=8,
-                          enable_prefix_caching=prefix, scheduler="vllm", **kw)
+    kw = {"max_num_batched_tokens": 64, "max_num_seqs": 8, **kw}
+    cfg = SchedulerConfig(block_size=16, num_kv_blocks=blocks, enable_prefix_caching=prefix, scheduler="vllm", **kw)
     return PagedServing(reqs, model, get_precision("f16"), cfg, device=get_device("h100-sxm"),
                         weights_bytes=0, device_memory=80 * GIB)
 
@@ -70,10 +71,15 @@ def test_engine_steps_are_the_vllm_schedulers(shape, blocks, prefix):
     assert (steps["used_bytes"] <= steps["allocated_bytes"]).all()
 
 
-def test_vllm_takes_the_reference_path_and_fast_equals_it():
-    """The fast paths replay GenAI's rules only (core.takes_fast_paths): under vLLM ``run()`` is the reference."""
-    model = resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
-    fast, ref = engine(model, workload(3), 14), engine(model, workload(3), 14)
+def test_vllm_fast_paths_only_where_planned_runs_model_the_rules():
+    """core.takes_fast_paths: vLLM's planned runs cover full-attention and MLA groups without prefix caching
+    (:mod:`simkv.serving.engine.vllm_run`); a sliding group or prefix caching takes every step the reference way,
+    fast or not, and the result is the reference's."""
+    uniform = resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16)
+    assert takes_fast_paths(engine(uniform, workload(3), 14).sched)
+    assert not takes_fast_paths(engine(uniform, workload(3, prefix=True), 14, True).sched)
+    gemma = resolve_model(str(TINY / "gemma3.json"))
+    fast, ref = engine(gemma, workload(3), 40), engine(gemma, workload(3), 40)
     assert not takes_fast_paths(fast.sched)
     a, b = fast.run(fast=True), ref.run(fast=False)
     assert a[1].tobytes() == b[1].tobytes() and list(a[3]) == list(b[3])
@@ -120,3 +126,182 @@ def test_cli_scheduler_vllm_bad_input_one_line():
     p = cli("run", "--trace", "azure-conv", "--limit", "5", "--scheduler", "vllm", "--scheduling-policy", "lifo",
             "--device", "h100-sxm")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "lifo" in p.stderr
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.test_serving_speed import FIELDS  # noqa: E402
+
+#: Shapes of the property test: uniform, sliding + full, chunked + full, MLA, Mamba hybrid (prefix caching only
+#: where simkv models vLLM's hits: full-attention groups).
+SHAPES = {"uniform": (False, True), "gemma3": (False,), "llama4": (False,), "deepseek_v3": (False, True),
+          "qwen3_next": (False,)}
+
+
+def shape_model(shape):
+    return (resolve_model("custom", layers=2, heads=4, kv_heads=2, head_dim=16) if shape == "uniform"
+            else resolve_model(str(TINY / f"{shape}.json")))
+
+
+@st.composite
+def vllm_cases(draw):
+    # the full-attention shapes twice: the plain allocation shortcut is theirs
+    shape = draw(st.sampled_from(sorted(SHAPES) + ["uniform", "deepseek_v3"]))
+    prefix = draw(st.sampled_from(SHAPES[shape]))
+    n = draw(st.integers(1, 24))
+    # arrivals in steps, or in seconds (then the planned runs end at the step that starts at or after the arrival)
+    seconds = draw(st.booleans())
+    reqs, step = [], 0
+    for i in range(n):
+        step += draw(st.integers(0, 4 if not seconds else 40))
+        kw = {"prefix_id": f"p{draw(st.integers(0, 2))}", "prefix_tokens": 32} if prefix else {}
+        when = {"arrival_s": step * 1e-4} if seconds else {"arrival_step": step}
+        reqs.append(Request(i, draw(st.integers(33 if prefix else 1, 150)), draw(st.integers(1, 50)),
+                            **when, **kw))
+    # tight pools (preemptions) to roomy ones; a pool must hold the longest whole prompt (vLLM's admission)
+    blocks = draw(st.integers(8, 48))
+    policy = draw(st.sampled_from(("fcfs", "priority")))
+    return shape, prefix, reqs, blocks, policy
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(vllm_cases())
+def test_vllm_fast_path_equals_reference(case):
+    """``--engine fast`` under vLLM's rules (arithmetic data bytes per table, ``allocate_slots`` of full/MLA groups
+    as a block count) gives byte-identical step tables, request tables and ledgers to the reference (the block walk
+    and vLLM's whole ``allocate_slots``), on random workloads, every shape, tight pools, prefix caching on and off;
+    at every reference step the arithmetic data bytes equal the walk's."""
+    shape, prefix, reqs, blocks, policy = case
+    model = shape_model(shape)
+    walked = []
+
+    def observe(step, eng, live):  # the reference engine's data bytes both ways, after every step's sampling
+        part = eng.sched
+        part.lean = True
+        fast_b = part.data_bytes(live)
+        part.lean = False
+        walked.append(fast_b == part.data_bytes(live))
+
+    out = []
+    for fast in (True, False):
+        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
+                                     arrival_s=r.arrival_s, prefix_id=r.prefix_id, prefix_tokens=r.prefix_tokens)
+                             for r in reqs],
+                     blocks, prefix, scheduling_policy=policy)
+        if not fast:
+            eng.observe = observe
+        try:
+            groups, steps, _, seconds = eng.run(fast=fast)
+        except ConfigError as e:  # a prompt the pool can never admit: the same one-line outcome both ways
+            out.append(str(e))
+            continue
+        v = eng.sched.v  # vLLM's pool after the run: its free queue in order, references, every table
+        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
+                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched, [gt.tables for gt in v.groups]))
+    assert out[0] == out[1]
+    assert all(walked)
+
+
+def fast_equals_reference(model, reqs, blocks: int, **kw):
+    """The workload through ``--engine fast`` and the reference (fresh requests each); asserts the two equal byte
+    for byte — step table, request table, ledger, vLLM's pool after it (free queue order, references) — and returns
+    the fast engine and its step table."""
+    out, engines = [], []
+    for fast in (True, False):
+        eng = engine(model, [Request(r.id, r.prompt, r.max_new_tokens, arrival_step=r.arrival_step,
+                                     arrival_s=r.arrival_s, priority=r.priority) for r in reqs], blocks, **kw)
+        groups, steps, _, seconds = eng.run(fast=fast)
+        v = eng.sched.v
+        out.append((steps.tobytes(), eng.ledger.rows.tobytes(), list(seconds),
+                    [tuple(getattr(g, f) for f in FIELDS) for g in groups],
+                    list(v.pool.free_queue), v.pool.ref, v.pool.touched))
+        engines.append((eng, steps))
+    assert out[0] == out[1]
+    return engines[0]
+
+
+@pytest.mark.parametrize("shape,blocks,seqs,policy,gap", [("uniform", 2000, 64, "fcfs", 0.02),
+                                                          ("deepseek_v3", 2000, 64, "fcfs", 0.02),
+                                                          ("uniform", 60, 6, "priority", 2e-7)])
+def test_vllm_planned_runs_are_taken(shape, blocks, seqs, policy, gap):
+    """``--engine fast`` under vLLM's rules plans quiet runs (:mod:`simkv.serving.engine.vllm_run`) for most steps
+    of a workload arriving in seconds — a roomy pool, and a tight one whose queue waits (``max_num_seqs``, the
+    whole prompt not fitting the free blocks) —, and the result is the reference's, byte for byte: step table,
+    request table, ledger, and vLLM's pool after it (free queue order, references, tables)."""
+    rng = np.random.default_rng(3)
+    t, reqs = 0.0, []
+    for i in range(150):
+        t += float(rng.exponential(gap))
+        reqs.append(Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_s=t,
+                            priority=int(rng.integers(0, 3))))
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=seqs,
+                                            scheduling_policy=policy)
+    planned = len(steps) - fast_eng.slow_steps
+    assert planned > 0.6 * len(steps), (planned, len(steps))
+    if blocks == 60:  # the queue waited (and a tight pool preempted) inside this workload
+        assert steps["preemptions"].sum() > 0 and (steps["requests"] > steps["scheduled_requests"]).sum() > 100
+
+
+@pytest.mark.parametrize("shape,blocks,policy", [("uniform", 2000, "fcfs"), ("deepseek_v3", 2000, "fcfs"),
+                                                 ("uniform", 60, "fcfs"), ("uniform", 60, "priority")])
+def test_vllm_arrivals_join_planned_runs(shape, blocks, policy, monkeypatch):
+    """Arrivals inside a planned run under vLLM's rules (:func:`simkv.serving.engine.vllm_run._join`) join it where
+    vLLM's waiting loop admits them at their step, or wait through it where the try fails (a tight pool: the whole
+    prompt does not fit the free blocks), and the result is the reference's byte for byte; the runs are taken
+    (arrivals every ~20 steps, ~20 running at once: most arrivals land inside a run)."""
+    from simkv.serving.engine import vllm_run
+
+    counts = {"admitted": 0, "waiting": 0}
+    join = vllm_run._join
+
+    def counting(*args, **kwargs):
+        joiners, admits = join(*args, **kwargs)
+        for j in joiners:
+            counts["admitted" if j.row is not None else "waiting"] += 1
+        return joiners, admits
+
+    monkeypatch.setattr(vllm_run, "_join", counting)
+    rng = np.random.default_rng(3)
+    t, reqs = 0.0, []
+    for i in range(150):
+        t += float(rng.exponential(20))
+        reqs.append(Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_step=int(t),
+                            priority=int(rng.integers(0, 3))))
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=64,
+                                            scheduling_policy=policy)
+    assert fast_eng.slow_steps < 0.15 * len(steps), (fast_eng.slow_steps, len(steps))
+    assert counts["admitted"] > 50, counts
+    if blocks == 60 and policy == "fcfs":  # the queue waited inside runs
+        assert counts["waiting"] > 10, counts
+
+
+@pytest.mark.parametrize("shape,blocks,seqs,policy", [("uniform", 4000, 16, "fcfs"), ("uniform", 400, 64, "fcfs"),
+                                                      ("deepseek_v3", 4000, 16, "fcfs"),
+                                                      ("uniform", 4000, 16, "priority")])
+def test_vllm_waiting_queue_admitted_inside_planned_runs(shape, blocks, seqs, policy, monkeypatch):
+    """An overloaded queue (150 requests arriving in the first steps; ``max_num_seqs`` or the pool holding most of
+    them back): the waiting queue's head is admitted inside a planned run at the step vLLM's waiting loop admits it
+    (a running request finished, or blocks freed), then the next head tried in the same step
+    (:func:`simkv.serving.engine.vllm_run._join`), and the result is the reference's byte for byte; the runs are
+    taken (most admissions from the queue happen inside runs)."""
+    from simkv.serving.engine import vllm_run
+
+    counts = {"queue": 0, "arrivals": 0}
+    join = vllm_run._join
+
+    def counting(*args, **kwargs):
+        joiners, admits = join(*args, **kwargs)
+        for _, _, j in admits:
+            counts["queue" if j is None else "arrivals"] += 1
+        return joiners, admits
+
+    monkeypatch.setattr(vllm_run, "_join", counting)
+    rng = np.random.default_rng(5)
+    reqs = [Request(i, int(rng.integers(1, 300)), int(rng.integers(1, 120)), arrival_step=i // 50,
+                    priority=int(rng.integers(0, 3))) for i in range(150)]
+    fast_eng, steps = fast_equals_reference(shape_model(shape), reqs, blocks, max_num_seqs=seqs,
+                                            scheduling_policy=policy)
+    assert fast_eng.slow_steps < 0.3 * len(steps), (fast_eng.slow_steps, len(steps))
+    assert counts["queue"] > 60, counts

@@ -82,11 +82,18 @@ def describe_model(name: str) -> dict:
     from simkv.kvspec import state_bytes, token_bytes
     from simkv.precision import get_precision
     from simkv.scenario import DTYPE_PRECISION
+    from simkv.errors import ConfigError
+    from simkv.models import vllm_kv_precision
     from simkv.serving.kv.groups import vllm_state_bytes
 
     m = resolve_model(name)
     own = DTYPE_PRECISION.get(m.dtype.lower(), "f16")
     kv = {rt: get_precision(own if dtype == "model" else dtype) for rt, (dtype, *_) in RUNTIMES.items()}
+    vllm_refused = None
+    try:  # vLLM's kv_cache_dtype "auto": the checkpoint's KV format (fp8) where its quantization config names one
+        kv["vllm"] = get_precision(vllm_kv_precision(m))
+    except ConfigError as err:  # a layout simkv does not model: vLLM's columns are null, the reason beside them
+        vllm_refused = str(err)
 
     def state(spec, rt):
         if rt == "vllm":
@@ -96,7 +103,7 @@ def describe_model(name: str) -> dict:
         return sum(state_bytes(spec, conv or each, rec or each))
 
     indexer = any(layer.indexer for layer in m.kv_layers)
-    held = [rt for rt in RUNTIMES if rt == "vllm" or not indexer]
+    held = [rt for rt in RUNTIMES if (rt == "vllm" or not indexer) and not (rt == "vllm" and vllm_refused)]
 
     def each(values: dict) -> dict:
         return {rt: values[rt] if rt in held else None for rt in RUNTIMES}
@@ -114,7 +121,7 @@ def describe_model(name: str) -> dict:
     out = {
         "model": m.name, "source": m.source, "describe": m.describe(), "layers": m.layers, "heads": m.heads,
         "hidden": m.hidden, "dtype": m.dtype or None,
-        "kv_precision": {rt: p.name for rt, p in kv.items()},
+        "kv_precision": {rt: p.name for rt, p in kv.items()}, "vllm_kv_refused": vllm_refused,
         "frees_windows": {rt: r[2] for rt, r in RUNTIMES.items()},
         "kv_bytes_per_token": each({rt: sum(g["bytes_per_token"][rt] for g in groups) for rt in held}),
         "state_bytes_per_sequence": each({rt: sum(g["state_bytes_per_sequence"][rt] for g in groups) for rt in held}),
@@ -164,6 +171,8 @@ def _one(name: str, as_json: bool) -> int:
     print(f"  {'KV element type':<58}" + "".join(f"{d['kv_precision'][rt]:>14}" for rt in rts))
     print(f"  {'frees what left a window':<58}" + "".join(
         f"{'yes' if d['frees_windows'][rt] else 'no':>14}" for rt in rts))
+    if d["vllm_kv_refused"]:
+        print(f"  vllm        {d['vllm_kv_refused']}")
     w = d["weights"]
     if "refused" in w:
         print(f"  weights     not sized: {w['refused']}")

@@ -99,6 +99,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     o.add_argument("--report", metavar="PATH.html", modes=(*SESSION, "paged"), output=(".html", ".htm"),
                    help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
+    _add_serving_validate_arguments(p)
     return p
 
 
@@ -134,11 +135,36 @@ def _add_paged_validate_arguments(p) -> None:
                    help="--runtime vllm: most prompt tokens per request per step when several prefill (0: off)")
 
 
+def _add_serving_validate_arguments(p) -> None:
+    """``simkv validate --serving``: GenAI served in real time vs the serving simulation (simkv/validate/genai/serving.py)."""
+    g = p.add_argument_group("serving (--serving: OpenVINO GenAI served in real time vs the serving simulation on "
+                             "--device, default host)")
+    g.add_argument("--serving", action="store_true",
+                   help="time fixed batches and serve requests live on the real pipeline (pinned to --cpu), "
+                        "simulate the same on --device and compare step times, TTFT, TPOT and e2e")
+    g.add_argument("--stage", choices=("steps", "e2e", "both"), default="both",
+                   help="steps: fixed batches only; e2e: live serving only (default both)")
+    g.add_argument("--requests", type=int, default=80, metavar="N", help="requests per load (default 80)")
+    g.add_argument("--busy", default="0.3,0.6,1.2", metavar="LIST",
+                   help="offered loads, fractions of one request's solo service time per arrival (default "
+                        "0.3,0.6,1.2; from 1.0 on: overloaded, reported but not judged)")
+    g.add_argument("--repeats", type=int, default=3, metavar="N", help="live runs per load, each a fresh process (default 3)")
+    g.add_argument("--decode-batches", default="1,2,4,8,16,32", metavar="LIST", help="decode batches timed (default 1,2,4,8,16,32)")
+    g.add_argument("--prefill-chunks", default="32,64,128,256,512", metavar="LIST",
+                   help="prefill chunks timed (default 32,64,128,256,512)")
+    g.add_argument("--step-repeats", type=int, default=9, metavar="N", help="timed steps per fixed batch (default 9)")
+    g.add_argument("--cpu", type=int, default=0, metavar="N", help="core the real runs are pinned to (taskset; -1: unpinned)")
+
+
 def main(args: argparse.Namespace) -> int:
     if args.runtime == "vllm":  # the real vLLM V1 scheduler vs simkv's (simkv/validate/vllm/)
         from simkv.validate.vllm.compare import cli_main as vllm_main
 
         return vllm_main(args)
+    if args.serving:  # OpenVINO GenAI served in real time vs the serving simulation (simkv/validate/genai/serving.py)
+        from simkv.validate.genai.serving import cli_main as serving_main
+
+        return serving_main(args)
     if args.paged:  # OpenVINO GenAI continuous batching vs the paged serving model (simkv/validate/genai/)
         from simkv.validate.genai.runner import cli_main
 

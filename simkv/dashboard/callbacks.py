@@ -18,8 +18,8 @@ from dash import ALL, Input, Output, State, dcc, html, no_update
 from policies import REGISTRY
 from simkv import figures
 
-from simkv.dashboard import compute, layout as lay, state as st
-from simkv.dashboard.components import internal_error, popt_ids, render_cards
+from simkv.dashboard import compute, layout as lay, state as st, url
+from simkv.dashboard.components import busy, internal_error, popt_ids, render_cards
 from simkv.dashboard.validation import ReportError, event_rows, load_path, load_upload, summary_cards
 
 SCENARIO_KEYS = ("model", *st.DIMS, "precision", "policy", *st.WORKLOAD_FIELDS, "ops", "device_memory")
@@ -46,7 +46,7 @@ def state_from(controls: dict, popt_values: list) -> dict:
 
 def _inline(key: str, message: str) -> str:
     """A message shown next to its control: without the control's label in front."""
-    label = st.LABELS.get(key, key.rsplit(".", 1)[-1])
+    label = st.label_of(key)
     return message[len(label) + 2:] if message.startswith(label + ": ") else message
 
 
@@ -59,17 +59,18 @@ def main_callback(controls: dict, popt_values: list) -> dict:
         view = compute.MainView(ok=False, status=internal_error(err))
     if not view.ok:
         blank = compute.placeholder_figure("No result: " + (
-            "fix the input marked in red." if view.errors else "the simulation failed."))
+            "see the message above." if view.notice else "fix the input marked in red." if view.errors
+            else "the simulation failed."))
         return {
             "timeline": blank, "heatmap": blank, "cards": render_cards(None),
-            "status": view.status, "status_class": "status invalid", "warning": "", "cli": "",
-            "errors": [_inline(k, view.errors.get(k, "")) for k in ERR_KEYS],
+            "status": view.status, "status_class": "status invalid", "warning": "", "notice": view.notice,
+            "cli": "", "errors": [_inline(k, view.errors.get(k, "")) for k in ERR_KEYS],
             "store": {"ok": False},
         }
     return {
         "timeline": view.timeline, "heatmap": view.heatmap, "cards": render_cards(view.cards),
-        "status": view.status, "status_class": "status", "warning": view.warning or "", "cli": view.cli,
-        "errors": [""] * len(ERR_KEYS),
+        "status": view.status, "status_class": "status", "warning": view.warning or "", "notice": "",
+        "cli": view.cli, "errors": [""] * len(ERR_KEYS),
         "store": {"ok": True, "kwargs": view.kwargs},
     }
 
@@ -79,7 +80,7 @@ def main_callback(controls: dict, popt_values: list) -> dict:
 def restore_callback(search: str | None, current: dict, current_popts: list) -> dict:
     """Every control as the link says; controls already right are left alone (``no_update``),
     since each changed control costs the browser a round of dependent callbacks."""
-    state, ignored = st.decode(search)
+    state, ignored = url.decode(search)
     wanted = [
         state["popts"].get(i["field"]) if i["policy"] == state["policy"] else st.policy_defaults(i["policy"])[i["field"]]
         for i in POPT_IDS
@@ -96,18 +97,22 @@ def restore_callback(search: str | None, current: dict, current_popts: list) -> 
 # -- compare ----------------------------------------------------------------------------
 
 def delta_table_component(labels: list[str], rows: list[dict]) -> html.Table:
-    header, body = compute.format_delta_rows(rows, labels)
+    """The compare table: a column per run, its value and, under it, its difference from run A (green: lower,
+    red: higher; lower is better for every metric). Four runs fit a 1280 px wide page; the labels wrap."""
+    _, body = compute.format_delta_rows(rows, labels)
     cells = []
     for raw, line in zip(rows, body):
-        tds = [html.Td(line[0])]
-        for j, text in enumerate(line[1:], start=1):
-            cls = None
-            if j >= 3 and j % 2 == 1:  # a difference column: lower is better for every metric
-                diff = raw[f"{labels[(j - 1) // 2]} − {labels[0]}"]
-                cls = "better" if diff is not None and diff < 0 else "worse" if diff else None
-            tds.append(html.Td(text, className=cls))
+        tds = [html.Td(line[0]), html.Td(line[1])]
+        for j, label in enumerate(labels[1:]):
+            value, diff_text = line[2 + 2 * j], line[3 + 2 * j]
+            diff = raw[f"{label} − {labels[0]}"]
+            cls = "better" if diff is not None and diff < 0 else "worse" if diff else None
+            tds.append(html.Td([value, html.Div(diff_text, className="diff " + (cls or ""))]))
         cells.append(html.Tr(tds))
-    return html.Table(id="delta", children=[html.Thead(html.Tr([html.Th(h) for h in header])), html.Tbody(cells)])
+    heads = [html.Th("metric"), html.Th(labels[0])] + [html.Th([label, html.Div(f"{label.split(':')[0]} − A",
+                                                                               className="diff")])
+                                                     for label in labels[1:]]
+    return html.Table(id="delta", children=[html.Thead(html.Tr(heads)), html.Tbody(cells)])
 
 
 def compare_callback(store: dict | None, cmp_values: dict, quantity: str, tab: str) -> dict:
@@ -207,8 +212,7 @@ def validation_callback(contents, path, filename, trigger: str | None = None) ->
     except Exception as err:  # noqa: BLE001
         return {**empty, "message": internal_error(err)}
     try:
-        fig = figures.validation_figure(report)
-        fig.update_layout(margin={"t": 40}, title_font_size=13)
+        fig = compute.style(figures.validation_figure(report))
         rows, note = event_rows(report)
         scenario = report.get("scenario") or {}
         versions = report.get("versions") or {}
@@ -235,12 +239,24 @@ def register(app) -> None:
             "status": Output("status", "children"),
             "status_class": Output("status", "className"),
             "warning": Output("warning", "children"),
+            "notice": Output("notice", "children"),
             "cli": Output("cli", "children"),
             "errors": Output({"type": "err", "key": ALL}, "children"),
             "store": Output("run-store", "data"),
         },
         inputs={"controls": controls_in, "popt_values": popt_in},
+        running=busy("progress", "results"),
     )(main_callback)
+
+    # Only the open workspace is on the page.
+    app.clientside_callback(
+        """function(ws) {
+            return ["session", "serving", "plan"].map(name => name === ws ? {} : {display: "none"});
+        }""",
+        [Output(f"ws-{name}", "style") for name in url.WORKSPACES],
+        Input("ws", "value"),
+        prevent_initial_call=True,
+    )
 
     # URL. A page load is served with the link's values (layout.serve_layout); from then on
     # the controls are pushed to the address bar as they change, and back/forward (or a
@@ -271,7 +287,7 @@ def register(app) -> None:
         Input("url-search", "data"),
         prevent_initial_call=True,
     )
-    restore_out = {k: Output(k, "value") for k in st.CONTROLS}
+    restore_out = {k: Output(k, "value") for k in url.CONTROLS}
 
     @app.callback(
         output={"controls": restore_out, "popts": Output({"type": "popt", "policy": ALL, "field": ALL}, "value"),
@@ -286,11 +302,11 @@ def register(app) -> None:
 
     @app.callback(
         Output("url-search", "data"),
-        inputs={"controls": {k: Input(k, "value") for k in st.CONTROLS}, "popt_values": popt_in},
+        inputs={"controls": {k: Input(k, "value") for k in url.CONTROLS}, "popt_values": popt_in},
         prevent_initial_call=True,
     )
     def sync_url(controls, popt_values):
-        return st.encode(state_from(controls, popt_values))
+        return url.encode(state_from(controls, popt_values))
 
     app.clientside_callback(
         "function(n) { return window.location.href; }",
@@ -357,6 +373,7 @@ def register(app) -> None:
             "quantity": Input("cmp_quantity", "value"),
             "tab": Input("tab", "value"),
         },
+        running=busy("progress", "results"),
     )(compare_callback)
 
     app.callback(

@@ -21,6 +21,7 @@ from policies import get_policy
 from simkv import figures
 from simkv.errors import PolicyError, SimkvError
 from simkv.ledger import COLUMNS, OPS, PHASES, TENSORS
+from simkv.metrics import replacing_allocations
 from simkv.hfconfig import resolve_model
 from simkv.precision import get_precision
 from simkv.scenario import Result, Scenario, build_scenario, simulate
@@ -197,7 +198,10 @@ def build(kwargs: dict) -> Scenario:
         errors.update({k: msg for k in _policy_keys(msg, kwargs)})
         raise st.Invalid(errors) from None
     except SimkvError as err:
-        raise st.Invalid({"device_memory" if "device memory" in str(err) else key: str(err)}) from None
+        # the library refusing a model whose weights do not fit the device: its message (with the fix) in full
+        msg = str(err)
+        on_device = "device memory" in msg or "weights" in msg
+        raise st.Invalid({"device_memory" if on_device else key: msg}, notice=msg if "weights" in msg else "") from None
     rows = estimate_ledger_rows(scenario)
     if rows > MAX_LEDGER_ROWS:
         raise st.Invalid({key: (
@@ -268,6 +272,8 @@ class MainView:
     cards: list[dict] = field(default_factory=list)
     status: str = ""
     warning: str | None = None
+    #: Why there is no result, in full, with the fix (shown in place of the figures): see :class:`state.Invalid`.
+    notice: str = ""
     cli: str = ""
     elapsed_ms: float = 0.0
 
@@ -303,21 +309,114 @@ def cards(result: Result) -> list[dict]:
         {"key": "waste", "label": "final waste", "value": f"{m.waste_pct:.1f} %",
          "detail": f"{format_bytes(m.waste_bytes)} unused"},
         {"key": "reallocations", "label": "reallocations", "value": f"{m.realloc_count:,}",
-         "detail": "K/V buffers replaced"},
+         "detail": f"K/V buffers replaced, on {_count(realloc_steps(result), 'step')}"},
         {"key": "bytes_copied", "label": "bytes copied", "value": format_bytes(m.bytes_copied),
          "detail": "by reallocations"},
         {"key": "largest_spike", "label": "largest spike", "value": format_bytes(m.max_spike_bytes), "detail": spike_at},
     ]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def realloc_steps(result: Result) -> int:
+    """Steps on which at least one K/V buffer is replaced (the reallocation markers of the timeline, before
+    thinning): the reallocation card says how many, so the card and the legend count the same thing."""
+    rows = result.ledger.rows
+    return len(np.unique(rows["step"][replacing_allocations(rows)]))
+
+
 def display_figures(result: Result, heat: str = "headroom") -> tuple:
     """The timeline and per-layer heatmap as the dashboard draws them (decimated for display)."""
-    tl = figures.timeline(result, max_points=TIMELINE_POINTS, max_events=MAX_EVENTS, marker_tensors=figures.KV_TENSORS)
-    tl.update_layout(uirevision=str(result.scenario.workload), margin={"t": 40}, title_font_size=13)
+    tl = figures.timeline(result, max_points=TIMELINE_POINTS, max_events=MAX_EVENTS, reallocations=True)
     tl.update_traces(marker={"size": 5, "opacity": 0.75}, selector={"mode": "markers"})
     hm = figures.layer_heatmap(result, value=heat if heat in st.HEAT_VALUES else "headroom", max_columns=HEAT_COLUMNS)
-    hm.update_layout(uirevision=str(result.scenario.workload), margin={"t": 40}, title_font_size=13)
-    return tl, hm
+    keep = {"uirevision": str(result.scenario.workload)}  # zoom and legend clicks survive a changed control
+    return style(tl, keep), style(hm, {**keep, "yaxis": {"title": {"text": "layer and tensor"}}})
+
+
+#: Every axis: full numbers with thousands separators, log axes included (2,000, not "2" after 1,000).
+TICKS = ",~f"
+
+
+def style(fig, layout: dict | None = None):
+    """The dashboard's look for a plotly figure, the same in every workspace: axis numbers with thousands
+    separators (and in full on log axes), the legend in one row under the plot, the figure as wide as its box
+    (never a fixed width), the title small. Returns the figure (changed in place); a plain-dict figure (a
+    placeholder) is returned as it is. ``layout``: more of the layout to set in the same update (plotly validates
+    each update: a few ms apiece)."""
+    if isinstance(fig, dict):
+        return fig
+    extra = layout or {}
+    layout = {"separators": ".,", "width": None, "height": None, "autosize": True,
+              "title": {"font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+              "margin": {"t": 48, "l": 64, "r": 16, "b": 40},
+              "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container", "y": 0,
+                         "yanchor": "bottom", "title": {"text": None}}}
+    for name, axis in fig.layout.to_plotly_json().items():
+        if name.startswith(("xaxis", "yaxis")):
+            # on a log axis plotly labels 1, 2 and 5 of each decade when given them: 100, 200, 500, 1,000
+            layout[name] = {"tickformat": TICKS, "automargin": True, **({"dtick": "D2"} if axis.get("type") == "log"
+                                                                        else {})}
+    layout.setdefault("xaxis", {"tickformat": TICKS, "automargin": True})
+    layout.setdefault("yaxis", {"tickformat": TICKS, "automargin": True})
+    for key, value in extra.items():
+        layout[key] = {**layout[key], **value} if isinstance(value, dict) and key in layout else value
+    fig.update_layout(layout)
+    if any(t.type == "heatmap" for t in fig.data):
+        fig.update_traces(colorbar_tickformat=TICKS, selector={"type": "heatmap"})
+    return fig
+
+
+def at_least(n: float) -> str:
+    """A size as :func:`format_bytes` writes it, but rounded up: a device memory given as this holds ``n``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{math.ceil(n * 100 / size) / 100:.2f} {unit}"
+    return f"{math.ceil(n)} B"
+
+
+def no_room_notice(result: Result, kwargs: dict) -> str:
+    """Why a run that ran out of memory at its first step has nothing to draw, and the fix, in one line; ``""``
+    for any other run (a later out-of-memory keeps its partial run, with a warning).
+
+    The fix is a device memory on which the whole session runs as it would with no limit: its weights plus the
+    peak the session allocates when memory does not limit it (the session run again on the dashboard's largest
+    device: cached, and within the same limits), over the policy's ``headroom_limit`` where it has one. On
+    that much no allocation comes near the limit, so the policy sizes every buffer as on the unlimited device
+    (simkv/engine/oom.py: headroom ends once weights + allocated + the new buffer reach headroom_limit x device
+    memory), and the peak fits. Less may do (near the limit the policy gives less headroom, which may or may not
+    fit), so it is named as what runs the session, not as the least that does."""
+    if result.oom is None or result.oom.step != 0:
+        return ""
+    s = result.scenario
+    if s.weights_memory >= s.device_memory:
+        why = (f"{s.model.name}'s weights ({format_bytes(s.weights_memory)}) do not fit the device memory "
+               f"({format_bytes(s.device_memory)})")
+    else:
+        why = f"the first step does not fit: {result.oom}"
+    other = "a smaller model, prompt or KV precision"
+    try:
+        unlimited = run({**kwargs, "device_memory": str(st.MAX_DEVICE_BYTES)})
+    except st.Invalid:  # over the dashboard's limits once memory no longer stops it
+        return f"Nothing to show: {why}. Fix: more device memory, or {other}."
+    peak, limit = unlimited.metrics.peak_allocated_bytes, s.policy.headroom_limit
+    need = (s.weights_memory + peak) / (limit or 1)
+    under = f" stay under the policy's headroom limit, {100 * limit:g} % of the memory" if limit else ""
+    return (f"Nothing to show: {why}. Fix: {at_least(need)} of device memory runs the whole session (its weights and "
+            f"its KV cache's peak of {format_bytes(peak)}{under}), or {other}.")
+
+
+#: What the status line and the device memory's error line say when the run has no room (the notice says why).
+NO_ROOM_STATUS = "Nothing to show: no room on the device (why, and the fix, below)."
+NO_ROOM_INLINE = "too small for this run: see the message on the right"
+
+
+def no_room(notice: str, start: float) -> MainView:
+    """The view of a run with no room on its device: the notice in full once, pointers to it elsewhere."""
+    return MainView(ok=False, errors={"device_memory": NO_ROOM_INLINE}, status=NO_ROOM_STATUS, notice=notice,
+                    elapsed_ms=1000 * (time.perf_counter() - start))
 
 
 def main_view(state: dict) -> MainView:
@@ -327,8 +426,13 @@ def main_view(state: dict) -> MainView:
         kwargs = st.scenario_kwargs(state)
         result = run(kwargs)
     except st.Invalid as err:
-        return MainView(ok=False, errors=err.errors, status="Invalid input: " + "; ".join(err.errors.values()),
+        if err.notice:
+            return no_room(err.notice, start)
+        return MainView(ok=False, errors=err.errors, status=st.invalid_status(err.errors),
                         elapsed_ms=1000 * (time.perf_counter() - start))
+    notice = no_room_notice(result, kwargs)
+    if notice:
+        return no_room(notice, start)
     tl, hm = display_figures(result, state.get("heat", "headroom"))
     m = result.metrics
     status = (
@@ -386,8 +490,8 @@ def compare_view(kwargs: dict | None, state: dict, quantity: str = "allocated") 
         message = "" if errors else "Choose a policy for run B to compare it with run A (the main controls)."
         return CompareView(ok=False, errors=errors, message=message)
     quantity = quantity if quantity in st.QUANTITIES else "allocated"
-    fig = figures.compare(results, labels, quantity=quantity, max_points=TIMELINE_POINTS)
-    fig.update_layout(margin={"t": 40}, title_font_size=13, uirevision=str(base.scenario.workload))
+    fig = style(figures.compare(results, labels, quantity=quantity, max_points=TIMELINE_POINTS),
+                {"uirevision": str(base.scenario.workload)})
     return CompareView(ok=True, errors=errors, figure=fig, labels=labels, rows=figures.delta_table(results, labels))
 
 

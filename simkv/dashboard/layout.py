@@ -1,9 +1,15 @@
-"""The dashboard's page: controls on the left (generated from the policy registry), views on the right.
+"""The dashboard's page: three workspaces, one per question, each with its own controls and results.
 
-Sized for a 1280×800 screen: a 310 px control column that scrolls on its own,
-figures that take the rest of the height. The Tune, Serving and Plan tabs are their
-views' own (simkv.dashboard.tune_view, serving_view, plan_view); the pieces every tab is built from are
-in simkv.dashboard.components.
+* **Session** — one session's KV memory under a runtime's allocation policy: the controls on the left
+  (generated from the policy registry), the cards and the tabs (memory over steps, per layer, compare,
+  events, validation, tune) on the right;
+* **Serving** — a stream of requests on one device (simkv.dashboard.serving_view);
+* **Plan** — the cheapest deployment that meets an SLO (simkv.dashboard.plan_view).
+
+The header switches between them (``ws`` in the URL); only the open workspace is on the page (the others are
+hidden, controls included). Each workspace is a 310 px control column that scrolls on its own and a results
+column that takes the rest; sized for 1280–1920 px wide screens with no horizontal scrolling. The pieces every
+workspace is built from are in simkv.dashboard.components.
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ from simkv.ledger import COLUMNS
 from simkv.hfconfig import all_presets
 from simkv.precision import PRECISIONS
 
+from simkv.dashboard import plan_view, serving_view, url
 from simkv.dashboard import state as st
-from simkv.dashboard.components import (DIMMED, data_table, dropdown, graph, popt_id, popt_ids, render_cards,
-                                        text_input)
-from simkv.dashboard.plan_view import plan_tab
-from simkv.dashboard.serving_view import serving_tab
+from simkv.dashboard.components import (HIDDEN, data_table, dropdown, graph, popt_id, popt_ids, progress,
+                                        render_cards, text_input)
 from simkv.dashboard.tune_view import tune_tab
+
+#: The workspaces: value (``ws`` in the URL) → the label of its switch.
+WORKSPACES = dict(zip(url.WORKSPACES, ("Session", "Serving", "Plan")))
+QUESTION = "How does one session's KV cache grow under a runtime's allocation policy?"
 
 def _err(key: str) -> html.Div:
     return html.Div(id={"type": "err", "key": key}, className="err", role="alert")
@@ -130,6 +139,7 @@ def sidebar(d: dict) -> html.Div:
         field("beam", text_input("beam", d["beam"], inputMode="numeric"), hint="fork, decode, select"),
     ])
     return html.Div(id="sidebar", className="sidebar", children=[
+        html.H2("Session"), html.Div(QUESTION, className="hint question"),
         html.H3("Model"),
         field("model", dropdown("model", model_options(), d["model"])),
         html.Div("Dimensions (empty = the preset's)", className="hint", id="dims-hint"),
@@ -150,7 +160,7 @@ def sidebar(d: dict) -> html.Div:
         ]),
         html.H3("Device"),
         field("device_memory", text_input("device_memory", d["device_memory"]), hint="e.g. 16GiB, 512MiB, 8000000000"),
-        html.Div(f"Limits: ≤ {st.MAX_TOKENS:,} tokens and steps per run; see README.", className="hint"),
+        html.Div(f"Limits: ≤ {st.MAX_TOKENS:,} tokens and steps per run; beyond them, simkv run.", className="hint"),
     ])
 
 
@@ -177,8 +187,7 @@ def compare_tab(d: dict) -> html.Div:
                            inline=True, className="radio"),
             html.Div(id="cmp-message", className="note"),
         ]),
-        dcc.Loading(type="dot", delay_show=80, overlay_style=DIMMED,
-                    children=html.Div(id="delta-table", className="delta")),
+        html.Div(id="delta-table", className="delta"),
         graph("compare-graph", "simkv-compare"),
     ])
 
@@ -234,59 +243,76 @@ def validation_tab(d: dict) -> html.Div:
     ])
 
 
-def main_panel(d: dict) -> html.Div:
+def session_main(d: dict) -> html.Div:
+    """The Session workspace's results: status, what to download, cards, then a tab per view."""
     return html.Div(className="main", children=[
-        dcc.Loading(type="dot", delay_show=80, overlay_style=DIMMED, children=[
-            html.Div(id="status", className="status"),
-            html.Div(id="warning", className="warning"),
-            html.Div(id="cards", className="cards", children=render_cards(None)),
+        html.Div(className="toolbar", children=[
+            html.Div(id="status", className="status", role="status"),
+            html.Div(className="actions", children=[
+                html.Button("Figures (HTML)", id="dl-html-btn", className="btn"),
+                html.Button("Ledger (CSV)", id="dl-csv-btn", className="btn"),
+                html.Span(id="dl-note", className="note"),
+            ]),
         ]),
-        dcc.Tabs(id="tab", value=d["tab"], className="tabs", children=[
-            dcc.Tab(label="Memory over steps", value="memory", children=html.Div(className="tab-body", children=[
-                graph("timeline-graph", "simkv-timeline"),
-            ])),
-            dcc.Tab(label="Per layer", value="layers", children=html.Div(className="tab-body", children=[
-                html.Div(className="row", children=[
-                    html.Label("show", className="inline-label"),
-                    dcc.RadioItems(id="heat", options=[
-                        {"label": "headroom (capacity − tokens)", "value": "headroom"},
-                        {"label": "capacity", "value": "capacity"},
-                    ], value=d["heat"], inline=True, className="radio"),
-                ]),
-                graph("heatmap-graph", "simkv-layers"),
-            ])),
-            dcc.Tab(label="Compare", value="compare", children=compare_tab(d)),
-            dcc.Tab(label="Events (ledger)", value="events", children=events_tab()),
-            dcc.Tab(label="Validation", value="validation", children=validation_tab(d)),
-            dcc.Tab(label="Tune", value="tune", children=tune_tab()),
-            dcc.Tab(label="Serving", value="serving", children=serving_tab(d)),
-            dcc.Tab(label="Plan", value="plan", children=plan_tab()),
+        progress("progress", "Simulating…"),
+        html.Div(id="notice", className="notice", role="alert"),
+        html.Div(id="warning", className="warning"),
+        html.Div(id="results", className="results", children=[
+            html.Details(className="cli", children=[html.Summary("the same run from the command line"),
+                                                    html.Code(id="cli")]),
+            html.Div(id="cards", className="cards", children=render_cards(None)),
+            dcc.Tabs(id="tab", value=d["tab"], className="tabs", children=[
+                dcc.Tab(label="Memory over steps", value="memory", children=html.Div(className="tab-body", children=[
+                    graph("timeline-graph", "simkv-timeline"),
+                ])),
+                dcc.Tab(label="Per layer", value="layers", children=html.Div(className="tab-body", children=[
+                    html.Div(className="row", children=[
+                        html.Label("show", className="inline-label"),
+                        dcc.RadioItems(id="heat", options=[
+                            {"label": "headroom (capacity − tokens)", "value": "headroom"},
+                            {"label": "capacity", "value": "capacity"},
+                        ], value=d["heat"], inline=True, className="radio"),
+                    ]),
+                    graph("heatmap-graph", "simkv-layers"),
+                ])),
+                dcc.Tab(label="Compare", value="compare", children=compare_tab(d)),
+                dcc.Tab(label="Events (ledger)", value="events", children=events_tab()),
+                dcc.Tab(label="Validation", value="validation", children=validation_tab(d)),
+                dcc.Tab(label="Tune", value="tune", children=tune_tab()),
+            ]),
         ]),
     ])
 
 
-def header(note: str = "") -> html.Div:
+def header(ws: str, note: str = "") -> html.Div:
+    """The brand, the workspace switch and the link to what is on screen (every workspace's controls)."""
     return html.Div(className="header", children=[
         html.Div([html.B("simkv"), " KV-cache what-if"], className="brand"),
-        html.Details(className="cli", children=[html.Summary("CLI"), html.Code(id="cli")]),
+        dcc.Tabs(id="ws", value=ws, className="ws-tabs", parent_className="ws-tabs-parent", children=[
+            dcc.Tab(label=label, value=value, className="ws-tab", selected_className="ws-tab--selected")
+            for value, label in WORKSPACES.items()
+        ]),
         html.Div(className="actions", children=[
             html.Span(note, id="url-note", className="note light"),
             dcc.Clipboard(id="copy-link", title="copy a link to this what-if", className="clip"),
             html.Span("copy link", className="light"),
-            html.Button("Figures (HTML)", id="dl-html-btn", className="btn light-btn"),
-            html.Button("Ledger (CSV)", id="dl-csv-btn", className="btn light-btn"),
-            html.Span(id="dl-note", className="note light"),
         ]),
     ])
 
 
+def workspace(name: str, ws: str, children: list) -> html.Div:
+    """A workspace's controls and results, on the page only while it is the open one."""
+    return html.Div(id=f"ws-{name}", className="workspace", style={} if name == ws else HIDDEN, children=children)
+
+
 def layout(state: dict | None = None, search: str | None = None, note: str = "") -> html.Div:
-    """The page with every control set from ``state`` (default: the defaults).
+    """The page with every control set from ``state`` (default: the defaults; see :mod:`simkv.dashboard.url`).
 
     ``search`` is the query string the state came from (``?a=b…``): if the browser's
     address differs (the Referer did not carry it), the page restores the address's.
     """
-    d = state or st.default_state()
+    d = state or url.default_state()
+    ws = d["ws"] if d.get("ws") in WORKSPACES else "session"
     return html.Div(className="app", children=[
         # URL state: the page is served with the link's values; `served-search` is the query
         # string it was built from, `url-search` the one the controls make now (pushed to the
@@ -298,8 +324,10 @@ def layout(state: dict | None = None, search: str | None = None, note: str = "")
         dcc.Store(id="run-store"),
         dcc.Download(id="download-csv"),
         dcc.Download(id="download-html"),
-        header(note),
-        html.Div(className="body", children=[sidebar(d), main_panel(d)]),
+        header(ws, note),
+        workspace("session", ws, [sidebar(d), session_main(d)]),
+        workspace("serving", ws, serving_view.workspace(d)),
+        workspace("plan", ws, plan_view.workspace(d)),
     ])
 
 
@@ -315,7 +343,7 @@ def serve_layout() -> html.Div:
     if not flask.has_request_context():
         return layout()
     query = urlsplit(flask.request.referrer or "").query
-    state, ignored = st.decode(query)
+    state, ignored = url.decode(query)
     note = f"link: ignored {', '.join(ignored)}" if ignored else ""
     return layout(state, search="?" + query if query else "", note=note)
 
@@ -323,30 +351,35 @@ def serve_layout() -> html.Div:
 CSS = """
 * { box-sizing: border-box; }
 body { margin: 0; font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; font-size: 13px; color: #1f2328; }
-.app { display: flex; flex-direction: column; height: 100vh; }
-.header { display: flex; align-items: center; gap: 16px; padding: 6px 14px; background: #1f2937; color: #f9fafb; min-height: 40px; }
+.app { display: flex; flex-direction: column; height: 100vh; overflow: hidden; }
+.header { display: flex; align-items: center; gap: 18px; padding: 0 14px; background: #1f2937; color: #f9fafb; min-height: 42px; flex: none; }
 .header .brand { font-size: 15px; white-space: nowrap; }
-.header .cli { flex: 1; min-width: 0; color: #d1d5db; }
-.header .cli summary { cursor: pointer; }
-.header .cli code { display: block; white-space: pre-wrap; word-break: break-all; font-size: 11px; color: #e5e7eb; }
-.header .actions { display: flex; align-items: center; gap: 8px; }
+.header .actions { display: flex; align-items: center; gap: 8px; margin-left: auto; }
+.ws-tabs-parent { flex: none; }
+.ws-tabs { display: flex; gap: 2px; border: 0; background: transparent; }
+.header .ws-tab { background: transparent !important; color: #d1d5db !important; border: 0 !important; border-bottom: 3px solid transparent !important;
+  padding: 10px 16px 8px !important; font-size: 14px; cursor: pointer; }
+.header .ws-tab:hover { color: #fff !important; }
+.header .ws-tab--selected { color: #fff !important; font-weight: 600; border-bottom: 3px solid #58a6ff !important; }
 .light { color: #d1d5db; }
 .clip { cursor: pointer; color: #f9fafb; }
 .btn { padding: 4px 10px; border: 1px solid #9ca3af; background: #fff; border-radius: 4px; cursor: pointer; font-size: 12px; }
-.light-btn { background: #374151; color: #f9fafb; border-color: #6b7280; }
-.body { display: flex; flex: 1; min-height: 0; }
-.sidebar { width: 310px; flex: none; overflow-y: auto; padding: 6px 12px 20px; background: #f6f7f9; border-right: 1px solid #e1e4e8; }
+.btn.run { background: #1f6feb; border-color: #1f6feb; color: #fff; font-weight: 600; padding: 5px 18px; font-size: 13px; }
+.btn:disabled { background: #e5e7eb; border-color: #d1d5db; color: #8c959f; cursor: not-allowed; }
+.workspace { display: flex; flex: 1; min-height: 0; }
+.sidebar { width: 310px; flex: none; overflow-y: auto; overflow-x: hidden; padding: 6px 12px 20px; background: #f6f7f9; border-right: 1px solid #e1e4e8; }
+.sidebar h2 { margin: 6px 0 0; font-size: 15px; }
+.sidebar .question { margin: 0 0 4px; }
 .sidebar h3 { margin: 10px 0 4px; font-size: 12px; text-transform: uppercase; letter-spacing: .05em; color: #57606a; }
+.run-row { position: sticky; bottom: -20px; background: #f6f7f9; padding: 8px 0 12px; display: flex; align-items: center; gap: 10px; border-top: 1px solid #e1e4e8; }
 .field { margin-bottom: 6px; }
 .field label { display: block; font-size: 12px; font-weight: 600; margin-bottom: 2px; }
 :root { --Dash-Fill-Interactive-Strong: #1f6feb; }
 .field .dash-input-container { height: 28px; }
 .field .dash-input-element { padding: 2px 6px; }
 .field .dash-dropdown-trigger { min-height: 26px; padding: 0 8px; }
-.field .dash-dropdown { height: 28px; }
+.field .dash-dropdown { min-height: 28px; }
 .field:has(.err:not(:empty)) .dash-input-container, .field:has(.err:not(:empty)) .dash-dropdown { border: 1px solid #d1242f; background: #fff5f5; }
-#tab .tab { padding: 6px 12px; }
-#tab { margin-top: 2px; }
 .grid2 { display: grid; grid-template-columns: 1fr 1fr; column-gap: 8px; }
 .hint { font-size: 11px; color: #6e7781; margin-top: 1px; }
 .summary { margin: -2px 0 6px; }
@@ -354,53 +387,68 @@ body { margin: 0; font-family: system-ui, -apple-system, "Segoe UI", Roboto, san
 .err:empty { display: none; }
 details.mechanics, details.advanced { margin: 4px 0 8px; }
 details summary { cursor: pointer; font-size: 12px; color: #0969da; }
-.main { flex: 1; min-width: 0; display: flex; flex-direction: column; padding: 6px 12px; overflow-y: auto; }
+.main { flex: 1; min-width: 0; display: flex; flex-direction: column; padding: 6px 12px 16px; overflow-y: auto; overflow-x: hidden; }
+.toolbar { display: flex; align-items: center; gap: 10px; min-height: 26px; }
+.toolbar .status { flex: 1; min-width: 0; }
+.toolbar .actions { display: flex; align-items: center; gap: 6px; flex: none; }
 .status { font-size: 11.5px; color: #57606a; min-height: 16px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
-.status.invalid { white-space: normal; }
-.status.invalid { color: #d1242f; font-weight: 600; }
-.warning:empty { display: none; }
+.status.invalid { white-space: normal; color: #d1242f; font-weight: 600; }
+.cli { font-size: 12px; margin: 2px 0; color: #57606a; }
+.cli summary { font-size: 11.5px; }
+.cli code { font-size: 11px; word-break: break-all; white-space: pre-wrap; color: #1f2328; }
+details.cli code { display: block; }
+.warning:empty, .notice:empty { display: none; }
 .warning { color: #9a6700; background: #fff8c5; border: 1px solid #d4a72c; padding: 2px 8px; border-radius: 4px; margin-top: 2px; }
-.cards { display: grid; grid-template-columns: repeat(7, minmax(0, 1fr)); gap: 6px; margin: 6px 0; }
-#v-cards { grid-template-columns: repeat(6, minmax(0, 1fr)); }
-#v-cards:empty { display: none; }
-.card { background: #fff; border: 1px solid #e1e4e8; border-radius: 6px; padding: 4px 8px; }
+.notice { color: #82071e; background: #ffebe9; border: 1px solid #ff8182; padding: 10px 14px; border-radius: 6px; margin: 6px 0; font-size: 14px; }
+.progress { display: flex; align-items: center; gap: 10px; margin: 4px 0; animation: appear 0.25s step-end; }
+@keyframes appear { from { visibility: hidden; } }
+.progress-track { position: relative; flex: 0 0 220px; height: 6px; background: #dbe4f0; border-radius: 3px; overflow: hidden; }
+.progress-bar { position: absolute; top: 0; width: 35%; height: 100%; background: #1f6feb; border-radius: 3px; animation: slide 1.1s ease-in-out infinite; }
+@keyframes slide { from { left: -35%; } to { left: 100%; } }
+.progress-text { font-size: 12px; font-weight: 600; color: #1f2328; }
+.results { transition: opacity .15s; }
+.results.busy { opacity: .35; filter: grayscale(1); transition: opacity .15s .25s; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(118px, 1fr)); gap: 6px; margin: 6px 0; }
+.cards:empty { display: none; }
+.card { background: #fff; border: 1px solid #e1e4e8; border-radius: 6px; padding: 4px 8px; min-width: 0; }
 .card-label { font-size: 11px; color: #57606a; }
-.card-value { font-size: 16px; font-weight: 600; }
-.card-detail { font-size: 10.5px; color: #6e7781; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.card-value { font-size: 16px; font-weight: 600; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.card-detail { font-size: 10.5px; color: #6e7781; }
+#sv-cards .card-value { font-size: 14px; }
+#tab .tab { padding: 6px 12px; }
 .tab-body { padding: 6px 0; }
-.graph { height: calc(100vh - 200px); min-height: 340px; }
-#heatmap-graph { height: calc(100vh - 228px); }
-#compare-graph { height: calc(100vh - 455px); min-height: 300px; }
+.graph { height: calc(100vh - 250px); min-height: 380px; }
+#heatmap-graph { height: calc(100vh - 280px); }
+#compare-graph { height: 440px; }
 #v-graph { height: 560px; }
+#tune-graph { height: 480px; }
+#sv-memory-graph { height: 440px; min-height: 0; }
+.pair { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 8px; }
+#sv-requests-graph, #sv-waste-graph { height: 420px; min-height: 0; }
+#pl-graph { height: 440px; min-height: 0; }
+#pl-memory-graph { height: 400px; min-height: 0; }
 .row { display: flex; align-items: center; gap: 10px; flex-wrap: wrap; margin: 2px 0; }
 .inline-label { font-size: 12px; font-weight: 600; }
 .radio label { margin-right: 10px; font-size: 12px; }
 .note { font-size: 12px; color: #57606a; }
-.cmp-row { display: grid; grid-template-columns: 18px 170px 1fr 150px; column-gap: 8px; align-items: center; margin-bottom: 3px; }
+.cmp-row { display: grid; grid-template-columns: 18px minmax(120px, 170px) minmax(0, 1fr) minmax(110px, 150px); column-gap: 8px; align-items: center; margin-bottom: 3px; }
 .cmp-head label { font-size: 12px; font-weight: 600; }
 .cmp-row .cmp-err { grid-column: 2 / 5; }
 .cmp-letter { font-weight: 700; }
+.delta { max-width: 100%; overflow-x: auto; }
 .delta table { border-collapse: collapse; font-size: 12px; margin: 4px 0; }
-.delta th, .delta td { border: 1px solid #e1e4e8; padding: 1px 8px; text-align: right; white-space: nowrap; }
+.delta th, .delta td { border: 1px solid #e1e4e8; padding: 2px 8px; text-align: right; vertical-align: top; }
+.delta td { white-space: nowrap; }
+.delta th { background: #f1f3f5; font-weight: 600; max-width: 220px; overflow-wrap: anywhere; }
 .delta th:first-child, .delta td:first-child { text-align: left; }
-.delta th { background: #f1f3f5; }
-.delta td.better { color: #1a7f37; } .delta td.worse { color: #d1242f; }
+.delta .diff { font-size: 11px; font-weight: normal; color: #6e7781; }
+.delta .diff.better { color: #1a7f37; } .delta .diff.worse { color: #d1242f; }
 .upload { border: 1px dashed #8c959f; border-radius: 6px; padding: 10px 14px; cursor: pointer; }
 .grow { flex: 1; min-width: 200px; }
-.sv-form { display: grid; grid-template-columns: repeat(6, minmax(0, 1fr)); column-gap: 10px; }
-.sv-cli summary { font-size: 11.5px; }
-.sv-cli code { font-size: 11px; word-break: break-all; }
-#sv-cards .card-value { font-size: 14px; }
-#sv-memory-graph { height: 420px; min-height: 0; }
-.sv-pair { display: grid; grid-template-columns: 3fr 2fr; gap: 8px; }
-#sv-requests-graph, #sv-waste-graph { height: 420px; min-height: 0; }
-.pl-form { display: grid; grid-template-columns: repeat(6, minmax(0, 1fr)); column-gap: 10px; align-items: start; }
-.pl-form .pl-wide { grid-column: span 2; }
-.pl-form .pl-run { align-self: center; }
-.pl-cli, .pl-rec { font-size: 12px; margin: 2px 0; }
-.pl-cli code, .pl-rec code { font-size: 11px; word-break: break-all; }
-.pl-rec-head { font-weight: 600; font-size: 13px; }
-#pl-graph, #pl-memory-graph { height: 430px; min-height: 0; }
+.pl-rec { font-size: 12px; margin: 2px 0; }
+.pl-rec code { font-size: 11px; word-break: break-all; }
+.pl-rec-head { font-weight: 600; font-size: 14px; }
+.dash-spreadsheet-container .dash-spreadsheet-inner td, .dash-spreadsheet-container .dash-spreadsheet-inner th { max-width: none; }
 """
 
 

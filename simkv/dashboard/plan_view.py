@@ -32,12 +32,15 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, State, html
 
 from simkv.errors import SimkvError
+from simkv.hfconfig import preset_names
 
+from simkv.dashboard import compute
 from simkv.dashboard import state as st
-from simkv.dashboard.components import data_table, dropdown, graph, internal_error, text_input
+from simkv.dashboard.components import (Field, busy, data_table, defaults, errors_out, form_fields, graph, internal_error,
+                                        progress, register_shown)
 
 #: The bundled traces: form value → (path as the command line names it, from the repository root; label).
 TRACES = {
@@ -58,13 +61,35 @@ MAX_WORK = 12_000
 MEMORY_POINTS = 2000
 GIB = 1024**3
 
-DEFAULT_FORM = {"pl_traffic": "conv", "pl_requests": "100", "pl_rate": "5", "pl_model": "llama-3.1-8b",
-                "pl_slo": DEFAULT_SLO, "pl_devices": ["h100-sxm", "a100-80gb"], "pl_max_devices": "4", "pl_prices": ""}
-KEYS = tuple(DEFAULT_FORM)
-LABELS = {"pl_traffic": "traffic", "pl_requests": "requests", "pl_rate": "rate (requests/s)", "pl_model": "model",
-          "pl_slo": "SLO", "pl_devices": "devices", "pl_max_devices": "max devices", "pl_prices": "prices ($/h)"}
+
+
+def _devices():
+    from simkv.cost import DEVICES
+
+    return tuple(DEVICES)
+
+
+#: The Plan workspace's form, in page order. To add a control: one Field here (its URL key, label, default,
+#: choices, when it applies) and, in :func:`inputs`, what it sets in the search and the ``simkv plan`` flag.
+FIELDS = (
+    Field("pl_traffic", "traffic", "conv", lambda: [(key, f"{label} (first N)") for key, (_, label) in TRACES.items()]
+          + [(SYNTHETIC, "synthetic (Poisson)")], hint="bundled trace, or Poisson arrivals", section="Traffic"),
+    Field("pl_requests", "requests", "100", hint=f"≤ {MAX_REQUESTS:,}", numeric=True),
+    Field("pl_rate", "rate (requests/s)", "5", hint="lengths lognormal 1024 / 200",
+          shown=lambda v: v.get("pl_traffic") == SYNTHETIC),
+    Field("pl_model", "model", "llama-3.1-8b", preset_names, section="Model and target"),
+    Field("pl_slo", "SLO", DEFAULT_SLO, hint="METRIC_pQ=LIMIT, … of ttft, tpot, e2e at p50/90/95/99"),
+    Field("pl_devices", "devices", ("h100-sxm", "a100-80gb"), _devices, multi=True, section="Deployments"),
+    Field("pl_max_devices", "max devices", "4", hint=f"per deployment, ≤ {MAX_DEVICES}", numeric=True),
+    Field("pl_prices", "prices ($/h)", "", hint="DEVICE=$/h for every device", placeholder="empty: cost in device-hours"),
+)
+KEYS = tuple(f.key for f in FIELDS)
+DEFAULTS = defaults(FIELDS)
+#: The default form (as the browser sends it).
+DEFAULT_FORM = DEFAULTS
+LABELS = {f.key: f.label for f in FIELDS}
 #: What makes a deployment (the columns of a plan row that say which deployment it is).
-DEPLOYMENT = ("device", "devices", "tp", "replicas", "router", "precision", "block_size", "pool",
+DEPLOYMENT = ("device", "scheduler", "devices", "tp", "replicas", "router", "precision", "block_size", "pool",
               "max_num_batched_tokens", "policy")
 
 
@@ -228,11 +253,22 @@ def _key(d: dict) -> tuple:
     return tuple(d[k] for k in DEPLOYMENT)
 
 
-def table(result) -> tuple[list[dict], list[dict]]:
-    """Every deployment of the search, run or pruned, in the order the search visits them: (columns, rows).
-    The cost column is in :attr:`~simkv.lab.plan.PlanResult.unit` ($/h with prices, else devices)."""
+#: Columns of the plan table: row key → header (the SLO latencies and the reason follow).
+TABLE_COLUMNS = {"note": "", "status": "status", "devices": "devices", "device": "device", "scheduler": "scheduler",
+                 "tp": "tp",
+                 "replicas": "replicas", "router": "router", "KV": "KV", "block": "block", "pool": "pool",
+                 "batched tokens": "batched", "cost": "cost"}
+TEXT_COLUMNS = {"note", "status", "device", "scheduler", "router", "KV", "pool", "reason"}
+RECOMMENDED = "★"
+
+
+def table(result) -> tuple[list[dict], list[dict], str]:
+    """Every deployment of the search, run or pruned, in the order the search visits them: (columns, rows, what
+    every row shares). The cost column is in :attr:`~simkv.lab.plan.PlanResult.unit` ($/h with prices, else
+    devices). A column every row has the same value in is left out of the columns (the rows keep it) and said once
+    in the third item ("every deployment: bf16 KV, block 16, pool 0.9"), so the table fits the page and its reason
+    column is read in full."""
     rec = result.recommended
-    cost_name = "cost ($/h)" if result.prices else "cost (devices)"
     slo = result.target.slo
     found = [(_key(r), r, r["status"], r["reason"]) for r in result.rows]
     # a pruned deployment's reason ends with the deployment that met the SLO, in words: the table has it above
@@ -241,20 +277,24 @@ def table(result) -> tuple[list[dict], list[dict]]:
     found.sort(key=lambda t: order.get(t[0], len(order)))
     rows = []
     for _, r, status, reason in found:
-        row = {"note": "recommended" if rec is not None and r is rec else "", "status": status, "devices": r["devices"],
-               "device": r["device"], "tp": r["tp"], "replicas": r["replicas"], "router": r["router"],
+        row = {"note": RECOMMENDED if rec is not None and r is rec else "", "status": status, "devices": r["devices"],
+               "device": r["device"], "scheduler": r.get("scheduler", ""), "tp": r["tp"], "replicas": r["replicas"], "router": r["router"],
                "KV": r["precision"], "block": r["block_size"], "pool": r["pool"],
-               "batched tokens": r["max_num_batched_tokens"], cost_name: round(result.cost(r), 4)}
+               "batched tokens": r["max_num_batched_tokens"], "cost": round(result.cost(r), 4)}
         for s in slo:
             value = r.get(s.name + "_s")
             row[f"{s.name} (ms)"] = None if value is None else round(value * 1000, 1)
         row["reason"] = reason
         rows.append(row)
-    numeric = {"devices", "tp", "replicas", "block", "batched tokens", cost_name, *(f"{s.name} (ms)" for s in slo)}
-    short = {"batched tokens": "batched", cost_name: "cost", **{f"{s.name} (ms)": f"{s.name} ms" for s in slo}}
-    columns = [{"name": short.get(k, k), "id": k, "type": "numeric" if k in numeric else "text"}
-               for k in (rows[0] if rows else {})]
-    return columns, rows
+    headers = {**TABLE_COLUMNS, "cost": "$/h" if result.prices else "cost (devices)",
+               **{f"{s.name} (ms)": f"{s.name} (ms)" for s in slo}, "reason": "reason"}
+    constant = {k: rows[0][k] for k in ("device", "scheduler", "router", "KV", "block", "pool", "batched tokens")
+                if rows and all(r[k] == rows[0][k] for r in rows)}
+    shared = ", ".join(f"{headers[k]} {v}" for k, v in constant.items() if v != "-")  # "-": no router (one replica)
+    columns = [{"name": name, "id": k, "type": "text" if k in TEXT_COLUMNS else "numeric",
+                **({"format": {"specifier": ",~f"}} if k not in TEXT_COLUMNS else {})}
+               for k, name in headers.items() if k not in constant and rows]
+    return columns, rows, f"every deployment: {shared}" if shared else ""
 
 
 def _candidate_keys(result) -> list[tuple]:
@@ -336,7 +376,8 @@ def plan_view(form: dict) -> dict:
     """The whole view for the form's values (plain data and plotly figures; no Dash).
 
     ``{"ok", "status", "cli", "errors": {key: message}, "recommended", "figure", "memory", "columns", "rows",
-    "notes"}``; an invalid form or a search that cannot run is ``ok: False`` with a one-line ``status``.
+    "shared", "notes"}``; an invalid form or a search that cannot run is ``ok: False`` with a one-line ``status``
+    (a bad field's message is in ``errors``, shown next to it; the status names the field).
     """
     from simkv.lab import plan
     from simkv.lab.plan_figure import plan_figure
@@ -345,7 +386,7 @@ def plan_view(form: dict) -> dict:
     try:
         i = inputs(form)
     except st.Invalid as err:
-        return {"ok": False, "errors": err.errors, "cli": "", "status": invalid_message(err)}
+        return {"ok": False, "errors": err.errors, "cli": "", "status": st.invalid_status(err.errors, LABELS)}
     line = i.line
     with _CACHE_LOCK:
         if line in _CACHE:
@@ -358,15 +399,16 @@ def plan_view(form: dict) -> dict:
         served = serve(plan.spec_of(rec)) if rec is not None else None
     except st.Invalid as err:
         return {"ok": False, "errors": err.errors, "cli": line,
-                "status": "Over the dashboard's limits: " + "; ".join(err.errors.values()) + f". Run it with: {line}"}
+                "status": st.invalid_status(err.errors, LABELS, "Over the dashboard's limits") + f" Run it with: {line}"}
     except SimkvError as err:
         return {"ok": False, "errors": {}, "cli": line, "status": f"Cannot plan this: {err}"}
     figure = plan_figure(result)
     memory = replica_memory_figure(served, rec) if served is not None else None
-    columns, rows = table(result)
+    columns, rows, shared = table(result)
     view = {"ok": True, "errors": {}, "cli": line, "status": summary(result),
             "recommended": recommendation(result, line), "figure": figure, "memory": memory,
-            "columns": columns, "rows": rows, "notes": [f"not searched: {s}" for s in result.skipped]}
+            "columns": columns, "rows": rows, "shared": shared,
+            "notes": [f"not searched: {s}" for s in result.skipped]}
     with _CACHE_LOCK:
         _CACHE[line] = view
         while len(_CACHE) > CACHE_ITEMS:
@@ -374,79 +416,68 @@ def plan_view(form: dict) -> dict:
     return view
 
 
-def invalid_message(err: st.Invalid) -> str:
-    return "Invalid input: " + "; ".join(f"{LABELS.get(k, k)}: {m}" for k, m in err.errors.items())
-
-
-def cli_text(form: dict) -> tuple[str, str]:
-    """The ``simkv plan`` line of the form as it stands, or the one-line message saying what is wrong."""
+def live(form: dict) -> dict:
+    """What the form says as it is typed, before Run: the ``simkv plan`` line (empty while a field is wrong), each
+    bad field's message, and how much work Run will be (the progress line while it runs)."""
     try:
-        return inputs(form).line, ""
+        i = inputs(form)
     except st.Invalid as err:
-        return "", invalid_message(err)
+        return {"cli": "", "errors": err.errors, "work": ""}
     except Exception as err:  # noqa: BLE001 - never a traceback in the browser
-        return "", internal_error(err)
+        return {"cli": "", "errors": {"pl_slo": internal_error(err)}, "work": ""}
+    try:
+        n = check_work(i)
+    except st.Invalid as err:
+        return {"cli": i.line, "errors": err.errors, "work": ""}
+    return {"cli": i.line, "errors": {},
+            "work": f"Searching {n:,} deployments × {i.requests:,} requests (fewer once one meets the SLO)…"}
 
 
 # -- Dash ------------------------------------------------------------------------------------------------
 
-def _field(key: str, control, hint: str | None = None, grow: bool = False) -> html.Div:
-    return html.Div(className="field" + (" pl-wide" if grow else ""), id=f"{key}-field", children=[
-        html.Label(LABELS[key], htmlFor=key),
-        control,
-        html.Div(hint, className="hint") if hint else None,
-    ])
+QUESTION = "Which deployment is the cheapest that meets a latency SLO for this traffic?"
 
 
-def plan_tab() -> html.Div:
-    from simkv.cost import DEVICES
-    from simkv.hfconfig import preset_names
-
-    d = DEFAULT_FORM
-    traffic = [{"label": f"{label} (first N)", "value": key} for key, (_, label) in TRACES.items()]
-    traffic.append({"label": "synthetic (Poisson)", "value": SYNTHETIC})
-    return html.Div(className="tab-body", children=[
-        html.Div(className="pl-form", children=[
-            _field("pl_traffic", dropdown("pl_traffic", traffic, d["pl_traffic"]), "bundled trace, or Poisson arrivals"),
-            _field("pl_requests", text_input("pl_requests", d["pl_requests"], inputMode="numeric"),
-                   f"≤ {MAX_REQUESTS:,}"),
-            _field("pl_rate", text_input("pl_rate", d["pl_rate"], inputMode="decimal"),
-                   "synthetic; lengths lognormal 1024 / 200"),
-            _field("pl_model", dropdown("pl_model", [{"label": m, "value": m} for m in preset_names()], d["pl_model"])),
-            _field("pl_slo", text_input("pl_slo", d["pl_slo"]), "METRIC_pQ=LIMIT,… ttft/tpot/e2e, p50/90/95/99",
-                   grow=True),
-            _field("pl_devices", dcc.Dropdown(id="pl_devices", options=[{"label": n, "value": n} for n in DEVICES],
-                                              value=d["pl_devices"], multi=True, searchable=False, className="dd"),
-                   grow=True),
-            _field("pl_max_devices", text_input("pl_max_devices", d["pl_max_devices"], inputMode="numeric"),
-                   f"per deployment, ≤ {MAX_DEVICES}"),
-            _field("pl_prices", text_input("pl_prices", d["pl_prices"], placeholder="empty: cost in device-hours"),
-                   "DEVICE=$/h for every device", grow=True),
-            html.Div(className="field pl-run", children=[html.Button("Run", id="pl-run", className="btn")]),
+def workspace(values: dict) -> list:
+    """The Plan workspace: its form and Run on the left (:data:`FIELDS`), its results on the right."""
+    return [
+        html.Div(className="sidebar", id="pl-sidebar", children=[
+            html.H2("Plan"), html.Div(QUESTION, className="hint question"),
+            *form_fields(FIELDS, values, "pl-err"),
+            html.Div(className="run-row", children=[
+                html.Button("Run", id="pl-run", className="btn run"),
+                html.Div(f"≤ {MAX_WORK:,} requests served in all (deployments × requests)", className="hint"),
+            ]),
         ]),
-        html.Div(className="pl-cli", children=["same search: ", html.Code(id="pl-cli")]),
-        html.Div(id="pl-input-err", className="err", role="alert"),
-        dcc.Loading(type="dot", delay_show=80, children=[
-            html.Div(id="pl-status", className="status", role="status"),
-            html.Div(id="pl-recommended", className="pl-rec"),
+        html.Div(className="main", children=[
+            html.Div(className="cli", children=["same search: ", html.Code(id="pl-cli")]),
+            html.Div("Set the traffic, the model, the SLO and the devices to choose from on the left, then Run.",
+                     id="pl-status", className="status", role="status"),
+            progress("pl-progress", "Searching…"),
+            html.Div(id="pl-results", className="results", children=[
+                html.Div(id="pl-recommended", className="pl-rec"),
+                graph("pl-graph", "simkv-plan"),
+                graph("pl-memory-graph", "simkv-plan-memory"),
+                html.Div(id="pl-shared", className="note"),
+                data_table(id="pl-table", columns=[], data=[], page_size=12, sort_action="native",
+                           filter_action="native", style_table={"overflowX": "auto"},
+                           style_cell={"fontFamily": "ui-monospace, monospace", "fontSize": 11, "padding": "2px 5px",
+                                       "whiteSpace": "normal", "height": "auto"},
+                           style_cell_conditional=[
+                               {"if": {"column_id": "reason"}, "minWidth": 220, "textAlign": "left"},
+                               {"if": {"column_id": "note"}, "width": 16, "color": "#9a6700"},
+                               *({"if": {"column_id": c}, "whiteSpace": "nowrap"} for c in ("device", "status")),
+                               *({"if": {"column_id": c}, "textAlign": "left"} for c in TEXT_COLUMNS)],
+                           style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5", "whiteSpace": "normal"},
+                           style_data_conditional=[
+                               {"if": {"filter_query": '{status} = "ok"', "column_id": "status"}, "color": "#1a7f37"},
+                               {"if": {"filter_query": f'{{note}} = "{RECOMMENDED}"'}, "fontWeight": "700",
+                                "backgroundColor": "#dafbe1"},
+                           ]),
+                html.Div(id="pl-notes", className="hint"),
+            ]),
         ]),
-        graph("pl-graph", "simkv-plan"),
-        graph("pl-memory-graph", "simkv-plan-memory"),
-        data_table(id="pl-table", columns=[], data=[], page_size=12, sort_action="native", filter_action="native",
-                   style_table={"overflowX": "auto"},
-                   style_cell={"fontFamily": "ui-monospace, monospace", "fontSize": 11, "padding": "2px 6px"},
-                   style_cell_conditional=[{"if": {"column_id": "reason"}, "whiteSpace": "normal", "minWidth": 280,
-                                            "textAlign": "left"},
-                                           *({"if": {"column_id": c}, "textAlign": "left"}
-                                             for c in ("note", "device", "router", "KV", "pool", "status"))],
-                   style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5"},
-                   style_data_conditional=[
-                       {"if": {"filter_query": '{status} = "ok"', "column_id": "status"}, "color": "#1a7f37"},
-                       {"if": {"filter_query": '{note} = "recommended"'}, "fontWeight": "700",
-                        "backgroundColor": "#dafbe1"},
-                   ]),
-        html.Div(id="pl-notes", className="hint"),
-    ])
+    ]
 
 
 def _recommended_block(rec: dict) -> list:
@@ -461,8 +492,6 @@ def _recommended_block(rec: dict) -> list:
 
 def plan_callback(_clicks, form: dict) -> dict:
     """The Run button's outputs: the view, or one line saying why there is none (and placeholders)."""
-    from simkv.dashboard import compute
-
     try:
         view = plan_view(form)
     except Exception as err:  # noqa: BLE001 - never a traceback in the browser
@@ -470,38 +499,41 @@ def plan_callback(_clicks, form: dict) -> dict:
     if not view["ok"]:
         blank = compute.placeholder_figure("No plan: see the message above.")
         return {"status": view["status"], "status_class": "status invalid", "recommended": [], "figure": blank,
-                "memory": blank, "columns": [], "rows": [], "notes": ""}
+                "memory": blank, "columns": [], "rows": [], "shared": "", "notes": ""}
     memory = view["memory"] or compute.placeholder_figure("No deployment meets the SLO: nothing to serve again.",
                                                           error=False)
     return {"status": view["status"], "status_class": "status", "recommended": _recommended_block(view["recommended"]),
-            "figure": view["figure"], "memory": memory, "columns": view["columns"], "rows": view["rows"],
-            "notes": "; ".join(view["notes"])}
+            "figure": compute.style(view["figure"]), "memory": compute.style(memory), "columns": view["columns"],
+            "rows": view["rows"], "shared": view["shared"], "notes": "; ".join(view["notes"])}
+
+
+def live_callback(form: dict) -> dict:
+    out = live(form)
+    return {"cli": out["cli"], "errors": [out["errors"].get(k, "") for k in KEYS],
+            "work": out["work"] or "Searching…"}
 
 
 #: The Run callback's outputs: key -> (component id, property).
 OUTPUTS = {"status": ("pl-status", "children"), "status_class": ("pl-status", "className"),
            "recommended": ("pl-recommended", "children"), "figure": ("pl-graph", "figure"),
            "memory": ("pl-memory-graph", "figure"), "columns": ("pl-table", "columns"), "rows": ("pl-table", "data"),
-           "notes": ("pl-notes", "children")}
+           "shared": ("pl-shared", "children"), "notes": ("pl-notes", "children")}
 
 
 def register(app) -> None:
-    form = {k: State(k, "value") for k in KEYS}
     app.callback(
         output={k: Output(*where) for k, where in OUTPUTS.items()},
-        inputs={"_clicks": Input("pl-run", "n_clicks"), "form": form},
+        inputs={"_clicks": Input("pl-run", "n_clicks"), "form": {k: State(k, "value") for k in KEYS}},
+        running=busy("pl-progress", "pl-results", button="pl-run"),
         prevent_initial_call=True,
     )(plan_callback)
-
-    @app.callback(output=[Output("pl-cli", "children"), Output("pl-input-err", "children")],
-                  inputs={"form": {k: Input(k, "value") for k in KEYS}})
-    def line(form):
-        return list(cli_text(form))
-
-    @app.callback(Output("pl_rate-field", "style"), Input("pl_traffic", "value"))
-    def shown(traffic):
-        return {} if traffic == SYNTHETIC else {"display": "none"}
+    app.callback(
+        output={"cli": Output("pl-cli", "children"), "errors": errors_out("pl-err"),
+                "work": Output("pl-progress-text", "children")},
+        inputs={"form": {k: Input(k, "value") for k in KEYS}},
+    )(live_callback)
+    register_shown(app, FIELDS)
 
 
-__all__ = ["plan_tab", "plan_view", "plan_callback", "register", "inputs", "check_work", "replica_memory_figure",
-           "table", "MAX_REQUESTS", "MAX_WORK", "MAX_DEVICES"]
+__all__ = ["workspace", "plan_view", "plan_callback", "live", "register", "inputs", "check_work",
+           "replica_memory_figure", "table", "MAX_REQUESTS", "MAX_WORK", "MAX_DEVICES"]

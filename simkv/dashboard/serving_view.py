@@ -33,12 +33,17 @@ import shlex
 import threading
 
 import numpy as np
-from dash import ALL, Input, Output, dcc, html
+from dash import Input, Output, html
 
+from simkv.cost import DEFAULT_DEVICE
 from simkv.errors import SimkvError
+from simkv.hfconfig import preset_names
+from simkv.precision import PRECISIONS
+from simkv.scenario import DEFAULT_MODEL, DEFAULT_POLICY
 
 from simkv.dashboard import state as st
-from simkv.dashboard.components import dropdown, graph, internal_error, render_cards, text_input
+from simkv.dashboard.components import (Field, busy, defaults, errors_out, form_fields, graph, internal_error, progress,
+                                        register_shown, render_cards)
 from simkv.dashboard.compute import ResultCache
 
 #: The shipped trace, as the command line names it (run from the repository root) and where it is.
@@ -60,16 +65,78 @@ MAX_ROUNDS = {"paged": 4_000, "contiguous": 8_000}
 PERCENTILES = (50, 90, 99)
 #: Points per line of the memory figure (as the single-session timeline: SVG, drawn fast without a GPU).
 TIMELINE_POINTS = 2000
-KEYS = tuple(st.SERVING_DEFAULTS)
 
-LABELS = {
-    "sv_workload": "workload", "sv_requests": "requests", "sv_rate": "rate (requests/s)",
-    "sv_prompt_dist": "prompt lengths", "sv_output_dist": "output lengths", "sv_seed": "seed", "sv_model": "model",
-    "sv_precision": "KV precision", "sv_memory": "memory", "sv_policy": "buffer policy", "sv_policy_opts": "policy options", "sv_scheduler": "scheduler",
-    "sv_static_batch": "static batch", "sv_block_size": "block size (tokens)", "sv_pool": "pool",
-    "sv_pool_size": "pool size", "sv_max_num_seqs": "max_num_seqs", "sv_max_num_batched_tokens": "batched tokens",
-    "sv_device": "device",
-}
+
+def _paged(v: dict) -> bool:
+    return v.get("sv_memory") == "paged"
+
+
+def _synthetic(v: dict) -> bool:
+    return v.get("sv_workload") == "synthetic"
+
+
+def _batches(v: dict) -> bool:
+    """Whether requests run side by side, up to max_num_seqs: paged memory, or continuous contiguous buffers."""
+    return _paged(v) or v.get("sv_scheduler") == "continuous"
+
+
+def _devices():
+    from simkv.cost import DEVICES
+
+    return tuple(DEVICES)
+
+
+def _policies():
+    from policies import REGISTRY
+
+    return tuple(REGISTRY)
+
+
+def _serving(name: str):
+    """The library's own list of ``name`` (``SCHEDULERS``, ``MEMORIES``): one it gains shows up here."""
+    from simkv.serving import run
+
+    return tuple(getattr(run, name))
+
+
+#: The Serving workspace's form, in page order. To add a control: one Field here (its URL key, label, default,
+#: choices, when it applies) and, in :func:`command`, the ``simkv run`` flag it becomes.
+FIELDS = (
+    Field("sv_workload", "workload", "trace", (("trace", "Azure trace"), ("synthetic", "synthetic")),
+          hint="Azure conversation trace (first N), or Poisson arrivals", section="Workload"),
+    Field("sv_requests", "requests", "100", hint=f"≤ {MAX_REQUESTS:,}", numeric=True),
+    Field("sv_rate", "rate (requests/s)", "4", shown=_synthetic),
+    Field("sv_prompt_dist", "prompt lengths", "lognormal:1024:1.0", hint="fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA",
+          shown=_synthetic),
+    Field("sv_output_dist", "output lengths", "lognormal:200:1.0", hint="same forms", shown=_synthetic),
+    Field("sv_seed", "seed", "0", numeric=True, shown=_synthetic),
+    Field("sv_model", "model", DEFAULT_MODEL, preset_names, section="Model and device"),
+    Field("sv_precision", "KV precision", st.DEFAULT, lambda: ((st.DEFAULT, "default"), *PRECISIONS),
+          hint="default: the runtime's for the device (paged) or the policy's"),
+    Field("sv_device", "device", DEFAULT_DEVICE, _devices),  # every command's default device (simkv.cost)
+    Field("sv_memory", "memory", "paged", lambda: _serving("MEMORIES"),
+          hint="a block pool (GenAI's or vLLM's), or per-request buffers", section="Memory"),
+    Field("sv_policy", "buffer policy", DEFAULT_POLICY, _policies, shown=lambda v: not _paged(v)),
+    Field("sv_policy_opts", "policy options", "", hint="key=value, … e.g. max_prompt_len=4096",
+          placeholder="the policy's defaults", shown=lambda v: not _paged(v)),
+    Field("sv_block_size", "block size (tokens)", "", placeholder="the scheduler's: 32, vLLM 16", numeric=True,
+          shown=_paged),
+    Field("sv_pool", "pool", "dynamic", (("dynamic", "the scheduler's"), ("blocks", "num_kv_blocks"),
+                                         ("gib", "cache size")),
+          hint="GenAI's grows with the load; vLLM's is its share of the device less the weights", shown=_paged),
+    Field("sv_pool_size", "pool size", "", hint="blocks, or GiB",
+          shown=lambda v: _paged(v) and v.get("sv_pool") != "dynamic"),
+    Field("sv_scheduler", "scheduler", "continuous", lambda: _serving("SCHEDULERS"), section="Scheduler"),
+    Field("sv_static_batch", "static batch", "8", numeric=True,
+          shown=lambda v: not _paged(v) and v.get("sv_scheduler") == "static"),
+    Field("sv_max_num_seqs", "max_num_seqs", "", hint="requests running at once", numeric=True,
+          placeholder="the scheduler's: 256, vLLM the device's", shown=_batches),
+    Field("sv_max_num_batched_tokens", "batched tokens", "", hint="max_num_batched_tokens per step", numeric=True,
+          placeholder="the scheduler's: 256, vLLM the device's", shown=_paged),
+)
+KEYS = tuple(f.key for f in FIELDS)
+DEFAULTS = defaults(FIELDS)
+LABELS = {f.key: f.label for f in FIELDS}
 
 
 class WorkLimit(SimkvError):
@@ -94,6 +161,11 @@ def _number(values: dict, key: str, lo: int, hi: float, whole: bool = True):
     if number > hi:
         raise ValueError(f"at most {hi:,g} in the dashboard (use `simkv run` for more)")
     return int(number) if whole else number
+
+
+def _optional(values: dict, key: str, lo: int, hi: float):
+    """:func:`_number`, or None for an empty field (the command's own default)."""
+    return _number(values, key, lo, hi) if str(values.get(key) or "").strip() else None
 
 
 def _lengths(text: str) -> str:
@@ -137,11 +209,8 @@ def _policy_opts(policy: str, text: str) -> dict[str, str]:
 def command(values: dict) -> list[str]:
     """The ``simkv run`` arguments (after ``run``) of the form's values; :class:`st.Invalid` names the bad fields."""
     from policies import REGISTRY
-    from simkv.cost import DEVICES
-    from simkv.hfconfig import preset_names
-    from simkv.precision import PRECISIONS
 
-    v = {**st.SERVING_DEFAULTS, **{k: values.get(k) for k in KEYS if values.get(k) is not None}}
+    v = {**DEFAULTS, **{k: values.get(k) for k in KEYS if values.get(k) is not None}}
     errors: dict[str, str] = {}
     got: dict = {}
 
@@ -151,12 +220,10 @@ def command(values: dict) -> list[str]:
         except ValueError as err:
             errors[key] = str(err)
 
-    choices = {"sv_workload": ("trace", "synthetic"), "sv_model": preset_names(), "sv_memory": ("paged", "contiguous"),
-               "sv_scheduler": ("continuous", "static", "sequential"), "sv_pool": ("dynamic", "blocks", "gib"),
-               "sv_device": tuple(DEVICES), "sv_precision": (st.DEFAULT, *PRECISIONS), "sv_policy": tuple(REGISTRY)}
-    for key, allowed in choices.items():
-        if v[key] not in allowed:
-            errors[key] = f"choose one of {', '.join(allowed)}"
+    for f in FIELDS:
+        allowed = [o["value"] for o in f.options()] if f.choices is not None else None
+        if allowed is not None and v[f.key] not in allowed:
+            errors[f.key] = f"choose one of {', '.join(allowed)}"
     synthetic = v["sv_workload"] == "synthetic"
     paged = v["sv_memory"] == "paged"
     check("sv_requests", _number, v, "sv_requests", 1, MAX_REQUESTS)
@@ -165,12 +232,14 @@ def command(values: dict) -> list[str]:
         check("sv_prompt_dist", _lengths, v["sv_prompt_dist"])
         check("sv_output_dist", _lengths, v["sv_output_dist"])
         check("sv_seed", _number, v, "sv_seed", 0, MAX_SEED)
-    check("sv_max_num_seqs", _number, v, "sv_max_num_seqs", 1, MAX_SEQS)
-    check("sv_max_num_batched_tokens", _number, v, "sv_max_num_batched_tokens", 1, MAX_BATCHED_TOKENS)
+    if _batches(v):
+        check("sv_max_num_seqs", _optional, v, "sv_max_num_seqs", 1, MAX_SEQS)
     if paged:
-        check("sv_block_size", _number, v, "sv_block_size", 1, MAX_BLOCK_SIZE)
-        if v["sv_scheduler"] != "continuous" and "sv_scheduler" not in errors:
-            errors["sv_scheduler"] = "paged memory is GenAI's continuous batching: choose continuous, or contiguous memory"
+        check("sv_max_num_batched_tokens", _optional, v, "sv_max_num_batched_tokens", 1, MAX_BATCHED_TOKENS)
+        check("sv_block_size", _optional, v, "sv_block_size", 1, MAX_BLOCK_SIZE)
+        if v["sv_scheduler"] not in ("continuous", "vllm") and "sv_scheduler" not in errors:
+            errors["sv_scheduler"] = ("paged memory runs under continuous batching, GenAI's or vLLM's: choose "
+                                      "continuous or vllm, or contiguous memory")
         if v["sv_pool"] == "blocks":
             check("sv_pool_size", _number, v, "sv_pool_size", 1, MAX_POOL_BLOCKS)
         elif v["sv_pool"] == "gib":
@@ -193,7 +262,8 @@ def command(values: dict) -> list[str]:
         argv += ["--precision", v["sv_precision"]]
     argv += ["--memory", v["sv_memory"], "--scheduler", v["sv_scheduler"]]
     if paged:
-        argv += ["--block-size", str(got["sv_block_size"])]
+        if got["sv_block_size"]:
+            argv += ["--block-size", str(got["sv_block_size"])]
         if v["sv_pool"] == "blocks":
             argv += ["--num-kv-blocks", str(got["sv_pool_size"])]
         elif v["sv_pool"] == "gib":
@@ -204,10 +274,10 @@ def command(values: dict) -> list[str]:
             argv += ["--policy-opt", f"{key}={value}"]
         if v["sv_scheduler"] == "static":
             argv += ["--static-batch", str(got["sv_static_batch"])]
-    # only the flags the run uses (simkv run refuses the others: simkv.flags' contract)
-    if paged or v["sv_scheduler"] == "continuous":
+    # only the flags the run uses, and those set (empty: the scheduler's own default)
+    if got.get("sv_max_num_seqs"):
         argv += ["--max-num-seqs", str(got["sv_max_num_seqs"])]
-    if paged:
+    if got.get("sv_max_num_batched_tokens"):
         argv += ["--max-num-batched-tokens", str(got["sv_max_num_batched_tokens"])]
     argv += ["--device", v["sv_device"]]
     return argv
@@ -366,14 +436,13 @@ def serving_view(values: dict) -> dict:
     try:
         argv = command(values)
     except st.Invalid as err:
-        return {"ok": False, "errors": err.errors, "cli": "",
-                "status": "Invalid input: " + "; ".join(f"{LABELS[k]}: {m}" for k, m in err.errors.items())}
+        return {"ok": False, "errors": err.errors, "cli": "", "status": st.invalid_status(err.errors, LABELS)}
     line = cli_line(argv)
     try:
         result = run(argv)
     except st.Invalid as err:
         return {"ok": False, "errors": err.errors, "cli": line,
-                "status": "Over the dashboard's limits: " + "; ".join(err.errors.values()) + f". Run it with: {line}"}
+                "status": st.invalid_status(err.errors, LABELS, "Over the dashboard's limits") + f" Run it with: {line}"}
     except WorkLimit as err:
         why = ("requests keep waiting for memory or being preempted: fewer requests or a bigger pool"
                if "--num-kv-blocks" in argv or "--cache-size" in argv else "fewer requests")
@@ -394,66 +463,32 @@ def serving_view(values: dict) -> dict:
 
 # -- Dash ------------------------------------------------------------------------------------------------
 
-def _field(key: str, control, hint: str | None = None) -> html.Div:
-    return html.Div(className="field", id=f"{key}-field", children=[
-        html.Label(LABELS[key], htmlFor=key),
-        control,
-        html.Div(hint, className="hint") if hint else None,
-        html.Div(id={"type": "sv-err", "key": key}, className="err", role="alert"),
-    ])
+QUESTION = "How does a runtime's KV memory serve a stream of requests on one device?"
 
 
-def serving_tab(d: dict) -> html.Div:
-    from policies import REGISTRY
-    from simkv.cost import DEVICES
-    from simkv.hfconfig import preset_names
-    from simkv.precision import PRECISIONS
-
-    def opts(values, labels=None):
-        return [{"label": (labels or {}).get(x, x), "value": x} for x in values]
-
-    def text(key, hint=None, **kw):
-        return _field(key, text_input(key, d[key], **kw), hint)
-
-    def choice(key, options, hint=None):
-        return _field(key, dropdown(key, options, d[key]), hint)
-
-    return html.Div(className="tab-body", children=[
-        html.Div(className="sv-form", children=[
-            choice("sv_workload", opts(("trace", "synthetic"), {"trace": "Azure trace"}),
-                   "Azure conversation trace (first N), or Poisson arrivals"),
-            text("sv_requests", f"≤ {MAX_REQUESTS:,}", inputMode="numeric"),
-            text("sv_rate", "synthetic"),
-            text("sv_prompt_dist", "fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA"),
-            text("sv_output_dist", "same forms"),
-            text("sv_seed", "synthetic", inputMode="numeric"),
-            choice("sv_model", [{"label": m, "value": m} for m in preset_names()]),
-            choice("sv_precision", [{"label": "default", "value": st.DEFAULT}, *opts(tuple(PRECISIONS))],
-                   "default: u8 paged, else the policy's"),
-            choice("sv_device", opts(tuple(DEVICES))),
-            choice("sv_memory", opts(("paged", "contiguous")), "GenAI block pool, or per-request buffers"),
-            choice("sv_policy", opts(tuple(REGISTRY)), "contiguous"),
-            text("sv_policy_opts", "key=value, … e.g. max_prompt_len=4096", placeholder="the policy's defaults"),
-            choice("sv_scheduler", opts(("continuous", "static", "sequential"))),
-            text("sv_static_batch", "static scheduler", inputMode="numeric"),
-            text("sv_block_size", "paged", inputMode="numeric"),
-            choice("sv_pool", opts(("dynamic", "blocks", "gib"), {"blocks": "num_kv_blocks", "gib": "cache size"}),
-                   "dynamic: grows with the load"),
-            text("sv_pool_size", "blocks, or GiB", inputMode="decimal"),
-            text("sv_max_num_seqs", "requests running at once", inputMode="numeric"),
-            text("sv_max_num_batched_tokens", "max_num_batched_tokens per step", inputMode="numeric"),
+def workspace(values: dict) -> list:
+    """The Serving workspace: its form on the left (:data:`FIELDS`), its results on the right."""
+    return [
+        html.Div(className="sidebar", id="sv-sidebar", children=[
+            html.H2("Serving"), html.Div(QUESTION, className="hint question"),
+            *form_fields(FIELDS, values, "sv-err"),
+            html.Div(f"Limits: ≤ {MAX_REQUESTS:,} requests, ≤ {MAX_TOKENS:,} tokens in all; beyond them the page "
+                     "gives the simkv run line.", className="hint"),
         ]),
-        dcc.Loading(type="dot", delay_show=80, children=[
-            html.Div(id="sv-status", className="status"),
-            html.Details(className="sv-cli", children=[html.Summary("the same run from the command line"),
-                                                         html.Code(id="sv-cli")]),
-            html.Div(id="sv-cards", className="cards"),
-            html.Div(id="sv-latency", className="delta"),
+        html.Div(className="main", children=[
+            html.Div(id="sv-status", className="status", role="status"),
+            progress("sv-progress", "Serving the requests…"),
+            html.Div(id="sv-results", className="results", children=[
+                html.Details(className="cli", children=[html.Summary("the same run from the command line"),
+                                                        html.Code(id="sv-cli")]),
+                html.Div(id="sv-cards", className="cards"),
+                html.Div(id="sv-latency", className="delta"),
+                graph("sv-memory-graph", "simkv-serving-memory"),
+                html.Div(className="pair", children=[graph("sv-requests-graph", "simkv-serving-requests"),
+                                                     graph("sv-waste-graph", "simkv-serving-waste")]),
+            ]),
         ]),
-        graph("sv-memory-graph", "simkv-serving-memory"),
-        html.Div(className="sv-pair", children=[graph("sv-requests-graph", "simkv-serving-requests"),
-                                                graph("sv-waste-graph", "simkv-serving-waste")]),
-    ])
+    ]
 
 
 def latency_table(rows: dict[str, list[float | None]]) -> html.Table:
@@ -462,13 +497,13 @@ def latency_table(rows: dict[str, list[float | None]]) -> html.Table:
     return html.Table(id="sv-latency-table", children=[html.Thead(head), html.Tbody(body)])
 
 
-def serving_callback(values: dict, tab: str) -> dict:
-    """The Serving tab's outputs (nothing is computed while another tab is open)."""
+def serving_callback(values: dict, ws: str) -> dict:
+    """The Serving workspace's outputs (nothing is computed while another workspace is open)."""
     from dash import no_update
 
     from simkv.dashboard import compute
 
-    if tab != "serving":
+    if ws != "serving":
         return {k: no_update for k in OUTPUTS} | {"errors": [no_update] * len(KEYS)}
     try:
         view = serving_view(values)
@@ -480,9 +515,10 @@ def serving_callback(values: dict, tab: str) -> dict:
                                                             else "see the message above."))
         return {"memory": blank, "requests": blank, "waste": blank, "cards": [], "latency": "",
                 "status": view["status"], "status_class": "status invalid", "cli": view["cli"], "errors": errors}
-    return {"memory": view["memory"], "requests": view["requests"], "waste": view["waste"],
-            "cards": render_cards(view["cards"]), "latency": latency_table(view["latency"]),
-            "status": view["status"], "status_class": "status", "cli": view["cli"], "errors": errors}
+    return {"memory": compute.style(view["memory"]), "requests": compute.style(view["requests"]),
+            "waste": compute.style(view["waste"]), "cards": render_cards(view["cards"]),
+            "latency": latency_table(view["latency"]), "status": view["status"], "status_class": "status",
+            "cli": view["cli"], "errors": errors}
 
 
 #: The callback's outputs (besides the per-field errors): key -> (component id, property).
@@ -493,23 +529,11 @@ OUTPUTS = {"memory": ("sv-memory-graph", "figure"), "requests": ("sv-requests-gr
 
 def register(app) -> None:
     app.callback(
-        output={k: Output(*where) for k, where in OUTPUTS.items()}
-        | {"errors": Output({"type": "sv-err", "key": ALL}, "children")},
-        inputs={"values": {k: Input(k, "value") for k in KEYS}, "tab": Input("tab", "value")},
+        output={k: Output(*where) for k, where in OUTPUTS.items()} | {"errors": errors_out("sv-err")},
+        inputs={"values": {k: Input(k, "value") for k in KEYS}, "ws": Input("ws", "value")},
+        running=busy("sv-progress", "sv-results"),
     )(serving_callback)
-
-    @app.callback([Output(f"{k}-field", "style") for k in ("sv_rate", "sv_prompt_dist", "sv_output_dist", "sv_seed",
-                                                           "sv_policy", "sv_policy_opts", "sv_static_batch", "sv_block_size",
-                                                           "sv_pool", "sv_pool_size")],
-                  Input("sv_workload", "value"), Input("sv_memory", "value"), Input("sv_scheduler", "value"),
-                  Input("sv_pool", "value"))
-    def shown(workload, memory, scheduler, pool):
-        hide = {"display": "none"}
-        synth = {} if workload == "synthetic" else hide
-        paged = memory == "paged"
-        return [synth, synth, synth, synth, hide if paged else {}, hide if paged else {},
-                {} if not paged and scheduler == "static" else hide,
-                {} if paged else hide, {} if paged else hide, {} if paged and pool != "dynamic" else hide]
+    register_shown(app, FIELDS)
 
 
-__all__ = ["serving_tab", "serving_view", "serving_callback", "register", "command", "run", "latency", "percentiles"]
+__all__ = ["workspace", "serving_view", "serving_callback", "register", "command", "run", "latency", "percentiles"]

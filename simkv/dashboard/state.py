@@ -1,12 +1,13 @@
-"""What the dashboard's controls hold, as plain text, and what it means.
+"""What the Session workspace's controls hold, as plain text, and what it means.
 
 The *state* is a flat dict of every control's value as the browser holds it
 (text; dropdowns hold their option value), plus ``popts``: the selected
 policy's parameters (``{field: text}``). The same dict is
 
-* restored from and written to the page's query string (:func:`encode`,
-  :func:`decode`), so a what-if can be shared by link — invalid values
-  included, so a link reproduces an error too;
+* restored from and written to the page's query string by
+  :mod:`simkv.dashboard.url` (with the Serving and Plan workspaces' forms), so a
+  what-if can be shared by link — invalid values included, so a link reproduces
+  an error too;
 * turned into keyword arguments of :func:`simkv.build_scenario` by
   :func:`scenario_kwargs`, which checks every field first and reports what is
   wrong *per control* (an error key is the control's key, or
@@ -22,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from urllib.parse import parse_qsl, urlencode
 
 from policies import REGISTRY
 from policies.base import Policy
-from simkv.cost import DEFAULT_DEVICE
 from simkv.errors import SimkvError
 from simkv.hfconfig import preset_names
 from simkv.precision import PRECISIONS
@@ -48,23 +47,15 @@ CUSTOM = "custom"
 #: Precision value meaning "the policy's own default".
 DEFAULT = "default"
 SAME = "same"
-TABS = ("memory", "layers", "compare", "events", "validation", "tune", "serving", "plan")
+#: The Session workspace's tabs.
+TABS = ("memory", "layers", "compare", "events", "validation", "tune")
 HEAT_VALUES = ("headroom", "capacity")
 QUANTITIES = ("allocated", "resident", "used", "peak")
 
 DIMS = ("layers", "heads", "kv_heads", "head_dim")
 WORKLOAD_FIELDS = ("prompt", "decode", "turns", "turn_tokens", "turn_decode", "beam")
 
-#: The Serving view's controls (simkv.dashboard.serving_view): key → default text.
-SERVING_DEFAULTS: dict[str, str] = {
-    "sv_workload": "trace", "sv_requests": "100", "sv_rate": "4", "sv_prompt_dist": "lognormal:1024:1.0",
-    "sv_output_dist": "lognormal:200:1.0", "sv_seed": "0", "sv_model": DEFAULT_MODEL, "sv_precision": DEFAULT,
-    "sv_memory": "paged", "sv_policy": DEFAULT_POLICY, "sv_policy_opts": "", "sv_scheduler": "continuous", "sv_static_batch": "8",
-    "sv_block_size": "32", "sv_pool": "dynamic", "sv_pool_size": "", "sv_max_num_seqs": "256",
-    "sv_max_num_batched_tokens": "256", "sv_device": DEFAULT_DEVICE,  # every command's (simkv.cost)
-}
-
-#: Every fixed control: key → default text. Order = URL order.
+#: Every fixed control of the Session workspace: key → default text. Order = URL order.
 DEFAULTS: dict[str, str] = {
     "model": DEFAULT_MODEL,
     "layers": "", "heads": "", "kv_heads": "", "head_dim": "",
@@ -83,7 +74,6 @@ DEFAULTS: dict[str, str] = {
     "heat": "headroom",
     "tab": "memory",
     "vpath": "",
-    **SERVING_DEFAULTS,
 }
 CONTROLS = tuple(DEFAULTS)
 COMPARE_KEYS = tuple(k for k in CONTROLS if k.startswith("cmp") and k != "cmp_quantity")
@@ -148,42 +138,6 @@ def default_state() -> dict:
     return state
 
 
-# -- URL ------------------------------------------------------------------------------
-
-def encode(state: dict) -> str:
-    """The query string (``?a=b&…``, or ``""``) holding what differs from the defaults."""
-    pairs = [(k, state.get(k, DEFAULTS[k]) or "") for k in CONTROLS if (state.get(k, DEFAULTS[k]) or "") != DEFAULTS[k]]
-    defaults = policy_defaults(state.get("policy", ""))
-    popts = state.get("popts") or {}
-    pairs += [(f"p.{name}", popts[name]) for name in defaults if name in popts and popts[name] != defaults[name]]
-    return "?" + urlencode(pairs, safe=":,=/.*") if pairs else ""
-
-
-def decode(search: str | None) -> tuple[dict, list[str]]:
-    """The state a query string describes (defaults for what it omits) and what it could not use."""
-    state = default_state()
-    ignored: list[str] = []
-    popts: dict[str, str] = {}
-    for key, value in parse_qsl((search or "").lstrip("?"), keep_blank_values=True):
-        if key in DEFAULTS:
-            state[key] = value
-        elif key.startswith("p."):
-            popts[key[2:]] = value
-        else:
-            ignored.append(key)
-    defaults = policy_defaults(state["policy"])
-    state["popts"] = dict(defaults)
-    for name, value in popts.items():
-        if name in defaults:
-            state["popts"][name] = value
-        else:
-            ignored.append(f"p.{name}")
-    if state["tab"] not in TABS:
-        ignored.append("tab")
-        state["tab"] = DEFAULTS["tab"]
-    return state, ignored
-
-
 # -- checking values --------------------------------------------------------------------
 
 def parse_int(text: object, label: str, lo: int, hi: int, required: bool = True) -> int | None:
@@ -225,11 +179,26 @@ def check_option(f: dataclasses.Field, text: str) -> str:
 
 
 class Invalid(Exception):
-    """Some controls hold unusable values: ``errors`` maps control keys to one-line messages."""
+    """Some controls hold unusable values: ``errors`` maps control keys to one-line messages.
 
-    def __init__(self, errors: dict[str, str]) -> None:
+    ``notice``: a message the results area shows in full besides (the library refusing the model on the device,
+    with the fix), where the control it concerns may be out of sight."""
+
+    def __init__(self, errors: dict[str, str], notice: str = "") -> None:
         super().__init__("; ".join(errors.values()))
         self.errors = errors
+        self.notice = notice
+
+
+def label_of(key: str) -> str:
+    """A control's label as messages name it (a policy parameter by its field name)."""
+    return LABELS.get(key, key.rsplit(".", 1)[-1])
+
+
+def invalid_status(errors: dict[str, str], labels=None, prefix: str = "Invalid input") -> str:
+    """The status line of a form with bad fields: it names them; each one's message is shown next to it, once."""
+    names = list(dict.fromkeys((labels or {}).get(k) or label_of(k) for k in errors))
+    return f"{prefix}: {', '.join(names)} — see the message{'s' if len(names) > 1 else ''} in red on the left."
 
 
 def scenario_kwargs(state: dict) -> dict:

@@ -20,7 +20,8 @@ from dash import ALL, Input, Output, State, dcc, html, no_update
 from simkv.errors import SimkvError
 
 from simkv.dashboard import state as st
-from simkv.dashboard.components import data_table, dropdown, internal_error, popt_ids, text_input
+from simkv.dashboard.components import busy, data_table, dropdown, graph, internal_error, popt_ids, progress, text_input
+from simkv.dashboard.compute import placeholder_figure, style
 
 #: Simulations (configurations × workloads) one dashboard search may run.
 MAX_SIMULATIONS = 6_000
@@ -73,16 +74,16 @@ def tune_tab() -> html.Div:
                 html.Label("seed", htmlFor="tune_seed"),
                 dcc.Input(id="tune_seed", type="number", value=d["tune_seed"], min=0, className="text"),
             ]),
-            html.Button("Run", id="tune-run", className="btn"),
+            html.Button("Run", id="tune-run", className="btn run"),
         ]),
-        dcc.Loading(type="dot", delay_show=80, children=[
-            html.Div(id="tune-status", className="note", role="status"),
-            dcc.Graph(id="tune-graph", className="graph", figure={"data": [], "layout": {
-                "template": "none", "xaxis": {"visible": False}, "yaxis": {"visible": False}}}),
+        html.Div(id="tune-status", className="note", role="status"),
+        progress("tune-progress", "Searching…"),
+        html.Div(id="tune-results", className="results", children=[
+            graph("tune-graph", "simkv-tune"),
+            html.Div("Click a point to open it in Memory over steps.", className="hint"),
+            data_table(id="tune-table", columns=[], data=[], page_size=12, sort_action="native",
+                       style_cell=TABLE_STYLE, style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5"}),
         ]),
-        html.Div("Click a point to open it in the what-if view.", className="hint"),
-        data_table(id="tune-table", columns=[], data=[], page_size=12, sort_action="native",
-                   style_cell=TABLE_STYLE, style_header={"fontWeight": "600", "backgroundColor": "#f1f3f5"}),
     ])
 
 
@@ -100,9 +101,10 @@ def _int(value, name: str, lo: int, hi: int) -> int:
     return number
 
 
-def tune_view(kwargs: dict | None, form: dict) -> dict:
-    """The Tune view for the sidebar's scenario (``kwargs`` of build_scenario) and the form's values."""
-    from simkv.lab import sweep, traces, tune
+def tune_spec(kwargs: dict | None, form: dict):
+    """The search of the sidebar's scenario (``kwargs`` of build_scenario) and the form's values, and how many
+    simulations it runs; :class:`SimkvError` says what is wrong (or over :data:`MAX_SIMULATIONS`)."""
+    from simkv.lab import traces, tune
 
     if not kwargs:
         raise SimkvError("fix the scenario on the left first")
@@ -124,12 +126,79 @@ def tune_view(kwargs: dict | None, form: dict) -> dict:
         constraints=[tune.Constraint.parse(c) for c in _split(form.get("tune_constraints"))],
         search=form.get("tune_search") or "optuna", budget=budget, seed=seed)
     configs = spec.grid_size if spec.search == "grid" else budget
-    if (configs + 1) * len(workloads) > MAX_SIMULATIONS:
-        raise SimkvError(f"{(configs + 1) * len(workloads):,} simulations; the dashboard runs at most "
+    simulations = (configs + 1) * len(workloads)
+    if simulations > MAX_SIMULATIONS:
+        raise SimkvError(f"{simulations:,} simulations; the dashboard runs at most "
                          f"{MAX_SIMULATIONS:,}: lower the budget or the samples (or use `simkv tune`)")
+    return spec, configs, simulations
+
+
+def work_text(kwargs: dict | None, form: dict) -> str:
+    """The progress line of a search: how much work Run starts."""
+    try:
+        spec, configs, simulations = tune_spec(kwargs, form)
+    except Exception:  # noqa: BLE001 - Run says what is wrong
+        return "Searching…"
+    return (f"Searching {configs:,} configurations and the defaults × {len(spec.workloads):,} workload"
+            f"{'s' if len(spec.workloads) > 1 else ''} = {simulations:,} simulations…")
+
+
+#: Points of the figure that decide its axes: an axis spanning more than FOCUS_RATIO × theirs is cut to theirs.
+FOCUS = ("Pareto front", "defaults", "recommendation")
+FOCUS_RATIO = 3.0
+
+
+def focus_axes(fig) -> int:
+    """Keep the front readable: an axis that a few far configurations stretch to over :data:`FOCUS_RATIO` times
+    the span of the front, the defaults and the recommendation is cut to that span (plus half of it), and a
+    note says how many configurations lie beyond (a double-click shows them: plotly resets to all). Returns how
+    many are beyond."""
+    import numpy as np
+
+    beyond = np.zeros(0, dtype=bool)
+    pts = {"x": [], "y": []}
+    focus = {"x": [], "y": []}
+    for trace in fig.data:
+        for axis in ("x", "y"):
+            values = [v for v in (getattr(trace, axis) or ()) if v is not None]
+            pts[axis] += values
+            if trace.name in FOCUS:
+                focus[axis] += values
+    if not focus["x"] or not pts["x"]:
+        return 0
+    ranges = {}
+    for axis in ("x", "y"):
+        lo, hi = min(focus[axis]), max(focus[axis])
+        span = max(hi - lo, abs(hi) * 0.05, 1e-9)
+        if max(pts[axis]) - min(pts[axis]) > FOCUS_RATIO * span:
+            low = lo - span / 2 if min(pts[axis]) < 0 else max(lo - span / 2, -span / 20)  # counts stay at 0
+            ranges[axis] = (low, hi + span / 2)
+    if not ranges:
+        return 0
+    x, y = np.asarray(pts["x"], dtype=float), np.asarray(pts["y"], dtype=float)
+    beyond = np.zeros(len(x), dtype=bool)
+    for axis, values in (("x", x), ("y", y)):
+        if axis in ranges:
+            beyond |= (values < ranges[axis][0]) | (values > ranges[axis][1])
+    for axis, (lo, hi) in ranges.items():
+        getattr(fig, f"update_{axis}axes")(range=[lo, hi])
+    n = int(beyond.sum())
+    if n:
+        fig.add_annotation(text=f"{n:,} configuration{'s' if n > 1 else ''} beyond these axes: double-click to see all",
+                           xref="paper", yref="paper", x=1, y=1, xanchor="right", yanchor="bottom", showarrow=False,
+                           font={"size": 11, "color": "#57606a"})
+    return n
+
+
+def tune_view(kwargs: dict | None, form: dict) -> dict:
+    """The Tune view for the sidebar's scenario (``kwargs`` of build_scenario) and the form's values."""
+    from simkv.lab import sweep, tune
+
+    spec, _, _ = tune_spec(kwargs, form)
+    workloads = spec.workloads
     result = tune.run_tune(spec, workers=1)
     keys = [p.key for p in spec.params]
-    defaults = sweep.scenario_of(base).policy
+    defaults = sweep.scenario_of(spec.base).policy
     rows = []
     for c in result.pareto + [result.baseline]:
         params = {k: c.params.get(k, getattr(defaults, k, "")) for k in keys}
@@ -143,17 +212,20 @@ def tune_view(kwargs: dict | None, form: dict) -> dict:
                   f"vs {o.show(b)} with the defaults, no worse on the other objectives")
     else:
         status = f"{len(result.evaluated)} configurations × {len(workloads)} workloads: nothing beats the defaults"
-    return {"figure": tune.figure(result), "rows": rows, "columns": [{"name": k, "id": k} for k in rows[0]],
-            "status": status}
+    figure = style(tune.figure(result))
+    focus_axes(figure)
+    return {"figure": figure, "rows": rows, "columns": [{"name": k, "id": k} for k in rows[0]], "status": status}
 
 
 def tune_callback(_clicks, store: dict | None, form: dict) -> dict:
     try:
         view = tune_view((store or {}).get("kwargs") if (store or {}).get("ok") else None, form)
     except SimkvError as err:
-        return {"figure": no_update, "rows": [], "columns": [], "status": f"Cannot tune: {err}"}
+        return {"figure": placeholder_figure("No search: see the message above."), "rows": [], "columns": [],
+                "status": f"Cannot tune: {err}"}
     except Exception as err:  # noqa: BLE001 - never a traceback in the browser
-        return {"figure": no_update, "rows": [], "columns": [], "status": internal_error(err)}
+        return {"figure": placeholder_figure("No search: see the message above."), "rows": [], "columns": [],
+                "status": internal_error(err)}
     return view
 
 
@@ -181,8 +253,17 @@ def register(app) -> None:
         output={"figure": Output("tune-graph", "figure"), "rows": Output("tune-table", "data"),
                 "columns": Output("tune-table", "columns"), "status": Output("tune-status", "children")},
         inputs={"_clicks": Input("tune-run", "n_clicks"), "store": State("run-store", "data"), "form": form},
+        running=busy("tune-progress", "tune-results", button="tune-run"),
         prevent_initial_call=True,
     )(tune_callback)
+
+    @app.callback(output=Output("tune-progress-text", "children"),
+                  inputs={"store": Input("run-store", "data"), "tab": Input("tab", "value"),
+                          "form_values": {k: Input(k, "value") for k in DEFAULT_FORM}})
+    def work(store, tab, form_values):
+        if tab != "tune":  # only the open Tab's Run can start a search
+            return no_update
+        return work_text((store or {}).get("kwargs") if (store or {}).get("ok") else None, form_values)
 
     @app.callback(Output("tune_params", "placeholder"), Input("policy", "value"))
     def params_hint(policy):

@@ -150,6 +150,19 @@ def alternate(c: Config, n: int, window) -> list[str]:
     return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
 
 
+def ssm_dtype_from(key: str) -> Callable[[Config], str]:
+    """The reader of a config field that names the recurrent state's dtype for vLLM (its ``MambaDType``:
+    vllm/config/cache.py; "auto" or absent: the model dtype, mamba_utils.py ``_mamba_state_dtype``)."""
+    def read(c: Config) -> str:
+        value = c.get(key)
+        if value in (None, "auto"):
+            return ""
+        if value not in ("float32", "bfloat16", "float16"):
+            raise c.fail(f"{key} must be float32, bfloat16, float16 or auto, got {_short(value)}")
+        return value
+    return read
+
+
 def mamba_inner(c: Config, expand_key: str = "mamba_expand") -> int:
     expand = c.int(expand_key, limits.MAX_HEADS)
     inner = expand * c.int("hidden_size", limits.MAX_WIDTH)
@@ -207,6 +220,12 @@ class Family:
     num_layers: Callable[[Config], int] | None = None
     #: Mamba-2 layers' (heads, head size, groups, state size, conv kernel), for their weights and vLLM's conv.
     mamba_dims: Callable[[Config], tuple[int, int, int, int, int]] | None = None
+    #: ModelSpec.attn_output_gate / full_k_eq_v from the config (a q_proj with an output gate; full layers with
+    #: no v_proj).
+    output_gate: Callable[[Config], bool] | None = None
+    k_eq_v: Callable[[Config], bool] | None = None
+    #: Mamba-1 layers' (inner, state size, conv kernel, time-step rank), for their weights and vLLM's conv.
+    mamba1_dims: Callable[[Config], tuple[int, int, int, int]] | None = None
     #: Matrices per MLP and expert: 3 gated (SwiGLU), 2 for a plain up/down MLP (Nemotron-H's relu²).
     mlp_matrices: int = 3
     #: The recurrent state's dtype vLLM keeps where it is not the model's (Nemotron-H's mamba_ssm_cache_dtype).

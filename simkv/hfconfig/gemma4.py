@@ -40,10 +40,17 @@ def gemma4_layers(c: Config, n: int) -> list[LayerKV]:
     bad = [t for t in types if t not in specs]
     if bad:
         raise c.fail(f"layer type {bad[0]!r}: Gemma-4 has sliding_attention and full_attention layers")
-    out = [specs[t] for t in types]
-    shared = c.int("num_kv_shared_layers", n - 1, minimum=0, default=0)
-    first = n - shared
-    for i in range(first, n):  # Gemma4TextConfig.kv_sharing_modes: the last earlier layer of the same type
+    return share_kv(c, types, [specs[t] for t in types])
+
+
+def share_kv(c: Config, types: list[str], out: list[LayerKV]) -> list[LayerKV]:
+    """The last ``num_kv_shared_layers`` layers keep no KV: each reads the KV of the last layer of its type before
+    them (Gemma4TextConfig.kv_sharing_modes; modeling_gemma3n.py ``Gemma3nTextAttention.__init__``
+    ``kv_shared_layer_index``); transformers' cache holds only the layers before them (cache_utils.py:
+    ``layer_types[:-num_kv_shared_layers]``)."""
+    n = len(types)
+    first = n - c.int("num_kv_shared_layers", n - 1, minimum=0, default=0)
+    for i in range(first, n):
         producer = max((j for j in range(first) if types[j] == types[i]), default=None)
         if producer is None:
             raise c.fail(f"layer {i} shares the KV of a {types[i]} layer, but none comes before layer {first}")
@@ -57,7 +64,7 @@ FAMILIES = {
                            "max_position_embeddings": 131072, "sliding_window": 512, "attention_k_eq_v": False,
                            "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
                            "hidden_size_per_layer_input": 256},
-                          layers=gemma4_layers, aliases={"top_k_experts": "num_experts_per_tok"},
+                          layers=gemma4_layers, k_eq_v=lambda c: bool(c.get("attention_k_eq_v")), aliases={"top_k_experts": "num_experts_per_tok"},
                           reads=("global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
                                  "num_kv_shared_layers", "enable_moe_block", "top_k_experts", "num_experts",
                                  "moe_intermediate_size", "use_double_wide_mlp", "hidden_size_per_layer_input",

@@ -50,6 +50,18 @@ def mamba1(c: Config) -> tuple[int, int]:
     return inner * c.int("mamba_d_conv", limits.MAX_HEAD_DIM), inner * c.int("mamba_d_state", limits.MAX_HEAD_DIM)
 
 
+def mamba1_dims(c: Config) -> tuple[int, int, int, int]:
+    """Jamba's Mamba-1 (inner, state size, conv kernel, time-step rank): vLLM jamba.py
+    ``JambaMambaDecoderLayer`` builds ``MambaMixer(intermediate_size = mamba_expand × hidden_size, ssm_state_size =
+    mamba_d_state, conv_kernel_size = mamba_d_conv, time_step_rank = mamba_dt_rank)``; ``mamba_dt_rank`` "auto"
+    is ``ceil(hidden_size / 16)`` (JambaConfig.__post_init__)."""
+    rank = c.get("mamba_dt_rank")
+    hidden = c.int("hidden_size", limits.MAX_WIDTH)
+    rank = -(-hidden // 16) if rank == "auto" else c.int("mamba_dt_rank", limits.MAX_WIDTH)
+    return (mamba_inner(c), c.int("mamba_d_state", limits.MAX_HEAD_DIM), c.int("mamba_d_conv", limits.MAX_HEAD_DIM),
+            rank)
+
+
 def jamba_moe(c: Config, n: int) -> list[int]:
     """JambaConfig.layers_num_experts: experts where ``i % expert_layer_period == expert_layer_offset``."""
     period = c.int("expert_layer_period", limits.MAX_LAYERS)
@@ -72,8 +84,9 @@ FAMILIES = {
                      "vocab_size": 65536, "tie_word_embeddings": False, "max_position_embeddings": 262144,
                      "num_experts": 16, "num_experts_per_tok": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
                      "mamba_expand": 2, "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2,
-                     "expert_layer_offset": 1},
-                    types=jamba_types, state=mamba1, types_keys=(), moe_layers=jamba_moe,
-                    reads=("mamba_dt_rank", "mamba_conv_bias", "mamba_proj_bias", "use_mamba_kernels"),
-                    source="transformers 5.23 configuration_jamba.py, modeling_jamba.py JambaMambaMixer"),
+                     "expert_layer_offset": 1, "mamba_dt_rank": "auto"},
+                    types=jamba_types, state=mamba1, types_keys=(), moe_layers=jamba_moe, mamba1_dims=mamba1_dims,
+                    reads=("mamba_conv_bias", "mamba_proj_bias", "use_mamba_kernels"),
+                    source="transformers 5.23 configuration_jamba.py, modeling_jamba.py JambaMambaMixer; vLLM jamba.py, "
+                           "mamba_mixer.py MambaMixer"),
 }

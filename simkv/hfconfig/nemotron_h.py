@@ -18,7 +18,7 @@ keeps K columns and the torch scan's f32 state."""
 from __future__ import annotations
 
 from simkv import limits
-from simkv.hfconfig.base import LEGACY_LAYER_TYPES, Config, Family
+from simkv.hfconfig.base import LEGACY_LAYER_TYPES, Config, Family, ssm_dtype_from
 from simkv.hfconfig.hybrid import mamba2_state
 
 #: NemotronHConfig._pattern_to_list.
@@ -97,13 +97,6 @@ def _shared(c: Config, n: int) -> int:
             * c.int("n_shared_experts", limits.MAX_EXPERTS, minimum=0, default=0))
 
 
-def _ssm_dtype(c: Config) -> str:
-    value = c.get("mamba_ssm_cache_dtype")
-    if value not in ("float32", "bfloat16", "float16"):
-        raise c.fail(f"mamba_ssm_cache_dtype must be float32, bfloat16 or float16, got {value!r}")
-    return value
-
-
 def _weights_refused(c: Config) -> str:
     if c.get("moe_latent_size") is not None:
         return ("Nemotron-H latent MoE (moe_latent_size: experts at the latent size between fc1_latent_proj and "
@@ -121,7 +114,7 @@ FAMILIES = {
                           "moe_latent_size": None},
                          types=lambda c, n, w: block_types(c), state=_state, types_keys=(),
                          num_layers=num_layers, moe_layers=_moe, per_layer_mlp=_mlp, shared=_shared,
-                         mamba_dims=mamba_dims, mlp_matrices=2, ssm_dtype=_ssm_dtype,
+                         mamba_dims=mamba_dims, mlp_matrices=2, ssm_dtype=ssm_dtype_from("mamba_ssm_cache_dtype"),
                          weights_refused=_weights_refused, check=_check,
                          # expand: read by neither runtime (the inner size is heads x head size); time_step_rank
                          # (56B-Base): no NemotronH class field, Mamba-2 has no dt rank; the MTP layers are not

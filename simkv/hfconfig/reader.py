@@ -14,7 +14,7 @@ from simkv.hfconfig.qwen3_next import gated_delta_net
 from simkv.hfconfig.registry import FAMILIES, MODULE_OF, REFUSED, WRAPPERS
 from simkv.kvspec import LayerKV
 from simkv.models import ModelSpec
-from simkv.weights import scheme_of
+from simkv.weights import scheme_of, vllm_auto_kv_dtype
 
 
 def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
@@ -131,10 +131,14 @@ def parse_config(raw: dict, *, name: str = "config", source: str = "", where: st
         linear_dims=_linear_dims(c) if family and family.state is gated_delta_net else None,
         short_conv=c.int("conv_L_cache", limits.MAX_HEAD_DIM) if family and family.short_conv else 0,
         mamba_dims=family.mamba_dims(c) if family and family.mamba_dims else None,
+        mamba1_dims=family.mamba1_dims(c) if family and family.mamba1_dims else None,
+        attn_output_gate=bool(family and family.output_gate and family.output_gate(c)),
+        full_k_eq_v=bool(family and family.k_eq_v and family.k_eq_v(c)),
         mlp_matrices=family.mlp_matrices if family else 3,
         ssm_dtype=family.ssm_dtype(c) if family and family.ssm_dtype else "",
         weights_refused=family.weights_refused(c) if family and family.weights_refused else "",
         dtype=_dtype(raw, text, c, quantized), source=source, weight_scheme=scheme,
+        vllm_kv_dtype=vllm_auto_kv_dtype(quant, hf_quant),
         context=c.int("max_position_embeddings", limits.MAX_TOKENS, default=0),
         layer_intermediate=family.per_layer_mlp(c, n) if family and family.per_layer_mlp else (),
     )

@@ -5,11 +5,11 @@ generated from here."""
 
 from __future__ import annotations
 
-from simkv.hfconfig import (deepseek, gemma, gemma4, gpt_oss, hybrid, lfm2, llama, llama4, mimo_v2, nemotron_h,
+from simkv.hfconfig import (deepseek, gemma, gemma3n, gemma4, gpt_oss, hybrid, lfm2, llama, llama4, mimo_v2, nemotron_h,
                             nemotron_nas, qwen, qwen3_next, refused, step)
 from simkv.hfconfig.base import COMMON, Family
 
-MODULES = (llama, qwen, qwen3_next, gemma, gemma4, gpt_oss, llama4, deepseek, mimo_v2, nemotron_nas, step, hybrid,
+MODULES = (llama, qwen, qwen3_next, gemma, gemma3n, gemma4, gpt_oss, llama4, deepseek, mimo_v2, nemotron_nas, step, hybrid,
            nemotron_h, lfm2)
 FAMILIES: dict[str, Family] = {name: family for module in MODULES for name, family in module.FAMILIES.items()}
 #: The module each model type is read by.
@@ -18,7 +18,7 @@ REFUSED = refused.REFUSED
 #: The text model type of a multimodal wrapper whose ``text_config`` does not name one (its ``sub_configs``).
 WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "qwen3_vl": "qwen3_vl_text",
             "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text",
-            "gemma4": "gemma4_text", "kimi_k25": "kimi_k2"}
+            "gemma4": "gemma4_text", "gemma3n": "gemma3n_text", "kimi_k25": "kimi_k2"}
 
 
 def family_table() -> str:

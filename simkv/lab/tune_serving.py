@@ -160,11 +160,12 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
                  scheduler: str = "continuous") -> ServingTarget:
     """A target from the flag values of ``simkv tune --serving`` (the same meaning as ``simkv run --trace``)."""
     from simkv.hfconfig import resolve_model
+    from simkv.models import vllm_kv_precision
     from simkv.precision import get_precision
     from simkv.cost import DEFAULT_DEVICE, get_device
     from simkv.scenario import resolve_weights_memory
     from simkv.serving import SchedulerConfig, ServingSpec, load_trace
-    from simkv.serving.run import check_spec, context_of, kv_dtype, runtime_defaults
+    from simkv.serving.run import check_spec, context_of, runtime_defaults
     from simkv.units import parse_bytes
 
     limit = DEFAULT_LIMIT if limit is None else limit
@@ -179,7 +180,7 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
     device = device or DEFAULT_DEVICE
     # the paged cache's precision, as simkv run serves it: vLLM's scheduler the model's dtype, GenAI's what the
     # device's runtime keeps (u8 on a CPU)
-    prec = get_precision(precision or (kv_dtype(spec_model) if vllm else
+    prec = get_precision(precision or (vllm_kv_precision(spec_model) if vllm else
                                        runtime_defaults(get_device(device), spec_model)["precision"]))
     prec.check(spec_model)
     requests = load_trace(trace, limit=limit)

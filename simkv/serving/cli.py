@@ -159,7 +159,7 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas", type=int, default=1, modes="serving", help="engines, each on a device of its own, "
                    "behind a router (default 1)")
     g.add_argument("--router", default="round-robin", modes="replicas", help="with --replicas: round-robin | "
-                   "least-outstanding | least-kv | session (default round-robin; rules in simkv/serving/router.py)")
+                   "least-outstanding | least-kv | session (default round-robin; rules in docs/guide/serving.md, simkv/serving/router.py)")
     g.add_argument("--workers", type=int, default=1, modes="round-robin", help="with --replicas and a router that "
                    "reads no state (round-robin): run the replicas in this many local processes (default 1: in this "
                    "process)")
@@ -192,11 +192,11 @@ def spec_from_args(args):
     with this too)."""
     from policies import get_policy, parse_policy_opts
     from simkv.hfconfig import resolve_model
-    from simkv.models import tp_shard
+    from simkv.models import tp_shard, vllm_kv_precision
     from simkv.precision import get_precision
     from simkv.scenario import resolve_weights_memory
     from simkv.serving.requests import load_trace, synthetic
-    from simkv.serving.run import ServingSpec, context_of, kv_dtype, runtime_defaults
+    from simkv.serving.run import ServingSpec, context_of, runtime_defaults
     from simkv.serving.sched.config import SchedulerConfig
     from simkv.serving.sched.vllm import batch_defaults
 
@@ -215,10 +215,10 @@ def spec_from_args(args):
         requests = synthetic(count, args.rate, args.prompt_dist, args.output_dist, arrivals=args.arrivals,
                              seed=args.seed, max_prompt=context - 1 if context else None)
     policy = get_policy(args.policy, parse_policy_opts(args.policy_opt))
-    # the KV precision: vLLM's scheduler keeps the model's dtype (kv_cache_dtype "auto"); GenAI's paged pool what the
+    # the KV precision: vLLM's scheduler as kv_cache_dtype "auto" does (the checkpoint's fp8 KV, else the model's dtype); GenAI's paged pool what the
     # device's runtime keeps (as simkv plan takes it: u8 on a CPU, f16 on an Intel GPU, the model's dtype on a vLLM
     # device); contiguous buffers the policy's runtime's
-    default = (kv_dtype(model) if args.scheduler == "vllm" else
+    default = (vllm_kv_precision(model) if args.scheduler == "vllm" else
                runtime_defaults(device, model)["precision"] if args.memory == "paged" else policy.default_precision)
     precision = get_precision(args.precision or default)
     precision.check(model)

@@ -38,12 +38,6 @@ def context_of(model) -> int | None:
     return CONTEXT.get(model.name) or model.context or None
 
 
-def kv_dtype(model) -> str:
-    """vLLM's ``kv_cache_dtype="auto"``: the KV cache in the model's dtype — bf16 where the config's is bfloat16, else
-    f16 (none named) — whatever format its weights are stored in."""
-    return "bf16" if model.dtype.lower() in ("bfloat16", "bf16") else "f16"
-
-
 #: vLLM's ``gpu_memory_utilization`` default (``CacheConfig``, 0.9; plan-facts §2.1): the fixed pool of a vLLM device.
 VLLM_UTILIZATION = 0.9
 
@@ -52,14 +46,16 @@ def runtime_defaults(device, model) -> dict:
     """What a device's usual runtime uses when nothing is named (``Device.runtime``): the KV precision for ``simkv
     run``'s paged serving, ``simkv cost`` and every deployment ``simkv plan`` searches alike, and for ``plan`` the
     rest: vLLM (h100-sxm, a100-80gb) schedules with vLLM V1's scheduler (``--scheduler vllm``), keeps KV in the
-    model's dtype (``kv_cache_dtype="auto"``: :func:`kv_dtype`), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool
+    model's dtype (``kv_cache_dtype="auto"``: :func:`simkv.models.vllm_kv_precision`, the checkpoint's fp8 KV where it
+    has one), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool
     sized from ``gpu_memory_utilization`` 0.9 (plan-facts §2.1); OpenVINO GenAI's continuous-batching scheduler, u8 KV
     on CPU (f16 on a GPU: the plugin's inference precision), blocks of 32 on CPU and 16 on GPU, and its dynamic pool
     (``SchedulerConfig`` defaults, DESIGN §4b)."""
+    from simkv.models import vllm_kv_precision
     from simkv.serving.engine.core import memory_path
 
     if device.runtime == "vllm":
-        return {"precision": kv_dtype(model), "block_size": 16, "pool": str(VLLM_UTILIZATION), "scheduler": "vllm"}
+        return {"precision": vllm_kv_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION), "scheduler": "vllm"}
     gpu = memory_path(device) == "gpu"
     return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic",
             "scheduler": "continuous"}

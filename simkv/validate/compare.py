@@ -95,7 +95,7 @@ PAGE = 4096
 #: A rise or a stretch's KV growth below this is not compared: glibc serves even a buffer
 #: above MALLOC_MMAP_THRESHOLD_ from a free heap chunk when one fits (a step's freed
 #: activations), and then writing it raises no RSS. Measured: the rises of 137-555 KB of
-#: a 2-layer GPT-2 export came out -100 % to +101 % (README "Validation").
+#: a 2-layer GPT-2 export came out -100 % to +101 % (docs/results/validation.md).
 MIN_COMPARED_BYTES = 1 << 20
 #: Steps that run a prompt (or a chat turn) through the model: their activations are big.
 PROMPT_PHASES = ("prefill", "turn")

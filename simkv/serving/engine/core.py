@@ -26,7 +26,7 @@ from operator import attrgetter
 import numpy as np
 
 from simkv.errors import ConfigError
-from simkv.serving.engine import planned_run, squeezed
+from simkv.serving.engine import planned_run, squeezed, vllm_run
 from simkv.serving.engine.costing import Work
 from simkv.serving.engine.joins import join
 from simkv.serving.kv.groups import overridden, paged_kv
@@ -53,10 +53,10 @@ SCHEDULER_RULES = ("genai", "vllm")
 
 
 def takes_fast_paths(sched) -> bool:
-    """Whether the engine may plan quiet runs and squeezed runs (:mod:`.planned_run`, :mod:`.squeezed`) for this
-    scheduler: they replay GenAI's rules only, so every other scheduler (vLLM's) takes the step-by-step reference
-    path, fast or not. The one place this is decided."""
-    return isinstance(sched, ContinuousScheduler)
+    """Whether the engine may plan quiet runs for this scheduler: GenAI's (:mod:`.planned_run`, and squeezed runs,
+    :mod:`.squeezed`), or vLLM's over full-attention and MLA groups without prefix caching (:mod:`.vllm_run`);
+    every other case takes the step-by-step reference path, fast or not. The one place this is decided."""
+    return isinstance(sched, ContinuousScheduler) or isinstance(sched, EngineVllm) and sched.v.plain
 
 
 def memory_path(device) -> str:
@@ -330,6 +330,8 @@ class PagedServing:
         bound; default: these requests')."""
         reqs = self.requests
         self.fast = fast and takes_fast_paths(self.sched)
+        if self.vllm:  # vLLM's step-by-step path in arithmetic where the rules reduce to it (--engine fast)
+            self.sched.lean = fast
         # arrivals in steps (arrival_step), else in seconds (arrival_s): also the planned runs and joins
         self.by_step = bool(reqs) and reqs[0].arrival_step is not None
         self.prompts = session_prompts(reqs) if prompts is None else list(prompts)
@@ -430,7 +432,9 @@ class PagedServing:
             if self.fast and live and self.step >= self.plan_from:
                 # A full fixed pool keeps preempting: once a squeezed run (:mod:`.squeezed`) was planned where a
                 # planned run was not, squeezed runs only (their states include a planned run's: the same pools)
-                if self.squeezing:
+                if self.vllm:
+                    joined = self._vllm_run(live, pending)
+                elif self.squeezing:
                     joined = self._squeezed_run(live, pending)
                 else:
                     joined = self._run_of_steps(live, pending)
@@ -670,15 +674,35 @@ class PagedServing:
         live.extend(joined)
         table, sampled = planned_run.commit(run, run.rows + joined, self.pool, self.sched.free_group, self.timer, self.block_bytes,
                                             self.bs, self.step, self)
-        self.sampled += sampled
         if run.moved is not None:  # requests the run scheduled are no longer untouched
             self.cold = max(self.cold, run.moved + 1)
+        self._carried(table, sampled)
+        return len(joined)
+
+    def _vllm_run(self, live: list[Group], pending: int) -> int | None:
+        """A quiet run of steps under vLLM's rules (:mod:`.vllm_run`), the arrivals inside it joining it or waiting
+        through it, carried out; returns how many arrived (appended to ``live``), or None."""
+        planned = vllm_run.plan(self, live, pending)
+        if planned is None:
+            return None
+        run, joiners, admits = planned
+        table, sampled = vllm_run.commit(self, run, joiners, admits, self.step)
+        joined = [j.g for j in joiners]
+        self.groups.extend(joined)
+        live.extend(joined)
+        if admits:  # requests the run scheduled are no longer untouched
+            self.cold = max(self.cold, max(g.index for _, g, _ in admits) + 1)
+        self._carried(table, sampled)
+        return len(joined)
+
+    def _carried(self, table: dict, sampled: int) -> None:
+        """A run's steps taken: its step-table columns and costs recorded, the clock and the step moved on."""
+        self.sampled += sampled
         self.rows.append(_rows_of(table))
         self.est.append(table["step_s"])
         self.t = float(table["time_s"][-1])
-        self.step += run.K
-        self._rows_added(run.K)
-        return len(joined)
+        self.step += table["_n"]
+        self._rows_added(table["_n"])
 
     def _squeezed_run(self, live: list[Group], pending: int) -> int | None:
         """A full fixed pool's steps, decoders preempting the tail request (:mod:`.squeezed`), carried out;
@@ -689,12 +713,7 @@ class PagedServing:
         table, sampled, joined = out
         self.groups.extend(joined)
         live.extend(joined)
-        self.sampled += sampled
-        self.rows.append(_rows_of(table))
-        self.est.append(table["step_s"])
-        self.t = float(table["time_s"][-1])
-        self.step += table["_n"]
-        self._rows_added(table["_n"])
+        self._carried(table, sampled)
         return len(joined)
 
     def _stop_out_of_memory(self, live: list[Group], pending: int) -> None:

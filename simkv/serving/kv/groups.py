@@ -179,13 +179,17 @@ def genai_tensor_bytes(layer: LayerKV, precision, block_size: int) -> tuple[int,
 def conv_columns(model) -> tuple[int, int] | None:
     """(conv kernel K, columns vLLM keeps: K − 1) when the model gives its linear-attention dims, its Mamba-2 dims
     or its short-conv kernel — vLLM ``MambaStateShapeCalculator`` keeps ``conv_kernel − 1`` columns in every shape
-    it builds (``gated_delta_net_state_shape``, ``mamba2_state_shape``, ``short_conv_state_shape``) — else None
-    (Jamba's Mamba-1 layers: the kernel is not carried, all K counted).
+    it builds (``gated_delta_net_state_shape``, ``mamba1_state_shape`` — Jamba's ``conv_state_shape = (divide(
+    intermediate_size, tp), conv_kernel − 1)`` —, ``mamba2_state_shape``, ``short_conv_state_shape``) — else None
+    (a model without those dims: all K counted).
     ``LayerKV.conv_elements`` counts ``conv_dim × K`` (transformers' ``[B, conv_dim, K]`` and GenAI's measured
     ``conv_state_table`` ``[?, conv_dim, K]``)."""
     dims = getattr(model, "linear_dims", None) or getattr(model, "mamba_dims", None)
     if dims:
         return dims[4], dims[4] - 1
+    mamba1 = getattr(model, "mamba1_dims", None)
+    if mamba1:
+        return mamba1[2], mamba1[2] - 1
     kernel = getattr(model, "short_conv", 0)
     return (kernel, kernel - 1) if kernel else None
 

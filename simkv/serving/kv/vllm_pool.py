@@ -25,13 +25,50 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class FrontStack:
+    """vLLM's free queue without prefix caching: blocks leave only at its front (``popleft_n``) and return only to it
+    (``prepend_n``: nothing is cached, so nothing goes to the tail), so it is a stack — a list whose end is the
+    queue's front, taken and given back a slice at a time at C speed. Iterates front first, as the queue does."""
+
+    __slots__ = ("stack",)
+
+    def __init__(self, ids) -> None:
+        self.stack = list(ids)
+        self.stack.reverse()
+
+    def __len__(self) -> int:
+        return len(self.stack)
+
+    def __iter__(self):
+        return reversed(self.stack)
+
+    def __contains__(self, b) -> bool:
+        return b in self.stack
+
+    def popleft_n(self, n: int) -> list[int]:
+        """The queue's first ``n`` blocks, front first, taken out."""
+        st = self.stack
+        cut = len(st) - n
+        out = st[cut:]
+        del st[cut:]
+        out.reverse()
+        return out
+
+    def prepend_n(self, blocks: list) -> None:
+        """``blocks`` at the queue's front in their order (``blocks[0]`` first)."""
+        self.stack.extend(reversed(blocks))
+
+
 class VllmBlockPool:
-    """``BlockPool`` with its free queue: an ordered dict of free block ids (front = next handed out)."""
+    """``BlockPool`` with its free queue of block ids (front = next handed out): an ordered dict with prefix caching
+    (a prefix hit takes a block out of the queue's middle, ``touch``; cached blocks return to its tail), a
+    :class:`FrontStack` without."""
 
     def __init__(self, num_blocks: int, prefix_caching: bool) -> None:
         self.num_blocks = num_blocks
         self.caching = prefix_caching
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.free_queue = (OrderedDict.fromkeys(range(1, num_blocks)) if prefix_caching
+                           else FrontStack(range(1, num_blocks)))
         self.ref = [0] * num_blocks
         self.hash_of: list = [None] * num_blocks
         #: (block hash, group id) -> the cached blocks with it, first cached first (``cached_block_hash_to_block``).
@@ -54,6 +91,14 @@ class VllmBlockPool:
     def get_new_blocks(self, n: int) -> list[int]:
         if n > len(self.free_queue):
             raise ValueError(f"cannot get {n} free blocks from the pool")
+        if not self.caching:
+            out = self.free_queue.popleft_n(n)
+            ref = self.ref
+            for b in out:
+                ref[b] = 1
+            if out:
+                self.touched = max(self.touched, max(out) + 1)
+            return out
         out = []
         for _ in range(n):
             b, _ = self.free_queue.popitem(last=False)
@@ -76,28 +121,45 @@ class VllmBlockPool:
             if not holders:
                 del self.cached[key]
 
-    def touch(self, blocks) -> None:
-        """A prefix hit: each block's ref count + 1, out of the free queue if it was free (``BlockPool.touch``)."""
+    def touch(self, blocks) -> int:
+        """A prefix hit: each block's ref count + 1, out of the free queue if it was free (``BlockPool.touch``).
+        Returns how many of them another table already held (now shared once more)."""
+        shared = 0
         for b in blocks:
             if b == NULL:
                 continue
             if self.ref[b] == 0:
                 del self.free_queue[b]
+            else:
+                shared += 1
             self.ref[b] += 1
+        return shared
 
-    def free_blocks(self, ordered) -> None:
+    def free_blocks(self, ordered) -> int:
+        """Returns how many of the blocks another table still holds (shared once less)."""
+        if not self.caching:  # (every block is one table's: refs 1 -> 0, all to the front in the given order)
+            first = [b for b in ordered if b != NULL]
+            ref = self.ref
+            for b in first:
+                ref[b] -= 1
+            self.free_queue.prepend_n(first)
+            return 0
         first, last = [], []
+        still_held = 0
         for b in ordered:
             if b == NULL:
                 continue
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 (first if self.hash_of[b] is None or not self.caching else last).append(b)
+            else:
+                still_held += 1
         for b in reversed(first):  # prepend_n: the list's order at the queue's front
             self.free_queue[b] = None
             self.free_queue.move_to_end(b, last=False)
         for b in last:
             self.free_queue[b] = None
+        return still_held
 
     def cache(self, b: int, key) -> None:
         """``cache_full_blocks``: a block that became full gets its hash (block hash ‖ group id)."""
@@ -121,6 +183,11 @@ class GroupTables:
         self.tables: dict[str, list[int]] = {}
         #: ``num_cached_block``: requests registered by a prefix lookup or by caching (their count of cached blocks).
         self.num_cached: dict[str, int] = {}
+        #: Bookkeeping for :meth:`data_blocks` (no rule of vLLM's): each table's leading null blocks (a window's
+        #: skipped blocks are always a prefix: ``_remove_blocks_in_range`` walks back to the last null), and how
+        #: many more references than blocks the tables hold (prefix hits on blocks another table holds).
+        self.nulls: dict[str, int] = {}
+        self.shared = 0
         # max_admission_blocks_per_request (kv_cache_interface.py): SlidingWindowSpec / ChunkedLocalAttentionSpec
         if kind == "sliding":
             self.cap = cdiv(min(window - 1 + max_in_flight, max_model_len), block_size) + 1
@@ -165,11 +232,13 @@ class GroupTables:
                 break
             freed.append(table[i])
             table[i] = NULL
+        if last > self.nulls.get(rid, 0):
+            self.nulls[rid] = last
         if freed:
-            self.pool.free_blocks(freed)
+            self.shared -= self.pool.free_blocks(freed)
 
     def add_hit(self, rid: str, hit: list[int]) -> None:
-        self.pool.touch(hit)
+        self.shared += self.pool.touch(hit)
         table = self.tables.setdefault(rid, [])
         table.extend(hit)
         self.num_cached[rid] = len(table)
@@ -194,9 +263,49 @@ class GroupTables:
     def free(self, rid: str) -> None:
         table = self.tables.pop(rid, [])
         self.num_cached.pop(rid, None)
+        self.nulls.pop(rid, None)
         while table and table[0] == NULL:  # trim_null_head
             table = table[1:]
-        self.pool.free_blocks(reversed(table))
+        self.shared -= self.pool.free_blocks(reversed(table))
+
+    def data_blocks(self, ctx_of, real: int) -> int:
+        """Bytes of data this group's blocks hold, ``real`` bytes per full block, ``ctx_of(rid)`` tokens in each
+        table (a Mamba page whole; a shared block once), in arithmetic per table: the tables' leading nulls and
+        the shared count stand for the walk over every block that :meth:`data_blocks_walk` (the reference) does.
+        A shared block is a prefix hit's, full in every table holding it (a hit is whole cached blocks), so each
+        table counts it full and the extra references are taken off once each."""
+        bs = self.block_size
+        nulls = self.nulls
+        total = 0
+        if self.kind == "mamba":
+            for rid, table in self.tables.items():
+                total += len(table) - nulls.get(rid, 0)
+            return (total - self.shared) * real
+        for rid, table in self.tables.items():
+            m = min(ctx_of(rid), len(table) * bs)
+            n = nulls.get(rid, 0)
+            if m > n * bs:
+                full, part = divmod(m, bs)
+                total += (full - n) * real + real * part // bs
+        return total - self.shared * real
+
+    def data_blocks_walk(self, ctx_of, real: int) -> int:
+        """:meth:`data_blocks` block by block (the reference): each non-null block once, filled up to the
+        table's ``ctx_of(rid)`` tokens."""
+        total = 0
+        seen = set()
+        for rid, table in self.tables.items():
+            ctx = ctx_of(rid)
+            for i, b in enumerate(table):
+                if b == NULL or b in seen:
+                    continue
+                seen.add(b)
+                if self.kind == "mamba":
+                    total += real
+                else:
+                    filled = min(self.block_size, max(ctx - i * self.block_size, 0))
+                    total += real * filled // self.block_size
+        return total
 
     def longest_hit(self, hashes: list, max_length: int) -> list[int]:
         """Full attention's ``find_longest_cache_hit``: cached blocks from the left while every hash is cached."""

@@ -69,7 +69,7 @@ class VRequest:
 
     id: str
     index: int  # arrival order (arrival_time)
-    tokens: list  # prompt + generated token ids
+    tokens: list  # prompt + generated token ids, kept only with prefix caching (the block hashes read them)
     prompt: int
     max_tokens: int
     priority: int = 0
@@ -77,14 +77,17 @@ class VRequest:
     status: str = WAITING
     preemptions: int = 0
     hashes: list = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
+    num_tokens: int = 0  # prompt + generated (``Request.num_tokens``)
 
     @property
     def outputs(self) -> int:
-        return len(self.tokens) - self.prompt
+        return self.num_tokens - self.prompt
+
+    def sample(self, n: int = 1) -> None:
+        """``n`` generated tokens appended (their ids only where prefix caching hashes them)."""
+        self.num_tokens += n
+        if self.tokens is not None:
+            self.tokens.extend([GENERATED_ID + self.index] * n)
 
     def __lt__(self, other: "VRequest") -> bool:  # Request.__lt__: (priority, arrival_time, request_id)
         return (self.priority, self.index, self.id) < (other.priority, other.index, other.id)
@@ -118,6 +121,11 @@ class VllmScheduler:
         self.groups = [GroupTables(i, kind, bs, w, self.pool, max_in_flight=s.max_num_batched_tokens,
                                    max_model_len=s.max_model_len) for i, (kind, bs, w) in enumerate(specs)]
         self.hash_block = min(bs for _, bs, _ in specs)
+        #: Groups that never skip a block and share none (full attention or MLA, prefix caching off): their
+        #: ``allocate_slots`` is the block count alone (:meth:`_allocate_plain`).
+        self.plain = not s.enable_prefix_caching and all(kind in ("full", "mla") for kind, _, _ in specs)
+        #: The serving engine's fast path (set by it): arithmetic shortcuts where the rules reduce to them.
+        self.lean = False
         self.running: list[VRequest] = []
         self.waiting: list[VRequest] = []  # FCFS: a list, head first; priority: a heap
         self.requests: dict[str, VRequest] = {}
@@ -144,7 +152,10 @@ class VllmScheduler:
     # -- requests ----------------------------------------------------------------------------------
 
     def add(self, rid: str, index: int, prompt_ids, max_tokens: int, priority: int = 0) -> None:
-        r = VRequest(str(rid), index, list(prompt_ids), len(prompt_ids), max_tokens, priority)
+        n = len(prompt_ids)
+        # the token ids only where block hashes read them (without prefix caching a prompt is its length)
+        ids = list(prompt_ids) if self.s.enable_prefix_caching else None
+        r = VRequest(str(rid), index, ids, n, max_tokens, priority, num_tokens=n)
         self._rehash(r)
         self.requests[r.id] = r
         self._push(r)
@@ -169,6 +180,8 @@ class VllmScheduler:
 
     def _allocate(self, r: VRequest, n: int, hit=None, hit_tokens: int = 0, full: bool = False) -> bool:
         """``KVCacheManager.allocate_slots``: False where the blocks do not fit (vLLM returns None)."""
+        if self.lean and self.plain:
+            return self._allocate_plain(r, n, full)
         hit = hit or [[] for _ in self.groups]
         local = r.computed + hit_tokens
         total = min(local, self.s.max_model_len)
@@ -192,6 +205,30 @@ class VllmScheduler:
         if self.s.enable_prefix_caching:
             for g in self.groups:
                 g.cache_blocks(r.id, r.hashes, min(total + n, r.num_tokens))
+        return True
+
+    def _allocate_plain(self, r: VRequest, n: int, full: bool) -> bool:
+        """:meth:`_allocate` for :attr:`plain` groups: nothing is skipped (``get_num_skipped_tokens`` is 0), no hit
+        and nothing cached, so ``get_num_blocks_to_allocate`` is each table's missing blocks and allocation takes
+        them; a decode step inside its last block allocates nothing."""
+        mml = self.s.max_model_len
+        free = self.pool.num_free()
+        if full:
+            whole = min(r.num_tokens, mml)
+            need = 0
+            for g in self.groups:
+                need += max(-(-whole // g.block_size) - len(g.tables.get(r.id, ())), 0)
+            if need > free:
+                return False
+        slot = min(r.computed + n, mml)
+        need = 0
+        for g in self.groups:
+            need += max(-(-slot // g.block_size) - len(g.tables.get(r.id, ())), 0)
+        if need > free:
+            return False
+        if need:
+            for g in self.groups:
+                g.allocate(r.id, slot)
         return True
 
     def _free(self, r: VRequest) -> None:
@@ -290,7 +327,7 @@ class VllmScheduler:
             r = self.requests[rid]
             if r.computed < r.num_tokens:
                 continue  # a partial prefill chunk samples nothing
-            r.tokens.append(GENERATED_ID + r.index)
+            r.sample()
             self._rehash(r)
             if r.outputs >= r.max_tokens or r.num_tokens >= self.s.max_model_len:  # check_stop
                 r.status = FINISHED
@@ -380,6 +417,17 @@ class EngineVllm:
             self._real.append(by_spec[(kind, window)][k].real_bytes)
         self.by_id: dict[str, object] = {}
         self._last: dict[str, int] = {}  # the last step's scheduled tokens, for update()
+        #: Steps the engine's next planned run is planned for (None: the longest; engine/vllm_run.py adapts it).
+        self.run_horizon: int | None = None
+
+    @property
+    def lean(self) -> bool:
+        """The engine's fast path: arithmetic shortcuts (:attr:`VllmScheduler.lean`, :meth:`data_bytes`)."""
+        return self.v.lean
+
+    @lean.setter
+    def lean(self, on: bool) -> None:
+        self.v.lean = on
 
     def init_side(self, g) -> None:  # the engine's fast paths' hook (never called: no fast path here)
         raise AssertionError("no fast path runs under --scheduler vllm")
@@ -442,23 +490,18 @@ class EngineVllm:
 
     def data_bytes(self, live) -> int:
         """Bytes of data the blocks in use hold: per group, each running request's non-null blocks less its last
-        block's unfilled slots (a Mamba page whole), at the group's bytes per block; a prefix-shared block once."""
-        total = 0
-        for gt, real in zip(self.v.groups, self._real):
-            seen = set()
-            for rid, table in gt.tables.items():
-                g = self.by_id.get(rid)
-                ctx = (g.processed + g.scheduled) if g is not None else 0
-                for i, b in enumerate(table):
-                    if b == NULL or b in seen:
-                        continue
-                    seen.add(b)
-                    if gt.kind == "mamba":
-                        total += real
-                    else:
-                        filled = min(gt.block_size, max(ctx - i * gt.block_size, 0))
-                        total += real * filled // gt.block_size
-        return total
+        block's unfilled slots (a Mamba page whole), at the group's bytes per block; a prefix-shared block once.
+        Per table in arithmetic (:meth:`GroupTables.data_blocks`) on the engine's fast path, block by block
+        (:meth:`GroupTables.data_blocks_walk`) on its reference path."""
+        by_id = self.by_id
+
+        def ctx_of(rid):
+            g = by_id.get(rid)
+            return (g.processed + g.scheduled) if g is not None else 0
+
+        if self.v.lean:
+            return sum(gt.data_blocks(ctx_of, real) for gt, real in zip(self.v.groups, self._real))
+        return sum(gt.data_blocks_walk(ctx_of, real) for gt, real in zip(self.v.groups, self._real))
 
 
 #: ``max_model_len`` of the engine's vLLM scheduler: no length stop (simkv's run rejects prompts at or above the

@@ -57,6 +57,19 @@ class GenaiModelSpec:
     vocab: int = 1000  # ids >= PROMPT_ID_END (259) are the ones it generates
     seed: int = 0
     with_tokenizer: bool = True
+    #: Hidden size (default heads x head dim); ``simkv validate --serving`` runs a real head shape
+    #: (16/8 heads x 128) on hidden 1,024.
+    hidden: int | None = None
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden if self.hidden is not None else self.heads * self.head_dim
+
+    @property
+    def params(self) -> int:
+        """Weights of the attention-only decoder (Q, K, V, O per layer; embedding and head)."""
+        hidden, q, kv = self.hidden_size, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.layers * (2 * hidden * q + 2 * hidden * kv) + 2 * self.vocab * hidden
 
     def __post_init__(self) -> None:
         if self.vocab <= PROMPT_ID_END:
@@ -65,8 +78,9 @@ class GenaiModelSpec:
             raise ValueError("layers, heads, kv heads and head dim must be positive")
         if self.heads % self.kv_heads or self.head_dim % 2:
             raise ValueError("heads must be a multiple of kv heads, and head dim even")
-        hidden = self.heads * self.head_dim
-        params = self.layers * (2 * hidden * hidden + 2 * hidden * self.kv_heads * self.head_dim) + 2 * self.vocab * hidden
+        if self.hidden is not None and self.hidden < 1:
+            raise ValueError("hidden must be positive")
+        params = self.params
         if params > MAX_PARAMS:
             raise ValueError(f"the toy model would hold {params:,} weights; a real validation run takes at most "
                              f"{MAX_PARAMS:,} (the schedule does not depend on the model's size)")
@@ -81,7 +95,7 @@ class GenaiModelSpec:
         except Exception:  # pragma: no cover - metadata missing
             tok = "unknown"
         return (f"genai-toy-v2-L{self.layers}-H{self.heads}-KV{self.kv_heads}-S{self.head_dim}-V{self.vocab}"
-                f"-seed{self.seed}-ov{ov.__version__.split('-')[0]}-tok{tok}")
+                f"{'' if self.hidden is None else f'-D{self.hidden}'}-seed{self.seed}-ov{ov.__version__.split('-')[0]}-tok{tok}")
 
 
 def cache_root() -> Path:
@@ -164,7 +178,8 @@ def _build(spec: GenaiModelSpec, out: Path) -> None:
     from ..openvino.toy import ToyDecoderSpec
 
     model = build_stateful_decoder(ToyDecoderSpec(layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
-                                                  head_dim=spec.head_dim, vocab=spec.vocab, seed=spec.seed))
+                                                  head_dim=spec.head_dim, hidden=spec.hidden, vocab=spec.vocab,
+                                                  seed=spec.seed))
     _mask_prompt_ids(model, spec.vocab)
     ov.save_model(model, str(out / "openvino_model.xml"))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_TOKEN_ID, "bos_token_id": 1,

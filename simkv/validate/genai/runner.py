@@ -509,7 +509,8 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerConfig]], *, spec=None, mo
         "kv_precision": layout.kv_precision,
         "kv_layout": {"layers": layout.layers, "block_size": BLOCK_SIZE, "key_block_shape": list(layout.key_shape),
                       "value_block_shape": list(layout.value_shape)},
-        "model": {k: v for k, v in asdict(spec).items() if k != "with_tokenizer"} | {"dir": str(path)},
+        "model": {k: v for k, v in asdict(spec).items() if k != "with_tokenizer" and not (k == "hidden" and v is None)}
+                 | {"dir": str(path)},
         "seed": seed,
         "workloads": [asdict(c) for c in results],
         "versions": paged_versions(),
