@@ -155,9 +155,9 @@ def test_the_command_line_follows_the_form():
     # the block size, max_num_seqs and max_num_batched_tokens left empty: the scheduler's own defaults
     assert sv.command(form()) == [
         "--trace", "azure-conv", "--limit", "100", "--model", "llama-3-8b",
-        "--memory", "paged", "--scheduler", "continuous", "--device", "h100-sxm"]
+        "--memory", "paged", "--scheduler", "continuous", "--device", DEFAULT_DEVICE]  # every command's default
     assert sv.command(form(sv_block_size="16", sv_max_num_seqs="64", sv_max_num_batched_tokens="512"))[-8:] == [
-        "--block-size", "16", "--max-num-seqs", "64", "--max-num-batched-tokens", "512", "--device", "h100-sxm"]
+        "--block-size", "16", "--max-num-seqs", "64", "--max-num-batched-tokens", "512", "--device", DEFAULT_DEVICE]
     argv = sv.command(form(sv_memory="contiguous", sv_policy="static", sv_scheduler="sequential",
                            sv_policy_opts="max_prompt_len=4096, min_response_len=0", sv_precision="f16",
                            sv_pool="gib", sv_pool_size="2", sv_max_num_seqs="8", sv_max_num_batched_tokens="64"))

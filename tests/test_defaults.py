@@ -40,7 +40,7 @@ def simkv(*args, cwd=ROOT):
 
 def test_every_command_defaults_to_the_same_device():
     from simkv.cli import build_parser
-    from simkv.dashboard.state import SERVING_DEFAULTS
+    from simkv.dashboard.serving_view import FIELDS
     from simkv.flags import scenario_from_args
     from simkv.lab.tune_serving import build_target
     from simkv.scenario import DEFAULT_DEVICE_MEMORY
@@ -59,7 +59,7 @@ def test_every_command_defaults_to_the_same_device():
                           device=None, device_memory=None, weights_memory=None, weights_precision=None,
                           max_context=None, max_preemptions=None)
     assert target.template.device == DEFAULT_DEVICE
-    assert SERVING_DEFAULTS["sv_device"] == DEFAULT_DEVICE
+    assert next(f for f in FIELDS if f.key == "sv_device").default == DEFAULT_DEVICE
     # validate compares a real run on this machine with its prediction: the device is this host
     assert top.parse_args(["validate"]).device == "host"
 

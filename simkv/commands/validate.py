@@ -18,17 +18,21 @@ VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
 #: The modes of ``simkv validate`` (simkv.flags: every flag declares the ones that use it).
 VALIDATE_MODES = (
     Mode("openvino", "the OpenVINO CPU plugin (--runtime openvino, the default)",
-         lambda a: not a.paged and a.runtime == "openvino", "runtime"),
+         lambda a: not a.paged and not a.serving and a.runtime == "openvino", "runtime"),
     Mode("transformers", "Hugging Face transformers (--runtime transformers)",
-         lambda a: not a.paged and a.runtime == "transformers", "runtime", ("--runtime", "transformers")),
-    Mode("paged", "GenAI's continuous batching (--paged)", lambda a: a.paged and a.runtime != "vllm", "runtime",
-         ("--paged",)),
+         lambda a: not a.paged and not a.serving and a.runtime == "transformers", "runtime",
+         ("--runtime", "transformers")),
+    Mode("paged", "GenAI's continuous batching (--paged)",
+         lambda a: a.paged and not a.serving and a.runtime != "vllm", "runtime", ("--paged",)),
+    Mode("live", "GenAI served in real time (--serving)", lambda a: a.serving and a.runtime != "vllm", "runtime",
+         ("--serving",)),
     Mode("vllm", "the real vLLM scheduler (--runtime vllm)", lambda a: a.runtime == "vllm", "runtime",
          ("--runtime", "vllm")),
-    *workload_modes(lambda a: not a.paged),
+    *workload_modes(lambda a: not a.paged and not a.serving and a.runtime != "vllm"),
     # the transformers runner builds its chat turns without the trims (simkv/validate/transformers/runner.py)
     Mode("openvino-chat", "chat turns on the OpenVINO CPU plugin (--turns above 0, no --ops)",
-         lambda a: not a.paged and a.runtime == "openvino" and not a.ops and a.turns > 0, "turns", ("--turns", "1")),
+         lambda a: not a.paged and not a.serving and a.runtime == "openvino" and not a.ops and a.turns > 0, "turns",
+         ("--turns", "1")),
 )
 #: A single session, on either runtime (not --paged).
 SESSION = ("openvino", "transformers")
@@ -64,8 +68,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         if action.dest in helps:
             action.help = helps[action.dest]
     r = p.add_argument_group("real run")
-    r.add_argument("--hidden", type=int, modes=SESSION, help="hidden size of the toy model (default heads x head-dim)")
-    r.add_argument("--vocab", type=int, default=1000, modes=(*SESSION, "paged"), help="vocabulary of the toy model (default 1000)")
+    r.add_argument("--hidden", type=int, modes=(*SESSION, "live"), help="hidden size of the toy model (default heads x head-dim)")
+    r.add_argument("--vocab", type=int, default=1000, modes=(*SESSION, "paged", "live"), help="vocabulary of the toy model (default 1000)")
     r.add_argument("--inference-precision", modes="openvino",
                    help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
     r.add_argument("--ir", metavar="PATH", modes="openvino", help="validate an exported model (openvino_model.xml or "
@@ -91,11 +95,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="--runtime transformers: DynamicCache (hf-dynamic, default) or StaticCache (hf-static)")
     r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", modes="transformers",
                    help="--runtime transformers: max_cache_len=N for hf-static (default: the longest history)")
-    add_latency_arguments(p, default="host", modes="openvino", help="cost-model device the measured latency is "
+    add_latency_arguments(p, default="host", modes=("openvino", "live"), help="cost-model device the measured latency is "
                           "compared with: this host (after `simkv calibrate`), a preset or a preset file")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", modes=ANY, help="print the result as JSON on stdout")
-    o.add_argument("--out", metavar="PATH.json", modes=(*SESSION, "paged"), output=(".json",), help="write the JSON result to a file")
+    o.add_argument("--out", metavar="PATH.json", modes=(*SESSION, "paged", "live"), output=(".json",), help="write the JSON result to a file")
     o.add_argument("--report", metavar="PATH.html", modes=(*SESSION, "paged"), output=(".html", ".htm"),
                    help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
@@ -117,9 +121,9 @@ def _add_paged_validate_arguments(p) -> None:
                    help="pool blocks (0 with --cache-size 0: dynamic pool)")
     g.add_argument("--cache-size", type=int, default=0, metavar="GIB", modes="paged",
                    help="pool size in whole GiB (GenAI's cache_size)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", modes=("paged", "vllm"),
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", modes=("paged", "vllm", "live"),
                    help="tokens per step (default 256)")
-    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", modes=("paged", "vllm"),
+    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", modes=("paged", "vllm", "live"),
                    help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
     g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged",
                    help="vLLM mode: whole prompts, no chunks")
@@ -139,21 +143,21 @@ def _add_serving_validate_arguments(p) -> None:
     """``simkv validate --serving``: GenAI served in real time vs the serving simulation (simkv/validate/genai/serving.py)."""
     g = p.add_argument_group("serving (--serving: OpenVINO GenAI served in real time vs the serving simulation on "
                              "--device, default host)")
-    g.add_argument("--serving", action="store_true",
+    g.add_argument("--serving", action="store_true", modes="live",
                    help="time fixed batches and serve requests live on the real pipeline (pinned to --cpu), "
                         "simulate the same on --device and compare step times, TTFT, TPOT and e2e")
-    g.add_argument("--stage", choices=("steps", "e2e", "both"), default="both",
+    g.add_argument("--stage", choices=("steps", "e2e", "both"), default="both", modes="live",
                    help="steps: fixed batches only; e2e: live serving only (default both)")
-    g.add_argument("--requests", type=int, default=80, metavar="N", help="requests per load (default 80)")
-    g.add_argument("--busy", default="0.3,0.6,1.2", metavar="LIST",
+    g.add_argument("--requests", type=int, default=80, metavar="N", modes="live", help="requests per load (default 80)")
+    g.add_argument("--busy", default="0.3,0.6,1.2", metavar="LIST", modes="live",
                    help="offered loads, fractions of one request's solo service time per arrival (default "
                         "0.3,0.6,1.2; from 1.0 on: overloaded, reported but not judged)")
-    g.add_argument("--repeats", type=int, default=3, metavar="N", help="live runs per load, each a fresh process (default 3)")
-    g.add_argument("--decode-batches", default="1,2,4,8,16,32", metavar="LIST", help="decode batches timed (default 1,2,4,8,16,32)")
-    g.add_argument("--prefill-chunks", default="32,64,128,256,512", metavar="LIST",
+    g.add_argument("--repeats", type=int, default=3, metavar="N", modes="live", help="live runs per load, each a fresh process (default 3)")
+    g.add_argument("--decode-batches", default="1,2,4,8,16,32", metavar="LIST", modes="live", help="decode batches timed (default 1,2,4,8,16,32)")
+    g.add_argument("--prefill-chunks", default="32,64,128,256,512", metavar="LIST", modes="live",
                    help="prefill chunks timed (default 32,64,128,256,512)")
-    g.add_argument("--step-repeats", type=int, default=9, metavar="N", help="timed steps per fixed batch (default 9)")
-    g.add_argument("--cpu", type=int, default=0, metavar="N", help="core the real runs are pinned to (taskset; -1: unpinned)")
+    g.add_argument("--step-repeats", type=int, default=9, metavar="N", modes="live", help="timed steps per fixed batch (default 9)")
+    g.add_argument("--cpu", type=int, default=0, metavar="N", modes="live", help="core the real runs are pinned to (taskset; -1: unpinned)")
 
 
 def main(args: argparse.Namespace) -> int:
