@@ -36,7 +36,7 @@ RULES = (
     ("kv-managers", "KV-cache managers per layer kind", "simkv/serving/kv/groups.py"),
     ("contiguous", "Contiguous per-request buffers", "simkv/serving/contiguous.py"),
     ("router", "Replicas and routers", "simkv/serving/router.py"),
-    ("cost-model", "The cost model", "simkv/cost.py"),
+    ("cost-model", "The cost model", "simkv/cost/__init__.py"),
     ("layer-kinds", "What each layer keeps", "simkv/kvspec.py"),
     ("hf-config", "Reading a config.json", "simkv/hfconfig/__init__.py"),
     ("precision", "KV precisions and their metadata", "simkv/precision.py"),

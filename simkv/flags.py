@@ -32,6 +32,10 @@ from simkv.models import WEIGHT_PRECISIONS
 #: A flag every mode of its command uses.
 ANY = "any"
 
+#: Why a closed loop refuses the synthetic arrival flags (the synthetic mode's hints, ``simkv run`` and ``plan``).
+CLOSED_LOOP_HINTS = {option: "a closed loop (--concurrency) sends each request when a client's previous one ended"
+                     for option in ("--rate", "--arrivals")}
+
 
 class Mode(NamedTuple):
     """One way a command runs, as its flags select it. ``says`` completes "applies to …" and "not …" in the

@@ -6,7 +6,8 @@ Bytes are counted as the runtimes lay them out (DESIGN.md §2, §3):
   (scale, zero-point) pair per token per head: ``[cap, B, H_kv, 2]`` × 4 B.
 * GPU plugin, i8: data ``[B, H_kv, cap, S]`` plus an f16 (scale, zero-point)
   pair per token per head, interleaved ``[B, H_kv, cap, 2]`` × 2 B.
-* f32 / f16 / bf16: data only.
+* f32 / f16 / bf16: data only; fp8 (vLLM's ``--kv-cache-dtype fp8``): data only, 1 B per element, with one
+  scale per layer tensor (not per token).
 """
 
 from __future__ import annotations

@@ -22,6 +22,26 @@ def kept_environ():
     os.environ.update(environ)
 
 
+@pytest.fixture()
+def planned_runs(monkeypatch):
+    """Every run of steps the serving engine plans (simkv.serving.engine.planned_run.plan's non-None results), in
+    order: a test of the fast path checks that it planned runs there (else its comparison with the reference
+    would prove nothing)."""
+    from simkv.serving.engine import planned_run
+
+    runs = []
+    plan = planned_run.plan
+
+    def spy(eng, live, pending):
+        out = plan(eng, live, pending)
+        if out is not None:
+            runs.append(out)
+        return out
+
+    monkeypatch.setattr(planned_run, "plan", spy)
+    return runs
+
+
 def run(engine: str = "fast", **kwargs):
     kwargs.setdefault("model", None)
     return simulate(build_scenario(**kwargs), engine=engine)

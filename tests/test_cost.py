@@ -1,4 +1,4 @@
-"""The cost model: golden values worked out by hand from the formula in simkv/cost.py."""
+"""The cost model: golden values worked out by hand from the formula in simkv/cost/ (its package docstring)."""
 
 import json
 
@@ -145,3 +145,19 @@ def test_lm_head_only_for_logit_tokens():
     c = step_cost(TOY, DEV, weights_bytes=0, new_tokens=5, attended_pairs=0, kv_read_bytes=0,
                   kv_write_bytes=0, logit_tokens=1)
     assert c.flops == 190720
+
+
+def test_a_quantized_checkpoints_gemms_at_their_kernels_peaks():
+    # TOY's layers multiply a token by 18,432 parameters, its LM head by 3,200. With 10,000 of the layers' stored
+    # in a format whose kernel runs at an f8 peak of 40,000 (x 0.25) and the rest at f32 (10,000 x 0.25): one token
+    # costs 2 x 3,200 / 2,500 (LM head, f32) + 2 x 10,000 / 10,000 + 2 x 8,432 / 2,500 = 2.56 + 2.0 + 6.7456 s
+    # of matmul arithmetic, against 2 x 21,632 / 2,500 = 17.3056 s all at f32.
+    from dataclasses import replace
+
+    dev = replace(DEV, peak_flops={"f32": 10_000.0, "f8": 40_000.0}, step_overhead_s=0.0)
+    kw = dict(weights_bytes=0, new_tokens=1, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0)
+    assert step_cost(TOY, dev, **kw).compute_s == pytest.approx(17.3056)
+    c = step_cost(TOY, dev, gemm_mix=(("f8", 10_000), ("f32", 8_432)), **kw)
+    assert c.matmul_s == pytest.approx(2.56 + 2.0 + 6.7456) and c.seconds == pytest.approx(11.3056)
+    with pytest.raises(ConfigError, match="gemm_mix holds 10,000 parameters"):
+        step_cost(TOY, dev, gemm_mix=(("f8", 10_000),), **kw)

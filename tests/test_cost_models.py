@@ -1,6 +1,6 @@
 """The cost model for today's models (issue #19, point 4): weights of mixtures of experts, MLA and linear
 attention, the experts a step reads, attention per layer kind. Every number is worked out by hand from the
-formulas in simkv/models.py, simkv/kvspec.py and simkv/cost.py (their docstrings give the sources)."""
+formulas in simkv/models.py, simkv/kvspec.py and simkv/cost/ (their docstrings give the sources)."""
 
 from __future__ import annotations
 
@@ -221,10 +221,10 @@ def test_weights_a_moe_step_reads():
     assert float(weights_read_bytes(GPT_OSS, w, 10**6)) == pytest.approx(w)
     dense = get_model("llama-2-7b")
     assert weights_read_bytes(dense, 123, 7) == 123
-    # in a step: 2 x 105,472 = 210,944 FLOPs per token (2 x active parameters); weights at 3.35e12 x 0.694 B/s
+    # in a step: 2 x 105,472 = 210,944 FLOPs per token (2 x active parameters); weights at 3.35e12 x 0.877 B/s
     c = step_cost(GPT_OSS, H100, weights_bytes=w, new_tokens=2, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0)
     assert c.flops == 2 * 2 * 105_472
-    assert c.terms[0] == pytest.approx(272_384 / (3.35e12 * 0.694))
+    assert c.terms[0] == pytest.approx(272_384 / (3.35e12 * 0.877))
     assert c.bytes == pytest.approx(272_384)
 
 
@@ -342,13 +342,16 @@ def test_a_dense_preset_step_is_unchanged():
     # (matmuls are memory-bound: 2 x 6,607,077,376 x 8 FLOPs at 989.4e12 x 0.561 = 0.19 ms); KV read 8 x 4,096 x
     # 524,288 B + written 8 x 524,288, at 3.35e12 x 0.892 = 5.7508 ms (its arithmetic 4 x 32 x 32 x 128 x 8 x
     # 4,097 FLOPs, 0.03 ms) -> 11.5471 ms
-    e = estimate(get_model("llama-2-7b"), H100, BF16, batch=8, context=4096, prompt=2048, weights_precision="bf16")
+    # (pinned on the h100-sxm preset as it was then: its later measurements changed three of its numbers, not the
+    # formula; the preset as it is now is priced by hand in tests/test_device_presets.py)
+    h100 = replace(H100, bandwidth_efficiency=0.694, flops_efficiency=0.561, layer_overhead_s=0.0)
+    e = estimate(get_model("llama-2-7b"), h100, BF16, batch=8, context=4096, prompt=2048, weights_precision="bf16")
     assert e["decode_step_s"] == 0.011547147187899686 and e["prefill_s"] == 0.39817471490539824
     assert e["stateless"]["decode_step_s"] == 0.8282578714885162 and e["flops"] == 122897301504.0
     assert e["kv_read_bytes"] == 17179869184 and "moe" not in e and "mla" not in e
     by_hand = 13_476_298_752 / (3.35e12 * 0.694) + (8 * 4096 * 524288 + 8 * 524288) / (3.35e12 * 0.892)
     assert e["decode_step_s"] == pytest.approx(by_hand, rel=1e-12)
-    e = estimate(get_model("mistral-7b"), H100, get_precision("u8"), batch=4, context=10000, prompt=512,
+    e = estimate(get_model("mistral-7b"), h100, get_precision("u8"), batch=4, context=10000, prompt=512,
                  weights_precision="bf16")
     assert (e["decode_step_s"], e["prefill_s"]) == (0.006611364336133267, 0.05200178158719863)
     assert e["stateless"]["decode_step_s"] == 1.1291214077930518 and e["kv_read_bytes"] == 1140850688

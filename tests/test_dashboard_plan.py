@@ -254,14 +254,22 @@ def test_plan_workspace_runs_and_shows_the_recommendation(app_page):
     _enter(page, "#pl_max_devices", "2")
     expect(cli).to_contain_text("--limit 30 ")
     expect(cli).to_contain_text("--max-devices 2")
-    page.click("#pl-run")
-    # while it searches: Run disabled, a progress bar saying how much work it is
-    expect(page.locator("#pl-run")).to_be_disabled()
-    expect(page.locator("#pl-progress")).to_be_visible()
+    # while it searches: Run disabled, a progress bar saying how much work it is. A fast machine finishes the
+    # search between two polls, so the page itself records what it showed (no race with the search's speed).
+    page.evaluate("""() => {
+        window.__busy = {progress: false, disabled: false};
+        const bar = document.querySelector('#pl-progress'), run = document.querySelector('#pl-run');
+        new MutationObserver(() => {
+            if (getComputedStyle(bar).display !== 'none') window.__busy.progress = true;
+            if (run.disabled) window.__busy.disabled = true;
+        }).observe(document.body, {attributes: true, subtree: true, attributeFilter: ['style', 'disabled']});
+    }""")
     expect(page.locator("#pl-progress")).to_contain_text("Searching 16 deployments × 30 requests")
+    page.click("#pl-run")
     expect(page.locator("#pl-rec-text")).to_contain_text("Recommended: 1 x h100-sxm, vLLM scheduler, tp 1, 1 replica")
     expect(page.locator("#pl-run")).to_be_enabled()
     expect(page.locator("#pl-progress")).to_be_hidden()
+    assert page.evaluate("() => window.__busy") == {"progress": True, "disabled": True}
     expect(page.locator("#pl-rec-detail")).to_contain_text("ttft_p99")
     expect(page.locator("#pl-rec-plan")).to_have_text(cli.inner_text())
     expect(page.locator("#pl-rec-run")).to_contain_text("simkv run --trace azure-conv --limit 30")

@@ -102,6 +102,8 @@ def test_the_view_shows_what_simkv_run_prints(over, tmp_path):
     ({"sv_memory": "contiguous", "sv_policy_opts": "bogus=3"}, "sv_policy_opts", "'bogus' is not an option"),
     ({"sv_memory": "contiguous", "sv_policy_opts": "tokens"}, "sv_policy_opts", "expected KEY=VALUE"),
     ({"sv_device": "mainframe"}, "sv_device", "choose one of"),
+    ({"sv_cache_eviction": "max=abc"}, "sv_cache_eviction", "--cache-eviction max must be a whole number"),
+    ({"sv_cache_eviction": "max=64"}, "sv_cache_eviction", "must be larger than start + recent"),
 ])
 def test_bad_input_is_one_line_next_to_its_field(over, key, message):
     out = sv.serving_callback(form(**over), "serving")
@@ -166,6 +168,20 @@ def test_the_command_line_follows_the_form():
     assert argv[argv.index("--policy"):argv.index("--device")] == [
         "--policy", "static", "--policy-opt", "max_prompt_len=4096", "--policy-opt", "min_response_len=0"]
     assert argv[argv.index("--precision") + 1] == "f16"
+    # GenAI's cache eviction: its flag form on the line under GenAI's scheduler only (vLLM's has none)
+    assert sv.command(form(sv_cache_eviction="max=256"))[-4:] == [
+        "--cache-eviction", "start=32,recent=128,max=256", "--device", "h100-sxm"]
+    assert "--cache-eviction" not in sv.command(form(sv_cache_eviction="on", sv_scheduler="vllm"))
+
+
+def test_the_view_runs_with_cache_eviction():
+    # the form's default pool and trace, with GenAI's default budget: blocks are dropped, and fewer are in use
+    plain, evicting = (sv.serving_view(form(sv_requests="40", **over)) for over in ({}, {"sv_cache_eviction": "on"}))
+    assert plain["ok"] and evicting["ok"], evicting["status"]
+    assert "--cache-eviction start=32,recent=128,max=672" in evicting["cli"]
+    used = {name: [t for t in view["memory"].data if (t.name or "").startswith("used")][0]
+            for name, view in (("plain", plain), ("evicting", evicting))}
+    assert max(used["evicting"].y) < max(used["plain"].y)
 
 
 TEXT = hst.text(alphabet="0123456789.-:e,= abcfxnilu", max_size=12)

@@ -32,6 +32,14 @@ def write_trace(path: Path, rows) -> Path:
     return path
 
 
+def tune_grid(trace: Path, *args) -> dict:
+    """``simkv tune --serving`` on the toy model, a grid search in one process: its JSON."""
+    res = simkv("tune", "--serving", "--trace", str(trace), *TOY, "--device-memory", "1GiB", *args,
+                "--search", "grid", "--workers", "1", "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
 def test_tune_serving_golden_pool_size(tmp_path):
     # One request, prompt 64, 1 new token; toy model (2 layers, 2 kv heads x 32), u8 KV, block 32.
     # Block bytes (DESIGN §4b, CPU u8 layout) = L * H_kv * (40*S + 32*(S+8)) = 2*2*(1280 + 1280) = 10,240 B.
@@ -41,11 +49,7 @@ def test_tune_serving_golden_pool_size(tmp_path):
     #   baseline (dynamic pool): sized ceil(min(2P, P + max_new)/32) = ceil(65/32) = 3 blocks -> peak 61,440 B.
     # Objective peak:max -> recommendation num_kv_blocks=2 (-33.3 %).
     trace = write_trace(tmp_path / "t.csv", [(0.0, 64, 1)])
-    res = simkv("tune", "--serving", "--trace", str(trace), *TOY, "--device-memory", "1GiB",
-                "--param", "num_kv_blocks=1:4:1", "--objective", "peak:max", "--objective", "pool:max",
-                "--search", "grid", "--workers", "1", "--json")
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    out = tune_grid(trace, "--param", "num_kv_blocks=1:4:1", "--objective", "peak:max", "--objective", "pool:max")
     assert out["baseline"]["objectives"] == {"peak:max": 61440.0, "pool:max": 30720.0}
     assert out["recommendation"]["params"] == {"num_kv_blocks": 2}
     assert out["recommendation"]["objectives"] == {"peak:max": 40960.0, "pool:max": 20480.0}
@@ -61,6 +65,24 @@ def test_tune_serving_golden_pool_size(tmp_path):
     out = json.loads(res.stdout)
     assert out["search"] == "optuna" and out["recommendation"]["feasible"]
     assert out["recommendation"]["objectives"]["peak:max"] <= 61440.0
+
+
+def test_tune_serving_searches_cache_eviction(tmp_path):
+    # One request: prompt 150, 400 new tokens; toy model, u8 KV, block 32 (10,240 B).
+    #   no eviction, dynamic pool: sized min(2P, P + 400) = 300 tokens (10 blocks), grown by 256 tokens (8 blocks)
+    #     when the 11th is needed: 18 blocks = 184,320 B (the baseline);
+    #   eviction at max 192: the request keeps at most 192/32 + 1 = 7 blocks (its prompt's 5 are never dropped);
+    #     a dynamic pool still reserves the 10 (GenAI reserves as without eviction): 102,400 B;
+    #   a fixed pool of 7: enough with eviction (71,680 B); without, the request needs an 8th block no one can
+    #     free, the step schedules nothing, it is IGNORED: infeasible.
+    trace = write_trace(tmp_path / "t.csv", [(0.0, 150, 400)])
+    out = tune_grid(trace, "--param", "cache_eviction_max=0,192", "--param", "num_kv_blocks=0,7",
+                    "--objective", "pool:max")
+    assert out["baseline"]["objectives"] == {"pool:max": 18 * 10240.0}
+    assert out["recommendation"]["params"] == {"cache_eviction_max": 192, "num_kv_blocks": 7}
+    assert out["recommendation"]["objectives"] == {"pool:max": 7 * 10240.0}
+    assert out["command"].endswith("--num-kv-blocks 7 --cache-eviction start=32,recent=128,max=192")
+    assert out["evaluated"] == 4
 
 
 def test_tune_serving_front_and_reproducing_command(tmp_path):

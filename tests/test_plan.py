@@ -262,3 +262,72 @@ def test_a_bad_precision_is_one_line_before_any_run(capsys):
     assert main(["plan", "--synthetic", "--requests", "20", "--devices", "h100-sxm", "--max-devices", "1",
                  "--precisions", "bf16,xyz", "--workers", "1"]) == 2
     assert "unknown precision 'xyz'" in capsys.readouterr().err
+
+
+def test_cache_eviction_reaches_every_deployment_and_the_reproduce_line(slow_device, tmp_path, capsys):
+    # one request decoding past GenAI's default max (672 + 32): with eviction its KV stops growing, and the
+    # reproduce line carries the flag; plans without eviction keep their point ids (the key only has it when set)
+    trace = tmp_path / "long.csv"
+    trace.write_text("id,arrival,prompt,max_new_tokens\n0,0,600,300\n")
+    space = plan.Space((slow_device,), max_devices=1, tp=(1,), max_num_batched_tokens=(1024,), pools=("0.5",))
+    base = plan.Target({"trace": str(trace), "limit": None}, "llama-3.1-8b", plan.parse_slo("tpot_p99=1s"),
+                       scheduler="continuous")
+    assert "cache_eviction" not in base.key()
+    ev = plan.Target(base.workload, base.model, base.slo, scheduler="continuous",
+                     cache_eviction="start=32,recent=128,max=672")
+    plain, evicting = (plan.run_plan(t, space, workers=1).recommended for t in (base, ev))
+    assert "--cache-eviction start=32,recent=128,max=672" in plan.command(evicting)
+    assert "--cache-eviction" not in plan.command(plain)
+    assert plan.spec_of(evicting).paged.cache_eviction.max == 672
+    assert main(["plan", "--trace", str(trace), "--devices", slow_device, "--max-devices", "1",
+                 "--memory", "contiguous", "--cache-eviction", "on"]) == 2
+    assert "use --memory paged" in capsys.readouterr().err
+
+
+# -- traffic: the trace's rates, steady sizing, closed loops ---------------------------------------
+
+def test_traffic_rates_by_hand():
+    from simkv.serving import Request
+
+    # 61 arrivals: one a second for 0..49 s, then 11 within the second from 50 s (50.0, 50.1, ..., 51.0):
+    # span 51 s -> mean 60 / 51 = 1.176/s; the window is min(60 s, the span) = 51 s, and the one starting at 0 holds
+    # the arrivals before 51 s: 50 + 10 = 60 -> 60 / 51 (no later start holds more)
+    times = [float(i) for i in range(50)] + [50.0 + i / 10 for i in range(11)]
+    reqs = [Request(i, 10, 5, arrival_s=t) for i, t in enumerate(times)]
+    tr = plan.traffic(reqs)
+    assert tr["requests"] == 61 and tr["span_s"] == 51.0 and tr["window_s"] == 51.0
+    assert tr["mean_rate"] == pytest.approx(60 / 51) and tr["peak_rate"] == pytest.approx(60 / 51)
+    # over a longer span the window is a minute: 20 arrivals in one second at 100 s among one a second for 200 s
+    times = sorted([float(i) for i in range(200)] + [100.0 + (i + 1) / 21 for i in range(20)])
+    reqs = [Request(i, 10, 5, arrival_s=t) for i, t in enumerate(times)]
+    tr = plan.traffic(reqs)
+    # the window from 41 s holds 41..100 (60 ones a second) + the 20 of the burst (100 < t < 101): 80 / 60
+    assert tr["window_s"] == 60.0 and tr["peak_rate"] == pytest.approx(80 / 60) and tr["peak_at_s"] == 41.0
+    assert plan.traffic(reqs[:1]) is None
+    # steady traffic at a rate: the same requests, one every 1/rate seconds
+    even = plan.steady(reqs[:3], 4.0)
+    assert [r.arrival_s for r in even] == [0.0, 0.25, 0.5] and [r.prompt for r in even] == [10, 10, 10]
+
+
+def test_plan_reports_the_traffic_and_sizes_it_steady(capsys):
+    args = ["plan", "--synthetic", "--requests", "300", "--rate", "20", "--model", "llama-3.1-8b", "--devices",
+            "h100-sxm", "--max-devices", "1", "--tp", "1", "--max-num-batched-tokens", "2048", "--traffic-report",
+            "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    tr = out["traffic"]
+    assert tr["requests"] == 300 and tr["peak_rate"] >= tr["mean_rate"] > 0
+    assert set(tr) >= {"steady_mean", "steady_peak"}
+    assert tr["steady_mean"] is None or tr["steady_mean"]["devices"] == 1
+
+
+def test_plan_under_a_closed_loop_searches_one_engine_per_deployment(capsys):
+    args = ["plan", "--synthetic", "--requests", "60", "--concurrency", "4", "--model", "llama-3.1-8b", "--devices",
+            "h100-sxm", "--max-devices", "2", "--tp", "1,2", "--max-num-batched-tokens", "2048", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["traffic"] is None  # a closed loop has no arrival rate of its own
+    assert all(d["replicas"] == 1 for d in out["deployments"])
+    assert "--concurrency 4" in out["recommended"]["command"]
+    assert main(["plan", "--synthetic", "--concurrency", "4", "--traffic-report"]) == 2
+    assert "closed loop" in capsys.readouterr().err

@@ -50,15 +50,15 @@ def test_tp2_halves_llama3_8b_weights_and_kv_per_device():
     # KV per token, f16: whole model 32 layers x (K + V) 2 x 8 heads x 128 x 2 B = 131,072 B; per device 4 heads:
     # 65,536 B
     assert F16.kv_bytes_per_token(model) == 131_072 and F16.kv_bytes_per_token(share) == 65_536
-    # The KV budget per device follows: 80e9 B - 8,029,995,008 = 71,970,004,992 B; blocks of 16 tokens x 65,536 B =
-    # 1,048,576 B -> 71,970,004,992 // 1,048,576 = 68,635 blocks (68,635 x 1,048,576 = 71,969,013,760; 991,232 B
-    # left). One device: 80e9 - 16,059,990,016 = 63,940,009,984 B // 2,097,152 B = 30,488 blocks (30,488 x 2,097,152 = 63,937,970,176; 2,039,808 B left):
-    # more than twice the tokens per device, since the weights halved too.
+    # The KV budget per device follows (the H100's 85,017,493,504 B, measured): - 8,029,995,008 = 76,987,498,496 B;
+    # blocks of 16 tokens x 65,536 B = 1,048,576 B -> 76,987,498,496 // 1,048,576 = 73,421 blocks (exactly). One
+    # device: 85,017,493,504 - 16,059,990,016 = 68,957,503,488 B // 2,097,152 B = 32,881 blocks (32,881 x 2,097,152 =
+    # 68,956,454,912; 1,048,576 B left): more than twice the tokens per device, since the weights halved too.
     cfg = SchedulerConfig(block_size=16)
     one = PagedServing([], model, F16, cfg, device=H100, weights_bytes=16_059_990_016, device_memory=H100.memory_bytes)
     two = PagedServing([], share, F16, cfg, device=H100, weights_bytes=8_029_995_008, device_memory=H100.memory_bytes)
-    assert (one.block_bytes, one.max_blocks) == (2_097_152, 30_488)
-    assert (two.block_bytes, two.max_blocks) == (1_048_576, 68_635)
+    assert (one.block_bytes, one.max_blocks) == (2_097_152, 32_881)
+    assert (two.block_bytes, two.max_blocks) == (1_048_576, 73_421)
 
 
 def test_two_kv_heads_are_replicated_at_tp4():
@@ -127,7 +127,8 @@ def test_allreduce_time_added_per_step_at_tp2_on_h100():
 def test_a_step_at_tp1_is_unchanged():
     # the time step_cost gave before tensor parallelism existed (simkv at 89ad80c), to the last bit
     model = get_model("llama-3-8b")
-    c = step_cost(model, H100, weights_bytes=weights_bytes(model, "bf16"), new_tokens=64, attended_pairs=64 * 1024,
+    h100 = replace(H100, bandwidth_efficiency=0.694, flops_efficiency=0.561, layer_overhead_s=0.0)  # (the preset then)
+    c = step_cost(model, h100, weights_bytes=weights_bytes(model, "bf16"), new_tokens=64, attended_pairs=64 * 1024,
                   kv_read_bytes=64 * 1024 * 131_072, kv_write_bytes=64 * 131_072, logit_tokens=64)
     assert c.seconds == 0.009785245305440593 and c.allreduce_s == 0.0
     assert tp_shard(model, 1) is model

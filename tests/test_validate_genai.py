@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 
 from simkv.serving import SchedulerConfig
 from simkv.serving.requests import Request
+from simkv.serving.sched.eviction import CacheEviction
 from simkv.validate.genai.runner import (
     beam_bounds,
     check_scheduler,
     compare_steps,
+    compare_stops,
     prompt_token_ids,
     random_case,
 )
@@ -151,6 +153,40 @@ def test_random_cases_are_deterministic_and_runnable():
             assert opts.max_num_batched_tokens >= opts.max_num_seqs
 
 
+def test_a_stop_in_step_is_one_more_step_compared():
+    # step() threw in both runs at the same step on the same check: one more matched step
+    out = compare_steps([_step(0)], [_step(0)])
+    real = {"step": 1, "check": "cache_eviction.cpp:205: Check 'new_size_in_tokens >= old_size_in_tokens'"}
+    compare_stops(out, real, {"step": 1, "check": "new_size_in_tokens >= old_size_in_tokens"})
+    assert out["steps_matched"] == out["steps_total"] == 2 and out["stop"]["matched"]
+    # at another step, or only in the simulation: a mismatch naming both
+    for sim_stop, real_stop in (({"step": 2, "check": "new_size_in_tokens >= old_size_in_tokens"}, real),
+                                ({"step": 1, "check": "new_size_in_tokens >= old_size_in_tokens"}, None)):
+        out = compare_steps([_step(0)], [_step(0)])
+        compare_stops(out, real_stop, sim_stop)
+        assert out["steps_mismatched"] == 1 and out["first_mismatches"][-1]["fields"]["stop"]["simulated"] == sim_stop
+    # only the real pipeline stopped: the workload fails as an error of the real run
+    with pytest.raises(RuntimeError, match="step\\(\\) threw at step 1"):
+        compare_stops(compare_steps([_step(0)], [_step(0)]), real, None)
+    out = compare_steps([_step(0)], [_step(0)])
+    compare_stops(out, None, None)
+    assert "stop" not in out and out["steps_total"] == 1
+
+
+def test_random_eviction_cases_are_runnable_by_genai():
+    ev = CacheEviction(32, 32, 96, kvcrush=1)
+    a = [random_case(np.random.default_rng(4), ev) for _ in range(3)]
+    assert a == [random_case(np.random.default_rng(4), ev) for _ in range(3)]
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        reqs, opts = random_case(rng, ev)
+        check_scheduler(opts)  # (GenAI runs it: no prefix caching, sizes multiples of 32)
+        assert opts.cache_eviction == ev and not opts.enable_prefix_caching
+        assert all(r.sequences == 1 and r.prompt <= ev.max + 128 for r in reqs)
+        if not opts.dynamic_split_fuse:
+            assert opts.max_num_batched_tokens >= max(r.prompt + r.max_new_tokens for r in reqs)
+
+
 def test_scheduler_config_checks_reject_nonsense():
     from simkv.errors import ConfigError
 
@@ -190,6 +226,9 @@ def _cli(*args, env=None, pre=""):
     (["--random", "1", "--model", "llama-3-8b"], "--model applies to the OpenVINO CPU plugin"),
     (["--random", "1", "--heads", "6", "--kv-heads", "4"], "multiple of kv heads"),
     (["--random", "1", "--layers", "1000", "--heads", "64", "--head-dim", "256"], "weights; a real validation"),
+    (["--random", "1", "--cache-eviction", "start=16,recent=32,max=96"], "start (16) must be a multiple"),
+    (["--random", "1", "--cache-eviction", "max=2"], "must be larger than start + recent"),
+    (["--random", "1", "--cache-eviction", "max=96,recent=32,bogus=1"], "takes start=N"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, message, capsys):
     from simkv.cli import main
@@ -261,3 +300,42 @@ def test_real_pipeline_matches_step_by_step(tmp_path):
     assert {"openvino", "openvino-genai", "openvino-tokenizers"} <= set(data["versions"])
     assert proc.returncode == 0
     assert "simkv validate --paged" in report.read_text()
+
+
+# A hand-made workload with preemption under cache eviction (docs/guide/cache-eviction.md): A (32 tokens, 80 to
+# generate) and V (152, 100) in 7 blocks, start 32, recent 32, max 96, SnapKV off. V drops its first block at its
+# first decode step and settles at 4 blocks; A grows to its 4th block at step 65, and V, which evicted, is
+# preempted whole. With 256 tokens a step V is recomputed whole (216 tokens, 7 blocks) once A has finished, then
+# evicts again; with 64 a step its first 64-token chunk spans fewer tokens than its scores, and GenAI's step()
+# throws at step 66 (cache_eviction.cpp _accumulate_layer_scores_to).
+EVICTION = """id,arrival_step,prompt,max_new_tokens
+0,0,32,80
+1,0,152,100
+"""
+
+
+@pytest.mark.openvino
+@pytest.mark.parametrize("batched, steps, stop", [("256", 116, None), ("64", 67, 66)])
+def test_real_pipeline_with_cache_eviction_matches_step_by_step(tmp_path, batched, steps, stop):
+    pytest.importorskip("openvino_genai")
+    pytest.importorskip("memray")
+    w = tmp_path / "w.csv"
+    w.write_text(EVICTION)
+    proc = _cli("--trace", str(w), "--num-kv-blocks", "7", "--max-num-batched-tokens", batched,
+                "--cache-eviction", "start=32,recent=32,max=96,snapkv=0", "--json",
+                env={"SIMKV_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["steps_mismatched"] == 0, data["first_mismatches"]
+    assert data["steps_matched"] == data["steps_total"] == steps  # (a stop counts as the step it threw at)
+    w0 = data["workloads"][0]
+    assert w0["exercised"]["preemptions"] == 1 and w0["exercised"]["evicted_blocks"] > 0
+    assert w0["scheduler"]["cache_eviction"] == "start=32,recent=32,max=96,snapkv=0"
+    if stop is None:
+        assert "stop" not in w0["comparison"]
+    else:
+        assert w0["comparison"]["stop"]["matched"] and w0["comparison"]["stop"]["real"]["step"] == stop
+        assert "new_size_in_tokens >= old_size_in_tokens" in w0["comparison"]["stop"]["real"]["check"]
+    a = data["allocations"]
+    assert a["compared"] and a["events_matched"] == a["events_total"] > 0
+    assert proc.returncode == 0

@@ -1,4 +1,4 @@
-"""``simkv cost`` (issue #13): one step's time on a device with the cost model (simkv/cost.py): decode,
+"""``simkv cost`` (issue #13): one step's time on a device with the cost model (simkv/cost/): decode,
 prefill, copy per GiB, the terms, and the stateless loop beside it."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from simkv.errors import ConfigError
-from simkv.flags import ANY, EXECUTOR_MODES, Mode, add_executor_arguments
+from simkv.flags import ANY, CLOSED_LOOP_HINTS, EXECUTOR_MODES, Mode, add_executor_arguments
 
 DEFAULT_SLO = "ttft_p99=2s,tpot_p99=50ms"
 DEFAULT_DEVICES = "h100-sxm,a100-80gb,xeon-8480"
@@ -16,8 +16,13 @@ DEFAULT_DEVICES = "h100-sxm,a100-80gb,xeon-8480"
 #: The modes of ``simkv plan`` (simkv.flags: every flag declares the ones that use it).
 PLAN_MODES = (
     Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
-         ("--trace", "azure-code")),
-    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",)),
+         ("--trace", "azure-code"), hints={"--traffic-report": "a closed loop (--concurrency) has no arrival rates"}),
+    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",),
+         hints=CLOSED_LOOP_HINTS),
+    Mode("synthetic-arrivals", "synthetic requests at their arrival times (--synthetic, no --concurrency)",
+         lambda a: bool(a.synthetic) and a.concurrency is None, "requests"),
+    Mode("trace-arrivals", "a trace's arrival times (--trace, no --concurrency)",
+         lambda a: bool(a.trace) and a.concurrency is None, "requests"),
     Mode("paged", "paged memory (--memory paged, the default)", lambda a: a.memory == "paged", "memory",
          ("--synthetic", "--memory", "paged")),
     Mode("contiguous", "contiguous memory (--memory contiguous)", lambda a: a.memory == "contiguous", "memory",
@@ -52,15 +57,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     w.add_argument("--synthetic", action="store_true", modes="synthetic", help="draw requests: --requests, --rate, "
                    "--prompt-dist, --output-dist (as simkv run --synthetic)")
     w.add_argument("--requests", type=int, default=1000, modes="synthetic", help="synthetic: requests (default 1000)")
-    w.add_argument("--rate", type=float, default=5.0, modes="synthetic",
+    w.add_argument("--rate", type=float, default=5.0, modes="synthetic-arrivals",
                    help="synthetic: arrivals per second (default 5)")
-    w.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", modes="synthetic",
+    w.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", modes="synthetic-arrivals",
                    help="synthetic arrival process")
     w.add_argument("--prompt-dist", default="lognormal:1024:1.0", modes="synthetic",
                    help="synthetic prompt lengths (default lognormal:1024:1.0)")
     w.add_argument("--output-dist", default="lognormal:200:1.0", modes="synthetic",
                    help="synthetic output lengths (default lognormal:200:1.0)")
     w.add_argument("--seed", type=int, default=0, modes="synthetic", help="synthetic: random seed (default 0)")
+    w.add_argument("--concurrency", type=int, metavar="C", modes=ANY, help="closed-loop load: C clients send the "
+                   "requests in order, each its next when its previous ended (as simkv run --concurrency; one engine "
+                   "per deployment, no replicas)")
+    w.add_argument("--traffic-report", action="store_true", modes="trace-arrivals", help="also size steady traffic "
+                   "at the trace's mean and peak arrival rates (the same requests evenly spaced; two more searches) and "
+                   "show the cheapest deployment of each beside the trace's")
     t = p.add_argument_group("targets and cost")
     t.add_argument("--model", metavar="NAME|PATH", default="llama-3.1-8b", modes=ANY,
                    help="preset or config.json (default llama-3.1-8b; see simkv models)")
@@ -96,6 +107,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="the serving scheduler: auto (default) each device's runtime's: vLLM's (--scheduler vllm) on "
                    "vLLM presets (h100-sxm, h200-sxm, b200, a100 ...), OpenVINO GenAI's on OpenVINO ones (xeon, arc, "
                    "NPU ...); or continuous / vllm for every device")
+    s.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]", modes="genai",
+                   help="GenAI's cache eviction in every GenAI-scheduled paged deployment (as simkv run; default off)")
     s.add_argument("--kv-manager", default="genai", modes="genai", help="genai or vllm (as simkv run; default genai; "
                    "GenAI-scheduled deployments only)")
     s.add_argument("--memory", default="paged", choices=("paged", "contiguous"), modes=ANY, help="paged pool "
@@ -118,6 +131,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def target_from_args(args):
     """The :class:`~simkv.lab.plan.Target` and :class:`~simkv.lab.plan.Space` the flags describe."""
     from simkv.lab import plan
+    from simkv.serving.sched.eviction import parse_cache_eviction
 
     if bool(args.trace) == bool(args.synthetic):
         raise ConfigError("give --trace PATH or --synthetic")
@@ -130,13 +144,23 @@ def target_from_args(args):
             raise ConfigError("--requests and --rate must be positive")
         workload = {"requests": args.requests, "rate": args.rate, "arrivals": args.arrivals,
                     "prompt_dist": args.prompt_dist, "output_dist": args.output_dist, "seed": args.seed}
+    if args.concurrency is not None:
+        if args.concurrency < 1:
+            raise ConfigError(f"--concurrency must be a positive integer, got {args.concurrency}")
+        if args.traffic_report:
+            raise ConfigError("--traffic-report sizes arrival rates; a closed loop (--concurrency) has none")
+        workload["concurrency"] = args.concurrency
     devices = plan._str_list(args.devices)
     if not devices:
         raise ConfigError("--devices names no device")
+    eviction = parse_cache_eviction(args.cache_eviction)
+    if eviction is not None and args.memory != "paged":
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged --scheduler continuous")
     target = plan.Target(workload, args.model, plan.parse_slo(args.slo), kv_manager=args.kv_manager,
                          prefix_caching=args.prefix_caching, max_num_seqs=args.max_num_seqs, memory=args.memory,
                          max_context=args.max_context, dynamic_split_fuse=not args.no_dynamic_split_fuse,
-                         scheduler=args.serving_scheduler)
+                         scheduler=args.serving_scheduler,
+                         cache_eviction=eviction.label() if eviction is not None else None)
     if args.max_num_seqs <= 0:
         raise ConfigError("--max-num-seqs must be positive")
     paged = args.memory == "paged"
@@ -160,6 +184,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = plan.run_plan(target, space, prices, out=out, workers=args.workers, scheduler=args.scheduler,
                                progress=sys.stderr.isatty())
+        if args.traffic_report:
+            plan.traffic_report(result, workers=args.workers, scheduler=args.scheduler)
     except KeyboardInterrupt:
         print("simkv plan: interrupted" + (f"; the deployments run so far are in {out}: rerun the same command to "
                                            "resume" if out else ""), file=sys.stderr)

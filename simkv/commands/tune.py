@@ -72,9 +72,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     v = p.add_argument_group("serving (--serving: tune GenAI's scheduler settings on a trace, simkv.lab.tune_serving)")
     v.add_argument("--serving", action="store_true", modes="serving", help="search paged serving settings "
                    "(block_size, cache_size GiB or num_kv_blocks, max_num_batched_tokens, max_num_seqs, "
-                   "dynamic_split_fuse, prefix_caching) for the requests of --trace served with their arrival times; "
-                   "baseline: GenAI's defaults; metrics: peak, pool, tpot_p99, ttft_p99, preemptions, copied, waste, "
-                   "time (default objectives peak:max tpot_p99:max ttft_p99:max); constraints: every request FINISHED, "
+                   "dynamic_split_fuse, prefix_caching, cache_eviction_max: GenAI's cache eviction keeping at most that "
+                   "many tokens, 0 off) for the requests of --trace served with their arrival times; baseline: GenAI's "
+                   "defaults; metrics: peak, pool, tpot_p99, ttft_p99, preemptions, copied, waste, time (default "
+                   "objectives peak:max tpot_p99:max ttft_p99:max); constraints: every request FINISHED, "
                    "peak <= device memory - weights; a prompt at or above the context is refused before any run")
     v.add_argument("--serving-scheduler", choices=("continuous", "vllm"), default="continuous", modes="serving",
                    help="whose settings to search: continuous (GenAI's, default) or vllm (vLLM V1's: block_size, "

@@ -18,20 +18,22 @@ VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
 #: The modes of ``simkv validate`` (simkv.flags: every flag declares the ones that use it).
 VALIDATE_MODES = (
     Mode("openvino", "the OpenVINO CPU plugin (--runtime openvino, the default)",
-         lambda a: not a.paged and not a.serving and a.runtime == "openvino", "runtime"),
+         lambda a: not a.silicon and not a.paged and not a.serving and a.runtime == "openvino", "runtime"),
     Mode("transformers", "Hugging Face transformers (--runtime transformers)",
-         lambda a: not a.paged and not a.serving and a.runtime == "transformers", "runtime",
+         lambda a: not a.silicon and not a.paged and not a.serving and a.runtime == "transformers", "runtime",
          ("--runtime", "transformers")),
     Mode("paged", "GenAI's continuous batching (--paged)",
-         lambda a: a.paged and not a.serving and a.runtime != "vllm", "runtime", ("--paged",)),
-    Mode("live", "GenAI served in real time (--serving)", lambda a: a.serving and a.runtime != "vllm", "runtime",
+         lambda a: not a.silicon and a.paged and not a.serving and a.runtime != "vllm", "runtime", ("--paged",)),
+    Mode("live", "GenAI served in real time (--serving)", lambda a: not a.silicon and a.serving and a.runtime != "vllm", "runtime",
          ("--serving",)),
-    Mode("vllm", "the real vLLM scheduler (--runtime vllm)", lambda a: a.runtime == "vllm", "runtime",
+    Mode("vllm", "the real vLLM scheduler (--runtime vllm)", lambda a: not a.silicon and a.runtime == "vllm", "runtime",
          ("--runtime", "vllm")),
-    *workload_modes(lambda a: not a.paged and not a.serving and a.runtime != "vllm"),
+    Mode("silicon", "measured serving benchmarks (--silicon)", lambda a: bool(a.silicon), "runtime",
+         ("--silicon", "experiments/data/silicon/h100_sxm_vllm_agg.csv", "--match", "no-such-row")),
+    *workload_modes(lambda a: not a.silicon and not a.paged and not a.serving and a.runtime != "vllm"),
     # the transformers runner builds its chat turns without the trims (simkv/validate/transformers/runner.py)
     Mode("openvino-chat", "chat turns on the OpenVINO CPU plugin (--turns above 0, no --ops)",
-         lambda a: not a.paged and not a.serving and a.runtime == "openvino" and not a.ops and a.turns > 0, "turns",
+         lambda a: not a.silicon and not a.paged and not a.serving and a.runtime == "openvino" and not a.ops and a.turns > 0, "turns",
          ("--turns", "1")),
 )
 #: A single session, on either runtime (not --paged).
@@ -78,7 +80,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="MALLOC_MMAP_THRESHOLD_ of the clean run (default 65536)")
     r.add_argument("--slope-min-tokens", type=int, default=500, modes=SESSION,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
-    r.add_argument("--seed", type=int, default=0, modes=ANY, help="weights and token ids (default 0)")
+    r.add_argument("--seed", type=int, default=0, modes=(*SESSION, "paged", "live", "vllm"),
+                   help="weights and token ids (default 0)")
     r.add_argument("--runtime", choices=("openvino", "transformers", "vllm"), default="openvino",
                    modes=(*SESSION, "vllm"),
                    help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
@@ -104,6 +107,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
     _add_serving_validate_arguments(p)
+    _add_silicon_validate_arguments(p)
     return p
 
 
@@ -128,6 +132,9 @@ def _add_paged_validate_arguments(p) -> None:
     g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged",
                    help="vLLM mode: whole prompts, no chunks")
     g.add_argument("--prefix-caching", action="store_true", modes=("paged", "vllm"), help="enable_prefix_caching")
+    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]", modes="paged",
+                   help="GenAI's cache eviction (use_cache_eviction; tokens, B in blocks; 'on': GenAI's defaults "
+                        "start=32,recent=128,max=672): with --random, every workload runs with it")
     g.add_argument("--no-memray", action="store_true", modes="paged", help="skip recording the pool allocations (faster)")
     g.add_argument("--block-size", type=int, default=16, metavar="N", modes="vllm",
                    help="--runtime vllm: tokens per block (default 16)")
@@ -137,6 +144,25 @@ def _add_paged_validate_arguments(p) -> None:
                    help="--runtime vllm: fcfs | priority (the trace's priority column; --random draws 0..3)")
     g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N", modes="vllm",
                    help="--runtime vllm: most prompt tokens per request per step when several prefill (0: off)")
+
+
+def _add_silicon_validate_arguments(p) -> None:
+    """``simkv validate --silicon``: measured serving benchmarks vs the serving simulation (simkv/validate/silicon.py)."""
+    s = p.add_argument_group("silicon (--silicon: measured serving benchmarks vs simkv's serving simulation)")
+    s.add_argument("--silicon", metavar="PATH.csv", modes="silicon", help="simulate every row of a silicon_sample.csv (AIConfigurator's "
+                   "columns: model, precision, TP, concurrency, ISL/OSL, measured TTFT/TPOT) as its benchmark ran it "
+                   "and print measured vs predicted TTFT and TPOT, |error| per model and overall")
+    s.add_argument("--configs", metavar="DIR", modes="silicon", help="--silicon: the models' config.json files (default: the folder "
+                   "'configs' beside the CSV)")
+    s.add_argument("--match", metavar="TEXT", modes="silicon", help="--silicon: only the rows whose id contains TEXT")
+    s.add_argument("--workers", type=int, default=1, metavar="N", modes="silicon", help="--silicon: rows simulated in N processes "
+                   "(default 1; the results do not depend on it)")
+    s.add_argument("--vllm-scheduler", action="store_true", modes="silicon", help="--silicon: vLLM's scheduler (as simkv run "
+                   "--scheduler vllm) instead of GenAI's continuous batching on vLLM's KV manager (the default: the same "
+                   "step times, its own preemptions; about ten times slower)")
+    s.add_argument("--beside", metavar="PRED.csv", modes="silicon", help="--silicon: another predictor's predictions of the same rows "
+                   "(id, aic_ttft_ms, aic_tpot_ms: experiments/silicon_aic.py writes AIConfigurator's), its |error| "
+                   "shown beside simkv's on the rows both predict")
 
 
 def _add_serving_validate_arguments(p) -> None:
@@ -161,6 +187,10 @@ def _add_serving_validate_arguments(p) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.silicon:  # measured serving benchmarks vs the serving simulation (simkv/validate/silicon.py)
+        from simkv.validate.silicon import cli_main as silicon_main
+
+        return silicon_main(args)
     if args.runtime == "vllm":  # the real vLLM V1 scheduler vs simkv's (simkv/validate/vllm/)
         from simkv.validate.vllm.compare import cli_main as vllm_main
 

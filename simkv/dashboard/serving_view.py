@@ -133,6 +133,8 @@ FIELDS = (
           placeholder="the scheduler's: 256, vLLM the device's", shown=_batches),
     Field("sv_max_num_batched_tokens", "batched tokens", "", hint="max_num_batched_tokens per step", numeric=True,
           placeholder="the scheduler's: 256, vLLM the device's", shown=_paged),
+    Field("sv_cache_eviction", "cache eviction", "", hint="GenAI's: start=N,recent=N,max=N[,kvcrush=B] tokens, or on",
+          placeholder="off", shown=lambda v: _paged(v) and v.get("sv_scheduler") == "continuous"),
 )
 KEYS = tuple(f.key for f in FIELDS)
 DEFAULTS = defaults(FIELDS)
@@ -206,6 +208,18 @@ def _policy_opts(policy: str, text: str) -> dict[str, str]:
     return options
 
 
+def _eviction(text: str, block_size: int) -> str | None:
+    """``--cache-eviction``'s value in the flag's form (None: off), checked as GenAI checks it against the block size;
+    a bad one is a ValueError (ConfigError)."""
+    from simkv.serving.sched.eviction import parse_cache_eviction
+
+    eviction = parse_cache_eviction(text)
+    if eviction is None:
+        return None
+    eviction.check(block_size)
+    return eviction.label()
+
+
 def command(values: dict) -> list[str]:
     """The ``simkv run`` arguments (after ``run``) of the form's values; :class:`st.Invalid` names the bad fields."""
     from policies import REGISTRY
@@ -240,6 +254,8 @@ def command(values: dict) -> list[str]:
         if v["sv_scheduler"] not in ("continuous", "vllm") and "sv_scheduler" not in errors:
             errors["sv_scheduler"] = ("paged memory runs under continuous batching, GenAI's or vLLM's: choose "
                                       "continuous or vllm, or contiguous memory")
+        if v["sv_scheduler"] == "continuous" and (v["sv_cache_eviction"] or "").strip():
+            check("sv_cache_eviction", _eviction, v["sv_cache_eviction"], got.get("sv_block_size") or 32)
         if v["sv_pool"] == "blocks":
             check("sv_pool_size", _number, v, "sv_pool_size", 1, MAX_POOL_BLOCKS)
         elif v["sv_pool"] == "gib":
@@ -268,6 +284,8 @@ def command(values: dict) -> list[str]:
             argv += ["--num-kv-blocks", str(got["sv_pool_size"])]
         elif v["sv_pool"] == "gib":
             argv += ["--cache-size", f"{got['sv_pool_size']:g}"]
+        if got.get("sv_cache_eviction"):
+            argv += ["--cache-eviction", got["sv_cache_eviction"]]
     else:
         argv += ["--policy", v["sv_policy"]]
         for key, value in got["sv_policy_opts"].items():

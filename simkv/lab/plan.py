@@ -182,14 +182,21 @@ class Target:
     max_context: int | None = None
     dynamic_split_fuse: bool = True
     scheduler: str = "auto"  # auto: each device's runtime's (device_defaults); continuous (GenAI's) or vllm for all
+    #: GenAI's cache eviction in every GenAI-scheduled deployment (``--cache-eviction``'s form,
+    #: simkv.serving.sched.eviction), or None.
+    cache_eviction: str | None = None
 
     def key(self) -> dict:
-        """The fixed inputs as stored with every row (and hashed into its point id)."""
-        return {"workload": json.dumps(self.workload, sort_keys=True), "model": self.model or "custom",
-                "slo": ",".join(f"{s.name}={s.limit_s!r}" for s in self.slo), "kv_manager": self.kv_manager,
-                "prefix_caching": self.prefix_caching, "max_num_seqs": self.max_num_seqs, "memory": self.memory,
-                "max_context": self.max_context, "dynamic_split_fuse": self.dynamic_split_fuse,
-                "scheduler": self.scheduler}
+        """The fixed inputs as stored with every row (and hashed into its point id; the cache eviction only when
+        set, so the points of plans without it keep their ids)."""
+        out = {"workload": json.dumps(self.workload, sort_keys=True), "model": self.model or "custom",
+               "slo": ",".join(f"{s.name}={s.limit_s!r}" for s in self.slo), "kv_manager": self.kv_manager,
+               "prefix_caching": self.prefix_caching, "max_num_seqs": self.max_num_seqs, "memory": self.memory,
+               "max_context": self.max_context, "dynamic_split_fuse": self.dynamic_split_fuse,
+               "scheduler": self.scheduler}
+        if self.cache_eviction is not None:
+            out["cache_eviction"] = self.cache_eviction
+        return out
 
 
 @dataclass
@@ -362,11 +369,46 @@ def _requests(workload_json: str, model_name: str, max_context):
 
     w = json.loads(workload_json)
     if "trace" in w:
-        return tuple(load_trace(w["trace"], limit=w.get("limit")))
-    model = resolve_model(model_name)
-    context = max_context if max_context is not None else context_of(model)
-    return tuple(synthetic(w["requests"], w["rate"], w["prompt_dist"], w["output_dist"], arrivals=w["arrivals"],
-                           seed=w["seed"], max_prompt=context - 1 if context else None))
+        reqs = tuple(load_trace(w["trace"], limit=w.get("limit")))
+    else:
+        model = resolve_model(model_name)
+        context = max_context if max_context is not None else context_of(model)
+        reqs = tuple(synthetic(w["requests"], w["rate"], w["prompt_dist"], w["output_dist"], arrivals=w["arrivals"],
+                               seed=w["seed"], max_prompt=context - 1 if context else None))
+    if w.get("steady") is not None:
+        reqs = steady(reqs, w["steady"])
+    return reqs
+
+
+#: The window of the busiest stretch of a trace (:func:`traffic`): a minute holds a burst and the queue it builds,
+#: and is short against the hour a trace covers.
+PEAK_WINDOW_S = 60.0
+
+
+def traffic(requests) -> dict | None:
+    """The arrival rates of a trace: the mean (requests over the span from the first arrival to the last) and the
+    peak (the most requests that arrive in any window of :data:`PEAK_WINDOW_S` seconds, per second: each window
+    starts at an arrival). None for arrivals in steps or fewer than two requests."""
+    times = np.array([r.arrival_s for r in requests if r.arrival_s is not None], dtype=float)
+    if len(times) < 2 or len(times) != len(requests):
+        return None
+    times.sort()
+    span = float(times[-1] - times[0])
+    if span <= 0:
+        return None
+    window = min(PEAK_WINDOW_S, span)
+    counts = np.searchsorted(times, times + window, side="left") - np.arange(len(times))
+    at = int(counts.argmax())
+    return {"requests": len(times), "span_s": span, "mean_rate": (len(times) - 1) / span, "window_s": window,
+            "peak_rate": int(counts[at]) / window, "peak_at_s": float(times[at])}
+
+
+def steady(requests, rate: float) -> tuple:
+    """The same requests (lengths, order) arriving one every ``1 / rate`` seconds: the traffic a steady-state
+    sizing assumes (AIConfigurator sizes a deployment for a request rate, not for a trace's bursts)."""
+    from dataclasses import replace
+
+    return tuple(replace(r, arrival_s=i / rate, arrival_step=None) for i, r in enumerate(requests))
 
 
 def _device_share(point: dict):
@@ -395,6 +437,7 @@ def spec_of(point: dict):
     from policies import get_policy
     from simkv.precision import get_precision
     from simkv.serving import SchedulerConfig, ServingSpec
+    from simkv.serving.sched.eviction import parse_cache_eviction
 
     model, _, weights, cache = _device_share(point)
     precision = get_precision(point["precision"])
@@ -407,14 +450,15 @@ def spec_of(point: dict):
         cfg = SchedulerConfig(block_size=point["block_size"] or SchedulerConfig.block_size, cache_size=cache,
                               max_num_batched_tokens=point["max_num_batched_tokens"],
                               max_num_seqs=point["max_num_seqs"], enable_prefix_caching=point["prefix_caching"],
-                              kv_manager=point["kv_manager"], dynamic_split_fuse=point["dynamic_split_fuse"])
+                              kv_manager=point["kv_manager"], dynamic_split_fuse=point["dynamic_split_fuse"],
+                              cache_eviction=parse_cache_eviction(point.get("cache_eviction")))
     requests = list(_requests(point["workload"], point["model"], point["max_context"]))
     policy = get_policy(point["policy"]) if point["memory"] == "contiguous" else "openvino-cpu"
     return ServingSpec(requests, model, precision, point["scheduler"], point["memory"], cfg, device=point["device"],
                        weights_bytes=weights, policy=policy, max_context=point["max_context"], strict_context=True,
                        tp=point["tp"],
                        replicas=point["replicas"], router=point["router"] if point["replicas"] > 1 else "round-robin",
-                       max_preemptions=len(requests))
+                       max_preemptions=len(requests), concurrency=json.loads(point["workload"]).get("concurrency"))
 
 
 def run_point(point: dict) -> dict:
@@ -481,6 +525,10 @@ class PlanResult:
     computed: int = 0
     stored: int = 0
     fronts: dict[str, list[dict]] = field(default_factory=dict)
+    #: The trace's arrival rates (:func:`traffic`; None for a closed loop or arrivals in steps) and, with
+    #: ``simkv plan --traffic-report``, the cheapest deployment meeting the SLO under steady traffic at the mean and
+    #: at the peak rate ("steady_mean", "steady_peak": a recommended row or None).
+    traffic: dict | None = None
 
     def cost(self, row: dict) -> float:
         return row["devices"] * (self.prices[row["device"]] if self.prices else 1.0)
@@ -518,6 +566,12 @@ def run_plan(target: Target, space: Space, prices: dict[str, float] | None = Non
 
     model = resolve_model(target.model)
     deployments, skipped = candidates(space, model, target.memory, target.scheduler)
+    if target.workload.get("concurrency") is not None:  # a closed loop's clients drive one engine (closed_loop.py)
+        many = sorted({(d["device"], d["replicas"]) for d in deployments if d["replicas"] > 1})
+        deployments = [d for d in deployments if d["replicas"] == 1]
+        if many:
+            skipped.append(f"{many[0][0]} tp 1: {len(many)} replica counts over 1: a closed loop of clients drives "
+                           "one engine (--concurrency)")
     if not deployments:
         raise ConfigError("no deployment to search: " + ("; ".join(skipped) if skipped else "no device given"))
     fixed = target.key()
@@ -580,7 +634,23 @@ def run_plan(target: Target, space: Space, prices: dict[str, float] | None = Non
             bar.close()
     result = PlanResult(target, space, prices, [done[i] for i in sorted(done)], pruned, skipped, computed, reused)
     result.fronts = {s.name: result.front(s.name) for s in target.slo}
+    if target.workload.get("concurrency") is None and target.workload.get("steady") is None:
+        result.traffic = traffic(_requests(fixed["workload"], fixed["model"], fixed["max_context"]))
     return result
+
+
+def traffic_report(result: PlanResult, *, workers: int | None = None, scheduler: str | None = None) -> None:
+    """Size the same search for steady traffic at the trace's mean and at its peak rate (the same requests, evenly
+    spaced: :func:`steady`), and keep each's cheapest deployment that meets the SLO in ``result.traffic``: what a
+    steady-state sizing picks beside what the trace's bursts need."""
+    from dataclasses import replace
+
+    if result.traffic is None:
+        raise ConfigError("the traffic report needs a trace with arrivals in seconds (not a closed loop)")
+    for key, rate in (("steady_mean", result.traffic["mean_rate"]), ("steady_peak", result.traffic["peak_rate"])):
+        target = replace(result.target, workload={**result.target.workload, "steady": rate})
+        result.traffic[key] = run_plan(target, result.space, result.prices, workers=workers,
+                                       scheduler=scheduler).recommended
 
 
 # --- reporting -----------------------------------------------------------------------------------
@@ -619,6 +689,8 @@ def command(row: dict) -> str:
         words += ["--synthetic", "--requests", str(w["requests"]), "--rate", repr(float(w["rate"])), "--arrivals",
                   w["arrivals"], "--prompt-dist", w["prompt_dist"], "--output-dist", w["output_dist"], "--seed",
                   str(w["seed"])]
+    if w.get("concurrency") is not None:
+        words += ["--concurrency", str(w["concurrency"])]
     vllm = row.get("scheduler") == "vllm"
     words += ["--model", row["model"], "--device", row["device"], "--precision", row["precision"]]
     if vllm:
@@ -643,6 +715,8 @@ def command(row: dict) -> str:
         words.append("--prefix-caching")
     if row["kv_manager"] != "genai" and not vllm:
         words += ["--kv-manager", row["kv_manager"]]
+    if row.get("cache_eviction") and not vllm:
+        words += ["--cache-eviction", row["cache_eviction"]]
     if row["memory"] != "paged":
         words += ["--memory", row["memory"], "--policy", row["policy"]]
     if row["max_context"] is not None:
@@ -705,14 +779,30 @@ def summary(result: PlanResult) -> dict:
         "pruned": [dict(brief(d), reason=why) for d, why in result.pruned],
         "skipped": result.skipped,
         "run": result.computed, "from_out": result.stored,
+        "traffic": _traffic_json(result, full),
     }
+
+
+def _traffic_json(result: PlanResult, full) -> dict | None:
+    if result.traffic is None:
+        return None
+    out = {k: v for k, v in result.traffic.items() if not k.startswith("steady_")}
+    for key in ("steady_mean", "steady_peak"):
+        if key in result.traffic:
+            row = result.traffic[key]
+            out[key] = full(row) if row else None
+    return out
 
 
 def render(result: PlanResult, max_rejected: int = 12) -> str:
     """The text report: the recommendation, the fronts, why deployments were rejected."""
     t = result.target
     w = json.loads(t.key()["workload"])
-    source = w["trace"] if "trace" in w else f"{w['requests']:,} synthetic requests at {w['rate']:g}/s"
+    if w.get("concurrency") is not None:
+        source = (w["trace"] if "trace" in w else f"{w['requests']:,} synthetic requests") + \
+            f", a closed loop of {w['concurrency']} clients"
+    else:
+        source = w["trace"] if "trace" in w else f"{w['requests']:,} synthetic requests at {w['rate']:g}/s"
     lines = [f"simkv plan: {t.model or 'custom'} on {source}; SLO {', '.join(map(str, t.slo))}; "
              f"cost in {result.unit}",
              f"  {'searched':<14}{len(result.rows) + len(result.pruned):,} deployments of {', '.join(result.space.devices)} "
@@ -724,6 +814,16 @@ def render(result: PlanResult, max_rejected: int = 12) -> str:
         if d["device"] not in names:
             names.append(d["device"])
     lines.append(f"  {'schedulers':<14}" + "; ".join(f"{w} on {', '.join(names)}" for w, names in by_scheduler.items()))
+    tr = result.traffic
+    if tr is not None:
+        lines.append(f"  {'traffic':<14}{tr['requests']:,} requests over {_duration(tr['span_s'])}: mean "
+                     f"{tr['mean_rate']:.3g}/s, peak {tr['peak_rate']:.3g}/s (the busiest {_duration(tr['window_s'])}, "
+                     f"from {_duration(tr['peak_at_s'])}), {tr['peak_rate'] / tr['mean_rate']:.2f} x the mean")
+        for key, what in (("steady_mean", "steady at the mean rate"), ("steady_peak", "steady at the peak rate")):
+            if key in tr:
+                row = tr[key]
+                lines.append(f"  {'':<14}{what}: " + (f"{describe(row)}, cost {_money(result.cost(row), result.prices)}"
+                                                       if row else "no deployment searched meets the SLO"))
     rec = result.recommended
     if rec is None:
         lines.append(f"  {'RECOMMENDED':<14}none: no deployment searched meets the SLO (widen --devices or "

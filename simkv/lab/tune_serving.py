@@ -8,7 +8,8 @@ under ``--scheduler vllm``; the baseline is vLLM's server defaults for the devic
 
 The candidate is a paged serving configuration (OpenVINO GenAI ``SchedulerConfig``: ``block_size``,
 the pool — ``num_kv_blocks`` or ``cache_size`` GiB, both 0 = the dynamic pool —,
-``max_num_batched_tokens``, ``max_num_seqs``, ``dynamic_split_fuse``, ``prefix_caching``); the workload
+``max_num_batched_tokens``, ``max_num_seqs``, ``dynamic_split_fuse``, ``prefix_caching``, and
+``cache_eviction_max``: GenAI's cache eviction with that ``max_cache_size``, 0 off); the workload
 is the first ``limit`` requests of a trace, served by :func:`simkv.serving.serve` with their arrival
 times. Objectives are the run's metrics (peak or pool bytes, p99 TPOT/TTFT, preemptions, bytes copied,
 mean waste, simulated time). The baseline is GenAI's defaults (:class:`simkv.serving.SchedulerConfig`:
@@ -33,6 +34,9 @@ PARAMS: dict[str, tuple[str, type]] = {
     "block_size": ("block_size", int), "num_kv_blocks": ("num_kv_blocks", int), "cache_size": ("cache_size", float),
     "max_num_batched_tokens": ("max_num_batched_tokens", int), "max_num_seqs": ("max_num_seqs", int),
     "dynamic_split_fuse": ("dynamic_split_fuse", bool), "prefix_caching": ("enable_prefix_caching", bool),
+    # GenAI's cache eviction (simkv.serving.sched.eviction): its max_cache_size in tokens, 0 = off; start and recent
+    # as the target's (GenAI's defaults, 32 and 128, unless the baseline sets them)
+    "cache_eviction_max": ("cache_eviction", int),
 }
 #: What to search when no --param is given.
 TUNABLE = ("block_size=16,32,64", "cache_size=0,2,4,8,16", "max_num_batched_tokens=128,256,512,1024,2048")
@@ -113,7 +117,7 @@ class ServingTarget:
         return params_of(self.template.scheduler)
 
     def defaults(self) -> dict:
-        return {key: getattr(self.template.paged, name) for key, (name, _) in self.params.items()}
+        return {key: _value(self.template.paged, key) for key in self.params}
 
     def spec(self, params: dict):
         known = self.params
@@ -121,8 +125,11 @@ class ServingTarget:
         if unknown:
             raise ConfigError(f"--param {unknown[0]}: not a {self.template.scheduler} serving parameter "
                               f"({', '.join(known)})")
-        cfg = dataclasses.replace(self.template.paged, **{known[k][0]: v for k, v in params.items()})
-        return dataclasses.replace(self.template, paged=cfg)
+        base = self.template.paged
+        fields = {known[k][0]: v for k, v in params.items() if k != "cache_eviction_max"}
+        if "cache_eviction_max" in params:
+            fields["cache_eviction"] = _eviction(base.cache_eviction, params["cache_eviction_max"])
+        return dataclasses.replace(self.template, paged=dataclasses.replace(base, **fields))
 
     def command(self, params: dict) -> str:
         """A ``simkv run --trace`` line serving the same requests with ``params``."""
@@ -135,7 +142,9 @@ class ServingTarget:
             # GenAI's: what differs from simkv run's defaults; vLLM's run defaults depend on the device: all of them
             if value == getattr(base.__class__(), name) and not (vllm and kind is not bool):
                 continue
-            if key == "dynamic_split_fuse":
+            if key == "cache_eviction_max":
+                words += ["--cache-eviction", value.label()]
+            elif key == "dynamic_split_fuse":
                 words.append("--no-dynamic-split-fuse")
             elif key == "prefix_caching":
                 words.append("--prefix-caching")
@@ -210,6 +219,23 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
         if value is not None:
             flags += [flag, str(value)]
     return ServingTarget(template, str(trace), len(requests), flags)
+
+
+def _value(cfg, key: str):
+    """A tunable key's value in a scheduler configuration (``cache_eviction_max``: 0 when eviction is off)."""
+    if key == "cache_eviction_max":
+        return cfg.cache_eviction.max if cfg.cache_eviction is not None else 0
+    return getattr(cfg, {**PARAMS, **VLLM_PARAMS}[key][0])
+
+
+def _eviction(base, max_tokens: int):
+    """The cache eviction a ``cache_eviction_max`` value stands for: off at 0, else ``base`` (GenAI's defaults when
+    None) with that ``max_cache_size``."""
+    from simkv.serving.sched.eviction import CacheEviction
+
+    if max_tokens <= 0:
+        return None
+    return dataclasses.replace(base or CacheEviction(), max=max_tokens)
 
 
 class ServingEvaluator:

@@ -12,8 +12,8 @@ import json
 import sys
 
 from simkv.errors import ConfigError
-from simkv.flags import (ANY, Mode, Parser, add_latency_arguments, add_policy_arguments, add_scenario_arguments,
-                         workload_modes)
+from simkv.flags import (ANY, CLOSED_LOOP_HINTS, Mode, Parser, add_latency_arguments, add_policy_arguments,
+                         add_scenario_arguments, workload_modes)
 from simkv.units import format_bytes, parse_bytes
 
 
@@ -32,7 +32,12 @@ RUN_MODES = (
     *workload_modes(lambda a: not _serving(a)),
     Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
          ("--trace", "azure-code")),
-    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",)),
+    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",),
+         hints=CLOSED_LOOP_HINTS),
+    Mode("synthetic-arrivals", "synthetic requests at their arrival times (--synthetic, no --concurrency)",
+         lambda a: bool(a.synthetic) and a.concurrency is None, "requests"),
+    Mode("closed-loop", "a closed loop of clients (--concurrency)", lambda a: _serving(a) and a.concurrency is not None,
+         "load", ("--synthetic", "--concurrency", "2")),
     Mode("paged", "paged memory (--memory paged, serving's default)", lambda a: _serving(a) and a.memory == "paged",
          "memory", ("--synthetic", "--memory", "paged"), hints={
              "--policy": "the pool's blocks are GenAI's (--block-size, --num-kv-blocks, --cache-size); a policy "
@@ -105,9 +110,15 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
                    output=(".csv", ".parquet"), path_if=lambda v: not v.isdigit(),
                    help="a number: synthetic requests to draw (default 100); a path: write the request table there "
                    "(.csv or .parquet; repeatable: both)")
-    g.add_argument("--rate", type=float, default=1.0, modes="synthetic",
+    g.add_argument("--rate", type=float, default=1.0, modes="synthetic-arrivals",
                    help="synthetic: arrivals per second (default 1)")
-    g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", modes="synthetic",
+    g.add_argument("--concurrency", type=int, metavar="C", modes="serving", help="closed-loop load: C clients send "
+                   "the requests in order, each its next when its previous ended, as benchmark clients do (vllm bench "
+                   "serve --max-concurrency); arrival times (--rate, the trace's) are not used")
+    g.add_argument("--async-scheduling", action="store_true", modes="closed-loop", help="with --concurrency: vLLM's "
+                   "--async-scheduling (the next step is scheduled while one runs: a request sent as another ends "
+                   "waits for two steps in flight, not one)")
+    g.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", modes="synthetic-arrivals",
                    help="synthetic arrival process")
     g.add_argument("--prompt-dist", default="lognormal:1024:1.0", modes="synthetic", help="synthetic prompt lengths: "
                    "fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA, trace:PATH (default lognormal:1024:1.0; clipped to "
@@ -144,6 +155,10 @@ def add_serving_arguments(p: argparse.ArgumentParser) -> None:
                    "attention layer, windows keep every block, linear-attention states in a pool of their own) | vllm "
                    "(vLLM's hybrid manager: a block table per group of layers, windows and chunks free blocks, MLA as "
                    "its latent, a state block per running request; GenAI's scheduling either way; default genai)")
+    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]", modes="genai-paged",
+                   help="paged: GenAI's cache eviction (use_cache_eviction): a request keeps its first start and last "
+                   "recent tokens and at most max (tokens, multiples of the block size; kvcrush: blocks KVCrush keeps; "
+                   "'on': start=32,recent=128,max=672; default off)")
     g.add_argument("--on-oom", default="preempt", modes=("genai-paged", "contiguous"), help="when a request's memory "
                    f"does not fit: {' | '.join(ON_OOM)} (default preempt: by recompute, GenAI's victim rule)")
     g.add_argument("--static-batch", type=int, default=8, modes="static",
@@ -198,6 +213,7 @@ def spec_from_args(args):
     from simkv.serving.requests import load_trace, synthetic
     from simkv.serving.run import ServingSpec, context_of, runtime_defaults
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.eviction import parse_cache_eviction
     from simkv.serving.sched.vllm import batch_defaults
 
     if args.trace and args.synthetic:
@@ -234,7 +250,8 @@ def spec_from_args(args):
                           on_oom=args.on_oom, kv_manager=args.kv_manager, scheduler="vllm" if vllm else "genai",
                           gpu_memory_utilization=args.gpu_memory_utilization,
                           long_prefill_token_threshold=args.long_prefill_token_threshold,
-                          scheduling_policy=args.scheduling_policy)
+                          scheduling_policy=args.scheduling_policy,
+                          cache_eviction=parse_cache_eviction(args.cache_eviction))
     device_memory = None if args.device_memory is None else parse_bytes(args.device_memory)
     weights = resolve_weights_memory(tp_shard(model, args.tp), args.weights_memory, args.weights_precision, device)
     if args.static_batch <= 0:
@@ -244,7 +261,8 @@ def spec_from_args(args):
                        weights_bytes=weights, policy=policy, static_batch=args.static_batch,
                        max_context=args.max_context, strict_context=args.strict_context, engine=args.engine,
                        tp=args.tp, replicas=args.replicas, router=args.router, workers=args.workers,
-                       weights_precision=args.weights_precision, weights_given=args.weights_memory is not None)
+                       weights_precision=args.weights_precision, weights_given=args.weights_memory is not None,
+                       concurrency=args.concurrency, async_scheduling=args.async_scheduling)
 
 
 def check_parallel(args):
@@ -302,7 +320,9 @@ def render(result) -> str:
            f", pool of gpu_memory_utilization {sp.paged.gpu_memory_utilization}" if sp.paged.scheduler == "vllm" else
            ", dynamic pool")
            + (", prefix caching" if sp.paged.enable_prefix_caching else "")
-           + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")) if sp.memory == "paged" else \
+           + (f", {sp.paged.kv_manager} KV manager" if sp.paged.kv_manager != "genai" else "")
+           + (f", cache eviction {sp.paged.cache_eviction.label()}" if sp.paged.cache_eviction else "")) \
+        if sp.memory == "paged" else \
         f"contiguous, policy {sp.policy if isinstance(sp.policy, str) else sp.policy.name}"
     alloc = m["mean_allocated_bytes"] or 1
     lines = [
@@ -334,6 +354,9 @@ def render(result) -> str:
         lines.append(f"  {'internal waste':<24}{m['waste_internal_pct_of_in_use']:.2f} % of the "
                      f"{format_bytes(m['mean_in_use_bytes'])} in blocks in use (last-block slack)")
         lines.append(f"  {'prefix cache hit rate':<24}{100 * m['prefix_hit_rate']:.1f} % of prompt tokens")
+        if sp.paged.cache_eviction is not None:
+            lines.append(f"  {'cache eviction':<24}{result.evicted_blocks:,} blocks dropped "
+                         f"({format_bytes(result.evicted_blocks * result.block_bytes)})")
     if result.stopped:
         lines.append(f"  {'OUT OF MEMORY' if result.oom else 'NOT FINISHED':<24}{result.stopped}")
     lines.append(f"  {'reallocations':<24}{m['realloc_count']:,}; {format_bytes(m['bytes_copied'])} copied")

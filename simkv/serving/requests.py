@@ -65,6 +65,15 @@ class Request:
     beam: int = 1
     token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     priority: int = 0
+    #: When the client sent it, where that is before it reaches the engine (``arrival_s``): a closed loop's request
+    #: sent as another ended and scheduled only after the steps already in flight (simkv.serving.closed_loop).
+    #: Latencies count from it. None: at its arrival.
+    sent_s: float | None = None
+
+    @property
+    def sent(self) -> float | None:
+        """When the request was sent: ``sent_s``, else its arrival (seconds; None for arrivals in steps)."""
+        return self.sent_s if self.sent_s is not None else self.arrival_s
 
     def __post_init__(self) -> None:
         if self.prompt <= 0:

@@ -104,6 +104,15 @@ class ServingSpec:
     #: precision asked for (None: the device runtime's), and whether ``weights_bytes`` came from --weights-memory.
     weights_precision: str | None = None
     weights_given: bool = False
+    #: Closed-loop load (simkv.serving.closed_loop): this many clients send the requests in order, each its next
+    #: when its previous ended (the requests' arrival times are not used); None: each request at its arrival.
+    concurrency: int | None = None
+    #: vLLM's ``--async-scheduling``: a closed loop's next request waits for two steps in flight, not one
+    #: (simkv.serving.closed_loop).
+    async_scheduling: bool = False
+    #: The layers' weight matmuls as (peak, parameters per token) pairs (simkv.cost.step_cost ``gemm_mix``: a
+    #: quantized checkpoint's parts at their kernels' peaks, simkv.cost.step.gemm_mix); None: the compute precision.
+    gemm_mix: tuple | None = None
 
     @property
     def device_model(self):
@@ -140,6 +149,11 @@ class ServingResult:
     pool_peak: int = 0
     #: Requests rejected on arrival, by reason (:func:`_front_end`): reason → count.
     rejected_reasons: dict = field(default_factory=dict)
+    #: Paged: the step at which one of GenAI's checks throws out of ``step()`` ({"step", "check", "reason"}: cache
+    #: eviction, simkv.serving.sched.eviction; the run ended there).
+    runtime_stop: dict | None = None
+    #: Paged, with cache eviction: the blocks sequences dropped (every layer's count; the same in each).
+    evicted_blocks: int = 0
 
     def _block_bytes(self) -> int:
         return self.block_bytes
@@ -254,6 +268,9 @@ class ServingResult:
         out["oom"] = self.oom["reason"] if self.oom else None
         out["stopped"] = self.stopped
         out["rejected_reasons"] = dict(self.rejected_reasons)
+        if sp.memory == "paged" and sp.paged.cache_eviction is not None:
+            out["evicted_blocks"] = self.evicted_blocks
+            out["runtime_stop"] = self.runtime_stop
         out["per_layer"] = self.per_layer()
         return out
 
@@ -337,7 +354,11 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("num_kv_blocks and cache_size must be >= 0")
     if cfg.num_kv_blocks and cfg.cache_size:
         raise ConfigError("give num_kv_blocks or cache_size, not both")
+    if cfg.cache_eviction is not None and (spec.memory != "paged" or spec.scheduler != "continuous"):
+        raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged --scheduler continuous")
     check_workload(spec.requests, context_limit(spec) if spec.strict_context else None)
+    if spec.async_scheduling and spec.concurrency is None:
+        raise ConfigError("--async-scheduling changes when a closed loop's next request is scheduled: give --concurrency")
     device = get_device(spec.device)
     device.check_tp(spec.tp)
     spec.device_model  # refuses a --tp that does not split the model, one line
@@ -413,6 +434,8 @@ def serve(spec: ServingSpec, progress=False, watch=None):
     device = check_spec(spec)
     check_router(spec.replicas, spec.router, spec.requests, spec.workers)
     spec, rejected = _front_end(spec)
+    if spec.concurrency is not None:
+        return _with_rejected(_serve_closed_loop(spec, device, progress, watch), whole, spec, rejected)
     bar = None
     if callable(progress):
         bar = _Callback(progress)
@@ -430,6 +453,38 @@ def serve(spec: ServingSpec, progress=False, watch=None):
     return _with_rejected(_result(spec, eng, device), whole, spec, rejected)
 
 
+def _serve_closed_loop(spec: ServingSpec, device, progress=False, watch=None) -> ServingResult:
+    """``spec.concurrency`` clients send ``spec.requests`` in order, each its next when its previous ended
+    (:class:`simkv.serving.closed_loop.ClosedLoop`), to one engine with paged memory."""
+    from simkv.serving.closed_loop import ClosedLoop
+    from simkv.serving.engine.core import prompt_token_ids
+
+    if spec.replicas > 1:
+        raise ConfigError("--concurrency drives one engine; with --replicas the clients would need a router's "
+                          "placement per request (give --replicas 1, or replay arrivals with --rate)")
+    if spec.memory != "paged" or spec.scheduler not in ("continuous", "vllm"):
+        raise ConfigError("--concurrency needs --memory paged and --scheduler continuous or vllm (the serving engine "
+                          "whose steps let a completed request send the next)")
+    reqs = spec.requests
+    if reqs and reqs[0].arrival_s is None:
+        raise ConfigError("--concurrency sends requests by completions, in seconds: the trace counts arrivals in "
+                          "steps (arrival_step)")
+    tokens = prompt_token_ids(reqs) if spec.paged.enable_prefix_caching else None
+    loop = ClosedLoop(reqs, spec.concurrency, tokens, lag=2 if spec.async_scheduling else 1)
+    bar = _Callback(progress) if callable(progress) else _progress_bar(len(reqs)) if progress else None
+    try:
+        first = loop.first()
+        eng = _engine(spec, device, first, _watched(bar.update_to if bar else None, watch, 0), client=loop)
+        eng.start(spec.engine == "fast", prompts=[r.prompt for r in first],
+                  tokens=tokens[: len(first)] if tokens is not None else None,
+                  longest=max((r.prompt + r.max_new_tokens for r in reqs), default=0))
+        eng.advance()
+    finally:
+        if bar:
+            bar.close()
+    return _result(spec, eng, device)
+
+
 def _watched(progress, watch, replica: int):
     """The engine's per-round callback: ``progress`` and ``watch`` (:func:`serve`); the engine is bound once
     it exists (``callback.engine``)."""
@@ -445,8 +500,8 @@ def _watched(progress, watch, replica: int):
     return callback
 
 
-def _engine(spec: ServingSpec, device, requests: list[Request], progress):
-    """The engine that serves ``requests`` as ``spec`` says (not yet run)."""
+def _engine(spec: ServingSpec, device, requests: list[Request], progress, client=None):
+    """The engine that serves ``requests`` as ``spec`` says (not yet run); ``client``: a closed loop's clients."""
     cfg = spec.paged
     if spec.scheduler in ("continuous", "vllm") and spec.memory == "paged":
         if (spec.scheduler == "vllm") != (cfg.scheduler == "vllm"):  # the one switch: GenAI's rules or vLLM's
@@ -457,7 +512,8 @@ def _engine(spec: ServingSpec, device, requests: list[Request], progress):
                            weights_bytes=spec.weights_bytes, device_memory=spec.device_memory,
                            block_bytes=spec.block_bytes, tensor_block_bytes=spec.tensor_block_bytes,
                            trace_requests=spec.trace_requests, max_steps=spec.max_steps,
-                           max_preemptions=spec.max_preemptions, progress=progress)
+                           max_preemptions=spec.max_preemptions, progress=progress, client=client,
+                           gemm_mix=spec.gemm_mix)
         if spec.engine not in ("fast", "reference"):
             raise ConfigError(f"unknown engine {spec.engine!r}; choose fast or reference")
         return _bind(eng, progress)
@@ -486,7 +542,8 @@ def _result(spec: ServingSpec, eng, device) -> ServingResult:
     groups, steps, prog = out[0], out[1], out[2]
     if spec.memory == "paged":
         return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, eng.stopped, eng.pool.touched,
-                             eng.block_bytes, eng.oom, eng.resident_peak)
+                             eng.block_bytes, eng.oom, eng.resident_peak, eng.runtime_stop,
+                             getattr(eng.sched, "evicted_blocks", 0))
     return ServingResult(spec, groups, steps, prog, eng.ledger, device.name, None, 0, 0, None, 0)
 
 
@@ -622,7 +679,11 @@ class ReplicasResult:
         out["scenario"] = dict(scenario, replicas=len(self.replicas), router=self.spec.router)
         out["stopped"] = self.stopped
         out["rejected_reasons"] = dict(self.rejected_reasons)
-        out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped) for k, res in enumerate(self.replicas)]
+        if self.spec.paged.cache_eviction is not None:  # (every replica's drops; each replica's own are in its row)
+            out["evicted_blocks"] = sum(res.evicted_blocks for res in self.replicas)
+        out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped,
+                                **({"evicted_blocks": res.evicted_blocks} if self.spec.paged.cache_eviction else {}))
+                           for k, res in enumerate(self.replicas)]
         return out
 
 class _Callback:

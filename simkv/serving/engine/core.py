@@ -17,8 +17,10 @@ planned at once :mod:`.planned_run`, and arrivals joining them :mod:`.joins`.
 from __future__ import annotations
 
 import functools
+import math
 import gc
 from bisect import bisect_left
+from dataclasses import replace
 from collections import Counter
 from itertools import repeat
 from operator import attrgetter
@@ -34,10 +36,11 @@ from simkv.serving.kv.block_pool import BlockPool
 from simkv.serving.kv.pool_tensors import PoolTensors
 from simkv.serving.requests import Request
 from simkv.serving.sched.config import SchedulerConfig
+from simkv.serving.sched.eviction import check_eviction, check_request
 from simkv.serving.sched.genai import ContinuousScheduler, GpuCheck
 from simkv.serving.sched.vllm import (UNBOUNDED_MODEL_LEN, EngineVllm, VllmSettings, num_gpu_blocks,
                                       profile_peak_bytes)
-from simkv.serving.sched.group import RUNNING, UNFINISHED, Group
+from simkv.serving.sched.group import FINISHED, RUNNING, UNFINISHED, Group
 from simkv.serving.engine.slow_path import ignore_all, internal_slack, sample, step_work, used_bytes
 
 GIB = 1024**3
@@ -45,7 +48,7 @@ _index = attrgetter("index")
 #: Device presets whose dynamic pool follows GenAI's GPU path (a growth check, then preemption or waiting); every
 #: other device (xeon-8480, host, a custom one) follows its CPU path: no check, and an allocation that does not fit
 #: is out of memory. NVIDIA presets have no OpenVINO plugin; they take the GPU path, a device's own memory.
-GPU_DEVICES = frozenset({"h100-sxm", "a100-80gb", "arc-a770", "core-ultra-155h-igpu"})
+GPU_DEVICES = frozenset({"h100-sxm", "a100-80gb", "h200-sxm", "b200", "arc-a770", "core-ultra-155h-igpu"})
 
 
 #: The scheduling rules the engine serves with (``SchedulerConfig.scheduler``).
@@ -168,8 +171,15 @@ class PagedServing:
                  weights_bytes: int, device_memory: int, block_bytes: int | None = None, tensor_block_bytes=None,
                  max_steps: int = 10_000_000,
                  trace_requests: bool = False, progress=None, observe=None, stall_steps: int = STALL_STEPS,
-                 max_preemptions: int | None = None) -> None:
+                 max_preemptions: int | None = None, client=None, gemm_mix: tuple | None = None) -> None:
         self.requests = requests
+        #: A closed loop's clients (simkv.serving.closed_loop.ClosedLoop; None: the requests' own arrivals): every
+        #: request that ends sends the next one (:meth:`_completions`), so no run of steps goes past a step in which
+        #: one ends (planned_run.plan, joins.join; squeezed runs are not taken).
+        self.client = client
+        #: A closed loop whose requests wait for steps in flight (``client.lag`` > 1): [steps still to end, time
+        #: sent, request, token ids] of each request sent and not yet arrived (:meth:`_due`).
+        self.deferred: list[list] = []
         self.model, self.cfg = model, config
         if config.block_size <= 0:
             raise ConfigError("block size and block bytes must be positive")
@@ -213,10 +223,15 @@ class PagedServing:
         self.state_pool = getattr(self.sched, "state_pool", None)
         self.vllm = vllm
         self.side_pools = [self.sched.pools[grp.pool] for grp in kv.side]
+        if config.cache_eviction is not None:
+            check_eviction(config.cache_eviction, self.bs, prefix_caching=config.enable_prefix_caching,
+                           plain=not vllm and self.sched.simple and kv.manager == "genai")
+            for req in requests:
+                check_request(req)
         #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
         self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
         self.kv_token = self.work.kv_token
-        self.timer = self.work.timer(model, device, weights_bytes)
+        self.timer = self.work.timer(model, device, weights_bytes, gemm_mix)
         #: Blocks leave windows (vLLM's manager): freed after each step, and no planned runs over them.
         self.window_blocks = self.sched.windowed
         #: Steps the next planned run may take (a layout of several groups; planned_run._horizon).
@@ -356,6 +371,9 @@ class PagedServing:
         self.stopped = None
         #: Out of memory: {"step", "reason", ...} of the step whose pool allocation did not fit (the run ends there).
         self.oom = None
+        #: One of GenAI's checks threw out of ``step()`` (cache eviction, simkv.serving.sched.eviction):
+        #: {"step", "check", "reason"} of that step (the run ends there).
+        self.runtime_stop = None
         #: The largest bytes the pools held inside a (re)allocating step, the CPU plugin's scratch left out.
         self.resident_peak = 0
         self.sampled = 0  # tokens generated so far, all requests (progress, for the stall check)
@@ -378,12 +396,45 @@ class PagedServing:
     def add(self, req: Request, prompt: int, tokens=None) -> None:
         """A request routed here (arrivals in seconds, not before those given so far): it joins at the first
         step that starts at or after its arrival, as if it had been in ``requests`` from the start."""
+        if self.cfg.cache_eviction is not None:
+            check_request(req)
         self.requests.append(req)
         self.prompts.append(prompt)
         if self.tokens is not None:
             self.tokens.append(tokens)
             self.family.append(tokens[0])
             self.families[tokens[0]] += 1
+
+    def _completions(self, live: list[Group]) -> None:
+        """A closed loop: each request of ``live`` that ended in the steps just taken (in request order) sends the
+        next request, at the time it ended (simkv.serving.closed_loop; a run of steps ends at the step in which the
+        first one ends, so every request ended here ended at ``self.t``, but a FINISHED one's own time is used). With
+        ``client.lag`` L > 1 it reaches the engine only after L − 1 more steps have ended (:meth:`_due`)."""
+        for g in sorted((g for g in live if g.status != RUNNING), key=_index):
+            t = g.finish_s if g.status == FINISHED else self.t
+            sent = self.client.completed(t)
+            if sent is None:
+                return
+            req, tokens = sent
+            if self.client.lag > 1:
+                self.deferred.append([self.client.lag - 1, t, req, tokens])
+            else:
+                self.add(req, req.prompt, tokens)
+
+    def _due(self, steps: int | None) -> None:
+        """A closed loop with a lag: ``steps`` more steps ended (None: the engine is idle, nothing is in flight);
+        each sent request whose steps in flight have all ended now arrives (just after ``self.t``; its latencies count
+        from when it was sent)."""
+        due = []
+        for entry in self.deferred:
+            entry[0] = 0 if steps is None else entry[0] - steps
+            if entry[0] <= 0:
+                due.append(entry)
+        if due:
+            self.deferred = [e for e in self.deferred if e[0] > 0]
+            arrival = math.nextafter(self.t, math.inf)
+            for _, t, req, tokens in due:
+                self.add(replace(req, arrival_s=max(arrival, req.arrival_s), sent_s=t), req.prompt, tokens)
 
     def solo(self, index: int) -> bool:
         """Prefix caching: ``requests[index]`` is the only request of its family (no other request's blocks can
@@ -400,7 +451,10 @@ class PagedServing:
         bar = self.progress
         live = self.live
         self.limit = limit
-        while (self.pending < len(reqs) or live) and self.stopped is None and self.oom is None:
+        while (self.pending < len(reqs) or live or self.deferred) and self.stopped is None and self.oom is None:
+            if self.deferred and not live and (self.pending >= len(reqs) or reqs[self.pending].arrival_s
+                                               > math.nextafter(self.t, math.inf)):
+                self._due(None)  # nothing in flight, nothing about to start: the sent requests arrive at once
             tokens_out = self.sampled + self.pending
             if tokens_out != self.progress_mark:
                 self.progress_mark, self.progress_step = tokens_out, self.step
@@ -429,6 +483,7 @@ class PagedServing:
                     pending += 1
             self.pending = pending
             joined = None
+            steps_before = self.step
             if self.fast and live and self.step >= self.plan_from:
                 # A full fixed pool keeps preempting: once a squeezed run (:mod:`.squeezed`) was planned where a
                 # planned run was not, squeezed runs only (their states include a planned run's: the same pools)
@@ -453,12 +508,22 @@ class PagedServing:
                 if self.oom is not None:
                     self._stop_out_of_memory(live, self.pending)
                     break
+                if self.runtime_stop is not None:
+                    left = self._leave_unfinished(live, self.pending)
+                    self.stopped = f"{self.runtime_stop['reason']}; {left:,} requests left unfinished"
+                    break
+                if self.client is not None:
+                    self._due(1)
+                    self._completions(live)
                 live[:] = [g for g in live if g.status == RUNNING]
             elif joined == HELD:
                 break
             else:
                 self.pending += joined
                 pos = self.cold_pos(live)  # (an untouched request is running: only the others can have ended)
+                if self.client is not None:
+                    self._due(self.step - steps_before)
+                    self._completions(live[:pos])
                 live[:pos] = [g for g in live[:pos] if g.status == RUNNING]
             if bar is not None and not by_step:
                 bar(self.pending)
@@ -617,6 +682,14 @@ class PagedServing:
             self.timer.record_idle()
         else:
             new, pairs, kv_read, logits, decode_pairs = step_work(scheduled, self.work)
+            if self.cfg.cache_eviction is not None:  # after the forward, before sampling (GenAI's order)
+                stop = self.sched.evict(scheduled)
+                if stop is not None:  # GenAI's step() throws here: the run ends without this step's row
+                    check, where = stop
+                    self.runtime_stop = {"step": step, "check": check,
+                                         "reason": f"GenAI's step() throws at step {step:,} (cache eviction): "
+                                                   f"\"{check}\" in {where}"}
+                    return
             dt = self.timer.step(new, pairs, kv_read, copied, logits, decode_pairs)
         t += dt
         self.est.append(dt)
@@ -662,6 +735,8 @@ class PagedServing:
             if run is None:
                 return None
             joined = join(self, run, live, pending)
+        if self.client is not None and run.fin and min(run.fin) + 1 < run.K:
+            run.cut(min(run.fin) + 1)  # a closed loop: the run ends with the step in which a request ends
         if run.K < 2:
             return None
         if (run.times[:-1] >= self.limit).any():
@@ -723,17 +798,8 @@ class PagedServing:
         to come is UNFINISHED, and the step and the reason are reported (``simkv run``, ``--json``: ``oom``)."""
         from simkv.units import format_bytes
 
-        for g in live:
-            g.status = UNFINISHED
-        for index in range(pending, len(self.requests)):
-            req = self.requests[index]
-            g = Group(req, index, self.prompts[index])
-            g.added_s = req.arrival_s if req.arrival_s is not None else self.t
-            g.added_step = req.arrival_step if req.arrival_step is not None else self.step
-            g.status = UNFINISHED
-            self.groups.append(g)
+        left = self._leave_unfinished(live, pending)
         o = self.oom
-        left = len(live) + len(self.requests) - pending
         why = ("GenAI's CPU path grows a dynamic pool with no memory check (scheduler.hpp _try_increase_cache:769, "
                "_reserve_dynamic_capacity_for_active_sequences)" if self.memory_path == "cpu" else
                "GenAI reserves for arriving prompts with no memory check (scheduler.hpp "
@@ -746,9 +812,23 @@ class PagedServing:
                        f"(std::bad_alloc on Linux); {left:,} requests left unfinished")
         self.stopped = o["reason"]
 
+    def _leave_unfinished(self, live: list[Group], pending: int) -> int:
+        """The run ends here: every request present or still to come is UNFINISHED (those to come get their
+        groups). Returns how many."""
+        for g in live:
+            g.status = UNFINISHED
+        for index in range(pending, len(self.requests)):
+            req = self.requests[index]
+            g = Group(req, index, self.prompts[index])
+            g.added_s = req.sent if req.arrival_s is not None else self.t
+            g.added_step = req.arrival_step if req.arrival_step is not None else self.step
+            g.status = UNFINISHED
+            self.groups.append(g)
+        return len(live) + len(self.requests) - pending
+
     def _add(self, req, index) -> Group:
         g = Group(req, index, self.prompts[index])
-        g.added_s, g.added_step = (req.arrival_s if req.arrival_s is not None else self.t), self.step
+        g.added_s, g.added_step = (req.sent if req.arrival_s is not None else self.t), self.step
         self.sched.add_group(g, self.tokens[index] if self.tokens is not None else None)
         if g.tables[0]:  # restored blocks: not untouched
             self.cold = max(self.cold, index + 1)

@@ -62,7 +62,7 @@ class StepTimer:
     INPUTS = 6
 
     def __init__(self, model, device, weights_bytes: int, kv_token_bytes: int, *, read_unit: int | None = None,
-                 pairs_div: int = 1) -> None:
+                 pairs_div: int = 1, gemm_mix: tuple | None = None) -> None:
         """``kv_token_bytes``: KV bytes one new token writes; ``read_unit``: bytes per unit of the loop's KV-read
         input (default ``kv_token_bytes``: tokens read); ``pairs_div``: what the loop's attended pairs are
         divided by before :func:`simkv.cost.step_cost` prices them (:class:`Work`)."""
@@ -70,10 +70,12 @@ class StepTimer:
         self.kv_token = kv_token_bytes
         self.read_unit = kv_token_bytes if read_unit is None else read_unit
         self.pairs_div = pairs_div
+        #: The layers' GEMMs by peak (:func:`simkv.cost.step_cost`'s ``gemm_mix``; None: all at the device's).
+        self.gemm_mix = gemm_mix
         k = len(_ARGS)
         probe = np.zeros((k + 1, k))
         probe[1:] = np.eye(k) * 1e6
-        c = step_cost(model, device, **{a: probe[:, i] for i, a in enumerate(_ARGS)})
+        c = step_cost(model, device, gemm_mix=gemm_mix, **{a: probe[:, i] for i, a in enumerate(_ARGS)})
         self._ovh = float(c.overhead_s[0])
         kvt, unit = float(kv_token_bytes), float(self.read_unit)
         div = pairs_div
@@ -204,7 +206,8 @@ class StepTimer:
         a = np.stack([np.concatenate([np.asarray(c[i], dtype=np.float64) for c in self.chunks])
                       for i in range(self.INPUTS)], axis=1)
         div = self.pairs_div
-        c = step_cost(self.model, self.device, weights_bytes=self.weights, new_tokens=a[:, 0],
+        c = step_cost(self.model, self.device, gemm_mix=self.gemm_mix, weights_bytes=self.weights,
+                      new_tokens=a[:, 0],
                       attended_pairs=a[:, 1] if div == 1 else a[:, 1] / div,
                       kv_read_bytes=a[:, 2] * self.read_unit, kv_write_bytes=a[:, 0] * self.kv_token,
                       copy_bytes=a[:, 3], logit_tokens=a[:, 4], decode_pairs=a[:, 5] if div == 1 else a[:, 5] / div)
@@ -240,8 +243,9 @@ class Work:
             self.window = None
             self.read_unit, self.pairs_div = 1, layers
 
-    def timer(self, model, device, weights_bytes: int) -> StepTimer:
-        return StepTimer(model, device, weights_bytes, self.kv_token, read_unit=self.read_unit, pairs_div=self.pairs_div)
+    def timer(self, model, device, weights_bytes: int, gemm_mix: tuple | None = None) -> StepTimer:
+        return StepTimer(model, device, weights_bytes, self.kv_token, read_unit=self.read_unit, pairs_div=self.pairs_div,
+                         gemm_mix=gemm_mix)
 
     def seq(self, prev: int, new: int) -> tuple[int, int]:
         """(attended pairs, KV read) of ``new`` tokens after ``prev`` cached ones, one sequence."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from simkv.serving.engine import planned_eviction
 from simkv.serving.engine.planned_run import KMAX, Run, blocks, prompt_share, reserves
 from simkv.serving.sched.genai import prepare_tokens
 from simkv.serving.sched.group import Group
@@ -37,6 +38,9 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
             k = int(np.searchsorted(run.times[:-1], req.arrival_s)) + 1  # (the times never decrease)
         if k >= run.K:
             break  # arrives after the run
+        if eng.client is not None and k > min(run.fin, default=KMAX):
+            run.cut(k)  # a closed loop: the run ends where a request ends (engine.core cuts it there)
+            break
         g = Group(req, index, eng.prompts[index])
         sched.init_side(g)
         # nobody present at step k, or (a dynamic pool) the ones present at step k and g would raise it; with
@@ -46,7 +50,8 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
         else:
             grows = sched.dynamic and reserves(sched, [h for h, f in zip(run.rows + list(prior) + joined, run.fin)
                                                       if f >= k] + [g])
-        if index >= ahead or g.n > 1 or last < k or (eng.tokens is not None and not eng.solo(index)) or grows:
+        if index >= ahead or g.n > 1 or last < k or (eng.tokens is not None and not eng.solo(index)) or grows or (
+                eng.cfg.cache_eviction is not None and not planned_eviction.plannable(g, eng.cfg.cache_eviction)):
             run.cut(k)
             break
         if eng.tokens is not None:  # (its restore finds nothing: no block of its family exists)
@@ -54,7 +59,7 @@ def join(eng, run: Run, live: list[Group], pending: int, prior: list[Group] = ()
         if not _add_newcomer(eng, run, g, k):
             run.cut(k)
             break
-        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[k - 1])
+        g.added_s = req.sent if req.arrival_s is not None else float(run.times[k - 1])
         g.added_step = eng.step + k
         joined.append(g)
         if targets is not None:
@@ -95,8 +100,18 @@ def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
         nd = run.nd[k:]
         alive = np.ones(n, dtype=bool)
     ctx = np.add.accumulate(tok)
-    used1 = None
-    if eng.sched.simple:
+    used1 = kv = drop = None
+    if eng.cfg.cache_eviction is not None:  # its drops once past its prompt (planned_eviction)
+        first_decode, last = (s, f) if decodes else (n, n)
+        kv, drop = planned_eviction.drops(eng.cfg.cache_eviction, bs, ctx[None, :], np.array([first_decode]),
+                                          np.array([last]), np.zeros(1, dtype=np.int64))
+        kv, drop = kv[0], drop[0]
+        held = (kv + (bs - 1)) // bs
+        if decodes:
+            held[f + 1:] = 0
+        used = run.used[k:] + held
+        bad = used > total
+    elif eng.sched.simple:
         held = (ctx + (bs - 1)) // bs
         if decodes:
             held[f + 1:] = 0
@@ -115,14 +130,14 @@ def _add_newcomer(eng, run: Run, g: Group, k: int) -> bool:
         K = min(K, k + int(bad.argmax()))
     if K <= k:
         return False
-    pairs, seen = eng.work.arrays(tok, ctx)
+    pairs, seen = eng.work.arrays(tok, ctx if kv is None else kv)
     if g.P > 0:  # its samples: from the step its prompt completes (a token there) to its last
         sampled = np.zeros(n, dtype=bool)
         if decodes:
             sampled[s - 1:f + 1] = True
     else:
         sampled = (tok > 0) & (ctx >= g.P)
-    run.add_row(k, tok, ctx, held, alive, sampled, fin, start)
+    run.add_row(k, tok, ctx, held, alive, sampled, fin, start, kv, drop)
     if decodes:
         run.nd[k:] = nd
     run.taken[k:] += got

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simkv.serving.engine import planned_eviction
 from simkv.serving.sched.group import FINISHED
 
 #: Longest run of steps planned at once (bounds the arrays of a plan).
@@ -76,6 +77,10 @@ class Run:
     passive: int = 0
     #: After the commit: the largest request index the run scheduled a token for (None: none).
     moved: int | None = None
+    #: GenAI's cache eviction (:mod:`.planned_eviction`): per row the tokens its blocks hold at each step's forward,
+    #: and the blocks it drops after it (rows like ``tok``'s); None without eviction.
+    kv: list | None = None
+    drop: list | None = None
 
     def cut(self, k: int) -> None:
         """Keep the first ``k`` steps (or fewer): the per-step arrays now, the rows when committed."""
@@ -87,10 +92,12 @@ class Run:
             if value is not None:
                 setattr(self, name, value[:k])
 
-    def add_row(self, k: int, tok, ctx, held, alive, sampled, fin: int, start: int) -> None:
+    def add_row(self, k: int, tok, ctx, held, alive, sampled, fin: int, start: int, kv=None, drop=None) -> None:
         """A newcomer's row from step ``k`` on (nothing before it: zeros when the matrices are built)."""
-        for rows, row in ((self.tok, tok), (self.ctx, ctx), (self.held, held), (self.alive, alive), (self.sampled, sampled)):
-            rows.append((k, row))
+        for rows, row in ((self.tok, tok), (self.ctx, ctx), (self.held, held), (self.alive, alive), (self.sampled, sampled),
+                          (self.kv, kv), (self.drop, drop)):
+            if rows is not None:
+                rows.append((k, row))
         self.nb.append(0)
         self.fin.append(fin)
         self.start.append(start)
@@ -135,6 +142,10 @@ def plan(eng, live: list, pending: int) -> Run | None:
     if present is None:
         return None
     proc, P, G, gen, nb, rows, passive = present
+    if eng.client is not None and (proc >= P).any():  # a closed loop: no step after the first decoder's last
+        horizon = min(horizon, int((G - gen)[proc >= P].min()))
+    if eng.deferred:  # a closed loop's sent requests arrive once the steps in flight end: the run ends there
+        horizon = min(horizon, min(entry[0] for entry in eng.deferred))
     scheduled = _schedule(proc, P, G, gen, budget, horizon)
     if scheduled is None:
         return None
@@ -144,13 +155,20 @@ def plan(eng, live: list, pending: int) -> Run | None:
     ctx = proc[:, None] + np.cumsum(tok, axis=1)  # tokens processed after each step
     alive = ks[None, :] <= fin[:, None]  # holds blocks at the step (freed after its last)
     used1 = nbg = None
-    if eng.sched.simple:
+    kv = drop = None
+    if eng.cfg.cache_eviction is not None:  # (one plain table: planned_eviction)
+        ev0 = np.array([g.evicted for g in rows], dtype=np.int64)
+        kv, drop = planned_eviction.drops(eng.cfg.cache_eviction, bs, ctx, start, fin, ev0)
+        held = ((kv + (bs - 1)) // bs) * alive
+        used = pool.used() - int(nb.sum()) + held.sum(axis=0)
+        bad = used > pool.total
+    elif eng.sched.simple:
         held = np.maximum((ctx + (bs - 1)) // bs, nb[:, None]) * alive
         base = pool.used() - int(nb.sum())
         used = base + held.sum(axis=0)
         bad = used > pool.total
     else:  # every group's blocks: the KV pool's and the state pool's in use per step
-        nbg, start_held = _tables_at_start(eng, live)
+        nbg, start_held = _tables_at_start(eng, rows)  # (the passive tail has no row and holds no block)
         per_pool = blocks(eng, ctx, _before(ctx, proc), alive, nbg)[0]
         used = pool.used() - start_held[0] + per_pool[0]
         bad = used > pool.total
@@ -162,7 +180,12 @@ def plan(eng, live: list, pending: int) -> Run | None:
         K = int(bad.argmax())
         if K < 2:
             return None
-    pairs_m, seen = eng.work.arrays(tok, ctx)
+    if eng.client is not None and len(fin):
+        # a closed loop: the run ends with the step in which the first request ends (it sends the next request)
+        K = min(K, int(fin.min()) + 1)
+        if K < 2:
+            return None
+    pairs_m, seen = eng.work.arrays(tok, ctx if kv is None else kv)
     sampled = (tok > 0) & (ctx >= P[:, None])  # a token is sampled (ctx passes maxc: see eligibility)
     run = Run(K=K, tok=[tok[:, :K]], ctx=[ctx[:, :K]], held=[held[:, :K]], alive=[alive[:, :K]], sampled=[sampled[:, :K]],
               nb=nb.tolist(), fin=fin.tolist(), start=start.tolist(), dec=dec.tolist(), nd=nd[:K], taken=taken[:K],
@@ -170,7 +193,8 @@ def plan(eng, live: list, pending: int) -> Run | None:
               logits=sampled.sum(axis=0)[:K],
               decode_pairs=(np.add.reduce(np.where(tok == 1, pairs_m, 0), axis=0)[:K]
                             if eng.timer.decode_rate_differs else None), ahead=ahead,
-              used1=None if used1 is None else used1[:K], nbg=nbg, rows=rows, passive=passive)
+              used1=None if used1 is None else used1[:K], nbg=nbg, rows=rows, passive=passive,
+              kv=None if kv is None else [kv[:, :K]], drop=None if drop is None else [drop[:, :K]])
     run.time(eng.timer, eng.t)
     return run
 
@@ -184,7 +208,9 @@ def _before(ctx: np.ndarray, proc) -> np.ndarray:
 
 
 def _tables_at_start(eng, live: list):
-    """Per group, each present request's table length; and per pool, the blocks they hold."""
+    """Per group, each given request's table length; and per pool, the blocks they hold. Given the requests with a
+    row (:func:`_present`'s ``rows``), not every present one: the untouched tail of a fixed pool's queue holds no
+    block and has no row in the run's matrices (all present ones gave 787 lengths against 777 rows: a crash)."""
     groups = eng.kv.groups
     nbg, held = [], [0, 0]
     for gi, grp in enumerate(groups):
@@ -248,6 +274,7 @@ def _present(eng, live: list, reach: int):
     cfg, sched, pool = eng.cfg, eng.sched, eng.pool
     if eng.trace_requests or eng.observe is not None or not cfg.dynamic_split_fuse:
         return None
+    ev = cfg.cache_eviction
     prefix = cfg.enable_prefix_caching
     if prefix and not sched.simple:
         return None
@@ -271,6 +298,8 @@ def _present(eng, live: list, reach: int):
     for j, g in enumerate(rows):
         if len(g.tables) != 1 or prefix and (g.preemptions or not eng.solo(g.index)):
             return None  # (prefix caching: see _hand_out_prefix)
+        if ev is not None and not planned_eviction.plannable(g, ev):
+            return None  # (its next registration or eviction is the reference's)
         if g.maxc >= g.P:
             if g.maxc != g.processed:
                 return None
@@ -366,7 +395,14 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
     alloc_b = pool.total * block_bytes
     in_use = used * block_bytes
     state_used = state_total = 0
-    if eng is not None and eng.tokens is not None:
+    evicting = eng is not None and run.kv is not None
+    if evicting:  # GenAI's cache eviction (one plain table, no prefix caching)
+        kv, drop = _matrix(run.kv, K), _matrix(run.drop, K)
+        proc0 = (ctx[:, 0] - tok[:, 0]).tolist()
+        _hand_out_evicting(held, drop, nb, run.start, run.fin, K, live, pool, free_group,
+                           eng.cfg.cache_eviction.start // bs)
+        used_b = np.where(alive, kv, 0).sum(axis=0) * block_bytes // bs
+    elif eng is not None and eng.tokens is not None:
         _hand_out_prefix(eng, ctx, held, nb, sampled, run.start, run.fin, K, live)
         ctx_total = np.where(alive, ctx, 0).sum(axis=0)
         used_b = ctx_total * block_bytes // bs
@@ -381,6 +417,11 @@ def commit(run: Run, live: list, pool, free_group, timer, block_bytes: int, bs: 
             alloc_b = alloc_b + state_total * eng.state_bytes
             in_use = in_use + state_used * eng.state_bytes
     n_sampled = _advance(live, ctx, sampled, np.array(run.dec), np.array(run.fin), times, K, step0)
+    if evicting:
+        ev = eng.cfg.cache_eviction
+        for j, g in enumerate(live):
+            planned_eviction.state_after(g, ev, bs, tok[j], kv[j], drop[j], proc0[j])
+        eng.sched.evicted_blocks += int(drop.sum())
     moved = np.flatnonzero(tok.any(axis=1))
     run.moved = live[int(moved[-1])].index if moved.size else None
     requests = alive.sum(axis=0)
@@ -449,6 +490,49 @@ def _hand_out_blocks(held, nb, start, fin, K: int, live: list, pool, free_group)
             free_group(live[j])
         else:
             tables[j].extend(alloc_many(n))
+    if top >= 0 and pool.touched <= top:
+        pool.touched = top + 1
+
+
+def _hand_out_evicting(held, drop, nb, start, fin, K: int, live: list, pool, free_group, first: int) -> None:
+    """:func:`_hand_out_events` with GenAI's cache eviction: per step the allocations (decoders, then prompt
+    chunks), then the blocks each row drops after the forward (the ``drop`` blocks from logical block ``first``, as
+    :meth:`~simkv.serving.sched.genai.ContinuousScheduler.evict` drops them), then the frees of the requests that
+    finished."""
+    kept = held.copy()  # blocks held once the step's drops are gone
+    kept -= drop
+    inc = held.copy()
+    inc[:, 1:] -= kept[:, :-1]
+    inc[:, 0] -= nb
+    alive = np.arange(K)[None, :] <= np.asarray(fin, dtype=np.int64)[:, None]
+    kk, jj = np.nonzero(((inc > 0) & alive).T)
+    counts = inc[jj, kk].tolist()
+    events = [(k, 0 if k >= start[j] else 1, 0, j, c) for k, j, c in zip(kk.tolist(), jj.tolist(), counts)]
+    dk, dj = np.nonzero(drop.T)
+    events += [(k, 2, 0, j, -c) for k, j, c in zip(dk.tolist(), dj.tolist(), drop[dj, dk].tolist())]
+    events += [(f, 3, 0 if f >= start[j] else 1, j, 0) for j, f in enumerate(fin) if f < K]
+    events.sort()
+    # (no prefix caching with eviction: a block off the free list's front, as allocate_many takes it; a dropped one
+    # to its back, as release puts it; the blocks ever handed out counted at the end)
+    free, ref, alloc_many, release_many = pool.free, pool.ref, pool.allocate_many, pool.release_many
+    popleft = free.popleft
+    top = -1
+    for _, kind, _, j, c in events:
+        g = live[j]
+        if kind == 3:
+            free_group(g)
+        elif kind == 2:
+            table = g.tables[0]
+            release_many(table[first : first - c])
+            del table[first : first - c]
+        elif c == 1 and free:
+            b = popleft()
+            ref[b] = 1
+            if b > top:
+                top = b
+            g.tables[0].append(b)
+        else:
+            g.tables[0].extend(alloc_many(c))
     if top >= 0 and pool.touched <= top:
         pool.touched = top + 1
 

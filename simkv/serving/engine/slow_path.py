@@ -22,7 +22,7 @@ def internal_slack(live, pool, bs: int) -> int:
     for g in live:
         if g.status != RUNNING:
             continue
-        ctx = g.processed + g.scheduled
+        ctx = g.processed + g.scheduled - g.evicted  # (the tokens its blocks hold)
         for table in g.tables:
             if not table:
                 continue
@@ -80,12 +80,12 @@ def ignore_all(live, sched, t: float, step: int) -> None:
 def step_work(scheduled, work):
     """What the forward pass of the ``scheduled`` groups computes: new tokens, attended pairs,
     KV read (:class:`simkv.serving.engine.costing.Work`: tokens, or bytes), logits, and the pairs of one-token queries
-    (:mod:`simkv.cost`: decode_pairs)."""
+    (:mod:`simkv.cost`: decode_pairs). A sequence that evicted attends to the tokens its blocks still hold."""
     new = pairs = kv_read = logits = decode_pairs = 0
     for g in scheduled:
         n, s, p = len(g.tables), g.scheduled, g.processed
         new += n * s
-        attended, read = work.seq(p, s)
+        attended, read = work.seq(p - g.evicted, s)
         attended *= n
         pairs += attended
         if s == 1:  # a one-token query (simkv.cost: decode_pairs)

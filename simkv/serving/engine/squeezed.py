@@ -58,7 +58,8 @@ def run(eng, live: list[Group], pending: int):
     would take fewer than two steps). Changes nothing unless it returns a run."""
     cfg, sched, pool = eng.cfg, eng.sched, eng.pool
     if (sched.dynamic or not sched.simple or eng.tokens is not None or not cfg.dynamic_split_fuse
-            or cfg.on_oom != "preempt" or eng.trace_requests or eng.observe is not None
+            or cfg.on_oom != "preempt" or eng.trace_requests or eng.observe is not None or eng.client is not None
+            or cfg.cache_eviction is not None  # (a victim that evicted is recomputed whole: the reference's)
             or not sched.initialized or pool.total != eng.tensors.total):
         return None
     budget, bs = cfg.max_num_batched_tokens, eng.bs

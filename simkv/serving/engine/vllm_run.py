@@ -237,13 +237,15 @@ def _join(eng, run: Run, pending: int, running, sizes: list) -> list:
         if g.n != 1:
             run.cut(ka)
             break
-        g.added_s = req.arrival_s if req.arrival_s is not None else float(run.times[ka - 1])
+        g.added_s = req.sent if req.arrival_s is not None else float(run.times[ka - 1])
         g.added_step = eng.step + ka
         j = Joiner(g, ka, None)
         joiners.append(j)
         queue.append(j)
         index += 1
     K = min(run.K, _first_bad(v, run.used[:run.K], run.new[:run.K]))
+    if eng.client is not None and run.fin:  # a closed loop: the run ends with the step in which a request ends
+        K = min(K, min(run.fin) + 1)  # (its client sends the next request then: engine.core)
     if not eng.by_step and K >= 2:  # (the joiners' work lengthened the steps after theirs: a router's limit again)
         K = min(K, int(np.searchsorted(run.times[:K - 1], eng.limit)) + 1)
     run.cut(K)
@@ -315,9 +317,13 @@ MIN_HORIZON = 32
 
 def _horizon(eng) -> int:
     """Steps a run may take: at most KMAX — twice the last run's length, at least :data:`MIN_HORIZON` —, the step
-    limit and the stall bound (arrivals join it: :func:`_join`)."""
-    return min(eng.sched.run_horizon or KMAX, eng.max_steps - eng.step,
-               eng.progress_step + eng.stall_limit + 1 - eng.step)
+    limit and the stall bound (arrivals join it: :func:`_join`), and a closed loop's sent requests' arrival (once
+    the steps in flight end: engine.core ``_due``)."""
+    horizon = min(eng.sched.run_horizon or KMAX, eng.max_steps - eng.step,
+                  eng.progress_step + eng.stall_limit + 1 - eng.step)
+    if eng.deferred:
+        horizon = min(horizon, min(entry[0] for entry in eng.deferred))
+    return horizon
 
 
 def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simkv.serving.sched.eviction import CacheEviction
+
 
 #: The fields of GenAI's ``SchedulerConfig`` that simkv models, by GenAI's names and in this order
 #: (``openvino_genai.SchedulerConfig``; ``src/cpp/include/openvino/genai/scheduler_config.hpp``).
@@ -44,6 +46,9 @@ class SchedulerConfig:
     #: or "vllm" (vLLM's hybrid manager: a block table per group of layers, windows and chunks free blocks, MLA as
     #: its latent, a Mamba state block per running request). The scheduling rules stay GenAI's.
     kv_manager: str = "genai"
+    #: GenAI's cache eviction (``use_cache_eviction`` with its ``CacheEvictionConfig``): None is off
+    #: (simkv.serving.sched.eviction).
+    cache_eviction: CacheEviction | None = None
     #: simkv extension: whose scheduling rules serve: "genai" (:mod:`simkv.serving.sched.genai`) or "vllm" (vLLM V1's
     #: ``Scheduler`` and ``KVCacheManager``, :mod:`simkv.serving.sched.vllm`; always vLLM's KV manager). The fields
     #: below are vLLM's (``CacheConfig`` / ``SchedulerConfig``) and are read only under "vllm".
@@ -64,5 +69,7 @@ class SchedulerConfig:
     def summary(self) -> dict:
         """The ``paged`` object of ``simkv run --json``: every field, the pool size under its older key,
         ``cache_size_gib``."""
-        return {"cache_size_gib" if name == "cache_size" else name: value for name, value in vars(self).items()
-                if self.scheduler == "vllm" or name not in VLLM_FIELDS}
+        out = {"cache_size_gib" if name == "cache_size" else name: value for name, value in vars(self).items()
+               if self.scheduler == "vllm" or name not in VLLM_FIELDS}
+        out["cache_eviction"] = self.cache_eviction.label() if self.cache_eviction is not None else None
+        return out

@@ -33,6 +33,10 @@ Rules read in openvinotoolkit/openvino.genai ``src/cpp/src/continuous_batching/s
   (``allocate_cache_if_needed``); one that does not fit the device is out of memory.
 * A step that schedules nothing: every request is marked IGNORED
   (``pipeline_impl.cpp``, ``ContinuousBatchingImpl::step``).
+* Cache eviction (``SchedulerConfig.cache_eviction``, :mod:`.eviction`): after the forward a sequence past its
+  prompt drops whole blocks (:meth:`ContinuousScheduler.evict`); its blocks are then its context's less the
+  tokens evicted (``BlockManager::get_num_logical_blocks``), and a victim that had evicted is preempted whole and
+  recomputed from its first token (``_preempt_by_recompute``: ``was_evicted_from``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from simkv.serving.kv.block_pool import BlockPool, prefix_hash, token_hashes
+from simkv.serving.sched.eviction import after_forward
 from simkv.serving.sched.group import IGNORED, REJECTED, RUNNING, Group
 
 if TYPE_CHECKING:
@@ -111,37 +116,20 @@ class ContinuousScheduler:
         self.gpu = gpu
         self.weights_bytes = 0 if gpu is None else gpu.weights
         self.held_bytes = 0
+        #: GenAI's cache eviction (simkv.serving.sched.eviction.CacheEviction), or None; the blocks dropped so far.
+        self.eviction = config.cache_eviction
+        self.evicted_blocks = 0
 
     # -- blocks of a group ------------------------------------------------------------------
 
     def _need(self, g: Group, tokens: int) -> int:
-        """Blocks a sequence holding ``processed`` + ``tokens`` tokens must have."""
-        return -(-(g.processed + tokens) // self.bs)
+        """Blocks a sequence holding ``processed`` + ``tokens`` tokens, less those evicted, must have
+        (``get_num_logical_blocks``)."""
+        return -(-(g.processed + tokens - g.evicted) // self.bs)
 
     def required_blocks(self, g: Group) -> int:
         """``BlockManager::required_blocks_count`` for the scheduled tokens."""
-        need = self._need(g, g.scheduled)
-        count, seen = 0, set()
-        for table in g.tables:
-            if not table:
-                count += need
-                continue
-            if len(table) > need:
-                continue
-            last = table[-1]
-            if last in seen:
-                continue
-            extra = need - len(table)
-            if last is None:  # a window dropped every block: only new ones
-                count += extra
-                continue
-            seen.add(last)
-            refs = self.pool.ref[last]
-            if refs > 1:
-                count += refs - 1 if extra == 0 else extra * refs
-            else:
-                count += extra
-        return count
+        return _required(g.tables, self._need(g, g.scheduled), self.pool.ref)
 
     def can_append(self, g: Group) -> bool:
         if self.simple:
@@ -174,7 +162,7 @@ class ContinuousScheduler:
         over the pools), for a one-sequence group."""
         free0 = self.pool.num_free()
         if self.simple:  # one table of the KV pool: the room in its blocks and in the free ones, in closed form
-            return min(want, (len(g.tables[0]) + free0) * self.bs - g.processed)
+            return min(want, (len(g.tables[0]) + free0) * self.bs - g.processed + g.evicted)
         free1 = self.state_pool.num_free() if self.state_pool is not None else 0
 
         def fits(t):
@@ -467,6 +455,28 @@ class ContinuousScheduler:
         self._grow_tokens(tokens)
         return True
 
+    # -- cache eviction, after the forward -------------------------------------------------------------
+
+    def evict(self, scheduled: list[Group]) -> tuple[str, str] | None:
+        """GenAI's ``_maybe_evict_cache_blocks`` after the forward of a step (:func:`.eviction.after_forward` per
+        scheduled group): each group's dropped blocks are freed now, before sampling. GenAI picks them by attention
+        score, per layer; only their number is observable, so the blocks after ``start`` go (their ids decide
+        nothing: every free list is first in, first out). Returns GenAI's check where ``step()`` throws, else None."""
+        ev, bs = self.eviction, self.bs
+        first = ev.start // bs
+        release = self.pool.release
+        for g in scheduled:
+            drop, stop = after_forward(g, ev, bs)
+            if stop is not None:
+                return stop
+            if drop:
+                self.evicted_blocks += drop
+                table = g.tables[0]
+                for b in table[first : first + drop]:
+                    release(b)
+                del table[first : first + drop]
+        return None
+
     # -- one schedule() --------------------------------------------------------------------------
 
     def schedule(self, groups: list[Group]) -> tuple[int, list[Group]]:
@@ -552,10 +562,12 @@ class ContinuousScheduler:
         needed = self.required_blocks(target)
         victim.preemptions += 1
         # Partial preemption rewinds to a block boundary: not with windows (the blocks it would need again are
-        # gone) nor with states (``can_partially_preempt`` is false for a victim holding a linear-attention block)
-        if not self.simple or not (needed == 0 or self._occupied(victim) > needed):
+        # gone) nor with states (``can_partially_preempt`` is false for a victim holding a linear-attention block),
+        # nor after an eviction (``was_evicted_from``: the victim is recomputed whole, its evicted tokens again)
+        if not self.simple or victim.evicted or not (needed == 0 or self._occupied(victim) > needed):
             self.free_group(victim)
             victim.processed = 0
+            victim.evicted = 0
             victim.waiting = True
             return self._num_free() > before
         n = len(victim.tables)

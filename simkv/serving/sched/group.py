@@ -14,7 +14,7 @@ class Group:
     __slots__ = ("req", "index", "P", "G", "n", "processed", "maxc", "generated", "scheduled", "waiting",
                  "tables", "status", "tokens", "full_hashes", "preemptions", "prefix_hit", "first_token_s",
                  "finish_s", "added_s", "added_step", "first_token_step", "finish_step", "seq_tokens", "dropped",
-                 "side")
+                 "side", "evicted", "scores", "snap")
 
     def __init__(self, req, index: int, prompt_tokens: int) -> None:
         self.req = req
@@ -42,6 +42,12 @@ class Group:
         #: The side groups' tables (simkv.serving.kv.groups: vLLM's other groups, GenAI's linear-attention
         #: pool): per side group, one table per running sequence; None for a layout with one group.
         self.side: list[list[list]] | None = None
+        #: GenAI's cache eviction (simkv.serving.sched.eviction): tokens evicted from the cache (the blocks held are
+        #: the context's less these; 0 again after a full preemption), the tokens GenAI's attention scores span
+        #: (start included; 0 while it keeps none) and the SnapKV scores it aggregated (both kept over preemptions).
+        self.evicted = 0
+        self.scores = 0
+        self.snap = 0
 
     # sequence_group.hpp
     def can_generate(self) -> bool:

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["KVLayout", "kv_layout", "RealRun", "run_real", "read_pool_events", "PIPELINE_PROPERTIES", "POOL_FRAME",
-           "MAX_STEPS"]
+           "MAX_STEPS", "RealCrash", "assertion"]
 
 #: A real run stops (as an error) after this many steps.
 MAX_STEPS = 50_000
@@ -88,6 +88,9 @@ class RealRun:
     transient_events: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: ``step()`` threw (one of GenAI's checks): {"step": k, "check": :func:`assertion`'s line}; ``steps`` holds
+    #: the steps before it.
+    stop: dict | None = None
 
 
 def _generation_config(r, seed: int):
@@ -110,11 +113,20 @@ def _generation_config(r, seed: int):
 
 
 def _scheduler_config(opts):
+    """GenAI's ``SchedulerConfig`` from simkv's, with ``use_cache_eviction`` and its ``CacheEvictionConfig``
+    (:meth:`simkv.serving.sched.eviction.CacheEviction.genai`; NORM_SUM and no rotation, GenAI's defaults) when
+    ``opts.cache_eviction`` is set."""
     import openvino_genai as og
 
     sc = og.SchedulerConfig()
     for name, value in opts.genai().items():
         setattr(sc, name, value)
+    if opts.cache_eviction is not None:
+        eviction = opts.cache_eviction.genai()
+        sc.use_cache_eviction = True
+        sc.cache_eviction_config = og.CacheEvictionConfig(
+            eviction["start"], eviction["recent"], eviction["max"], og.AggregationMode.NORM_SUM, False,
+            eviction["snapkv"], og.KVCrushConfig(eviction["kvcrush"]))
     return sc
 
 
@@ -124,7 +136,9 @@ PIPELINE_PROPERTIES = {"INFERENCE_NUM_THREADS": 1}
 
 def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model_path: str | Path,
              *, trace: bool = False, seed: int = 0, progress: bool = False) -> RealRun:
-    """Drive the real pipeline step by step (module docstring, points 2-4)."""
+    """Drive the real pipeline step by step (:mod:`.runner`'s docstring, points 2-4), with GenAI's cache eviction
+    when ``opts.cache_eviction`` is set. An error out of ``step()`` (one of GenAI's assertions) ends the run:
+    ``RealRun.stop`` names the step and the check."""
     import openvino as ov
     import openvino_genai as og
 
@@ -151,6 +165,7 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
 
         bar = tqdm(desc="real steps", unit="step", leave=False, file=sys.stderr)
     nxt, k = 0, 0
+    stop = None
     try:
         while nxt < len(order) or pipe.has_non_finished_requests():
             if k >= max_steps:
@@ -161,11 +176,15 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
                 handles[r.id] = pipe.add_request(r.id, ids, _generation_config(r, seed))
                 counts[r.id] = {}
                 nxt += 1
-            if recorder is not None:
-                with recorder.operation(k):
+            try:
+                if recorder is not None:
+                    with recorder.operation(k):
+                        pipe.step()
+                else:
                     pipe.step()
-            else:
-                pipe.step()
+            except RuntimeError as err:  # one of GenAI's assertions: the run ends here
+                stop = {"step": k, "check": assertion(str(err))}
+                break
             m = pipe.get_metrics()
             total_bytes = int(m.kv_cache_size_in_bytes)
             if total_bytes % layout.block_bytes:
@@ -197,10 +216,11 @@ def run_real(requests: Sequence, token_ids: Sequence[Sequence[int]], opts, model
         if recorder is not None:
             recorder.__exit__(None, None, None)
     del pipe
-    run = RealRun(steps=steps, layout=layout, warnings=warnings)
+    run = RealRun(steps=steps, layout=layout, warnings=warnings, stop=stop)
     if recorder is not None:
-        try:
-            run.pool_events, run.transient_events = read_pool_events(recorder.path, len(steps), layout)
+        try:  # (a step that threw has its start marker)
+            run.pool_events, run.transient_events = read_pool_events(recorder.path, len(steps) + (stop is not None),
+                                                                     layout)
         finally:
             recorder.cleanup()
     if opts.num_kv_blocks and steps and steps[-1]["blocks_total"] != opts.num_kv_blocks:
@@ -338,7 +358,8 @@ class RealWorker:
             self._start()
         task = {"requests": [asdict(r) | {"token_ids": None} for r in requests],
                 "token_ids": [list(t) for t in token_ids], "opts": opts.genai(), "model": str(model_path),
-                "trace": trace, "seed": seed}
+                "trace": trace, "seed": seed,
+                "eviction": opts.cache_eviction.genai() if opts.cache_eviction is not None else None}
         self.proc.stdin.write(json.dumps(task) + "\n")
         self.proc.stdin.flush()
         for line in self.proc.stdout:
@@ -365,6 +386,20 @@ class RealCrash(RuntimeError):
     """The pipeline's process died (a signal from native code) while running a workload."""
 
 
+def assertion(message: str) -> str:
+    """GenAI's assertion message in one line: ``file:line: Check 'expression': reason`` (from ``Check '...' failed
+    at .../block_manager.hpp:416:`` and the reason on the next line), else the message's last line."""
+    import re
+
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        m = re.search(r"(Check '.*') failed at .*?([\w.]+\.(?:cpp|hpp|h)):(\d+)", ln)
+        if m:
+            reason = [x for x in lines[i + 1:] if not x.startswith("Exception from")][:1]
+            return f"{m.group(2)}:{m.group(3)}: {m.group(1)}" + (f": {reason[0]}" if reason else "")
+    return lines[-1] if lines else message
+
+
 def _signal_name(code: int) -> str:
     import signal
 
@@ -381,13 +416,15 @@ def _child() -> int:
 
     from simkv.serving.requests import Request
     from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.eviction import CacheEviction
 
     for line in sys.stdin:
         task = json.loads(line)
         requests = [Request(**r) for r in task["requests"]]
         try:
-            run = run_real(requests, task["token_ids"], SchedulerConfig(**task["opts"]), task["model"],
-                           trace=task["trace"], seed=task["seed"])
+            eviction = task["eviction"]
+            opts = SchedulerConfig(**task["opts"], cache_eviction=CacheEviction(**eviction) if eviction else None)
+            run = run_real(requests, task["token_ids"], opts, task["model"], trace=task["trace"], seed=task["seed"])
             out = {"run": asdict(run)}
         except RuntimeError as err:
             out = {"error": str(err)}

@@ -35,7 +35,9 @@ def summary_lines(data: dict) -> list[str]:
     lines = [
         "simkv validate --paged: OpenVINO GenAI ContinuousBatchingPipeline (CPU) vs simkv's paged model",
         f"  {'result':<24}{verdict(data)}",
-        f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched",
+        f"  {'workloads':<24}{data['workloads_matched']:,} of {data['workloads_total']:,} matched"
+        + (f" ({len(data['workloads_excluded'])} left out: the pipeline crashes on them without cache eviction too)"
+           if data.get("workloads_excluded") else ""),
         f"  {'steps matched / total':<24}{data['steps_matched']:,} / {data['steps_total']:,}"
         + (f" ({data['bounded_steps']:,} with beam search: blocks within bounds)" if data["bounded_steps"] else ""),
         f"  {'KV precision':<24}{data['kv_precision']} ({data['block_bytes']:,} B per block, all layers, K+V)",
@@ -45,6 +47,10 @@ def summary_lines(data: dict) -> list[str]:
                      f"({a['events_missing']} missing, {a['events_unexpected']} unexpected)")
     else:
         lines.append(f"  {'pool allocations':<24}{a['real_events']:,} observed (not compared)")
+    stops, evicted = data.get("stops"), data.get("evicted_blocks")
+    if evicted or stops and stops["total"]:
+        lines.append(f"  {'cache eviction':<24}{evicted or 0:,} blocks dropped; step() threw in "
+                     f"{stops['total']} workload(s), {stops['matched']} at the step and check simkv predicts")
     for e in data["workload_errors"][:5]:
         lines.append(f"  {'workload failed':<24}workload {e['workload']}: {e['error']}")
     for m in data["first_mismatches"][:5]:

@@ -50,7 +50,7 @@ import numpy as np
 from simkv.errors import ConfigError, SimkvError
 from simkv.serving.sched.config import SchedulerConfig
 
-from .real import PIPELINE_PROPERTIES, KVLayout, RealWorker, kv_layout, run_real
+from .real import PIPELINE_PROPERTIES, KVLayout, RealCrash, RealWorker, kv_layout, run_real
 
 __all__ = [
     "MISSING_DEPS", "check_scheduler", "check_dependencies", "prompt_token_ids", "compare_steps", "random_case",
@@ -84,7 +84,8 @@ GENAI_CPU = {"block_size": BLOCK_SIZE, "on_oom": "preempt", "transient_buffers":
 
 def check_scheduler(cfg: SchedulerConfig) -> None:
     """A scheduler config the real pipeline can run, or a one-line :class:`ConfigError`: GenAI's fields in
-    range, ``cache_size`` whole GiB (GenAI's is an integer), simkv's extensions at :data:`GENAI_CPU`."""
+    range, ``cache_size`` whole GiB (GenAI's is an integer), simkv's extensions at :data:`GENAI_CPU`, cache
+    eviction as GenAI runs it (:func:`simkv.serving.sched.eviction.check_eviction`)."""
     for name in ("num_kv_blocks", "cache_size"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must be >= 0")
@@ -96,13 +97,18 @@ def check_scheduler(cfg: SchedulerConfig) -> None:
     for name, value in GENAI_CPU.items():
         if getattr(cfg, name) != value:
             raise ConfigError(f"{name} must be {value!r}: the real pipeline on CPU runs no other")
+    if cfg.cache_eviction is not None:
+        from simkv.serving.sched.eviction import check_eviction
+
+        check_eviction(cfg.cache_eviction, BLOCK_SIZE, prefix_caching=cfg.enable_prefix_caching, plain=True)
 
 
 # --------------------------------------------------------------------------- workload and token ids
 
 
-def check_workload(requests: Sequence) -> None:
-    """The workload must arrive by step and stay small enough to run for real."""
+def check_workload(requests: Sequence, cfg: SchedulerConfig | None = None) -> None:
+    """The workload must arrive by step, stay small enough to run for real, and be one GenAI runs with the
+    configuration's cache eviction."""
     if not requests:
         raise ConfigError("the workload has no requests")
     if len(requests) > MAX_REQUESTS:
@@ -115,6 +121,11 @@ def check_workload(requests: Sequence) -> None:
     tokens = sum(r.prompt + r.max_new_tokens * r.sequences for r in requests)
     if tokens > MAX_TOKENS:
         raise ConfigError(f"the workload holds {tokens:,} tokens: a real run takes at most {MAX_TOKENS:,}")
+    if cfg is not None and cfg.cache_eviction is not None:
+        from simkv.serving.sched.eviction import check_request
+
+        for r in requests:
+            check_request(r)
 
 
 def prompt_token_ids(requests: Sequence, seed: int = 0) -> list[tuple[int, ...]]:
@@ -229,6 +240,26 @@ def tally_steps(real: Sequence[dict], sim: Sequence[dict], diff_of, limit: int =
             "first_mismatches": mismatches}
 
 
+def compare_stops(comparison: dict, real: dict | None, sim: dict | None) -> None:
+    """Where ``step()`` threw (``real``: :attr:`RealRun.stop`; ``sim``: the simulation's ``runtime_stop``), as one
+    more step of ``comparison``: matched when both stop at the same step on the same check (the simulated check's
+    expression is in the real message), else a mismatch naming both. A real stop the simulation has no stop for is
+    an error of the workload (as before cache eviction: the real pipeline refused it)."""
+    if real is not None and sim is None:
+        raise RuntimeError(f"step() threw at step {real['step']:,}: {real['check']}")
+    if real is None and sim is None:
+        return
+    same = real is not None and real["step"] == sim["step"] and sim["check"] in real["check"]
+    comparison["stop"] = {"real": real, "simulated": sim, "matched": same}
+    comparison["steps_total"] += 1
+    if same:
+        comparison["steps_matched"] += 1
+        return
+    comparison["steps_mismatched"] += 1
+    step = sim["step"] if real is None else real["step"]
+    comparison["first_mismatches"].append({"step": step, "fields": {"stop": {"real": real, "simulated": sim}}})
+
+
 # --------------------------------------------------------------------------- random workloads
 
 
@@ -239,8 +270,9 @@ def group_blocks(prompt: int, new: int, sequences: int) -> int:
     return shared + sequences * (-(-(prompt + new) // BLOCK_SIZE) - shared)
 
 
-def random_case(rng: np.random.Generator) -> tuple[list, SchedulerConfig]:
-    """One small random workload and scheduler config, exercising what the validator compares exactly.
+def random_case(rng: np.random.Generator, eviction=None) -> tuple[list, SchedulerConfig]:
+    """One small random workload and scheduler config, exercising what the validator compares exactly
+    (with ``eviction``, a :class:`~simkv.serving.sched.eviction.CacheEviction`: :func:`random_eviction_case`).
 
     Fixed pools (tight ones preempt and ignore), dynamic pools, split-fuse on and off (off: every
     sequence must fit ``max_num_batched_tokens`` whole, else GenAI stops with an assertion, and
@@ -250,6 +282,8 @@ def random_case(rng: np.random.Generator) -> tuple[list, SchedulerConfig]:
     """
     from simkv.serving.requests import Request
 
+    if eviction is not None:
+        return random_eviction_case(rng, eviction)
     n = int(rng.integers(1, 7))
     caching = bool(rng.random() < 0.4)
     arrivals = np.sort(rng.integers(0, 25, n))
@@ -275,6 +309,32 @@ def random_case(rng: np.random.Generator) -> tuple[list, SchedulerConfig]:
                 else replace(r, samples=1) for r in reqs]
     opts = SchedulerConfig(num_kv_blocks=blocks, max_num_batched_tokens=batched, max_num_seqs=seqs,
                            dynamic_split_fuse=split_fuse, enable_prefix_caching=caching)
+    return reqs, opts
+
+
+def random_eviction_case(rng: np.random.Generator, eviction) -> tuple[list, SchedulerConfig]:
+    """One small random workload run with GenAI's cache ``eviction``: prompts up to ``max + 4`` blocks (some evict
+    many blocks at their first decode step, some land where GenAI's SnapKV check stops ``step()``), decodes up to
+    ``max + 4`` blocks (crossing ``max + block`` again and again), fixed pools from very tight (preemption of
+    requests that evicted, and their recompute) to roomy, dynamic pools, split-fuse on and off, chunked prompts.
+    No prefix caching and one sequence per request: GenAI cannot run the others with eviction
+    (:func:`simkv.serving.sched.eviction.check_eviction`)."""
+    from simkv.serving.requests import Request
+
+    n = int(rng.integers(1, 7))
+    arrivals = np.sort(rng.integers(0, 25, n))
+    longest = eviction.max + 4 * BLOCK_SIZE
+    reqs = [Request(i, int(rng.integers(1, longest + 1)), int(rng.integers(1, longest + 1)),
+                    arrival_step=int(arrivals[i])) for i in range(n)]
+    split_fuse = bool(rng.random() < 0.6)
+    seqs = int(rng.integers(1, 9))
+    batched = int(rng.choice([16, 32, 64, 128, 256]))
+    if not split_fuse:
+        batched = max(batched, seqs, max(r.prompt + r.max_new_tokens for r in reqs))
+    kept = eviction.max // BLOCK_SIZE + 1 + eviction.kvcrush  # blocks a request settles at, at most
+    blocks = 0 if rng.random() < 0.3 else int(rng.integers(2, 2 + n * kept + 1))
+    opts = SchedulerConfig(num_kv_blocks=blocks, max_num_batched_tokens=batched, max_num_seqs=seqs,
+                           dynamic_split_fuse=split_fuse, cache_eviction=eviction)
     return reqs, opts
 
 
@@ -321,6 +381,10 @@ def simulate(requests: Sequence, token_ids: Sequence[Sequence[int]], opts: Sched
              "pool_growths": int(np.sum(st["blocks_total"][1:] != st["blocks_total"][:-1])) if len(st) > 1 else 0,
              "max_blocks_used": int(st["blocks_used"].max()) if len(st) else 0,
              "max_blocks_total": int(st["blocks_total"].max()) if len(st) else 0}
+    if opts.cache_eviction is not None:
+        facts["evicted_blocks"] = res.evicted_blocks
+        facts["runtime_stop"] = ({"step": res.runtime_stop["step"], "check": res.runtime_stop["check"]}
+                                 if res.runtime_stop else None)
     return steps, events, facts
 
 
@@ -341,6 +405,16 @@ class CaseResult:
     sim_s: float
     steps: list[dict] | None = None  # per step, real and simulated (single-workload runs, for the report)
     error: str | None = None  # the real pipeline failed on this workload (--random)
+    #: Left out, and why: the pipeline crashes on this workload without cache eviction too (--random with eviction).
+    excluded: str | None = None
+
+
+def _scheduler_dict(opts: SchedulerConfig) -> dict:
+    """The GenAI fields, and the cache eviction (its flag form) when on."""
+    d = opts.genai()
+    if opts.cache_eviction is not None:
+        d["cache_eviction"] = opts.cache_eviction.label()
+    return d
 
 
 def _request_dict(r) -> dict:
@@ -396,6 +470,7 @@ def run_case(index: int, requests: Sequence, opts: SchedulerConfig, model_path: 
     sim_s = time.perf_counter() - t0
     exempt, bounds = _beam_exemptions(requests, sim_steps)
     comparison = compare_steps(real.steps, sim_steps, exempt_blocks=exempt, bounds=bounds)
+    compare_stops(comparison, real.stop, facts.get("runtime_stop"))
     comparison["warnings"] = real.warnings
     comparison["bounded_steps"] = len(exempt)
     allocations: dict = {"compared": False, "real_events": len(real.pool_events),
@@ -412,7 +487,7 @@ def run_case(index: int, requests: Sequence, opts: SchedulerConfig, model_path: 
         steps = [{"step": k, "real": real.steps[k] if k < len(real.steps) else None,
                   "simulated": sim_steps[k] if k < len(sim_steps) else None}
                  for k in range(max(len(real.steps), len(sim_steps)))]
-    return CaseResult(index=index, scheduler=opts.genai(), requests=[_request_dict(r) for r in requests],
+    return CaseResult(index=index, scheduler=_scheduler_dict(opts), requests=[_request_dict(r) for r in requests],
                       comparison=comparison, allocations=allocations, exercised=facts, real_s=real.elapsed_s,
                       sim_s=sim_s, steps=steps)
 
@@ -424,7 +499,7 @@ def _one_line(err: BaseException) -> str:
 
 def case_ok(c: CaseResult) -> bool:
     a = c.allocations
-    return c.error is None and c.comparison["steps_mismatched"] == 0 and (not a["compared"] or
+    return c.error is None and c.excluded is None and c.comparison["steps_mismatched"] == 0 and (not a["compared"] or
                                                       a["events_missing"] == 0 and a["events_unexpected"] == 0)
 
 
@@ -445,19 +520,36 @@ def paged_versions() -> dict:
 
 def _validate_one(results: list, i: int, requests, opts, path, spec, seed: int, trace: bool, keep: bool, worker,
                   *, single: bool) -> None:
-    check_workload(requests)
+    check_workload(requests, opts)
     try:
         results.append(run_case(i, requests, opts, path, spec, seed=seed, trace=trace, keep_steps=keep,
                                 worker=worker))
     except (RuntimeError, SimkvError) as err:  # real pipeline or simulator failed: the workload fails
         if single:
             raise
-        results.append(CaseResult(i, opts.genai(), [_request_dict(r) for r in requests],
+        excluded = None
+        if isinstance(err, RealCrash) and opts.cache_eviction is not None and worker is not None:
+            excluded = _crashes_without_eviction(requests, opts, path, seed, worker)
+        results.append(CaseResult(i, _scheduler_dict(opts), [_request_dict(r) for r in requests],
                                   {"steps_total": 0, "steps_matched": 0, "steps_mismatched": 0,
                                    "first_mismatches": [], "bounded_steps": 0, "warnings": []},
                                   {"compared": False, "real_events": 0, "plugin_transients": 0}, {}, 0.0, 0.0,
-                                  error=("simulation: " if isinstance(err, SimkvError) else "real pipeline: ")
-                                  + _one_line(err)))
+                                  error=None if excluded else ("simulation: " if isinstance(err, SimkvError)
+                                                               else "real pipeline: ") + _one_line(err),
+                                  excluded=excluded))
+
+
+def _crashes_without_eviction(requests, opts, path, seed: int, worker) -> str | None:
+    """A workload whose real run crashed with cache eviction: the reason it is left out if the pipeline crashes on
+    it without eviction too (a crash of GenAI's own, docs/DESIGN.md §4b: not one eviction brings), else None."""
+    try:
+        worker.run(requests, prompt_token_ids(requests, seed), replace(opts, cache_eviction=None), path, trace=False,
+                   seed=seed)
+    except RealCrash as crash:
+        return f"{_one_line(crash)} without cache eviction too (GenAI's own crash, docs/DESIGN.md §4b)"
+    except RuntimeError:
+        return None
+    return None
 
 
 def validate(cases: Sequence[tuple[Sequence, SchedulerConfig]], *, spec=None, model_root: str | Path | None = None,
@@ -494,6 +586,7 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerConfig]], *, spec=None, mo
         "first_mismatches": first,
         "workloads_total": len(results),
         "workloads_matched": sum(case_ok(c) for c in results),
+        "workloads_excluded": [{"workload": c.index, "why": c.excluded} for c in results if c.excluded],
         "workload_errors": [{"workload": c.index, "error": c.error} for c in results if c.error],
         "allocations": {
             "compared": bool(alloc),
@@ -505,6 +598,9 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerConfig]], *, spec=None, mo
             "plugin_transients": sum(c.allocations["plugin_transients"] for c in results),
         },
         "bounded_steps": sum(c.comparison["bounded_steps"] for c in results),
+        "stops": {"total": sum(1 for c in results if "stop" in c.comparison),
+                  "matched": sum(1 for c in results if c.comparison.get("stop", {}).get("matched"))},
+        "evicted_blocks": sum(c.exercised.get("evicted_blocks", 0) for c in results),
         "block_bytes": layout.block_bytes,
         "kv_precision": layout.kv_precision,
         "kv_layout": {"layers": layout.layers, "block_size": BLOCK_SIZE, "key_block_shape": list(layout.key_shape),
@@ -529,19 +625,25 @@ def cases_from_args(args) -> list[tuple[list, SchedulerConfig]]:
     if args.ir or args.ops or args.model != "custom":
         raise ConfigError("--paged runs its own toy model and workload: drop --ir/--ops/--model "
                           "(shape the model with --layers/--heads/--kv-heads/--head-dim)")
+    from simkv.serving.sched.eviction import parse_cache_eviction
+
+    eviction = parse_cache_eviction(args.cache_eviction)
     if args.random is not None:
         if not 1 <= args.random <= MAX_RANDOM:
             raise ConfigError(f"--random must be in 1..{MAX_RANDOM:,}")
+        if eviction is not None:
+            check_scheduler(SchedulerConfig(cache_eviction=eviction))
         rng = np.random.default_rng(args.seed)
-        return [random_case(rng) for _ in range(args.random)]
+        return [random_case(rng, eviction) for _ in range(args.random)]
     from simkv.serving.requests import load_trace
 
     opts = SchedulerConfig(num_kv_blocks=args.num_kv_blocks, cache_size=args.cache_size,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching)
+                           dynamic_split_fuse=not args.no_dynamic_split_fuse, enable_prefix_caching=args.prefix_caching,
+                           cache_eviction=eviction)
     check_scheduler(opts)
     requests = load_trace(args.trace)
-    check_workload(requests)
+    check_workload(requests, opts)
     return [(requests, opts)]
 
 

@@ -1,0 +1,259 @@
+"""Devices: a device's peaks, the fractions of them a real engine achieves, its fixed costs, and its usual runtime.
+
+The presets are data: one file per device in ``simkv/data/devices/<name>.json`` (beside the model configs'
+``data/configs``), every number with its source in the file's ``sources`` (vendor sheet, published measurement,
+measured here, or "assumed" with the rule). A preset file is also a valid ``--device PATH.json``; ``host`` is the file
+``simkv calibrate`` writes (:func:`host_preset_path`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from simkv.cost.interconnects import INTERCONNECTS
+from simkv.errors import ConfigError
+from simkv.shipped import DEVICE_DIR
+from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_weights_precision
+
+GIB = 1024**3
+
+
+#: The runtimes a device preset's usual engine is: ``vllm`` (CUDA GPUs) or ``openvino`` (Intel devices,
+#: OpenVINO GenAI over an optimum-intel export). It decides the default weights precision and whether
+#: tensor parallelism is offered.
+RUNTIMES = ("vllm", "openvino")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device's peaks, the fractions of them a real engine achieves, and its fixed costs.
+
+    ``sources`` names where each number comes from (keys: field names).
+    """
+
+    name: str
+    description: str
+    memory_bytes: int
+    #: Peak memory bandwidth, bytes/s.
+    memory_bandwidth: float
+    #: Peak dense FLOP/s per compute precision ("f32", "bf16", "f16", "int8", ...).
+    peak_flops: Mapping[str, float]
+    #: Achieved fraction of ``memory_bandwidth`` when streaming weights and KV.
+    bandwidth_efficiency: float
+    #: Achieved fraction of ``peak_flops`` on large matmuls.
+    flops_efficiency: float
+    #: Fixed runtime/framework cost of one step (kernel launches, graph dispatch), seconds.
+    step_overhead_s: float
+    #: Bytes per second of a device-to-device copy (a KV reallocation moving its old contents).
+    copy_bandwidth: float
+    #: The precision matmuls run in when none is given.
+    compute_precision: str = "bf16"
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: Achieved fraction of ``memory_bandwidth`` when attention streams the KV cache
+    #: (long contiguous reads, closer to a copy than a small-batch weight GEMV); None = ``bandwidth_efficiency``.
+    kv_bandwidth_efficiency: float | None = None
+    #: Fixed cost per transformer layer per step (a CPU runtime dispatching each layer's nodes), seconds:
+    #: the step's overhead is ``step_overhead_s + layers x layer_overhead_s``.
+    layer_overhead_s: float = 0.0
+    #: Achieved FLOP/s of attention for one-token queries (decode) where it is not a matrix kernel
+    #: (a CPU's per-query-head dot-product loop); None = ``peak · flops_efficiency`` like the rest.
+    decode_attention_flops: float | None = None
+    #: Whether attention's KV reads overlap its arithmetic (a roofline: the larger term counts). False
+    #: where a per-row loop reads and computes in turn (the CPU plugin's one-token attention): they add up.
+    attention_overlap: bool = True
+    #: The usual serving runtime on this device (:data:`RUNTIMES`): what weights precision it loads by
+    #: default (:meth:`default_weights_precision`) and whether ``--tp`` is offered.
+    runtime: str = "openvino"
+    #: How the devices of a tensor-parallel group talk (a key of :data:`INTERCONNECTS`).
+    interconnect: str = "pcie"
+    #: The peak (a key of ``peak_flops``) the weight matmuls of a quantized checkpoint run at, per weight format
+    #: (simkv.weights' names; ``int4`` covers every ``int4-gN``): the kernel the device's runtime picks for it —
+    #: fp8 W8A8 tensor cores, or a weight-only kernel that dequantises in the GEMM and multiplies in bf16
+    #: (:meth:`gemm_precision`; docs/research/latency-facts.md §4). A format not listed: ``compute_precision``.
+    gemm_kernels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"device {self.name}: runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
+        if self.interconnect not in INTERCONNECTS:
+            raise ConfigError(f"device {self.name}: interconnect must be one of {', '.join(INTERCONNECTS)}, "
+                              f"got {self.interconnect!r}")
+        for name in ("memory_bytes", "memory_bandwidth", "copy_bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"device {self.name}: {name} must be positive")
+        for name in ("bandwidth_efficiency", "flops_efficiency", "kv_bandwidth_efficiency"):
+            if name == "kv_bandwidth_efficiency" and self.kv_bandwidth_efficiency is None:
+                continue
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"device {self.name}: {name} must be in (0, 1]")
+        if not (self.step_overhead_s >= 0 and self.layer_overhead_s >= 0):
+            raise ConfigError(f"device {self.name}: step_overhead_s and layer_overhead_s must be >= 0")
+        if not isinstance(self.attention_overlap, bool):
+            raise ConfigError(f"device {self.name}: attention_overlap must be true or false")
+        if self.decode_attention_flops is not None and not self.decode_attention_flops > 0:
+            raise ConfigError(f"device {self.name}: decode_attention_flops must be positive")
+        if not self.peak_flops or any(not v > 0 for v in self.peak_flops.values()):
+            raise ConfigError(f"device {self.name}: peak_flops needs positive values")
+        if self.compute_precision not in self.peak_flops:
+            raise ConfigError(f"device {self.name}: no peak for compute precision {self.compute_precision!r}")
+        for fmt, peak in self.gemm_kernels.items():
+            if peak not in self.peak_flops:
+                raise ConfigError(f"device {self.name}: gemm_kernels[{fmt!r}] = {peak!r} has no peak")
+
+    def gemm_precision(self, weights_format: str) -> str:
+        """The peak the weight matmuls of a checkpoint stored in ``weights_format`` run at on this device
+        (:attr:`gemm_kernels`; ``int4-g128`` as ``int4``), else :attr:`compute_precision`."""
+        kernels = self.gemm_kernels
+        if weights_format in kernels:
+            return kernels[weights_format]
+        family = weights_format.split("-")[0]
+        return kernels.get(family, self.compute_precision)
+
+    def attention_time(self, kv_s: Any, compute_s: Any) -> Any:
+        """Attention's time from its two terms: the larger (a roofline) or, without overlap, their sum."""
+        return (np.maximum if self.attention_overlap else np.add)(kv_s, compute_s)
+
+    def default_weights_precision(self, model: ModelSpec) -> str:
+        """The weights precision this device's usual runtime loads when none is given
+        (docs/research/plan-facts.md §4): vLLM (``runtime == "vllm"``: h100-sxm, a100-80gb) the checkpoint's dtype,
+        :func:`simkv.models.checkpoint_weights_precision` (2 B per parameter); OpenVINO (the Intel presets, ``host``)
+        what an optimum-intel export holds, :func:`simkv.models.optimum_intel_weights_precision` (int8 from 10^9
+        parameters, else f16)."""
+        if self.runtime == "vllm":
+            return checkpoint_weights_precision(model)
+        return optimum_intel_weights_precision(model)
+
+    def check_tp(self, tp: int) -> None:
+        """Refuse tensor parallelism this device's runtime does not offer, or a size its interconnect has no
+        figures for (one line)."""
+        if tp == 1:
+            return
+        if self.runtime == "openvino":
+            raise ConfigError(f"--tp {tp}: device {self.name} runs OpenVINO, which has no tensor parallelism to model "
+                              "here: its GPU plugin has none (multi-GPU is HETERO pipeline parallelism) and the CPU "
+                              "plugin's socket split (model_distribution_policy TENSOR_PARALLEL) splits the "
+                              "fully-connected weights, not the KV cache (docs/research/plan-facts.md §2.3)")
+        INTERCONNECTS[self.interconnect].fit(tp)
+
+    @property
+    def kv_efficiency(self) -> float:
+        return self.bandwidth_efficiency if self.kv_bandwidth_efficiency is None else self.kv_bandwidth_efficiency
+
+    def peak(self, precision: str | None = None) -> float:
+        precision = precision or self.compute_precision
+        try:
+            return self.peak_flops[precision]
+        except KeyError:
+            raise ConfigError(
+                f"device {self.name} has no peak for {precision!r}; it has {', '.join(self.peak_flops)}"
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["peak_flops"] = dict(self.peak_flops)
+        d["sources"] = dict(self.sources)
+        d["gemm_kernels"] = dict(self.gemm_kernels)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Device":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"device file has unknown keys: {', '.join(sorted(unknown))}")
+        try:
+            return cls(**{**data, "peak_flops": dict(data["peak_flops"]), "sources": dict(data.get("sources", {})),
+                          "gemm_kernels": dict(data.get("gemm_kernels", {}))})
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ConfigError(f"bad device description: {exc}") from None
+
+
+#: The device presets' files are in ``simkv/data/devices`` (simkv.shipped.DEVICE_DIR, beside the model configs),
+#: with device files that are no preset (``--device PATH``: an NPU).
+
+#: The presets, in the order they are listed (each is ``DEVICE_DIR/<name>.json``).
+PRESET_NAMES = ("h100-sxm", "a100-80gb", "arc-a770", "xeon-8480", "core-ultra-155h-igpu", "h200-sxm", "b200")
+
+
+def host_preset_path() -> Path:
+    """Where ``simkv calibrate`` writes the host preset (``$SIMKV_HOST_PRESET`` overrides)."""
+    import os
+
+    override = os.environ.get("SIMKV_HOST_PRESET")
+    if override:
+        return Path(override)
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "simkv" / "host.json"
+
+
+def load_device(path: str | Path) -> Device:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read device file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"device file {path} is not JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"device file {path} must hold a JSON object")
+    return Device.from_dict(data)
+
+
+def get_device(name_or_path: str) -> Device:
+    """A preset by name, ``host`` (the calibration file), or a device JSON file path."""
+    key = name_or_path.lower()
+    if key in DEVICES:
+        return DEVICES[key]
+    if key == "host":
+        path = host_preset_path()
+        if not path.exists():
+            raise ConfigError(f"no host preset at {path}; run `simkv calibrate` first")
+        return load_device(path)
+    if name_or_path.endswith(".json") or Path(name_or_path).exists():
+        return load_device(name_or_path)
+    raise ConfigError(f"unknown device {name_or_path!r}; presets: {', '.join(DEVICES)}, host, or a preset file")
+
+
+#: Preset devices by name (``host`` is read from the calibration file when asked for: :func:`get_device`).
+DEVICES: dict[str, Device] = {name: load_device(DEVICE_DIR / f"{name}.json") for name in PRESET_NAMES}
+
+#: The device a command takes when ``--device`` names none — every command alike (docs/guide/cli.md, "The default
+#: device"): the memory a single session or a serving run has beside the weights, the precisions its usual runtime
+#: loads the weights (and, serving, keeps the KV cache) in, and what each step costs. The Xeon 8480 socket is the
+#: CPU that OpenVINO's runtimes — the CPU plugin and GenAI's continuous batching, the rules simkv models and checks
+#: against the real runtimes on a CPU — run on, and its 512 GiB hold every preset's weights as an optimum-intel
+#: export stores them (int8 from 10^9 parameters) except deepseek-v3's 625 GiB.
+DEFAULT_DEVICE = "xeon-8480"
+
+
+def device_summary(device: Device) -> dict[str, Any]:
+    """What ``simkv cost --json`` and ``simkv devices --json`` say about a device."""
+    return {
+        "name": device.name,
+        "description": device.description,
+        "memory_bytes": device.memory_bytes,
+        "bandwidth": device.memory_bandwidth,
+        "peak": dict(device.peak_flops),
+        "compute_precision": device.compute_precision,
+        "efficiencies": {
+            "bandwidth": device.bandwidth_efficiency,
+            "kv_bandwidth": device.kv_efficiency,
+            "flops": device.flops_efficiency,
+        },
+        "overhead": device.step_overhead_s,
+        "layer_overhead": device.layer_overhead_s,
+        "copy_bandwidth": device.copy_bandwidth,
+        "decode_attention_flops": device.decode_attention_flops,
+        "attention_overlap": device.attention_overlap,
+        "runtime": device.runtime,
+        "interconnect": device.interconnect,
+        "gemm_kernels": dict(device.gemm_kernels),
+        "sources": dict(device.sources),
+    }

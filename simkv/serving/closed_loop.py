@@ -1,0 +1,85 @@
+"""Closed-loop load (``simkv run --concurrency C``): C clients, each sending its next request when its previous one
+has ended, as serving benchmarks drive a server (docs/research/latency-facts.md §1).
+
+The protocol is that of InferenceX's ``benchmark_serving.py`` (``--max-concurrency C --request-rate inf``), the
+client of the measured vLLM rows (and of vLLM's own ``vllm bench serve --max-concurrency``): every request is a task
+created at once, each waiting on ``asyncio.Semaphore(C)``; asyncio wakes a semaphore's waiters first in, first out,
+so
+
+* requests 0 … C − 1 are sent at t = 0;
+* at the j-th completion (j = 1, 2, …), request C + j − 1 is sent — the next in order, whichever client finished.
+  Completions in the same step release the next requests in the order of the requests that completed (their index
+  order; all at the same time, so only which request goes first in the queue depends on it).
+
+A completion is a request that ended: its last token sampled (FINISHED), or ended without one (IGNORED, REJECTED:
+the client receives its error and moves on, as ``benchmark_serving`` counts a failed request and releases the
+semaphore). Nothing is sent after N requests.
+
+When the next request arrives: the engine's step that sampled the last token ends at t; the engine core starts its
+next step at once (vLLM's ``EngineCore`` loop: schedule → execute → update → outputs to the front end, then the next
+step's schedule), while the response travels to the client and the next request back through the HTTP server and
+its tokenizer. So the next request joins no earlier than the step after the one that starts at t: it arrives at
+the smallest time after t (``nextafter(t, inf)``), which the engine's rule — a request joins the first step that
+starts at or after its arrival — places exactly there. The client's round trip itself is not modelled beyond that
+(no source gives it; docs/research/latency-facts.md §3).
+
+With vLLM's ``--async-scheduling`` (``EngineCore.step_with_batch_queue``, a queue of two batches) the engine
+schedules the step after next while the next one runs, before the step that ended at t has even returned its
+outputs: the next request then misses one more step, ``lag = 2`` steps in flight instead of 1. It still counts its
+latency from t (``Request.sent_s``). An engine with nothing in flight takes a sent request at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from simkv.errors import ConfigError
+from simkv.serving.requests import Request
+
+
+class ClosedLoop:
+    """The clients of a closed-loop run over ``requests`` (sent in their order, whatever arrival they carry)."""
+
+    def __init__(self, requests: list[Request], concurrency: int, tokens: list | None = None, lag: int = 1) -> None:
+        check_closed_loop(requests, concurrency)
+        if lag not in (1, 2):
+            raise ConfigError(f"a closed loop's lag is 1 step in flight, or 2 with async scheduling; got {lag!r}")
+        self.requests = requests
+        self.concurrency = concurrency
+        #: Steps in flight a sent request waits for (1; 2 under vLLM's async scheduling): see the module docstring.
+        self.lag = lag
+        #: Each request's prompt token ids (prefix caching: simkv.serving.engine.core.prompt_token_ids of the whole
+        #: list, whose shared prefixes are numbered in request order); None without prefix caching.
+        self.tokens = tokens
+        #: Requests sent so far (the first ``concurrency`` at t = 0).
+        self.sent = min(concurrency, len(requests))
+
+    def first(self) -> list[Request]:
+        """The requests the C clients send at t = 0."""
+        return [replace(r, arrival_s=0.0, arrival_step=None) for r in self.requests[: self.sent]]
+
+    def completed(self, t: float) -> tuple[Request, list | None] | None:
+        """A request ended at ``t`` seconds: the next one, sent then (arriving at ``nextafter(t, inf)``), with its
+        prompt token ids (None without prefix caching); None when every request was sent."""
+        i = self.sent
+        if i >= len(self.requests):
+            return None
+        self.sent += 1
+        req = replace(self.requests[i], arrival_s=math.nextafter(t, math.inf), arrival_step=None)
+        return req, (self.tokens[i] if self.tokens is not None else None)
+
+
+def check_closed_loop(requests: list[Request], concurrency: int) -> None:
+    """Refuse what a closed loop cannot drive (one line each): a concurrency below 1, sessions (a turn's prompt
+    holds an earlier turn's reply: the order of a conversation, not a pool of clients), beam search and samples
+    (one sequence per request, as the benchmark clients send)."""
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise ConfigError(f"--concurrency must be a positive integer, got {concurrency!r}")
+    for r in requests:
+        if r.session:
+            raise ConfigError(f"--concurrency: request {r.id} belongs to session {r.session!r}; a closed loop sends "
+                              "independent requests (drop the session column, or replay the trace by its arrivals)")
+        if r.samples > 1 or r.beam > 1:
+            raise ConfigError(f"--concurrency: request {r.id} asks for {max(r.samples, r.beam)} sequences; a closed "
+                              "loop sends one sequence per request")

@@ -1,0 +1,487 @@
+"""``simkv validate --silicon PATH.csv``: measured serving benchmarks (AIConfigurator's ``silicon_sample.csv`` column
+format) against simkv's serving simulation of the same deployment and load, row by row.
+
+Each row is one benchmark: ``batch_size`` closed-loop clients (the concurrency), every request ``isl`` input and
+``osl`` output tokens, ``tp_size`` GPUs, a model and its checkpoint's format, the measured mean TTFT and TPOT.
+How the rows were taken (docs/research/latency-facts.md §1) decides how they are simulated:
+
+* **InferenceX rows** (``silicon_data_source`` from InferenceX's database, ``source_file=20..``): its
+  ``benchmark_serving.py`` — 10·C requests, closed loop of C (:mod:`simkv.serving.closed_loop`), each request's
+  input and output lengths uniform integers in [⌊0.8·L⌋, L] drawn as the client draws them (``np.random.seed(0)``,
+  ``randint(int(L·0.8), L + 1)``, inputs then outputs), the server as the recipe of its model starts vLLM
+  (:data:`RECIPES`);
+* **AIConfigurator's own rows** (``aic-auto-gap-analysis``): its generated benchmark's protocol — fixed lengths,
+  20·C requests (``bench_run.sh.j2``: ``--num-requests C·MULTI_ROUND``, MULTI_ROUND 20) — on vLLM 0.12.0's defaults
+  for an H100 (``max_num_batched_tokens`` 8192, ``max_num_seqs`` 1024, ``gpu_memory_utilization`` 0.9).
+
+The prediction is the mean TTFT and the mean per-request TPOT (``(e2e − ttft) / (output − 1)``) over all requests,
+as ``benchmark_serving.calculate_metrics`` reports them. A row simkv cannot model is listed with its reason and no
+prediction; nothing is fitted to the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from simkv.errors import ConfigError
+
+#: The columns a row must have (aiconfigurator-core 0.12.0 ``systems/silicon_sample.csv``; others are ignored).
+COLUMNS = ("id", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",
+           "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size",
+           "moe_tp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms", "silicon_data_source")
+#: Bounds on a file (rows, bytes) and on a row (clients, tokens): beyond them the command refuses in one line.
+MAX_ROWS = 100_000
+MAX_FILE_BYTES = 64 << 20
+MAX_CONCURRENCY = 4096
+MAX_LENGTH = 1_000_000
+#: The most tokens one row's benchmark may move (requests x (input + output)): the largest shipped row moves 47 M
+#: (5,120 requests of 1k + 8k tokens, ~30 s here); beyond this a row is listed as not modelled, not run for hours.
+MAX_ROW_TOKENS = 200_000_000
+#: AIConfigurator's systems → simkv's device presets.
+SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80gb"}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Which config a row's model and precision run (its ``quantization_config`` / ``hf_quant_config.json`` say
+    which parts are stored in which format: simkv.weights)."""
+
+    config: str  # file name in the configs folder
+    source: str
+
+
+#: (model_path, precision column) → the checkpoint it names (the configs are those aiconfigurator-core 0.12.0
+#: ships, experiments/data/silicon/configs/).
+CHECKPOINTS: dict[tuple[str, str], Checkpoint] = {
+    ("Qwen/Qwen3-32B", ""): Checkpoint("Qwen--Qwen3-32B_config.json", "bf16 checkpoint"),
+    ("Qwen/Qwen3-32B", "fp8"): Checkpoint("Qwen--Qwen3-32B-FP8_config.json",
+                                          "quantization_config: fp8, weight_block_size [128, 128]"),
+    ("meta-llama/Llama-3.1-70B", "fp8"): Checkpoint("nvidia--Llama-3.1-70B-Instruct-FP8_config.json",
+                                                    "hf_quant_config.json: ModelOpt FP8 (per-tensor), exclude lm_head"),
+    ("openai/gpt-oss-120b", "fp4"): Checkpoint("openai--gpt-oss-120b_config.json",
+                                               "quantization_config: mxfp4 experts; attention, router, embeddings "
+                                               "and LM head not converted"),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8"): Checkpoint("MiniMaxAI--MiniMax-M2.5_config.json",
+                                                  "quantization_config: fp8, weight_block_size [128, 128]; gate, "
+                                                  "e_score_correction_bias and lm_head not converted"),
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a row's server was started: vLLM's batch limits, memory fraction and KV-cache dtype."""
+
+    max_num_seqs: int | None  # None: the concurrency (``--max-num-seqs=$CONC``)
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "bf16"
+    source: str = ""
+    #: ``--async-scheduling`` (a closed loop's next request waits for two steps in flight: simkv.serving.closed_loop)
+    async_scheduling: bool = False
+
+
+_IX = "SemiAnalysisAI/InferenceX "
+#: The InferenceX recipes per model (docs/research/latency-facts.md §1) and vLLM 0.12.0's H100 defaults (§2).
+RECIPES = {
+    "openai/gpt-oss-120b": Recipe(None, 8192, 0.9, "bf16", _IX + "benchmarks/gptoss_fp4_h100.sh: --max-num-seqs=$CONC, "
+                                  "max-num-batched-tokens 8192, --gpu-memory-utilization=0.9, async-scheduling, prefix "
+                                  "caching off", async_scheduling=True),
+    "meta-llama/Llama-3.1-70B": Recipe(None, 8192, 0.9, "fp8", _IX + "benchmarks/70b_fp8_h100_slurm.sh: kv-cache-dtype "
+                                       "fp8, --max-num-seqs=$CONC, max-num-batched-tokens 8192, 0.9, async-scheduling, "
+                                       "prefix caching off", async_scheduling=True),
+    "MiniMaxAI/MiniMax-M2.5": Recipe(256, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/fixed_seq_len/"
+                                     "minimaxm2.5_fp8_h100.sh: --max-num-seqs 256, --gpu-memory-utilization 0.90, "
+                                     "prefix caching off; max_num_batched_tokens: vLLM's H100 default"),
+    "aic": Recipe(1024, 8192, 0.9, "bf16", "vLLM 0.12.0 defaults on an H100 (engine/arg_utils.py get_batch_defaults: "
+                  "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9)"),
+}
+
+
+@dataclass
+class Row:
+    id: str
+    model_path: str
+    precision: str
+    system: str
+    mode: str
+    isl: int
+    osl: int
+    concurrency: int
+    tp: int
+    pp: int
+    attention_dp: int
+    moe_tp: int
+    moe_ep: int
+    ttft_ms: float
+    tpot_ms: float
+    source: str
+    backend: str = "vllm"
+    backend_version: str = ""
+
+
+@dataclass
+class Outcome:
+    """One row's prediction, or why it is not modelled."""
+
+    row: Row
+    predicted_ttft_ms: float | None = None
+    predicted_tpot_ms: float | None = None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ttft_error(self) -> float | None:
+        return None if self.predicted_ttft_ms is None else self.predicted_ttft_ms / self.row.ttft_ms - 1.0
+
+    @property
+    def tpot_error(self) -> float | None:
+        return None if self.predicted_tpot_ms is None else self.predicted_tpot_ms / self.row.tpot_ms - 1.0
+
+
+def read_rows(path: str | Path) -> list[Row]:
+    """The rows of a silicon CSV (one line naming the problem, as a :class:`ConfigError`, for a file simkv cannot
+    read: missing, too large, a missing column, a value that is not a number)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_FILE_BYTES:,} a silicon file may have")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{path}: no column {', '.join(missing)} (the silicon_sample.csv format)")
+        rows = []
+        for n, rec in enumerate(reader, start=2):
+            if len(rows) >= MAX_ROWS:
+                raise ConfigError(f"{path}: more than {MAX_ROWS:,} rows")
+            rows.append(_row(rec, f"{path}:{n}"))
+    if not rows:
+        raise ConfigError(f"{path}: no rows")
+    return rows
+
+
+def _row(rec: dict, where: str) -> Row:
+    def integer(name: str, low: int, high: int, empty: int | None = None) -> int:
+        text = (rec.get(name) or "").strip()
+        if not text and empty is not None:
+            return empty
+        try:
+            value = int(float(text))
+        except ValueError:
+            raise ConfigError(f"{where}: {name} {text!r} is not an integer") from None
+        if not low <= value <= high or value != float(text):
+            raise ConfigError(f"{where}: {name} must be an integer in {low}..{high:,}, got {text!r}")
+        return value
+
+    def positive(name: str) -> float:
+        text = (rec.get(name) or "").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{where}: {name} {text!r} is not a number") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{where}: {name} must be a positive number, got {text!r}")
+        return value
+
+    return Row(id=rec["id"], model_path=rec["model_path"].strip(), precision=(rec["precision"] or "").strip(),
+               system=rec["system"].strip(), mode=rec["mode"].strip(), isl=integer("isl", 1, MAX_LENGTH),
+               osl=integer("osl", 1, MAX_LENGTH), concurrency=integer("batch_size", 1, MAX_CONCURRENCY),
+               tp=integer("tp_size", 1, 1024), pp=integer("pp_size", 1, 1024, empty=1),
+               attention_dp=integer("attention_dp_size", 0, 1024, empty=1),
+               moe_tp=integer("moe_tp_size", 0, 1024, empty=1), moe_ep=integer("moe_ep_size", 0, 1024, empty=1),
+               ttft_ms=positive("silicon_ttft_ms"), tpot_ms=positive("silicon_tpot_ms"),
+               source=rec["silicon_data_source"] or "", backend=(rec["backend"] or "").strip(),
+               backend_version=(rec["backend_version"] or "").strip())
+
+
+def protocol(row: Row) -> str:
+    """Which benchmark took the row, by its ``silicon_data_source`` (docs/research/latency-facts.md §1):
+    ``inferencex`` — InferenceX's database records (``source_file=<date>.csv; model=...; wip=...``); ``aic`` —
+    AIConfigurator's gap analysis (``source_file=.../aic-auto-gap-analysis/...``, its ``gtl_job_id`` records, or,
+    with the file name trimmed off, nothing but ``silicon_concurrency=C``); else ``unknown``."""
+    src = row.source.strip()
+    if "wip=" in src or src.startswith("source_file=20"):
+        return "inferencex"
+    if "aic-auto-gap-analysis" in src or "gtl_job_id=" in src or src.startswith("silicon_concurrency=") and ";" not in src:
+        return "aic"
+    return "unknown"
+
+
+def lengths(row: Row, proto: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's input and output tokens, as the row's benchmark client drew them."""
+    if proto == "inferencex":
+        n = 10 * row.concurrency
+        rng = np.random.RandomState(0)  # benchmark_serving.main: np.random.seed(args.seed), seed 0
+        rng.randint(0, 1, size=0)  # the shared prefix's ids (--random-prefix-len 0: none)
+        inputs = rng.randint(int(row.isl * 0.8), row.isl + 1, size=n)
+        outputs = rng.randint(int(row.osl * 0.8), row.osl + 1, size=n)
+        return inputs, outputs
+    n = 20 * row.concurrency
+    return np.full(n, row.isl), np.full(n, row.osl)
+
+
+def refusal(row: Row) -> str | None:
+    """Why a row cannot be modelled (one line), or None."""
+    if row.backend != "vllm":
+        return f"backend {row.backend!r}: only vLLM's serving engine is modelled"
+    if row.mode != "agg":
+        return f"mode {row.mode!r}: disaggregated prefill/decode is not modelled"
+    if row.system not in SYSTEMS:
+        return f"system {row.system!r} has no device preset ({', '.join(SYSTEMS)})"
+    if row.pp != 1:
+        return f"pipeline parallelism ({row.pp} stages) is not modelled"
+    if row.attention_dp > 1:
+        return (f"attention data parallelism ({row.attention_dp} engine cores, vLLM --data-parallel-size with expert "
+                f"parallelism over {row.moe_ep} devices, all-to-all dispatch) is not modelled")
+    if (row.model_path, row.precision) not in CHECKPOINTS:
+        return f"no checkpoint config for {row.model_path} at precision {row.precision or 'bf16'!r}"
+    if protocol(row) == "unknown":
+        return "the benchmark that took the row is not known (neither InferenceX's nor AIConfigurator's)"
+    requests = (10 if protocol(row) == "inferencex" else 20) * row.concurrency
+    if requests * (row.isl + row.osl) > MAX_ROW_TOKENS:
+        return (f"{requests:,} requests of {row.isl:,} + {row.osl:,} tokens: more than the {MAX_ROW_TOKENS:,} tokens a "
+                "row may move (simkv.validate.silicon.MAX_ROW_TOKENS)")
+    return None
+
+
+def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = "continuous") -> Outcome:
+    """The row simulated as its benchmark ran it (see the module docstring), or the reason it is not."""
+    from simkv.cost import gemm_mix, get_device
+    from simkv.hfconfig import resolve_model
+    from simkv.models import tp_shard, weights_bytes
+    from simkv.precision import get_precision
+    from simkv.serving import Request, ServingSpec, serve
+    from simkv.serving.sched.config import SchedulerConfig
+    from simkv.serving.sched.vllm import profile_peak_bytes
+
+    why = refusal(row)
+    if why:
+        return Outcome(row, reason=why)
+    ck = CHECKPOINTS[(row.model_path, row.precision)]
+    proto = protocol(row)
+    recipe = RECIPES["aic"] if proto == "aic" else RECIPES.get(row.model_path)
+    if recipe is None:
+        return Outcome(row, reason=f"no InferenceX recipe for {row.model_path}")
+    notes = []
+    try:
+        model = resolve_model(str(configs / ck.config))
+        device = get_device(SYSTEMS[row.system])
+        shard = tp_shard(model, row.tp)
+    except ConfigError as exc:
+        return Outcome(row, reason=str(exc))
+    if row.moe_ep > 1:
+        if not model.experts:
+            return Outcome(row, reason=f"expert parallelism over {row.moe_ep} devices on a dense model")
+        notes.append(f"expert parallelism over {row.moe_ep}: each device holds {model.experts // row.moe_ep} whole "
+                     "experts — the same expected expert bytes per step and the same all-reduces as TP (vLLM's "
+                     "FusedMoEParallelConfig with DP 1: no all-to-all); the busiest device's excess is not modelled")
+    weights = weights_bytes(shard, "checkpoint")  # every part in its stored format, scales included
+    inputs, outputs = lengths(row, proto)
+    requests = [Request(i, int(p), int(o), arrival_s=0.0) for i, (p, o) in enumerate(zip(inputs, outputs))]
+    # vLLM's pool: gpu_memory_utilization x the device's memory less the weights and the profile run's activation
+    # peak (simkv.serving.sched.vllm.num_gpu_blocks, profile_peak_bytes), blocks of 16; vLLM's scheduler
+    # (scheduler "vllm") or GenAI's continuous batching on vLLM's KV manager (the default: planned runs, ~10x faster)
+    seqs = recipe.max_num_seqs or row.concurrency
+    if scheduler == "vllm":
+        cfg = SchedulerConfig(block_size=16, max_num_batched_tokens=recipe.max_num_batched_tokens, max_num_seqs=seqs,
+                              scheduler="vllm", gpu_memory_utilization=recipe.gpu_memory_utilization)
+    else:
+        peak = profile_peak_bytes(shard, recipe.max_num_batched_tokens, seqs)
+        kv_bytes = int(device.memory_bytes * recipe.gpu_memory_utilization) - weights - peak
+        if kv_bytes <= 0:
+            return Outcome(row, reason=f"no KV cache fits: {recipe.gpu_memory_utilization} of the device less "
+                                       f"{weights / 2**30:.1f} GiB of weights and {peak / 2**30:.1f} GiB of activations")
+        cfg = SchedulerConfig(block_size=16, cache_size=kv_bytes / 2**30, max_num_seqs=seqs, kv_manager="vllm",
+                              max_num_batched_tokens=recipe.max_num_batched_tokens)
+    mix = gemm_mix(shard, device, "checkpoint")  # each part's GEMMs at its kernel's peak (fp8 W8A8, mxfp4 in bf16)
+    spec = ServingSpec(requests, model, get_precision(recipe.kv_cache_dtype), scheduler=scheduler, paged=cfg,
+                       device=device.name,
+                       weights_bytes=weights, tp=row.tp, concurrency=row.concurrency, gemm_mix=mix,
+                       async_scheduling=recipe.async_scheduling, max_context=0, engine=engine)
+    try:
+        result = serve(spec)
+    except ConfigError as exc:
+        return Outcome(row, reason=str(exc))
+    table = result.request_table
+    done = table["status"] == "FINISHED"
+    if not done.all():
+        return Outcome(row, reason=f"{int((~done).sum())} of {len(done)} requests did not finish"
+                                   + (f" ({result.stopped})" if result.stopped else ""))
+    ttft = float(np.mean(table["ttft_s"])) * 1000
+    tpot = float(np.nanmean(table["tpot_s"])) * 1000
+    return Outcome(row, ttft, tpot, notes=notes)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _stats(errors: list[float]) -> tuple[float | None, float | None]:
+    """(median, p90) of the absolute errors (fractions), or (None, None) for none."""
+    if not errors:
+        return None, None
+    a = np.abs(np.asarray(errors))
+    return float(np.median(a)), float(np.percentile(a, 90))
+
+
+def read_beside(path: str | Path) -> dict[str, tuple[float | None, float | None, str]]:
+    """Another predictor's predictions of the same rows (``id, aic_ttft_ms, aic_tpot_ms, aic_error``, as
+    experiments/silicon_aic.py writes AIConfigurator's): id → (TTFT ms, TPOT ms, its error or "")."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if not {"id", "aic_ttft_ms", "aic_tpot_ms"} <= set(reader.fieldnames or []):
+                raise ConfigError(f"{path}: needs the columns id, aic_ttft_ms, aic_tpot_ms (experiments/silicon_aic.py)")
+            out = {}
+            for rec in reader:
+                try:
+                    ttft = float(rec["aic_ttft_ms"]) if rec["aic_ttft_ms"] else None
+                    tpot = float(rec["aic_tpot_ms"]) if rec["aic_tpot_ms"] else None
+                except ValueError:
+                    raise ConfigError(f"{path}: row {rec['id']!r} has a prediction that is not a number") from None
+                out[rec["id"]] = (ttft, tpot, rec.get("aic_error") or "")
+            return out
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def summary(outcomes: list[Outcome], beside: dict | None = None) -> dict:
+    """Median and p90 |error| of TTFT and TPOT per model and overall, and the rows not modelled by reason; with
+    ``beside`` (:func:`read_beside`) that predictor's errors too, on the rows simkv models that it predicts."""
+    by_model: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        by_model.setdefault(o.row.model_path, []).append(o)
+
+    def block(items: list[Outcome]) -> dict:
+        done = [o for o in items if o.reason is None]
+        ttft, tpot = _stats([o.ttft_error for o in done]), _stats([o.tpot_error for o in done])
+        out = {"rows": len(items), "modelled": len(done), "ttft_median_abs_error": ttft[0],
+               "ttft_p90_abs_error": ttft[1], "tpot_median_abs_error": tpot[0], "tpot_p90_abs_error": tpot[1]}
+        if beside is not None:
+            both = [(o, beside[o.row.id]) for o in done if beside.get(o.row.id, (None,))[0] is not None]
+            ttft = _stats([b[0] / o.row.ttft_ms - 1 for o, b in both])
+            tpot = _stats([b[1] / o.row.tpot_ms - 1 for o, b in both])
+            out["beside"] = {"rows": len(both), "ttft_median_abs_error": ttft[0], "ttft_p90_abs_error": ttft[1],
+                             "tpot_median_abs_error": tpot[0], "tpot_p90_abs_error": tpot[1]}
+        return out
+
+    reasons: dict[str, int] = {}
+    for o in outcomes:
+        if o.reason is not None:
+            reasons[o.reason] = reasons.get(o.reason, 0) + 1
+    return {"overall": block(outcomes), "models": {m: block(items) for m, items in by_model.items()},
+            "not_modelled": reasons}
+
+
+def to_json(outcomes: list[Outcome], beside: dict | None = None) -> dict:
+    """Every row (its id, what was measured, the prediction or null with the reason) and the summary."""
+    rows = []
+    for o in outcomes:
+        r = o.row
+        extra = {}
+        if beside is not None:
+            b = beside.get(r.id, (None, None, "no prediction"))
+            extra = {"beside_ttft_ms": b[0], "beside_tpot_ms": b[1], "beside_error": b[2] or None}
+        rows.append({**extra, "id": r.id, "model": r.model_path, "precision": r.precision or "bf16", "tp": r.tp, "isl": r.isl,
+                     "osl": r.osl, "concurrency": r.concurrency, "protocol": protocol(r),
+                     "measured_ttft_ms": r.ttft_ms, "measured_tpot_ms": r.tpot_ms,
+                     "predicted_ttft_ms": o.predicted_ttft_ms, "predicted_tpot_ms": o.predicted_tpot_ms,
+                     "ttft_error": o.ttft_error, "tpot_error": o.tpot_error, "reason": o.reason, "notes": o.notes})
+    return {"rows": rows, "summary": summary(outcomes, beside)}
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f} %"
+
+
+def render(outcomes: list[Outcome], path: str, beside: dict | None = None) -> str:
+    """The text report: a line per row, then |error| per model and overall (and the other predictor's, on the same
+    rows), then the rows not modelled."""
+    s = summary(outcomes, beside)
+    ov = s["overall"]
+    lines = [f"simkv validate --silicon {path}: {ov['rows']} rows, {ov['modelled']} modelled "
+             f"({100 * ov['modelled'] / ov['rows']:.1f} %), {ov['rows'] - ov['modelled']} not",
+             f"  {'model':<26} {'prec':>5} {'tp':>2} {'isl/osl':>10} {'C':>4}  {'TTFT ms':>9} {'simkv':>9} {'error':>8}  "
+             f"{'TPOT ms':>8} {'simkv':>8} {'error':>8}"]
+    for o in outcomes:
+        r = o.row
+        head = (f"  {r.model_path[-26:]:<26} {r.precision or 'bf16':>5} {r.tp:>2} {f'{r.isl}/{r.osl}':>10} "
+                f"{r.concurrency:>4}  {r.ttft_ms:>9.1f}")
+        if o.reason is not None:
+            lines.append(f"{head} {'':>9} {'':>8}  {r.tpot_ms:>8.2f}   not modelled")
+            continue
+        lines.append(f"{head} {o.predicted_ttft_ms:>9.1f} {100 * o.ttft_error:>+7.1f}%  {r.tpot_ms:>8.2f} "
+                     f"{o.predicted_tpot_ms:>8.2f} {100 * o.tpot_error:>+7.1f}%")
+    lines.append(f"  {'|error|':<34} {'modelled':>10} {'TTFT median':>12} {'p90':>8} {'TPOT median':>12} {'p90':>8}")
+    for name, b in list(s["models"].items()) + [("overall", ov)]:
+        lines.append(f"  {name[-34:]:<34} {str(b['modelled']) + ' of ' + str(b['rows']):>10} "
+                     f"{_pct(b['ttft_median_abs_error']):>12} {_pct(b['ttft_p90_abs_error']):>8} "
+                     f"{_pct(b['tpot_median_abs_error']):>12} {_pct(b['tpot_p90_abs_error']):>8}")
+    if beside is not None:
+        lines.append(f"  {'beside (the same rows)':<34} {'rows':>10} {'TTFT median':>12} {'p90':>8} {'TPOT median':>12} "
+                     f"{'p90':>8}")
+        for name, b in list(s["models"].items()) + [("overall", ov)]:
+            c = b["beside"]
+            lines.append(f"  {name[-34:]:<34} {c['rows']:>10} {_pct(c['ttft_median_abs_error']):>12} "
+                         f"{_pct(c['ttft_p90_abs_error']):>8} {_pct(c['tpot_median_abs_error']):>12} "
+                         f"{_pct(c['tpot_p90_abs_error']):>8}")
+    for reason, n in s["not_modelled"].items():
+        lines.append(f"  not modelled ({n} rows): {reason}")
+    return "\n".join(lines)
+
+
+def _simulate(job):
+    row, configs, engine, scheduler = job
+    return simulate(row, configs, engine=engine, scheduler=scheduler)
+
+
+def validate(path: str | Path, configs: str | Path | None = None, *, match: str | None = None, workers: int = 1,
+             engine: str = "fast", scheduler: str = "continuous") -> list[Outcome]:
+    """Every row of ``path`` (those whose id contains ``match``), simulated in ``workers`` processes (the outcomes
+    do not depend on them: each row is its own deterministic run)."""
+    path = Path(path)
+    configs = Path(configs) if configs is not None else path.parent / "configs"
+    if not 1 <= workers <= 64:
+        raise ConfigError(f"--workers must be in 1..64, got {workers}")
+    rows = read_rows(path)
+    if not configs.is_dir():
+        raise ConfigError(f"no configs folder {configs} (the model configs the rows name; give --configs DIR)")
+    if match:
+        rows = [r for r in rows if match in r.id]
+        if not rows:
+            raise ConfigError(f"no row of {path} has {match!r} in its id")
+    jobs = [(r, configs, engine, scheduler) for r in rows]
+    if workers == 1 or len(rows) == 1:
+        return [_simulate(j) for j in jobs]
+    from concurrent.futures import ProcessPoolExecutor
+
+    # the longest rows first, so that the workers end together; the results in the file's order
+    order = sorted(range(len(jobs)), key=lambda i: -rows[i].concurrency * (rows[i].isl + rows[i].osl))
+    with ProcessPoolExecutor(workers) as ex:
+        done = dict(zip(order, ex.map(_simulate, [jobs[i] for i in order])))
+    return [done[i] for i in range(len(jobs))]
+
+
+def cli_main(args) -> int:
+    """``simkv validate --silicon``: the report (text, or ``--json``); exit 0 whatever the errors (a measurement,
+    not a pass/fail check)."""
+    import json
+    import sys
+
+    beside = read_beside(args.beside) if args.beside else None
+    outcomes = validate(args.silicon, args.configs, match=args.match, workers=args.workers,
+                        scheduler="vllm" if args.vllm_scheduler else "continuous")
+    if args.json:
+        json.dump(to_json(outcomes, beside), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(render(outcomes, args.silicon, beside))
+    return 0
