@@ -272,7 +272,7 @@ RUN_VALUES = {
     "--scheduling-policy": ["priority"], "--long-prefill-token-threshold": ["64"],
     "--num-kv-blocks": ["1000"], "--cache-size": ["2.0"], "--max-num-seqs": ["4"], "--max-num-batched-tokens": ["512"],
     "--no-dynamic-split-fuse": [], "--prefix-caching": [], "--kv-manager": ["vllm"], "--on-oom": ["wait"],
-    "--static-batch": ["3"], "--max-context": ["4096"], "--strict-context": [], "--replicas": ["2", "3"],
+    "--concurrency": ["2", "3"], "--async-scheduling": [], "--cache-eviction": ["on"], "--static-batch": ["3"], "--max-context": ["4096"], "--strict-context": [], "--replicas": ["2", "3"],
     "--router": ["least-kv", "session"], "--workers": ["2"], "--tp": ["2"], "--engine": ["reference"],
 }
 #: Flags that shape what is written or selected, not the run: outputs, the mode selectors, --pp (always refused).
@@ -341,7 +341,7 @@ def test_cost_is_bounded_and_warns_of_what_no_device_holds():
     # deepseek-v3 at bf16 on one H100: 1,249.88 GiB of weights, priced with a warning
     out = simkv("cost", "--model", "deepseek-v3", "--device", "h100-sxm", "--json")
     assert out.returncode == 0
-    warning = ("1,249.88 GiB of bf16 weights + 68.69 MiB of KV do not fit h100-sxm's 74.51 GiB: priced as if they did "
+    warning = ("1,249.88 GiB of bf16 weights + 68.69 MiB of KV do not fit h100-sxm's 79.18 GiB: priced as if they did "
                "(serve it split with simkv run --tp, or size a deployment with simkv plan)")
     assert out.stderr.strip() == f"simkv cost: warning: {warning}" and json.loads(out.stdout)["warnings"] == [warning]
     out = simkv("cost", "--context", "100000")
@@ -395,7 +395,9 @@ def test_the_reproduce_line_rounds_the_pool_and_reproduces_the_run():
     exact = plan._device_share(row)[3]
     line = plan.command(row)
     shown = line.split("--cache-size ")[1].split()[0]
-    assert exact == pytest.approx(52.0982, abs=1e-4) and shown == "52.098" and repr(exact) != shown
+    # 0.9 x h100-sxm's 85,017,493,504 B (71.2608 GiB) less llama-3.1-8b's 14.9570 GiB of bf16 weights
+    assert exact == pytest.approx(0.9 * 85_017_493_504 / 2**30 - 14.95703125, abs=1e-9)
+    assert exact == pytest.approx(56.3038, abs=1e-4) and shown == "56.304" and repr(exact) != shown
     spec = plan.spec_of(row)
     budget = get_device(row["device"]).memory_bytes - spec.weights_bytes
     kv = paged_kv(spec.device_model, spec.precision, 16, "genai")

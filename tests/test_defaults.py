@@ -69,7 +69,7 @@ def test_a_single_session_takes_its_memory_and_weights_from_the_device():
     dtype); --device-memory and --weights-precision still override them."""
     h100 = build_scenario(model="gemma-3-27b", prompt=64, decode=16, device="h100-sxm")
     gemma = resolve_model("gemma-3-27b")
-    assert h100.device_memory == DEVICES["h100-sxm"].memory_bytes == 80_000_000_000
+    assert h100.device_memory == DEVICES["h100-sxm"].memory_bytes == 85_017_493_504  # as CUDA reports it
     assert h100.weights_memory == weights_bytes(gemma, "bf16")
     assert simulate(h100).oom is None
     small = build_scenario(model="gemma-3-27b", prompt=64, decode=16, device="h100-sxm", device_memory="60GiB",
@@ -92,9 +92,10 @@ def test_the_latency_of_a_session_prices_the_weights_the_memory_holds():
     # 624.94 GiB of int8 weights on the 512 GiB default device: only lighter weights (int4: 312.47 GiB) fit
     (["run", "--model", "deepseek-v3"], "deepseek-v3's weights take 624.94 GiB at int8, no less than xeon-8480's "
      "512.00 GiB: no room for the KV cache; give --weights-precision int4 or --weights-memory 0 (the KV cache alone)"),
-    # 131.41 GiB of bf16 on one H100: the default device holds them, so do two H100s (serving), so does int8
+    # 131.41 GiB of bf16 on one H100 (79.18 GiB): the smallest preset that holds them is b200 (167.64 GiB; h200-sxm's
+    # 131.32 GiB is just short), so do two H100s (serving), so does int8
     (["run", "--synthetic", "--model", "llama-3-70b", "--device", "h100-sxm"], "llama-3-70b's weights take 131.41 GiB "
-     "at f16, no less than h100-sxm's 74.51 GiB: no room for the KV cache; give --device xeon-8480, --tp 2, "
+     "at f16, no less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device b200, --tp 2, "
      "--weights-precision int8 or --weights-memory 0 (the KV cache alone)"),
     (["run", "--model", "llama-3-8b", "--device-memory", "4GiB"], "llama-3-8b's weights take 7.48 GiB at int8, no "
      "less than 4.00 GiB of device memory: no room for the KV cache; give --weights-precision int4 or "

@@ -147,13 +147,13 @@ class ServingResult:
     oom: dict | None = None
     #: Paged: the pools' largest in-step bytes without the CPU plugin's scratch buffers (which are never touched).
     pool_peak: int = 0
-    #: Requests rejected on arrival, by reason (:func:`_front_end`): reason → count.
-    rejected_reasons: dict = field(default_factory=dict)
     #: Paged: the step at which one of GenAI's checks throws out of ``step()`` ({"step", "check", "reason"}: cache
     #: eviction, simkv.serving.sched.eviction; the run ended there).
     runtime_stop: dict | None = None
     #: Paged, with cache eviction: the blocks sequences dropped (every layer's count; the same in each).
     evicted_blocks: int = 0
+    #: Requests rejected on arrival, by reason (:func:`_front_end`): reason → count.
+    rejected_reasons: dict = field(default_factory=dict)
 
     def _block_bytes(self) -> int:
         return self.block_bytes
