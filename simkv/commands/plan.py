@@ -16,21 +16,24 @@ DEFAULT_DEVICES = "h100-sxm,a100-80gb,xeon-8480"
 #: The modes of ``simkv plan`` (simkv.flags: every flag declares the ones that use it).
 PLAN_MODES = (
     Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
-         ("--trace", "azure-code"), hints={"--traffic-report": "a closed loop (--concurrency) has no arrival rates"}),
+         ("--trace", "azure-code")),
     Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",),
          hints=CLOSED_LOOP_HINTS),
     Mode("synthetic-arrivals", "synthetic requests at their arrival times (--synthetic, no --concurrency)",
          lambda a: bool(a.synthetic) and a.concurrency is None, "requests"),
-    Mode("trace-arrivals", "a trace's arrival times (--trace, no --concurrency)",
-         lambda a: bool(a.trace) and a.concurrency is None, "requests"),
+    Mode("arrivals", "requests at their arrival times (no --concurrency)", lambda a: a.concurrency is None, "load"),
+    Mode("closed-loop", "a closed loop of clients (--concurrency)", lambda a: a.concurrency is not None, "load",
+         ("--synthetic", "--concurrency", "2")),
     Mode("paged", "paged memory (--memory paged, the default)", lambda a: a.memory == "paged", "memory",
          ("--synthetic", "--memory", "paged")),
     Mode("contiguous", "contiguous memory (--memory contiguous)", lambda a: a.memory == "contiguous", "memory",
-         ("--synthetic", "--memory", "contiguous")),
+         ("--synthetic", "--memory", "contiguous"),
+         hints={"--cache-eviction": "it is GenAI's paged pool's: use --memory paged"}),
+    # on the memory axis too: a scheduler's flag given with --memory contiguous is refused by the memory it names
     Mode("genai", "deployments GenAI's scheduler serves (paged, --serving-scheduler auto or continuous)",
-         lambda a: a.memory == "paged" and a.serving_scheduler != "vllm", "scheduler"),
+         lambda a: a.memory == "paged" and a.serving_scheduler != "vllm", "memory"),
     Mode("vllm-only", "vLLM's scheduler on every device (--serving-scheduler vllm)",
-         lambda a: a.memory == "paged" and a.serving_scheduler == "vllm", "scheduler",
+         lambda a: a.memory == "paged" and a.serving_scheduler == "vllm", "memory",
          ("--synthetic", "--serving-scheduler", "vllm")),
     *EXECUTOR_MODES,
 )
@@ -69,7 +72,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     w.add_argument("--concurrency", type=int, metavar="C", modes=ANY, help="closed-loop load: C clients send the "
                    "requests in order, each its next when its previous ended (as simkv run --concurrency; one engine "
                    "per deployment, no replicas)")
-    w.add_argument("--traffic-report", action="store_true", modes="trace-arrivals", help="also size steady traffic "
+    w.add_argument("--traffic-report", action="store_true", modes="arrivals", help="also size steady traffic "
                    "at the trace's mean and peak arrival rates (the same requests evenly spaced; two more searches) and "
                    "show the cheapest deployment of each beside the trace's")
     t = p.add_argument_group("targets and cost")

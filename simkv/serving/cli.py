@@ -21,6 +21,9 @@ def _serving(a) -> bool:
     return bool(a.trace or a.synthetic)
 
 
+#: Where GenAI's cache eviction runs (simkv.serving.sched.eviction): what a scheduler mode without it says.
+_EVICTION_HINT = {"--cache-eviction": "it is GenAI's paged pool's: use --memory paged --scheduler continuous"}
+
 #: The modes of ``simkv run`` (simkv.flags: every flag declares the ones that use it).
 RUN_MODES = (
     Mode("session", "a single session (no --trace or --synthetic)", lambda a: not _serving(a), "run"),
@@ -50,14 +53,14 @@ RUN_MODES = (
          ("--synthetic", "--scheduler", "vllm"), hints={
              "--kv-manager": "vLLM's scheduler has vLLM's own KV manager",
              "--no-dynamic-split-fuse": "vLLM's scheduler always chunks prefills (--long-prefill-token-threshold)",
-             "--on-oom": "vLLM's scheduler preempts the last running request"}),
+             "--on-oom": "vLLM's scheduler preempts the last running request", **_EVICTION_HINT}),
     Mode("contiguous", "contiguous memory (--memory contiguous)",
          lambda a: _serving(a) and a.memory == "contiguous", "memory", ("--synthetic", "--memory", "contiguous")),
     Mode("contiguous-continuous", "contiguous memory under the continuous scheduler",
          lambda a: _serving(a) and a.memory == "contiguous" and a.scheduler == "continuous", "scheduler",
-         ("--synthetic", "--memory", "contiguous", "--scheduler", "continuous")),
+         ("--synthetic", "--memory", "contiguous", "--scheduler", "continuous"), hints=_EVICTION_HINT),
     Mode("static", "the static scheduler (--scheduler static)", lambda a: _serving(a) and a.scheduler == "static",
-         "scheduler", ("--synthetic", "--memory", "contiguous", "--scheduler", "static")),
+         "scheduler", ("--synthetic", "--memory", "contiguous", "--scheduler", "static"), hints=_EVICTION_HINT),
     Mode("one-device", "one device (no --replicas above 1)", lambda a: not (_serving(a) and a.replicas > 1),
          "replicas"),
     Mode("replicas", "replicas (--replicas above 1)", lambda a: _serving(a) and a.replicas > 1, "replicas",
