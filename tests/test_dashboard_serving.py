@@ -170,7 +170,7 @@ def test_the_command_line_follows_the_form():
     assert argv[argv.index("--precision") + 1] == "f16"
     # GenAI's cache eviction: its flag form on the line under GenAI's scheduler only (vLLM's has none)
     assert sv.command(form(sv_cache_eviction="max=256"))[-4:] == [
-        "--cache-eviction", "start=32,recent=128,max=256", "--device", "h100-sxm"]
+        "--cache-eviction", "start=32,recent=128,max=256", "--device", DEFAULT_DEVICE]
     assert "--cache-eviction" not in sv.command(form(sv_cache_eviction="on", sv_scheduler="vllm"))
 
 
