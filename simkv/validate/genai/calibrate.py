@@ -79,7 +79,7 @@ def mean_context(entry: dict) -> float:
 
 
 def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_flops: dict,
-           tiny_weights_bytes: float) -> dict:
+           tiny_weights_bytes: dict) -> dict:
     """One round's paged terms from its timings (seconds; contexts in tokens). ``raw`` holds:
 
     * ``tiny1_b1``, ``tiny1_bS``, ``tiny9_b1``: (median step time, mean context) of the tiny decoders' decode at
@@ -89,15 +89,16 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
 
     ``kv_bytes_per_head``: one KV head's K and V bytes per cached position (the pipeline's KV precision);
     ``weights_rate``: the stateful calibration's weight-streaming rate (bytes/s); ``prefill_flops``: {chunk: FLOPs
-    of that chunk on the prefill probe}; ``tiny_weights_bytes``: the tiny decoders' weights (streamed per step).
+    of that chunk on the prefill probe}; ``tiny_weights_bytes``: {"tiny1", "tiny9": each tiny decoder's weights}
+    (streamed once per step).
 
     Attention first (differences of like steps cancel every fixed cost): per sequence, layer and position
     ``x = Δt / (batch · layers · Δcontext)`` on each attention probe; ``x = a · 32 + b · KV heads`` on both gives
     ``b = (x32 − x8) / 24`` and ``a = (x8 − 8 b) / 32`` (clamped at 0 and a tiny positive ``a``). The tiny decoders'
     head is half as wide (64): their attention per position is ``(a + b) / 2``. Then, with ``att(b, c) =
-    b · layers · c · (a + b) / 2`` and the weights ``w = tiny_weights_bytes / weights_rate``:
+    b · layers · c · (a + b) / 2`` and each decoder's weights ``w = bytes / weights_rate``:
     per sequence ``q = (t1S − att(S, c1S) − (t1 − att(1, c1))) / (S − 1)``, per layer
-    ``ℓ = (t9 − att9 − (t1 − att1)) / 8``, per step ``s = t1 − att1 − w − q − ℓ``; prefill
+    ``ℓ = ((t9 − att9 − w9) − (t1 − att1 − w1)) / 8``, per step ``s = t1 − att1 − w1 − q − ℓ``; prefill
     ``matmul_flops = Δ FLOPs / Δ t`` over the two chunks.
     """
     heads = PROBES["attention8"].heads
@@ -117,9 +118,10 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     tS, cS = raw["tiny1_bS"]
     t9, c9 = raw["tiny9_b1"]
     base1 = t1 - att("tiny1", 1, c1)
+    w1, w9 = (tiny_weights_bytes[k] / weights_rate for k in ("tiny1", "tiny9"))
     seq = max(0.0, (tS - att("tiny1", SEQ_BATCH, cS) - base1) / (SEQ_BATCH - 1))
-    layer = max(0.0, (t9 - att("tiny9", 1, c9) - base1) / (PROBES["tiny9"].layers - PROBES["tiny1"].layers))
-    step = max(0.0, base1 - tiny_weights_bytes / weights_rate - seq - layer)
+    layer = max(0.0, (t9 - att("tiny9", 1, c9) - w9 - (base1 - w1)) / (PROBES["tiny9"].layers - PROBES["tiny1"].layers))
+    step = max(0.0, base1 - w1 - seq - layer)
     small, big = sorted(raw["prefill"])
     dt = raw["prefill"][big] - raw["prefill"][small]
     flops = (prefill_flops[big] - prefill_flops[small]) / dt if dt > 0 else float("inf")
@@ -180,7 +182,7 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
     head = pm.vocab * pm.hidden
     prefill_flops = {c: 2.0 * (matmul_params(pm) - head) * c + 2.0 * head
                      + pair_flops_per_model(pm) * attended_pairs(pm, 0, c) for c in PREFILL_CHUNKS}
-    tiny_w = float(weights_bytes(shapes["tiny1"], precision))
+    tiny_w = {k: float(weights_bytes(shapes[k], precision)) for k in ("tiny1", "tiny9")}
     rounds = []
     for _ in range(ROUNDS):
         raw = _round(paths)
