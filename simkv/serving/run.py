@@ -319,7 +319,8 @@ def check_spec(spec: ServingSpec):
     if spec.weights_bytes >= spec.device_memory:
         raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)"
                           + ("; --tp N splits them across N devices" if spec.tp == 1 and device.runtime == "vllm" else ""))
-    return device
+    # paged memory is a paged-attention engine: the device's paged terms where it has them (the host preset)
+    return device.paged_kernel() if spec.memory == "paged" else device
 
 
 def serve(spec: ServingSpec, progress=False, watch=None):
