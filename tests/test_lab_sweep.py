@@ -183,6 +183,9 @@ def test_cli_sweep_ctrl_c_keeps_the_rows_done(tmp_path):
     deadline = time.monotonic() + 120
     while not out.exists() and proc.poll() is None and time.monotonic() < deadline:  # the first flush (~2 s)
         time.sleep(0.2)
+    # (not while the first flush is still writing: on a loaded machine a SIGINT sent at once was lost once and the
+    # sweep ran to its end — cause not found; the next flush is FLUSH_SECONDS away)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -368,7 +368,8 @@ def check_spec(spec: ServingSpec):
     check_weights_fit(spec.device_model, spec.weights_bytes, spec.device_memory, device, tp=spec.tp,
                       weights_precision=spec.weights_precision, memory_given=memory_given,
                       weights_given=spec.weights_given)
-    return device
+    # paged memory is a paged-attention engine: the device's paged terms where it has them (the host preset)
+    return device.paged_kernel() if spec.memory == "paged" else device
 
 
 def context_limit(spec: ServingSpec) -> int | None:
