@@ -32,9 +32,6 @@ from simkv.models import WEIGHT_PRECISIONS
 #: A flag every mode of its command uses.
 ANY = "any"
 
-#: Why a closed loop refuses the synthetic arrival flags (the synthetic mode's hints, ``simkv run`` and ``plan``).
-CLOSED_LOOP_HINTS = {option: "a closed loop (--concurrency) sends each request when a client's previous one ended"
-                     for option in ("--rate", "--arrivals")}
 
 
 class Mode(NamedTuple):
@@ -50,6 +47,24 @@ class Mode(NamedTuple):
     example: tuple[str, ...] = ()
     #: What to give instead of a flag this mode refuses (flag → words), where there is such a flag.
     hints: dict = {}
+
+
+#: Why a closed loop refuses the synthetic arrival flags (the synthetic mode's hints).
+CLOSED_LOOP_HINTS = {option: "a closed loop (--concurrency) sends each request when a client's previous one ended"
+                     for option in ("--rate", "--arrivals")}
+
+#: Where a serving command's requests come from (``simkv run``'s serving and ``simkv plan``): a trace, or synthetic
+#: requests, which arrive at ``--rate`` unless a closed loop (``--concurrency``) sends them.
+REQUEST_MODES = (
+    Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests", ("--trace", "azure-code")),
+    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",),
+         hints=CLOSED_LOOP_HINTS),
+    Mode("synthetic-arrivals", "synthetic requests at their arrival times (--synthetic, no --concurrency)",
+         lambda a: bool(a.synthetic) and a.concurrency is None, "requests"),
+    Mode("closed-loop", "a closed loop of clients (--concurrency)",
+         lambda a: bool(a.trace or a.synthetic) and a.concurrency is not None, "load",
+         ("--synthetic", "--concurrency", "2")),
+)
 
 
 class _Declared:

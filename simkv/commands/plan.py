@@ -8,22 +8,15 @@ import sys
 from pathlib import Path
 
 from simkv.errors import ConfigError
-from simkv.flags import ANY, CLOSED_LOOP_HINTS, EXECUTOR_MODES, Mode, add_executor_arguments
+from simkv.flags import ANY, EXECUTOR_MODES, REQUEST_MODES, Mode, add_executor_arguments
 
 DEFAULT_SLO = "ttft_p99=2s,tpot_p99=50ms"
 DEFAULT_DEVICES = "h100-sxm,a100-80gb,xeon-8480"
 
 #: The modes of ``simkv plan`` (simkv.flags: every flag declares the ones that use it).
 PLAN_MODES = (
-    Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
-         ("--trace", "azure-code")),
-    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",),
-         hints=CLOSED_LOOP_HINTS),
-    Mode("synthetic-arrivals", "synthetic requests at their arrival times (--synthetic, no --concurrency)",
-         lambda a: bool(a.synthetic) and a.concurrency is None, "requests"),
+    *REQUEST_MODES,
     Mode("arrivals", "requests at their arrival times (no --concurrency)", lambda a: a.concurrency is None, "load"),
-    Mode("closed-loop", "a closed loop of clients (--concurrency)", lambda a: a.concurrency is not None, "load",
-         ("--synthetic", "--concurrency", "2")),
     Mode("paged", "paged memory (--memory paged, the default)", lambda a: a.memory == "paged", "memory",
          ("--synthetic", "--memory", "paged")),
     Mode("contiguous", "contiguous memory (--memory contiguous)", lambda a: a.memory == "contiguous", "memory",

@@ -12,7 +12,7 @@ import json
 import sys
 
 from simkv.errors import ConfigError
-from simkv.flags import (ANY, CLOSED_LOOP_HINTS, Mode, Parser, add_latency_arguments, add_policy_arguments,
+from simkv.flags import (ANY, REQUEST_MODES, Mode, Parser, add_latency_arguments, add_policy_arguments,
                          add_scenario_arguments, workload_modes)
 from simkv.units import format_bytes, parse_bytes
 
@@ -33,14 +33,7 @@ RUN_MODES = (
         "--ops": "a trace gives each request's own operations", "--turns": "a trace's session column makes chat turns",
         "--beam": "a trace's beam column (or samples) gives a request several sequences"}),
     *workload_modes(lambda a: not _serving(a)),
-    Mode("trace", "a trace (--trace)", lambda a: bool(a.trace), "requests",
-         ("--trace", "azure-code")),
-    Mode("synthetic", "synthetic requests (--synthetic)", lambda a: bool(a.synthetic), "requests", ("--synthetic",),
-         hints=CLOSED_LOOP_HINTS),
-    Mode("synthetic-arrivals", "synthetic requests at their arrival times (--synthetic, no --concurrency)",
-         lambda a: bool(a.synthetic) and a.concurrency is None, "requests"),
-    Mode("closed-loop", "a closed loop of clients (--concurrency)", lambda a: _serving(a) and a.concurrency is not None,
-         "load", ("--synthetic", "--concurrency", "2")),
+    *REQUEST_MODES,
     Mode("paged", "paged memory (--memory paged, serving's default)", lambda a: _serving(a) and a.memory == "paged",
          "memory", ("--synthetic", "--memory", "paged"), hints={
              "--policy": "the pool's blocks are GenAI's (--block-size, --num-kv-blocks, --cache-size); a policy "
