@@ -7,7 +7,7 @@ The `simkv plan` example of docs/guide/sizing.md, run twice: in two local proces
 worker processes, each into its own Parquet file; the two files must be byte-identical (the run fails
 otherwise). Devices h100-sxm, a100-80gb and xeon-8480, at most 8 devices per deployment, tp 1/2/4/8, routers
 round-robin and least-outstanding, max_num_batched_tokens 256/512/1024/2048, each device's default KV
-precision, block size and pool (``simkv.lab.plan.device_defaults``). ``--quick``: the first 1,000 requests.
+precision, block size and pool (``simkv.serving.run.runtime_defaults``). ``--quick``: the first 1,000 requests.
 
 Writes ``plan.parquet`` and ``plan_dask.parquet``, ``deployments.csv`` (every deployment run: outcome and
 latencies), ``report.txt`` (the command's text report), ``wall_times.csv`` (nondeterministic) and the figure

@@ -51,8 +51,9 @@ def run_all(models, prompt: int, decode: int):
     results = {}
     for model in tqdm(models, desc="models", unit="model", disable=None):
         for label, (policy, options) in VARIANTS.items():
+            # on arc-a770, the Intel GPU the GPU plugin runs on: 16 GiB, the preset's int8 weights beside it
             scenario = build_scenario(model=model, policy=policy, policy_options=options, precision="f16",
-                                      prompt=prompt, decode=decode)
+                                      prompt=prompt, decode=decode, device="arc-a770")
             results[model, label] = simulate(scenario)
     return results
 

@@ -1,6 +1,8 @@
 """The ``simkv`` command: the top parser, built from the command modules (simkv.commands), and dispatch.
 
-Any error caused by input is printed as one line on stderr with exit code 2.
+Any error caused by input is printed as one line on stderr with exit code 2; the flags and output paths are checked
+by the parser before a command starts (the contract, simkv.flags). Ctrl-C ends a command with one line and exit
+code 130 (128 + SIGINT, as a shell reports it).
 """
 
 from __future__ import annotations
@@ -27,12 +29,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit code of a command interrupted with Ctrl-C.
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("simkv: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # reported by the subcommand's parser, so the error names `simkv run`, not `simkv`
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    try:  # a usage error or a breach of the contract: one line, exit code 2 (--help and --version: 0)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the subcommand's parser, so the error names `simkv run`, not `simkv`
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
     try:
         return args.func(args)
     except SimkvError as err:
@@ -49,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(see docs/guide/getting-started.md, Limits)",
               file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"simkv {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

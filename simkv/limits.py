@@ -22,6 +22,7 @@ MAX_TOKENS = 100_000_000  # --prompt, --decode, --turn-tokens, --turn-decode, an
 MAX_TURNS = 100_000
 MAX_BEAM = 4_096
 MAX_STEPS = 10_000_000  # simulated steps before memory certainly runs out
+MAX_BATCH = 1_000_000  # sequences in one step priced by ``simkv cost``
 MAX_DEVICE_BYTES = 1 << 50  # 1 PiB
 #: A model config (simkv.hfconfig): hidden, MLP, vocabulary and state widths at most as wide as the widest
 #: attention the limits above allow; experts; the file itself.
@@ -96,14 +97,18 @@ def check_scenario(scenario) -> None:
 
 
 def check_output(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
-    """An output path that can be written: a known extension and an existing, writable
-    directory (none is created). Checked before the run, so a typo costs nothing."""
+    """An output path that can be written: a name ending in one of ``suffixes`` (``""`` among them: a name with no
+    suffix, the stem of several files) in an existing, writable directory (none is created). Checked before the
+    command runs (simkv.flags.check_contract), so a typo costs nothing and leaves nothing behind."""
     p = Path(path)
-    if p.suffix.lower() not in suffixes:
-        raise ConfigError(f"{flag} {path}: the file name must end in {' or '.join(suffixes)}")
+    suffix = p.suffix.lower()
+    if suffix not in suffixes:
+        named = [s for s in suffixes if s]
+        raise ConfigError(f"{flag} {path}: the file name must end in {' or '.join(named)}"
+                          + (" (or have no suffix: one file of each)" if "" in suffixes else ""))
     parent = p.parent
     if not parent.exists():
-        raise ConfigError(f"{flag} {path}: directory {parent} does not exist")
+        raise ConfigError(f"{flag} {path}: directory {parent} does not exist (none is created)")
     if not parent.is_dir():
         raise ConfigError(f"{flag} {path}: {parent} is not a directory")
     if p.is_dir():

@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simkv.cost import DEFAULT_DEVICE, DEVICES, get_device
 from simkv.errors import ConfigError
 from simkv.kvspec import token_bytes
 from simkv.ledger import Ledger
 from simkv.metrics import Metrics, compute, per_layer
 from simkv.hfconfig import resolve_model
-from simkv.models import (INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, WEIGHT_PRECISIONS, ModelSpec,  # noqa: F401 (re-exported)
+from simkv.models import (CHECKPOINT, INT8_WEIGHTS_FROM_PARAMS, WEIGHT_BYTES, WEIGHT_PRECISIONS, ModelSpec,  # noqa: F401 (re-exported)
                           optimum_intel_weights_precision, weights_bytes)
 from simkv.precision import Precision, get_precision
-from simkv.units import parse_bytes
+from simkv.units import format_bytes, parse_bytes
 from simkv.workload import Trim, Workload, chat_session, parse_ops
 
 if TYPE_CHECKING:  # policies imports simkv, so simkv imports policies only when used
@@ -30,7 +31,8 @@ DEFAULT_MODEL = "llama-3-8b"
 DEFAULT_POLICY = "openvino-gpu"
 DEFAULT_PROMPT = 1024
 DEFAULT_DECODE = 2048
-DEFAULT_DEVICE_MEMORY = "16GiB"
+#: The default device's memory (:data:`simkv.cost.DEFAULT_DEVICE`), as a size a form or a flag holds.
+DEFAULT_DEVICE_MEMORY = f"{DEVICES[DEFAULT_DEVICE].memory_bytes >> 30}GiB"
 ENGINES = ("fast", "reference")
 
 
@@ -144,9 +146,10 @@ def build_scenario(
     beam: int = 1,
     turn_divergence: int = 0,
     ops: str | None = None,
-    device_memory: str | int = DEFAULT_DEVICE_MEMORY,
+    device_memory: str | int | None = None,
     weights_memory: str | int | None = None,
     weights_precision: str | None = None,
+    device: str | None = None,
 ) -> Scenario:
     """A scenario from plain values (what a CLI flag or a dashboard control holds).
 
@@ -156,9 +159,12 @@ def build_scenario(
     replaces the prompt/decode/turns/beam description of the workload; ``turn_divergence`` D makes each further
     turn first trim the D tokens the re-tokenized history differs in (:func:`simkv.workload.chat_session`).
 
-    ``weights_memory`` (bytes, or a size such as ``"8GiB"``) is the device memory taken
-    besides the KV cache; by default the model's weights at ``weights_precision``
-    (default: :func:`default_weights_precision`), 0 for a custom shape.
+    ``device`` (a preset, ``host`` or a preset file; default :data:`simkv.cost.DEFAULT_DEVICE`) is the device the
+    session runs on: its memory unless ``device_memory`` (bytes or a size such as ``"16GiB"``) is given, and the
+    weights' default precision, what its usual runtime loads. ``weights_memory`` (bytes or a size) is the device
+    memory taken besides the KV cache; by default the model's weights at ``weights_precision`` (default:
+    :func:`default_weights_precision` on the device), 0 for a custom shape. Weights that leave no room for the KV
+    cache are refused here, before anything runs (:func:`check_weights_fit`).
     """
     from policies import get_policy
 
@@ -176,8 +182,13 @@ def build_scenario(
             prompt, decode, turns=turns, turn_tokens=turn_tokens, turn_decode=turn_decode, beam=beam,
             turn_divergence=turn_divergence,
         )
-    weights = resolve_weights_memory(spec, weights_memory, weights_precision)
-    return Scenario(spec, prec, pol, workload, parse_bytes(device_memory), weights)
+    dev = get_device(device or DEFAULT_DEVICE)
+    memory = dev.memory_bytes if device_memory is None else parse_bytes(device_memory)
+    weights = resolve_weights_memory(spec, weights_memory, weights_precision, dev)
+    scenario = Scenario(spec, prec, pol, workload, memory, weights)  # what the model or policy cannot run, first
+    check_weights_fit(spec, weights, memory, dev, weights_precision=weights_precision,
+                      memory_given=device_memory is not None, weights_given=weights_memory is not None)
+    return scenario
 
 
 #: A config's dtype name → simkv's precision of the same element type.
@@ -196,8 +207,8 @@ def default_precision(policy, model: ModelSpec) -> str:
 def default_weights_precision(model: ModelSpec, device=None) -> str:
     """The weight precision a model is loaded in when none is given: the device's usual runtime's
     (:meth:`simkv.cost.Device.default_weights_precision`: vLLM the checkpoint dtype on h100-sxm / a100-80gb,
-    optimum-intel's export on the OpenVINO presets); without a device (a single session's memory, which has no
-    device preset) what an optimum-intel export holds: int8 from 10^9 parameters, else f16."""
+    optimum-intel's export on the OpenVINO presets); without a device what an optimum-intel export holds: int8
+    from 10^9 parameters, else f16."""
     if device is not None:
         return device.default_weights_precision(model)
     return optimum_intel_weights_precision(model)
@@ -215,3 +226,42 @@ def resolve_weights_memory(model: ModelSpec, weights_memory: str | int | None, w
     if weights_precision is not None and weights_precision not in WEIGHT_PRECISIONS:
         raise ConfigError(f"unknown weight precision {weights_precision!r}; choose {', '.join(WEIGHT_PRECISIONS)}")
     return weights_bytes(model, weights_precision or default_weights_precision(model, device))
+
+
+def check_weights_fit(model: ModelSpec, weights: int, memory: int, device, *, weights_precision: str | None = None,
+                      memory_given: bool = False, weights_given: bool = False, tp: int | None = None) -> None:
+    """Refuse, before anything runs, weights that leave the device no room for a KV cache (weights >= memory), in
+    one line that names the fixes that would fit: a device preset that holds them (at its runtime's precision),
+    lighter weights, tensor parallelism (``tp``: a serving run's size; None: a single session, which has none), or
+    ``--weights-memory 0`` to simulate the KV cache alone. ``model`` is what one device holds (a tensor-parallel
+    share in serving)."""
+    from simkv.models import tp_shard
+
+    if weights < memory:
+        return
+    where = f"{format_bytes(memory)} of device memory" if memory_given else f"{device.name}'s {format_bytes(memory)}"
+    if weights_given:
+        raise ConfigError(f"--weights-memory {format_bytes(weights)} is no less than {where}: no room for the KV cache")
+    precision = weights_precision or default_weights_precision(model, device)
+    fixes = []
+    if not memory_given:
+        bigger = [d for d in sorted(DEVICES.values(), key=lambda d: d.memory_bytes) if d.memory_bytes > memory
+                  and weights_bytes(model, default_weights_precision(model, d)) < d.memory_bytes]
+        if bigger:
+            fixes.append(f"--device {bigger[0].name}")
+    if tp == 1 and device.runtime == "vllm":
+        for n in (2, 4, 8):
+            try:
+                if weights_bytes(tp_shard(model, n), precision) < memory:
+                    fixes.append(f"--tp {n}")
+                    break
+            except ConfigError:  # the model does not split n ways
+                continue
+    lighter = [p for p in ("int8", "int4") if weights_bytes(model, p) < min(weights, memory)]
+    if lighter:
+        fixes.append(f"--weights-precision {lighter[0]}")
+    fixes.append("--weights-memory 0 (the KV cache alone)")
+    stored = "as the checkpoint stores them" if precision == CHECKPOINT else f"at {precision}"
+    raise ConfigError(f"{model.name}'s weights take {format_bytes(weights)} {stored}, no less than {where}: no "
+                      f"room for the KV cache; give {', '.join(fixes[:-1]) + ' or ' if len(fixes) > 1 else ''}"
+                      f"{fixes[-1]}")

@@ -35,6 +35,6 @@ def format_bytes(n: float) -> str:
     n = abs(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
+            return f"{sign}{n:,.0f} {unit}" if unit == "B" else f"{sign}{n:,.2f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")

@@ -173,7 +173,7 @@ def test_exact_decode_200000_ends_out_of_memory_at_its_step():
     kv_room = 17_179_869_184 - 8_029_995_008
     s = next(s for s in range(1, 10**6) if (2047 + 2 * s) * 131_072 > kv_room)
     assert s == 33_881
-    proc = run("run", "--policy", "exact", "--decode", "200000")
+    proc = run("run", "--policy", "exact", "--decode", "200000", "--device-memory", "16GiB")  # the device
     assert proc.returncode == 3, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == ("simkv: OUT OF MEMORY: out of memory at step 33881, layer 31: 68.17 MiB requested with "

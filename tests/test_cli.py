@@ -109,9 +109,12 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message, tmp_path):
 
 
 def test_out_of_memory_is_reported():
-    proc = simkv("run", "--device-memory", "100MiB", "--policy", "openvino-cpu", check=False)
+    # the KV cache alone (--weights-memory 0) in 100 MiB: it runs, then runs out (the weights would not fit at all:
+    # refused before running, tests/test_contract.py)
+    proc = simkv("run", "--device-memory", "100MiB", "--weights-memory", "0", "--policy", "openvino-cpu", check=False)
     assert proc.returncode == 3 and proc.stdout.startswith("simkv: OUT OF MEMORY")
-    proc = simkv("run", "--device-memory", "100MiB", "--policy", "openvino-cpu", "--json", check=False)
+    proc = simkv("run", "--device-memory", "100MiB", "--weights-memory", "0", "--policy", "openvino-cpu", "--json",
+                 check=False)
     assert proc.returncode == 3
     data = json.loads(proc.stdout)
     assert data["oom_step"] is not None and data["oom"].startswith("out of memory")

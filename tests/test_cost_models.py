@@ -365,7 +365,9 @@ def test_simkv_cost_prices_a_hand_built_moe_hybrid(monkeypatch, capsys):
     from simkv.models import PRESETS
 
     monkeypatch.setitem(PRESETS, QWEN_NEXT.name, QWEN_NEXT)
-    assert main(["cost", "--model", QWEN_NEXT.name, "--batch", "2", "--context", "10", "--json"]) == 0
+    # f16 KV (the default device's runtime, OpenVINO on a CPU, keeps u8)
+    assert main(["cost", "--model", QWEN_NEXT.name, "--batch", "2", "--context", "10", "--precision", "f16",
+                 "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     # per sequence: 3 linear states read (2,176 B each) + 10 tokens of the full layer (128 B); written: the states
     # and one token. 2 tokens to 2 of 4 experts: 4 (1 - (1/2)^2) = 3 per layer.

@@ -708,3 +708,18 @@ def test_computing_disables_run_and_shows_progress():
             assert on[f"{results}.className"] == "results busy" and off[f"{results}.className"] == "results"
             if button:
                 assert on[f"{button}.disabled"] is True and off[f"{button}.disabled"] is False
+
+
+def test_the_session_s_device_is_simkv_run_s():
+    """The Session workspace's device picker: the default device, an unknown one refused at its control, and the
+    device (and a memory typed over its own) on the command line the page shows."""
+    from simkv.cost import DEFAULT_DEVICE
+
+    kwargs = st.scenario_kwargs(st.default_state())
+    assert kwargs["device"] == DEFAULT_DEVICE and kwargs["device_memory"] is None  # the device's own memory
+    assert "--device" not in st.cli_command(kwargs)
+    with pytest.raises(st.Invalid) as err:
+        st.scenario_kwargs({**st.default_state(), "device": "mainframe"})
+    assert set(err.value.errors) == {"device"} and "choose one of" in err.value.errors["device"]
+    kwargs = st.scenario_kwargs({**st.default_state(), "device": "h100-sxm", "device_memory": "60GiB"})
+    assert st.cli_command(kwargs).endswith("--device h100-sxm --device-memory 60GiB")

@@ -471,3 +471,19 @@ def test_a_model_whose_weights_do_not_fit_says_so_with_the_fix(page):
     expect(page.locator("#warning")).to_be_hidden()
     assert figure(page, "timeline-graph")["names"] == []
     check_screenshot(page, "weights-do-not-fit.png", 1280)
+
+
+def test_the_session_runs_on_the_device_picked(page):
+    """The Session workspace's device (as ``simkv run --device``: its memory, the precision its runtime loads the
+    weights in). gemma-3-27b's int8 weights (25.15 GiB) leave no room on arc-a770's 16 GiB: the library's refusal
+    names the fix; picking h100-sxm (79.18 GiB, the checkpoint's bf16) runs it, and the command line and the link
+    carry the device."""
+    open_app(page, "?model=gemma-3-27b&device=arc-a770")
+    expect(page.locator("#notice")).to_contain_text("no less than arc-a770's 16.00 GiB")
+    page.click("#device")
+    page.get_by_role("option", name="h100-sxm").click()
+    expect(page.locator("#notice")).to_be_hidden()
+    wait_figure(page, "timeline-graph", "gemma-3-27b")
+    expect(page.locator("#cli")).to_contain_text("--model gemma-3-27b")
+    expect(page.locator("#cli")).to_contain_text("--device h100-sxm")
+    assert "device=h100-sxm" in page.url

@@ -15,6 +15,7 @@ from dash import no_update
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
+from simkv.cost import DEFAULT_DEVICE
 from simkv.dashboard import serving_view as sv
 from simkv.dashboard import state as st
 
@@ -118,7 +119,8 @@ def test_bad_input_is_one_line_next_to_its_field(over, key, message):
 
 @pytest.mark.parametrize("over, message", [
     # The library's own one-line errors, with the shown command line.
-    ({"sv_model": "gpt2"}, "Cannot serve this: request 6: prompt of 1313 tokens exceeds the model's context of 1024"),
+    ({"sv_model": "llama-3-70b", "sv_device": "arc-a770"},
+     "Cannot serve this: llama-3-70b's weights take 65.71 GiB at int8, no less than arc-a770's 16.00 GiB"),
     ({"sv_memory": "contiguous", "sv_policy": "static"}, "does not fit max_prompt_len=1024"),
     # The dashboard's limits: tokens, contiguous ledger rows (estimated before running), scheduler rounds.
     ({"sv_workload": "synthetic", "sv_requests": "1000", "sv_prompt_dist": "fixed:4000"},
@@ -140,7 +142,8 @@ def test_the_round_limit_stops_a_paged_run(monkeypatch):
     # 300 requests on a 100-block pool preempt all along: 206 scheduler rounds since squeezed runs plan a full
     # pool's steps (simkv/serving/engine/squeezed.py); a limit of 50 stops it
     monkeypatch.setitem(sv.MAX_ROUNDS, "paged", 50)
-    out = sv.serving_callback(form(sv_requests="300", sv_pool="blocks", sv_pool_size="100"), "serving")
+    out = sv.serving_callback(form(sv_requests="300", sv_pool="blocks", sv_pool_size="100", sv_device="h100-sxm",
+                                   sv_precision="u8"), "serving")
     assert "stopped after 50 scheduler rounds (the dashboard's limit); requests keep waiting for memory" in out["status"]
     assert out["status_class"] == "status invalid" and out["cards"] == []
 
@@ -154,9 +157,9 @@ def test_the_command_line_follows_the_form():
     # the block size, max_num_seqs and max_num_batched_tokens left empty: the scheduler's own defaults
     assert sv.command(form()) == [
         "--trace", "azure-conv", "--limit", "100", "--model", "llama-3-8b",
-        "--memory", "paged", "--scheduler", "continuous", "--device", "h100-sxm"]
+        "--memory", "paged", "--scheduler", "continuous", "--device", DEFAULT_DEVICE]  # every command's default
     assert sv.command(form(sv_block_size="16", sv_max_num_seqs="64", sv_max_num_batched_tokens="512"))[-8:] == [
-        "--block-size", "16", "--max-num-seqs", "64", "--max-num-batched-tokens", "512", "--device", "h100-sxm"]
+        "--block-size", "16", "--max-num-seqs", "64", "--max-num-batched-tokens", "512", "--device", DEFAULT_DEVICE]
     argv = sv.command(form(sv_memory="contiguous", sv_policy="static", sv_scheduler="sequential",
                            sv_policy_opts="max_prompt_len=4096, min_response_len=0", sv_precision="f16",
                            sv_pool="gib", sv_pool_size="2", sv_max_num_seqs="8", sv_max_num_batched_tokens="64"))
@@ -167,7 +170,7 @@ def test_the_command_line_follows_the_form():
     assert argv[argv.index("--precision") + 1] == "f16"
     # GenAI's cache eviction: its flag form on the line under GenAI's scheduler only (vLLM's has none)
     assert sv.command(form(sv_cache_eviction="max=256"))[-4:] == [
-        "--cache-eviction", "start=32,recent=128,max=256", "--device", "h100-sxm"]
+        "--cache-eviction", "start=32,recent=128,max=256", "--device", DEFAULT_DEVICE]
     assert "--cache-eviction" not in sv.command(form(sv_cache_eviction="on", sv_scheduler="vllm"))
 
 

@@ -125,7 +125,7 @@ def test_tune_serving_front_and_reproducing_command(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--objective", "tpot_p99:max"], "not measured by a session tune"),
-    (["--limit", "5"], "--limit is for --serving"),
+    (["--limit", "5"], "--limit applies to tuning serving settings (--serving)"),
     (["--serving"], "--serving needs --trace"),
     (["--serving", "--trace", "TRACE", "--objective", "reallocs:mean"], "not measured by a serving tune"),
     (["--serving", "--trace", "TRACE", "--param", "headroom_base=1,2"], "not one of block_size"),

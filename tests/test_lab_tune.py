@@ -209,10 +209,10 @@ def test_cli_tune_json_contract_and_reproduce_command(tmp_path):
     (["--objective", "speed"], "expected METRIC"),
     (["--policy", "exact"], "nothing to tune"),
     (["--trace", "/nonexistent.csv"], "cannot read trace"),
-    (["--figure", "x.txt"], "--figure must end in"),
+    (["--figure", "x.txt"], "--figure x.txt: the file name must end in .html or .png or .svg"),
     (["--samples", "0", "--trace", "simkv/data/traces/azure_llm_2023_conv.csv"], "must be at least 1 (or all)"),
     (["--samples", "all", "--holdout", "5", "--trace", "simkv/data/traces/azure_llm_2023_conv.csv"], "no rows to hold out"),
-    (["--holdout", "5"], "--holdout needs --trace"),
+    (["--holdout", "5"], "--holdout applies to session workloads drawn from --trace"),
 ])
 def test_cli_tune_errors_are_one_line(args, message):
     r = run_cli("tune", *args)

@@ -194,7 +194,7 @@ def test_cli_replicas_outputs(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "3 replicas, router least-outstanding" in text and "replica  requests" in text
     assert main(args + ["--ledger", str(tmp_path / "l.csv")]) == 2
-    assert "--ledger and --timeline show one device" in capsys.readouterr().err
+    assert "--ledger applies to one device (no --replicas above 1), not replicas" in capsys.readouterr().err
 
 
 # -- properties: conservation, each replica = its share run alone, planned = reference ------------------

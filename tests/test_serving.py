@@ -75,7 +75,7 @@ BAD = {
     "unsorted": ("id,arrival,prompt,max_new_tokens\n0,1.0,10,5\n1,0.5,10,5\n", "not sorted"),
     "empty": ("", "is empty"),
     "not_numbers": ("id,arrival,prompt,max_new_tokens\n0,zero,10,5\n", "should be a number"),
-    "long_prompt": ("id,arrival,prompt,max_new_tokens\n0,0,5000,5\n", "exceeds the model's context of 4096"),
+    "long_prompt": ("id,arrival,prompt,max_new_tokens\n0,0,5000,5\n", "is at or above the model's context of 4,096"),
 }
 
 

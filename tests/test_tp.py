@@ -179,7 +179,7 @@ def test_cli_tp_and_its_refusals(tmp_path):
         res = cli("--synthetic", "--requests", "3", *args)
         assert res.returncode == 2 and words in res.stderr and res.stderr.count("\n") == 1, (args, res.stderr)
     single = cli("--device", "h100-sxm", "--tp", "2")
-    assert single.returncode == 2 and "apply to serving" in single.stderr
+    assert single.returncode == 2 and "--tp applies to serving" in single.stderr
 
 
 # -- default weights precision per device -----------------------------------------------------------

@@ -198,7 +198,7 @@ def test_indexer_model_read_for_vllm_only_and_refused_by_runs():
     d = json.loads(out.stdout)
     assert d["kv_bytes_per_token"] == {"transformers": None, "vllm": 100_152, "openvino": None, "genai": None}
     assert d["groups"][0]["layers"] == list(range(78)) and "indexer key 128" in d["groups"][0]["describe"]
-    for args in (["run", "--model", path, "--policy", "hf-dynamic"], ["run", "--model", path, "--memory", "paged", "--kv-manager", "vllm"]):
+    for args in (["run", "--model", path, "--policy", "hf-dynamic"], ["run", "--model", path, "--synthetic", "--memory", "paged", "--kv-manager", "vllm"]):
         out = subprocess.run([sys.executable, "-m", "simkv.cli", *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, (args, out.stderr)
         assert "sparse-attention indexer" in out.stderr

@@ -223,7 +223,7 @@ def _cli(*args, env=None, pre=""):
     (["--trace", "/nonexistent.csv"], "no such trace file"),
     (["--random", "1", "--vocab", "100"], "vocab must exceed"),
     (["--random", "1", "--layers", "0"], "must be positive"),
-    (["--random", "1", "--model", "llama-3-8b"], "drop --ir/--ops/--model"),
+    (["--random", "1", "--model", "llama-3-8b"], "--model applies to the OpenVINO CPU plugin"),
     (["--random", "1", "--heads", "6", "--kv-heads", "4"], "multiple of kv heads"),
     (["--random", "1", "--layers", "1000", "--heads", "64", "--head-dim", "256"], "weights; a real validation"),
     (["--random", "1", "--cache-eviction", "start=16,recent=32,max=96"], "start (16) must be a multiple"),

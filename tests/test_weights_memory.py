@@ -37,7 +37,7 @@ def test_weights_count_toward_out_of_memory():
     assert short.oom.step == 1 and short.oom.weights == 1_000
     # Step 1 got its K (640 + 352 = 992 B, + 1,000 ≤ 2,343); its V (1,344) does not fit.
     assert [r[3] for r in rows_of(short, step=1)] == ["alloc", "copy"]
-    assert "KV + 1000 B weights of" in str(short.oom)
+    assert "KV + 1,000 B weights of" in str(short.oom)
     for weights in (1_000, 5_000):
         scenario = build_scenario(model=None, **tiny, prompt=10, device_memory=6_000, weights_memory=weights)
         assert_same_run(simulate(scenario), simulate(scenario, engine="reference"))

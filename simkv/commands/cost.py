@@ -13,21 +13,29 @@ from simkv.units import format_bytes
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from simkv.cost import DEFAULT_DEVICE
+
     p = sub.add_parser("cost", help="one step's time on a device: decode, prefill, copy per GiB, and the terms",
                        description=(
         "Price a decode step (BATCH sequences with CONTEXT cached tokens each) and, with --prompt, a prefill on "
         "a device with the cost model: max(bytes / (bandwidth x efficiency), FLOPs / (peak x efficiency)) + copy "
-        "time + fixed overhead. Also the stateless loop (the whole sequence recomputed every step) beside it."))
+        "time + fixed overhead. Also the stateless loop (the whole sequence recomputed every step) beside it. "
+        "A context past the model's, or weights and KV that do not fit the device, are priced with a warning."))
     add_model_arguments(p)
     p.add_argument("--hidden", type=int, help="hidden size (a custom shape's weights; default: the preset's)")
     p.add_argument("--intermediate", type=int, help="MLP size (a custom shape's weights)")
     p.add_argument("--vocab", type=int, help="vocabulary (a custom shape's weights)")
-    p.add_argument("--device", default="h100-sxm", metavar="NAME|host|PATH", help="device preset, host or a preset file (default h100-sxm)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME|host|PATH",
+                   help=f"device preset, host or a preset file (default {DEFAULT_DEVICE})")
     p.add_argument("--batch", type=int, default=1, help="sequences in the step (default 1)")
     p.add_argument("--context", type=int, default=1024, help="tokens already cached per sequence (default 1024)")
     p.add_argument("--prompt", type=int, help="also price a prefill of this many tokens per sequence")
-    p.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), default="f16", help="weight precision (default f16)")
+    p.add_argument("--weights-precision", choices=list(WEIGHT_BYTES), help="weight precision (default: what the "
+                   "device's runtime loads, as simkv run)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    for action in p._actions:  # the KV precision's default is the device's too
+        if action.dest == "precision":
+            action.help = "KV precision: f32 f16 bf16 u8 u4 i8 (default: the device's runtime's, as simkv run serves)"
     return p
 
 
@@ -37,17 +45,22 @@ def main(args: argparse.Namespace) -> int:
     from simkv.cost import estimate, get_device
     from simkv.hfconfig import resolve_model
     from simkv.precision import get_precision
+    from simkv.serving.run import context_of, runtime_defaults
 
     model = resolve_model(args.model, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
-                          head_dim=args.head_dim)
+                          head_dim=args.head_dim, sliding_window=args.sliding_window)
     extra = {k: getattr(args, k) for k in ("hidden", "intermediate", "vocab") if getattr(args, k) is not None}
     if extra:
         model = replace(model, **extra)
     device = get_device(args.device)
-    precision = get_precision(args.precision or "f16")
-    precision.check(model)  # also refuses a sparse-attention indexer: its top-k attention is not costed
-    out = estimate(model, device, precision, batch=args.batch, context=args.context,
-                   prompt=args.prompt, weights_precision=args.weights_precision)
+    weights = args.weights_precision or device.default_weights_precision(model)
+    kv = get_precision(args.precision or runtime_defaults(device, model)["precision"])
+    kv.check(model)  # also refuses a sparse-attention indexer: its top-k attention is not costed
+    out = estimate(model, device, kv, batch=args.batch, context=args.context, prompt=args.prompt,
+                   weights_precision=weights)
+    out["warnings"] = warnings(out, model, device, context_of(model), args)
+    for line in out["warnings"]:
+        print(f"simkv cost: warning: {line}", file=sys.stderr)
     if args.json:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -79,3 +92,19 @@ def main(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def warnings(out: dict, model, device, context: int | None, args) -> list[str]:
+    """What makes the priced step one no real run takes: a context past the model's, weights or KV that do not fit
+    the device (priced anyway: the terms are still the arithmetic of that step)."""
+    lines = []
+    longest = args.context + 1 + (args.prompt or 0)
+    if context and longest > context:
+        lines.append(f"{longest:,} tokens per sequence are past {model.name}'s context of {context:,}")
+    need = out["weights_bytes"] + out["stateful_kv_bytes"]
+    if need > device.memory_bytes:
+        lines.append(f"{format_bytes(out['weights_bytes'])} of {out['weights_precision']} weights + "
+                     f"{format_bytes(out['stateful_kv_bytes'])} of KV do not fit {device.name}'s "
+                     f"{format_bytes(device.memory_bytes)}: priced as if they did (serve it split with simkv run "
+                     "--tp, or size a deployment with simkv plan)")
+    return lines

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from simkv.flags import Mode
 from simkv.units import format_bytes
 
 #: How each runtime holds a model's cache, for ``--model`` (docs/DESIGN.md §3c, §4c, §7; docs/guide/models.md):
@@ -23,21 +24,25 @@ RUNTIMES = {
 }
 
 
+#: The modes of ``simkv models`` (simkv.flags: every flag declares the ones that use it).
+MODELS_MODES = (
+    Mode("list", "the list of presets (no --model)", lambda a: not a.model, "what"),
+    Mode("one", "one model (--model)", lambda a: bool(a.model), "what", ("--model", "llama-3-8b")),
+)
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list model presets, their layer groups, and precisions; or one model's "
-                       "(--model NAME|PATH)")
-    p.add_argument("--model", metavar="NAME|PATH", help="one preset or config.json (or its folder): its groups, "
-                   "bytes per token under each runtime, state per sequence, weights by format, fields read")
-    p.add_argument("--json", action="store_true", help="with --model: print JSON")
+                       "(--model NAME|PATH)", modes=MODELS_MODES)
+    p.add_argument("--model", metavar="NAME|PATH", modes="one", help="one preset or config.json (or its folder): its "
+                   "groups, bytes per token under each runtime, state per sequence, weights by format, fields read")
+    p.add_argument("--json", action="store_true", modes="one", help="with --model: print JSON")
     return p
 
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "model", None):
         return _one(args.model, args.json)
-    if getattr(args, "json", False):
-        print("simkv models: error: --json needs --model", file=sys.stderr)
-        return 2
     from simkv.hfconfig import all_presets
     from simkv.precision import PRECISIONS
 
@@ -46,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
     width = max(16, 2 + max(map(len, presets)))
     print(f"{'model':<{width}}{'layers':>7}{'heads':>7}{'kv_heads':>10}{'head_dim':>10}{'f16 KV/token':>15}")
     for m in presets.values():
-        print(f"{m.name:<{width}}{m.layers:>7}{m.heads:>7}{m.kv_heads:>10}{m.head_dim:>10}"
+        kv_heads, head_dim = cached_shape(m)
+        print(f"{m.name:<{width}}{m.layers:>7}{m.heads:>7}{kv_heads:>10}{head_dim:>10}"
               f"{format_bytes(f16.kv_bytes_per_token(m)):>15}")
     print("\nlayer groups: layers x f16 bytes of one layer = the group's, per token (MLA: its latent; a window or "
           "chunk of W tokens holds at most W where the runtime frees what left it) or, for a linear-attention "
@@ -56,6 +62,17 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {m.name if i == 0 else '':<{width}}{group_line(spec, len(ids), f16)}")
     print("\nprecisions: " + ", ".join(f"{p.name} ({p.bits} bit{'; ' + p.note if p.note else ''})" for p in PRECISIONS.values()))
     return 0
+
+
+def cached_shape(model) -> tuple[str, str]:
+    """The KV heads and head size a model's cache holds, as the bytes per token count them: an MLA model's layers
+    cache one latent of ``kv_lora_rank + qk_rope_head_dim`` values, not per-head K and V (those are its
+    decompressed form, shown in its group line)."""
+    latent = {spec.latent for spec, _ in model.groups if spec.latent is not None}
+    if len(latent) == 1 and all(spec.latent is not None or not spec.caches_tokens for spec, _ in model.groups):
+        rank, rope = latent.pop()
+        return "1 latent", f"{rank}+{rope}"
+    return str(model.kv_heads), str(model.head_dim)
 
 
 def describe_model(name: str) -> dict:

@@ -18,18 +18,21 @@ EXIT_OUT_OF_MEMORY = 3
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from simkv.serving.cli import add_run_arguments
+    from simkv.cost import DEFAULT_DEVICE
+    from simkv.serving.cli import RUN_MODES, add_run_arguments
 
-    p = sub.add_parser("run", help="simulate one scenario and report its memory", description=(
-        "Simulate a stateful LLM session and report peak/mean memory, waste, reallocations, copies and spikes. "
-        "With no arguments: llama-3-8b, openvino-gpu policy, 1,024-token prompt, 2,048 generated tokens."
+    p = sub.add_parser("run", help="simulate one scenario and report its memory", modes=RUN_MODES, description=(
+        "Simulate a stateful LLM session and report peak/mean memory, waste, reallocations, copies and spikes; "
+        "given --trace or --synthetic, serve a stream of requests instead. With no arguments: llama-3-8b, "
+        f"openvino-gpu policy, 1,024-token prompt, 2,048 generated tokens, on {DEFAULT_DEVICE}."
     ), epilog=(
-        f"Exit codes: 0 the run fit in device memory; {EXIT_OUT_OF_MEMORY} it ran out of memory (the OUT OF MEMORY "
-        "line comes first, the figures describe the run up to the failing allocation); 2 bad input. Limits: "
-        "layers <= 100,000, heads and head size <= 65,536, tokens per flag or operation <= 100,000,000, "
-        "turns <= 100,000, beam <= 4,096, device <= 1 PiB, <= 10,000,000 steps before memory runs out, "
-        "<= 8,000,000 ledger rows (a run that would record more stops there, exit 2). "
-        "--ledger must end in .csv or .parquet, --timeline in .html, in an existing directory."
+        f"Exit codes: 0 the run fit in device memory; {EXIT_OUT_OF_MEMORY} a single session ran out of memory (the "
+        "OUT OF MEMORY line comes first, the figures describe the run up to the failing allocation); 2 bad input, "
+        "a flag the mode does not use, an output path that cannot be written, or weights that leave no room for "
+        "the KV cache; 130 interrupted. Limits: layers <= 100,000, heads and head size <= 65,536, tokens per flag "
+        "or operation <= 100,000,000, turns <= 100,000, beam <= 4,096, device <= 1 PiB, <= 10,000,000 steps before "
+        "memory runs out, <= 8,000,000 ledger rows (a run that would record more stops there, exit 2). --ledger, "
+        "--steps and --requests must end in .csv or .parquet, --timeline in .html, in an existing directory."
     ))
     add_run_arguments(p)
     return p
@@ -41,17 +44,10 @@ def main(args: argparse.Namespace) -> int:
     from simkv.jsonout import write_json
     from simkv.scenario import simulate
 
-    if args.ledger:
-        limits.check_output(args.ledger, "--ledger", (".csv", ".parquet"))
-    if args.timeline:
-        limits.check_output(args.timeline, "--timeline", (".html", ".htm"))
-    if args.trace or args.synthetic:  # serving: a stream of requests (issue #7)
+    if args.trace or args.synthetic:  # serving: a stream of requests
         from simkv.serving.cli import run_serving
 
         return run_serving(args)
-    if getattr(args, "pp", 1) != 1 or getattr(args, "tp", 1) != 1:
-        raise SimkvError("--tp/--pp apply to serving (--trace or --synthetic): a single session's memory is not "
-                         "split across devices here")
     limits.check_flags(args)
     if args.ops is not None and not args.ops.strip(" ,"):
         raise SimkvError("--ops is empty: give operations, e.g. prefill:32,decode:100")
@@ -119,8 +115,11 @@ def run_latency(result, args: argparse.Namespace) -> dict | None:
         return None
     from simkv.cost import get_device
     from simkv.latency import session_times
+    from simkv.scenario import default_weights_precision
 
-    times = session_times(result, get_device(args.device), getattr(args, "weights_precision", None))
+    device = get_device(args.device)
+    precision = getattr(args, "weights_precision", None) or default_weights_precision(result.scenario.model, device)
+    times = session_times(result, device, precision)
     return times.summary(result.steps["phase"])
 
 

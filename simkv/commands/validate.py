@@ -11,14 +11,38 @@ import argparse
 import sys
 
 from simkv.errors import SimkvError
-from simkv.flags import add_latency_arguments, add_scenario_arguments
+from simkv.flags import ANY, Mode, add_latency_arguments, add_scenario_arguments, workload_modes
 
 VALIDATE_DEFAULTS = {"model": "custom", "prompt": 32, "decode": 1100}
+
+#: The modes of ``simkv validate`` (simkv.flags: every flag declares the ones that use it).
+VALIDATE_MODES = (
+    Mode("openvino", "the OpenVINO CPU plugin (--runtime openvino, the default)",
+         lambda a: not a.silicon and not a.paged and not a.serving and a.runtime == "openvino", "runtime"),
+    Mode("transformers", "Hugging Face transformers (--runtime transformers)",
+         lambda a: not a.silicon and not a.paged and not a.serving and a.runtime == "transformers", "runtime",
+         ("--runtime", "transformers")),
+    Mode("paged", "GenAI's continuous batching (--paged)",
+         lambda a: not a.silicon and a.paged and not a.serving and a.runtime != "vllm", "runtime", ("--paged",)),
+    Mode("live", "GenAI served in real time (--serving)", lambda a: not a.silicon and a.serving and a.runtime != "vllm", "runtime",
+         ("--serving",)),
+    Mode("vllm", "the real vLLM scheduler (--runtime vllm)", lambda a: not a.silicon and a.runtime == "vllm", "runtime",
+         ("--runtime", "vllm")),
+    Mode("silicon", "measured serving benchmarks (--silicon)", lambda a: bool(a.silicon), "runtime",
+         ("--silicon", "experiments/data/silicon/h100_sxm_vllm_agg.csv", "--match", "no-such-row")),
+    *workload_modes(lambda a: not a.silicon and not a.paged and not a.serving and a.runtime != "vllm"),
+    # the transformers runner builds its chat turns without the trims (simkv/validate/transformers/runner.py)
+    Mode("openvino-chat", "chat turns on the OpenVINO CPU plugin (--turns above 0, no --ops)",
+         lambda a: not a.silicon and not a.paged and not a.serving and a.runtime == "openvino" and not a.ops and a.turns > 0, "turns",
+         ("--turns", "1")),
+)
+#: A single session, on either runtime (not --paged).
+SESSION = ("openvino", "transformers")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="run a scenario on the real OpenVINO CPU plugin and compare with the simulator",
-                       description=(
+                       modes=VALIDATE_MODES, description=(
         "Run a scenario on OpenVINO's CPU plugin (a random-weight stateful decoder of the given shape, or --ir), "
         "record every KV-cache allocation and free with memray, measure RSS/VmSize/VmHWM/latency in a clean "
         "run (MALLOC_MMAP_THRESHOLD_ set), predict the same scenario with the openvino-cpu policy at the "
@@ -26,7 +50,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "Defaults: 4 layers, 8 heads (MHA) x 64, 32-token prompt, 1,100 generated tokens (5 reallocations). "
         "--runtime transformers runs Hugging Face DynamicCache / StaticCache on torch CPU instead and compares "
         "with hf-dynamic / hf-static."))
-    add_scenario_arguments(p)
+    # --paged builds its own toy model from the dimension flags, and its own workloads
+    add_scenario_arguments(p, model=(*SESSION, "vllm"), workload=SESSION, layers=ANY, heads=ANY, kv_heads=ANY, head_dim=ANY,
+                           sliding_window="transformers", turn_divergence="openvino-chat")
     p.set_defaults(**VALIDATE_DEFAULTS)
     helps = {
         "model": "preset or config.json whose dimensions the toy model takes (one of identical plain "
@@ -44,36 +70,41 @@ def add_parser(sub) -> argparse.ArgumentParser:
         if action.dest in helps:
             action.help = helps[action.dest]
     r = p.add_argument_group("real run")
-    r.add_argument("--hidden", type=int, help="hidden size of the toy model (default heads x head-dim)")
-    r.add_argument("--vocab", type=int, default=1000, help="vocabulary of the toy model (default 1000)")
-    r.add_argument("--inference-precision", help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
-    r.add_argument("--ir", metavar="PATH", help="validate an exported model (openvino_model.xml or its folder); "
-                   "dimensions come from its state variables")
-    r.add_argument("--mmap-threshold", type=int, default=65536,
+    r.add_argument("--hidden", type=int, modes=(*SESSION, "live"), help="hidden size of the toy model (default heads x head-dim)")
+    r.add_argument("--vocab", type=int, default=1000, modes=(*SESSION, "paged", "live"), help="vocabulary of the toy model (default 1000)")
+    r.add_argument("--inference-precision", modes="openvino",
+                   help="INFERENCE_PRECISION_HINT: bf16 f16 f32 (default: the plugin's)")
+    r.add_argument("--ir", metavar="PATH", modes="openvino", help="validate an exported model (openvino_model.xml or "
+                   "its folder); dimensions come from its state variables")
+    r.add_argument("--mmap-threshold", type=int, default=65536, modes=SESSION,
                    help="MALLOC_MMAP_THRESHOLD_ of the clean run (default 65536)")
-    r.add_argument("--slope-min-tokens", type=int, default=500,
+    r.add_argument("--slope-min-tokens", type=int, default=500, modes=SESSION,
                    help="quiet decode stretches at least this long give the resident slope (default 500)")
-    r.add_argument("--seed", type=int, default=0, help="weights and token ids (default 0)")
+    r.add_argument("--seed", type=int, default=0, modes=(*SESSION, "paged", "live", "vllm"),
+                   help="weights and token ids (default 0)")
     r.add_argument("--runtime", choices=("openvino", "transformers", "vllm"), default="openvino",
+                   modes=(*SESSION, "vllm"),
                    help="openvino: the CPU plugin vs openvino-cpu (default); transformers: Hugging Face caches on "
                    "torch CPU vs hf-dynamic / hf-static (--precision f32 f16 bf16, default f32); vllm: the real vLLM "
                    "V1 scheduler (side venv: simkv setup vllm) vs --scheduler vllm, step by step (--trace or --random "
                    "N requests; --num-kv-blocks, --block-size, --max-model-len, the --paged flags)")
     from simkv.validate.transformers.archs import ARCHS  # imports no runtime
 
-    r.add_argument("--arch", choices=tuple(ARCHS),
+    r.add_argument("--arch", choices=tuple(ARCHS), modes="transformers",
                    help="--runtime transformers: a tiny random config of this architecture (per-layer sliding, "
                    "chunked, linear-attention and MLA caches) instead of the Llama shape; --model PATH takes any "
                    "config.json (or its folder) the same way")
-    r.add_argument("--policy", choices=("hf-dynamic", "hf-static"),
+    r.add_argument("--policy", choices=("hf-dynamic", "hf-static"), modes="transformers",
                    help="--runtime transformers: DynamicCache (hf-dynamic, default) or StaticCache (hf-static)")
-    r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE",
+    r.add_argument("--policy-opt", action="append", metavar="KEY=VALUE", modes="transformers",
                    help="--runtime transformers: max_cache_len=N for hf-static (default: the longest history)")
-    add_latency_arguments(p, default="host")
+    add_latency_arguments(p, default="host", modes=("openvino", "live"), help="cost-model device the measured latency is "
+                          "compared with: this host (after `simkv calibrate`), a preset or a preset file")
     o = p.add_argument_group("output")
-    o.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    o.add_argument("--out", metavar="PATH.json", help="write the JSON result to a file")
-    o.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
+    o.add_argument("--json", action="store_true", modes=ANY, help="print the result as JSON on stdout")
+    o.add_argument("--out", metavar="PATH.json", modes=(*SESSION, "paged", "live"), output=(".json",), help="write the JSON result to a file")
+    o.add_argument("--report", metavar="PATH.html", modes=(*SESSION, "paged"), output=(".html", ".htm"),
+                   help="write a self-contained HTML report")
     _add_paged_validate_arguments(p)
     _add_serving_validate_arguments(p)
     _add_silicon_validate_arguments(p)
@@ -83,46 +114,53 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _add_paged_validate_arguments(p) -> None:
     """``simkv validate --paged`` (issue #8): OpenVINO GenAI continuous batching vs the paged model."""
     g = p.add_argument_group("paged (--paged: OpenVINO GenAI ContinuousBatchingPipeline vs the paged serving model)")
-    g.add_argument("--paged", action="store_true",
+    g.add_argument("--paged", action="store_true", modes="paged",
                    help="validate the paged continuous-batching model step by step against GenAI's pipeline on CPU "
                         "(model flags shape its toy model: default 2 layers, 4 heads, 2 kv heads x 32)")
-    g.add_argument("--trace", metavar="W.csv", help="the workload (serving CSV/JSONL with arrival_step)")
-    g.add_argument("--random", type=int, metavar="N", help="N random workloads and configurations from --seed")
-    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", help="pool blocks (0 with --cache-size 0: dynamic pool)")
-    g.add_argument("--cache-size", type=int, default=0, metavar="GIB", help="pool size in whole GiB (GenAI's cache_size)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", help="tokens per step (default 256)")
-    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
+    g.add_argument("--trace", metavar="W.csv", modes=("paged", "vllm"),
+                   help="the workload (serving CSV/JSONL with arrival_step)")
+    g.add_argument("--random", type=int, metavar="N", modes=("paged", "vllm"),
+                   help="N random workloads and configurations from --seed")
+    g.add_argument("--num-kv-blocks", type=int, default=0, metavar="N", modes=("paged", "vllm"),
+                   help="pool blocks (0 with --cache-size 0: dynamic pool)")
+    g.add_argument("--cache-size", type=int, default=0, metavar="GIB", modes="paged",
+                   help="pool size in whole GiB (GenAI's cache_size)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=256, metavar="N", modes=("paged", "vllm", "live"),
+                   help="tokens per step (default 256)")
+    g.add_argument("--max-num-seqs", type=int, default=256, metavar="N", modes=("paged", "vllm", "live"),
                    help="running requests in vLLM mode (split-fuse does not apply it; default 256)")
-    g.add_argument("--no-dynamic-split-fuse", action="store_true", help="vLLM mode: whole prompts, no chunks")
-    g.add_argument("--prefix-caching", action="store_true", help="enable_prefix_caching")
-    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]",
+    g.add_argument("--no-dynamic-split-fuse", action="store_true", modes="paged",
+                   help="vLLM mode: whole prompts, no chunks")
+    g.add_argument("--prefix-caching", action="store_true", modes=("paged", "vllm"), help="enable_prefix_caching")
+    g.add_argument("--cache-eviction", metavar="start=N,recent=N,max=N[,kvcrush=B]", modes="paged",
                    help="GenAI's cache eviction (use_cache_eviction; tokens, B in blocks; 'on': GenAI's defaults "
                         "start=32,recent=128,max=672): with --random, every workload runs with it")
-    g.add_argument("--no-memray", action="store_true", help="skip recording the pool allocations (faster)")
-    g.add_argument("--block-size", type=int, default=16, metavar="N", help="--runtime vllm: tokens per block (default 16)")
-    g.add_argument("--max-model-len", type=int, default=4096, metavar="N",
+    g.add_argument("--no-memray", action="store_true", modes="paged", help="skip recording the pool allocations (faster)")
+    g.add_argument("--block-size", type=int, default=16, metavar="N", modes="vllm",
+                   help="--runtime vllm: tokens per block (default 16)")
+    g.add_argument("--max-model-len", type=int, default=4096, metavar="N", modes="vllm",
                    help="--runtime vllm: max_model_len (default 4096)")
-    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs", modes="vllm",
                    help="--runtime vllm: fcfs | priority (the trace's priority column; --random draws 0..3)")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N", modes="vllm",
                    help="--runtime vllm: most prompt tokens per request per step when several prefill (0: off)")
 
 
 def _add_silicon_validate_arguments(p) -> None:
     """``simkv validate --silicon``: measured serving benchmarks vs the serving simulation (simkv/validate/silicon.py)."""
     s = p.add_argument_group("silicon (--silicon: measured serving benchmarks vs simkv's serving simulation)")
-    s.add_argument("--silicon", metavar="PATH.csv", help="simulate every row of a silicon_sample.csv (AIConfigurator's "
+    s.add_argument("--silicon", metavar="PATH.csv", modes="silicon", help="simulate every row of a silicon_sample.csv (AIConfigurator's "
                    "columns: model, precision, TP, concurrency, ISL/OSL, measured TTFT/TPOT) as its benchmark ran it "
                    "and print measured vs predicted TTFT and TPOT, |error| per model and overall")
-    s.add_argument("--configs", metavar="DIR", help="--silicon: the models' config.json files (default: the folder "
+    s.add_argument("--configs", metavar="DIR", modes="silicon", help="--silicon: the models' config.json files (default: the folder "
                    "'configs' beside the CSV)")
-    s.add_argument("--match", metavar="TEXT", help="--silicon: only the rows whose id contains TEXT")
-    s.add_argument("--workers", type=int, default=1, metavar="N", help="--silicon: rows simulated in N processes "
+    s.add_argument("--match", metavar="TEXT", modes="silicon", help="--silicon: only the rows whose id contains TEXT")
+    s.add_argument("--workers", type=int, default=1, metavar="N", modes="silicon", help="--silicon: rows simulated in N processes "
                    "(default 1; the results do not depend on it)")
-    s.add_argument("--vllm-scheduler", action="store_true", help="--silicon: vLLM's scheduler (as simkv run "
+    s.add_argument("--vllm-scheduler", action="store_true", modes="silicon", help="--silicon: vLLM's scheduler (as simkv run "
                    "--scheduler vllm) instead of GenAI's continuous batching on vLLM's KV manager (the default: the same "
                    "step times, its own preemptions; about ten times slower)")
-    s.add_argument("--beside", metavar="PRED.csv", help="--silicon: another predictor's predictions of the same rows "
+    s.add_argument("--beside", metavar="PRED.csv", modes="silicon", help="--silicon: another predictor's predictions of the same rows "
                    "(id, aic_ttft_ms, aic_tpot_ms: experiments/silicon_aic.py writes AIConfigurator's), its |error| "
                    "shown beside simkv's on the rows both predict")
 
@@ -131,21 +169,21 @@ def _add_serving_validate_arguments(p) -> None:
     """``simkv validate --serving``: GenAI served in real time vs the serving simulation (simkv/validate/genai/serving.py)."""
     g = p.add_argument_group("serving (--serving: OpenVINO GenAI served in real time vs the serving simulation on "
                              "--device, default host)")
-    g.add_argument("--serving", action="store_true",
+    g.add_argument("--serving", action="store_true", modes="live",
                    help="time fixed batches and serve requests live on the real pipeline (pinned to --cpu), "
                         "simulate the same on --device and compare step times, TTFT, TPOT and e2e")
-    g.add_argument("--stage", choices=("steps", "e2e", "both"), default="both",
+    g.add_argument("--stage", choices=("steps", "e2e", "both"), default="both", modes="live",
                    help="steps: fixed batches only; e2e: live serving only (default both)")
-    g.add_argument("--requests", type=int, default=80, metavar="N", help="requests per load (default 80)")
-    g.add_argument("--busy", default="0.3,0.6,1.2", metavar="LIST",
+    g.add_argument("--requests", type=int, default=80, metavar="N", modes="live", help="requests per load (default 80)")
+    g.add_argument("--busy", default="0.3,0.6,1.2", metavar="LIST", modes="live",
                    help="offered loads, fractions of one request's solo service time per arrival (default "
                         "0.3,0.6,1.2; from 1.0 on: overloaded, reported but not judged)")
-    g.add_argument("--repeats", type=int, default=3, metavar="N", help="live runs per load, each a fresh process (default 3)")
-    g.add_argument("--decode-batches", default="1,2,4,8,16,32", metavar="LIST", help="decode batches timed (default 1,2,4,8,16,32)")
-    g.add_argument("--prefill-chunks", default="32,64,128,256,512", metavar="LIST",
+    g.add_argument("--repeats", type=int, default=3, metavar="N", modes="live", help="live runs per load, each a fresh process (default 3)")
+    g.add_argument("--decode-batches", default="1,2,4,8,16,32", metavar="LIST", modes="live", help="decode batches timed (default 1,2,4,8,16,32)")
+    g.add_argument("--prefill-chunks", default="32,64,128,256,512", metavar="LIST", modes="live",
                    help="prefill chunks timed (default 32,64,128,256,512)")
-    g.add_argument("--step-repeats", type=int, default=9, metavar="N", help="timed steps per fixed batch (default 9)")
-    g.add_argument("--cpu", type=int, default=0, metavar="N", help="core the real runs are pinned to (taskset; -1: unpinned)")
+    g.add_argument("--step-repeats", type=int, default=9, metavar="N", modes="live", help="timed steps per fixed batch (default 9)")
+    g.add_argument("--cpu", type=int, default=0, metavar="N", modes="live", help="core the real runs are pinned to (taskset; -1: unpinned)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -184,9 +222,6 @@ def main(args: argparse.Namespace) -> int:
         from simkv.validate.transformers.runner import command
 
         return command(args)
-    if args.sliding_window or args.policy or args.policy_opt or args.arch:
-        raise SimkvError("--sliding-window, --arch, --policy and --policy-opt need --runtime transformers")
-
     given = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "kv_heads", "head_dim", "hidden")
              if getattr(args, k) is not None] + (["--model"] if args.model != "custom" else [])
     if args.ir and given:

@@ -74,8 +74,8 @@ Where each part lives (one room per concept; ``step_cost`` is the one function e
 
 from simkv.cost.attention import (MLA_COMPUTE, AttentionWork, attended_pairs, attention_work, layer_pairs,
                                   pair_flops_per_model, read_tokens)
-from simkv.cost.devices import (DEVICE_DIR, DEVICES, GIB, PRESET_NAMES, RUNTIMES, Device, device_summary, get_device,
-                                host_preset_path, load_device)
+from simkv.cost.devices import (DEFAULT_DEVICE, DEVICE_DIR, DEVICES, GIB, PRESET_NAMES, RUNTIMES, Device,
+                                device_summary, get_device, host_preset_path, load_device)
 from simkv.cost.forward import forward_cost
 from simkv.cost.interconnects import (ACTIVATION_BYTES, INTERCONNECTS, Interconnect, allreduce_s,
                                       allreduces_per_step)
@@ -83,7 +83,8 @@ from simkv.cost.report import estimate
 from simkv.cost.step import StepCost, gemm_mix, step_cost
 from simkv.cost.weights import expected_experts, matmul_params, weights_read_bytes
 
-__all__ = ["ACTIVATION_BYTES", "DEVICE_DIR", "DEVICES", "GIB", "INTERCONNECTS", "MLA_COMPUTE", "PRESET_NAMES", "RUNTIMES",
+__all__ = ["ACTIVATION_BYTES", "DEFAULT_DEVICE", "DEVICE_DIR", "DEVICES", "GIB", "INTERCONNECTS", "MLA_COMPUTE",
+           "PRESET_NAMES", "RUNTIMES",
            "AttentionWork", "Device", "Interconnect", "StepCost", "allreduce_s", "allreduces_per_step", "attended_pairs",
            "attention_work", "device_summary", "estimate", "expected_experts", "forward_cost", "gemm_mix", "get_device",
            "host_preset_path", "layer_pairs", "load_device", "matmul_params", "pair_flops_per_model", "read_tokens",

@@ -9,7 +9,7 @@ measured here, or "assumed" with the rule). A preset file is also a valid ``--de
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,6 +21,10 @@ from simkv.shipped import DEVICE_DIR
 from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_weights_precision
 
 GIB = 1024**3
+
+#: The terms a device's ``paged`` block may set (:meth:`Device.paged_kernel`).
+PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "decode_attention_flops",
+               "kv_bandwidth_efficiency", "matmul_flops")
 
 
 #: The runtimes a device preset's usual engine is: ``vllm`` (CUDA GPUs) or ``openvino`` (Intel devices,
@@ -76,6 +80,14 @@ class Device:
     #: fp8 W8A8 tensor cores, or a weight-only kernel that dequantises in the GEMM and multiplies in bf16
     #: (:meth:`gemm_precision`; docs/research/latency-facts.md §4). A format not listed: ``compute_precision``.
     gemm_kernels: Mapping[str, str] = field(default_factory=dict)
+    #: Fixed cost per sequence in a step (a serving engine's per-sequence bookkeeping: block tables, the sampler),
+    #: seconds, charged per sequence that samples a token (``step_cost``'s ``logit_tokens``).
+    sequence_overhead_s: float = 0.0
+    #: The terms a paged-attention serving engine on this device runs at where they differ from the stateful
+    #: model's (:data:`PAGED_TERMS`; ``matmul_flops`` replaces the compute precision's peak, efficiency 1):
+    #: ``simkv calibrate`` times OpenVINO GenAI's ContinuousBatchingPipeline for them
+    #: (simkv.validate.genai.calibrate). :meth:`paged_kernel` applies them; empty: the same as the stateful model.
+    paged: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -101,6 +113,12 @@ class Device:
             raise ConfigError(f"device {self.name}: peak_flops needs positive values")
         if self.compute_precision not in self.peak_flops:
             raise ConfigError(f"device {self.name}: no peak for compute precision {self.compute_precision!r}")
+        unknown = set(self.paged) - set(PAGED_TERMS)
+        if unknown:
+            raise ConfigError(f"device {self.name}: paged takes {', '.join(PAGED_TERMS)}, not {', '.join(sorted(unknown))}")
+        if not self.sequence_overhead_s >= 0 or any(not isinstance(v, (int, float)) or not v >= 0
+                                                    for v in self.paged.values()):
+            raise ConfigError(f"device {self.name}: sequence_overhead_s and the paged terms must be numbers >= 0")
         for fmt, peak in self.gemm_kernels.items():
             if peak not in self.peak_flops:
                 raise ConfigError(f"device {self.name}: gemm_kernels[{fmt!r}] = {peak!r} has no peak")
@@ -113,6 +131,18 @@ class Device:
             return kernels[weights_format]
         family = weights_format.split("-")[0]
         return kernels.get(family, self.compute_precision)
+
+    def paged_kernel(self) -> "Device":
+        """This device as a paged-attention serving engine runs on it: the :attr:`paged` terms in place of the
+        stateful ones (``matmul_flops`` as the compute precision's peak at efficiency 1), or the device itself."""
+        if not self.paged:
+            return self
+        terms = dict(self.paged)
+        changes: dict[str, Any] = {k: terms.pop(k) for k in list(terms) if k != "matmul_flops"}
+        if "matmul_flops" in terms:
+            changes["peak_flops"] = {**self.peak_flops, self.compute_precision: terms["matmul_flops"]}
+            changes["flops_efficiency"] = 1.0
+        return replace(self, paged={}, **changes)
 
     def attention_time(self, kv_s: Any, compute_s: Any) -> Any:
         """Attention's time from its two terms: the larger (a roofline) or, without overlap, their sum."""
@@ -158,6 +188,7 @@ class Device:
         d["peak_flops"] = dict(self.peak_flops)
         d["sources"] = dict(self.sources)
         d["gemm_kernels"] = dict(self.gemm_kernels)
+        d["paged"] = dict(self.paged)
         return d
 
     @classmethod
@@ -168,7 +199,7 @@ class Device:
             raise ConfigError(f"device file has unknown keys: {', '.join(sorted(unknown))}")
         try:
             return cls(**{**data, "peak_flops": dict(data["peak_flops"]), "sources": dict(data.get("sources", {})),
-                          "gemm_kernels": dict(data.get("gemm_kernels", {}))})
+                          "gemm_kernels": dict(data.get("gemm_kernels", {})), "paged": dict(data.get("paged", {}))})
         except (TypeError, KeyError, ValueError) as exc:
             raise ConfigError(f"bad device description: {exc}") from None
 
@@ -224,6 +255,14 @@ def get_device(name_or_path: str) -> Device:
 #: Preset devices by name (``host`` is read from the calibration file when asked for: :func:`get_device`).
 DEVICES: dict[str, Device] = {name: load_device(DEVICE_DIR / f"{name}.json") for name in PRESET_NAMES}
 
+#: The device a command takes when ``--device`` names none — every command alike (docs/guide/cli.md, "The default
+#: device"): the memory a single session or a serving run has beside the weights, the precisions its usual runtime
+#: loads the weights (and, serving, keeps the KV cache) in, and what each step costs. The Xeon 8480 socket is the
+#: CPU that OpenVINO's runtimes — the CPU plugin and GenAI's continuous batching, the rules simkv models and checks
+#: against the real runtimes on a CPU — run on, and its 512 GiB hold every preset's weights as an optimum-intel
+#: export stores them (int8 from 10^9 parameters) except deepseek-v3's 625 GiB.
+DEFAULT_DEVICE = "xeon-8480"
+
 
 def device_summary(device: Device) -> dict[str, Any]:
     """What ``simkv cost --json`` and ``simkv devices --json`` say about a device."""
@@ -247,5 +286,7 @@ def device_summary(device: Device) -> dict[str, Any]:
         "runtime": device.runtime,
         "interconnect": device.interconnect,
         "gemm_kernels": dict(device.gemm_kernels),
+        "sequence_overhead": device.sequence_overhead_s,
+        "paged": dict(device.paged),
         "sources": dict(device.sources),
     }

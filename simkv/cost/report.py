@@ -30,9 +30,12 @@ def estimate(
     (the whole ``context + 1`` tokens recomputed) beside the stateful one. The stateful KV is what a
     runtime that keeps every token holds (OpenVINO's stateful pipeline, docs/DESIGN.md §4c), linear
     layers' states included. A mixture of experts adds ``moe`` (experts touched, weights read)."""
-    for name, value, low in (("batch", batch, 1), ("context", context, 0), ("prompt", prompt, 1)):
-        if value is not None and (not isinstance(value, int) or value < low or value > 10**12):
-            raise ConfigError(f"--{name} must be an integer in {low}..10^12, got {value!r}")
+    from simkv.limits import MAX_BATCH, MAX_TOKENS
+
+    for name, value, low, high in (("batch", batch, 1, MAX_BATCH), ("context", context, 0, MAX_TOKENS),
+                                   ("prompt", prompt, 1, MAX_TOKENS)):
+        if value is not None and (not isinstance(value, int) or value < low or value > high):
+            raise ConfigError(f"--{name} must be an integer in {low:,}..{high:,}, got {value!r}")
     if mla not in MLA_COMPUTE:
         raise ConfigError(f"unknown MLA computation {mla!r}; choose {', '.join(MLA_COMPUTE)}")
     storage = "decompressed" if mla == "decompressed" else "latent"

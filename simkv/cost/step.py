@@ -108,6 +108,8 @@ def step_cost(
     memory_s, compute_s = weights_s + kv_s, matmul_compute_s + attention_compute_s
     copy_s = cb / device.copy_bandwidth
     overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)
+    if device.sequence_overhead_s:  # per sequence that samples a token (a serving engine's bookkeeping)
+        overhead = overhead + device.sequence_overhead_s * logits
     seconds = matmul_s + attention_s + copy_s + overhead
     reduce_s = allreduce_s(model, device, n)
     if model.tp > 1:

@@ -22,7 +22,7 @@ from simkv.dashboard import compute, layout as lay, state as st, url
 from simkv.dashboard.components import busy, internal_error, popt_ids, render_cards
 from simkv.dashboard.validation import ReportError, event_rows, load_path, load_upload, summary_cards
 
-SCENARIO_KEYS = ("model", *st.DIMS, "precision", "policy", *st.WORKLOAD_FIELDS, "ops", "device_memory")
+SCENARIO_KEYS = ("model", *st.DIMS, "precision", "policy", *st.WORKLOAD_FIELDS, "ops", "device", "device_memory")
 #: Pattern-matching ids in layout order: the order Dash lists ALL inputs and outputs in.
 POPT_IDS = popt_ids()
 ERR_KEYS = lay.err_keys()

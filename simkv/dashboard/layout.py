@@ -17,6 +17,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from policies import REGISTRY
+from simkv.cost import PRESET_NAMES
 from simkv.figures import COLORS
 from simkv.ledger import COLUMNS
 from simkv.hfconfig import all_presets
@@ -79,7 +80,7 @@ def err_keys() -> list[str]:
     """Keys of every inline error line, in layout order."""
     keys = ["model", *st.DIMS, "precision", "policy"]
     keys += [st.popt_key(i["policy"], i["field"]) for i in popt_ids()]
-    keys += ["prompt", "decode", "turns", "turn_tokens", "turn_decode", "beam", "ops", "device_memory"]
+    keys += ["prompt", "decode", "turns", "turn_tokens", "turn_decode", "beam", "ops", "device", "device_memory"]
     return keys
 
 
@@ -159,7 +160,10 @@ def sidebar(d: dict) -> html.Div:
                   hint="prefill:N, decode:N, fork:W, reorder, select:I, reset, trim:N — replaces the fields above"),
         ]),
         html.H3("Device"),
-        field("device_memory", text_input("device_memory", d["device_memory"]), hint="e.g. 16GiB, 512MiB, 8000000000"),
+        field("device", dropdown("device", [{"label": n, "value": n} for n in PRESET_NAMES], d["device"]),
+              hint="its memory and the precision its runtime loads the weights in"),
+        field("device_memory", text_input("device_memory", d["device_memory"], placeholder="the device's"),
+              hint="empty: the device's; e.g. 16GiB, 512MiB, 8000000000"),
         html.Div(f"Limits: ≤ {st.MAX_TOKENS:,} tokens and steps per run; beyond them, simkv run.", className="hint"),
     ])
 

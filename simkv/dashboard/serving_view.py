@@ -35,6 +35,7 @@ import threading
 import numpy as np
 from dash import Input, Output, html
 
+from simkv.cost import DEFAULT_DEVICE
 from simkv.errors import SimkvError
 from simkv.hfconfig import preset_names
 from simkv.precision import PRECISIONS
@@ -112,7 +113,7 @@ FIELDS = (
     Field("sv_model", "model", DEFAULT_MODEL, preset_names, section="Model and device"),
     Field("sv_precision", "KV precision", st.DEFAULT, lambda: ((st.DEFAULT, "default"), *PRECISIONS),
           hint="default: the runtime's for the device (paged) or the policy's"),
-    Field("sv_device", "device", "h100-sxm", _devices),
+    Field("sv_device", "device", DEFAULT_DEVICE, _devices),  # every command's default device (simkv.cost)
     Field("sv_memory", "memory", "paged", lambda: _serving("MEMORIES"),
           hint="a block pool (GenAI's or vLLM's), or per-request buffers", section="Memory"),
     Field("sv_policy", "buffer policy", DEFAULT_POLICY, _policies, shown=lambda v: not _paged(v)),

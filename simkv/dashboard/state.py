@@ -29,7 +29,8 @@ from policies.base import Policy
 from simkv.errors import SimkvError
 from simkv.hfconfig import preset_names
 from simkv.precision import PRECISIONS
-from simkv.scenario import DEFAULT_DECODE, DEFAULT_DEVICE_MEMORY, DEFAULT_MODEL, DEFAULT_POLICY, DEFAULT_PROMPT
+from simkv.cost import DEFAULT_DEVICE, PRESET_NAMES
+from simkv.scenario import DEFAULT_DECODE, DEFAULT_MODEL, DEFAULT_POLICY, DEFAULT_PROMPT
 from simkv.units import parse_bytes
 
 MAX_TOKENS = 1_000_000
@@ -64,7 +65,10 @@ DEFAULTS: dict[str, str] = {
     "prompt": str(DEFAULT_PROMPT), "decode": str(DEFAULT_DECODE), "turns": "0", "turn_tokens": "64",
     "turn_decode": "", "beam": "1",
     "ops": "",
-    "device_memory": DEFAULT_DEVICE_MEMORY,
+    # the session's device (simkv run --device: its memory, the precision its runtime loads the weights in);
+    # device memory empty: the device's own
+    "device": DEFAULT_DEVICE,
+    "device_memory": "",
     **{
         f"cmp{i}_{part}": (("fixed" if i == 1 else "") if part == "policy" else (SAME if part == "precision" else ""))
         for i in range(1, N_COMPARE + 1)
@@ -83,7 +87,8 @@ LABELS = {
     "model": "model", "layers": "layers", "heads": "query heads", "kv_heads": "KV heads", "head_dim": "head size",
     "precision": "KV precision", "policy": "policy",
     "prompt": "prompt (tokens)", "decode": "decode (tokens)", "turns": "chat turns", "turn_tokens": "turn (tokens)",
-    "turn_decode": "turn decode (tokens)", "beam": "beam width", "ops": "ops", "device_memory": "device memory",
+    "turn_decode": "turn decode (tokens)", "beam": "beam width", "ops": "ops", "device": "device",
+    "device_memory": "device memory",
 }
 
 #: (lowest, highest, required) of the integer fields.
@@ -227,11 +232,13 @@ def scenario_kwargs(state: dict) -> dict:
         errors["model"] = "model: choose a preset or custom"
     elif model != CUSTOM and model not in preset_names():
         errors["model"] = f"model: unknown preset {model!r}"
-    device = state.get("device_memory") or ""
+    device = state.get("device") or ""
+    if device not in PRESET_NAMES:
+        errors["device"] = f"device: unknown preset {device!r}; choose one of {', '.join(PRESET_NAMES)}"
+    memory = (state.get("device_memory") or "").strip()  # empty: the device's
     try:
-        device_bytes = parse_bytes(device.strip())
-        if device_bytes > MAX_DEVICE_BYTES:
-            raise ValueError(f"at most 1 PiB, got {device.strip()}")
+        if memory and parse_bytes(memory) > MAX_DEVICE_BYTES:
+            raise ValueError(f"at most 1 PiB, got {memory}")
     except (SimkvError, ValueError) as err:
         errors["device_memory"] = f"device memory: {err}"
     policy = state.get("policy") or ""
@@ -264,7 +271,8 @@ def scenario_kwargs(state: dict) -> dict:
         "precision": None if precision == DEFAULT else precision,
         "policy": policy,
         "policy_options": options,
-        "device_memory": device.strip(),
+        "device": device,
+        "device_memory": memory or None,
     }
     if ops:
         kwargs["ops"] = ops
@@ -331,6 +339,8 @@ def cli_command(kwargs: dict) -> str:
                 parts += ["--turn-decode", str(kwargs["turn_decode"])]
         if kwargs["beam"] != 1:
             parts += ["--beam", str(kwargs["beam"])]
-    if kwargs["device_memory"] != DEFAULT_DEVICE_MEMORY:
+    if kwargs.get("device", DEFAULT_DEVICE) != DEFAULT_DEVICE:
+        parts += ["--device", kwargs["device"]]
+    if kwargs.get("device_memory") is not None:
         parts += ["--device-memory", kwargs["device_memory"]]
     return " ".join(shlex.quote(p) for p in parts)

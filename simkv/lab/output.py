@@ -1,6 +1,7 @@
 """What every experiment writes, written the same way: figures (HTML, PNG, SVG) and CSVs.
 
-* :func:`save_figure` — ``stem.html`` (plotly.js in a ``plotly.min.js`` beside it), and
+* :func:`save_figure` — ``stem.html`` (plotly.js in a ``plotly.min.js`` beside it, or inlined for a
+  command's one figure), and
   ``stem.png`` + ``stem.svg`` through kaleido. Without kaleido or without a Chrome/Chromium
   for it, the images are skipped with ONE warning line (the HTML and CSV are still written);
   never a traceback.
@@ -84,8 +85,10 @@ def _skip(reason: str) -> bool:
     return False
 
 
-def save_figure(fig, path: str | Path, div_id: str = "simkv-figure") -> list[Path]:
-    """Write ``path`` (.html/.png/.svg), or with no suffix ``path.html`` + ``.png`` + ``.svg``; returns the files."""
+def save_figure(fig, path: str | Path, div_id: str = "simkv-figure", self_contained: bool = False) -> list[Path]:
+    """Write ``path`` (.html/.png/.svg), or with no suffix ``path.html`` + ``.png`` + ``.svg``; returns the files.
+    The HTML loads plotly.js from a ``plotly.min.js`` beside it (the experiments' many figures share one), or with
+    ``self_contained`` holds it (one file: what a command writes where it was asked to write one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lstrip(".")
@@ -95,7 +98,8 @@ def save_figure(fig, path: str | Path, div_id: str = "simkv-figure") -> list[Pat
     for fmt in formats:
         target = stem.with_name(stem.name + "." + fmt)
         if fmt == "html":
-            fig.write_html(target, include_plotlyjs="directory", full_html=True, div_id=div_id)
+            fig.write_html(target, include_plotlyjs=True if self_contained else "directory", full_html=True,
+                           div_id=div_id)
             written.append(target)
         elif write_image(fig, target):
             written.append(target)

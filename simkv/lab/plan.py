@@ -52,8 +52,6 @@ _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0}
 DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_ROUTERS = ("round-robin", "least-outstanding")
 DEFAULT_MNBT = (256, 2048)
-#: vLLM's ``gpu_memory_utilization`` default (``CacheConfig``, 0.9; plan-facts §2.1): the fixed pool of a vLLM device.
-VLLM_UTILIZATION = 0.9
 MAX_DEVICES = 64
 #: Candidates one plan may have.
 MAX_CANDIDATES = 20_000
@@ -203,7 +201,7 @@ class Target:
 
 @dataclass
 class Space:
-    """The values searched (None: each device's default, :func:`device_defaults`)."""
+    """The values searched (None: each device's default, :func:`simkv.serving.run.runtime_defaults`)."""
 
     devices: tuple[str, ...]
     max_devices: int = 8
@@ -216,26 +214,7 @@ class Space:
     policies: tuple[str, ...] = ("openvino-cpu",)
 
 
-def device_defaults(device, model) -> dict:
-    """What a device's usual runtime uses when the plan names nothing (``Device.runtime``): vLLM (h100-sxm,
-    a100-80gb) schedules with vLLM V1's scheduler (``--scheduler vllm``), keeps KV as ``kv_cache_dtype="auto"`` does
-    (:func:`simkv.models.vllm_kv_precision`: the checkpoint's fp8 KV, else the model's dtype), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool sized from
-    ``gpu_memory_utilization`` 0.9 (vLLM's ``num_gpu_blocks``: the weights and the profile run's peak taken out;
-    plan-facts §2.1); OpenVINO GenAI's continuous-batching scheduler,
-    GenAI u8 KV on CPU (f16 on a GPU: the plugin's inference precision), blocks of 32 on CPU and 16 on GPU,
-    and its dynamic pool (``SchedulerConfig`` defaults, DESIGN §4b)."""
-    from simkv.models import vllm_kv_precision
-    from simkv.serving.engine.core import memory_path
-
-    if device.runtime == "vllm":
-        return {"precision": vllm_kv_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION),
-                "scheduler": "vllm"}
-    gpu = memory_path(device) == "gpu"
-    return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic",
-            "scheduler": "continuous"}
-
-
-#: ``simkv plan --scheduler``: each device's runtime's scheduler, or one for every device.
+#: ``simkv plan --serving-scheduler``: each device's runtime's scheduler, or one for every device.
 PLAN_SCHEDULERS = ("auto", "continuous", "vllm")
 
 
@@ -252,6 +231,7 @@ def candidates(space: Space, model, memory: str = "paged", scheduler: str = "aut
     from simkv.cost import get_device
     from simkv.models import tp_shard
     from simkv.serving.router import ROUTERS
+    from simkv.serving.run import runtime_defaults
 
     if scheduler not in PLAN_SCHEDULERS:
         raise ConfigError(f"--serving-scheduler: unknown {scheduler!r}; choose {', '.join(PLAN_SCHEDULERS)}")
@@ -282,7 +262,7 @@ def candidates(space: Space, model, memory: str = "paged", scheduler: str = "aut
                     skipped.append(f"{name} tp {tp}: {err}")
                 continue
             tps.append(tp)
-        default = device_defaults(device, model)
+        default = runtime_defaults(device, model)
         if scheduler != "auto":
             default["scheduler"] = scheduler
         if memory == "contiguous":
@@ -475,7 +455,8 @@ def spec_of(point: dict):
     requests = list(_requests(point["workload"], point["model"], point["max_context"]))
     policy = get_policy(point["policy"]) if point["memory"] == "contiguous" else "openvino-cpu"
     return ServingSpec(requests, model, precision, point["scheduler"], point["memory"], cfg, device=point["device"],
-                       weights_bytes=weights, policy=policy, max_context=point["max_context"], tp=point["tp"],
+                       weights_bytes=weights, policy=policy, max_context=point["max_context"], strict_context=True,
+                       tp=point["tp"],
                        replicas=point["replicas"], router=point["router"] if point["replicas"] > 1 else "round-robin",
                        max_preemptions=len(requests), concurrency=json.loads(point["workload"]).get("concurrency"))
 
@@ -596,8 +577,13 @@ def run_plan(target: Target, space: Space, prices: dict[str, float] | None = Non
     fixed = target.key()
     points = [dict(fixed, **d) for d in deployments]
     ids = [point_id(p) for p in points]
-    # a bad input fails before any work: the requests (precisions and routers: candidates)
-    _requests(fixed["workload"], fixed["model"], fixed["max_context"])
+    # a bad input fails before any work: the requests, a prompt at or above the context among them (every
+    # deployment would refuse it: simkv run's --strict-context), precisions and routers (candidates)
+    from simkv.serving.requests import check_workload
+    from simkv.serving.run import context_of
+
+    check_workload(list(_requests(fixed["workload"], fixed["model"], fixed["max_context"])),
+                   fixed["max_context"] if fixed["max_context"] is not None else context_of(model))
     stored_rows = read_rows(out) if out else []
     known = set(ids)
     stored = {r["point_id"]: r for r in stored_rows if r.get("point_id") in known}
@@ -682,8 +668,8 @@ def describe(row: dict) -> str:
         parts.append(f"contiguous, policy {row['policy']}")
     else:
         parts += [f"block {row['block_size']}",
-                  "dynamic pool" if row["pool"] == "dynamic" else f"pool {row['pool']} of memory"]
-    parts.append(f"{row['max_num_batched_tokens']} batched tokens")
+                  "dynamic pool" if row["pool"] == "dynamic" else f"pool {row['pool']} of memory",
+                  f"{row['max_num_batched_tokens']:,} batched tokens"]
     return ", ".join(parts)
 
 
@@ -711,7 +697,8 @@ def command(row: dict) -> str:
         words += ["--scheduler", "vllm"]
     if row["memory"] == "paged":
         words += ["--block-size", str(row["block_size"])]
-    words += ["--max-num-batched-tokens", str(row["max_num_batched_tokens"])]
+    if row["memory"] == "paged":  # contiguous memory takes each prompt whole
+        words += ["--max-num-batched-tokens", str(row["max_num_batched_tokens"])]
     if vllm:
         words += ["--gpu-memory-utilization", row["pool"]]
     elif row["memory"] == "paged" and row["pool"] != "dynamic":
@@ -738,7 +725,29 @@ def command(row: dict) -> str:
 
 
 def _cache_gib(row: dict) -> str:
-    return repr(_device_share(row)[3])
+    """The deployment's pool as ``--cache-size`` GiB: the fewest decimals that give the pool the plan ran (the same
+    blocks, and linear-attention state blocks, as GenAI sizes them from the exact fraction of the device)."""
+    from dataclasses import replace
+
+    from simkv.precision import get_precision
+    from simkv.serving import SchedulerConfig
+    from simkv.serving.engine.core import PagedServing
+    from simkv.serving.kv.groups import paged_kv
+
+    model, device, weights, exact = _device_share(row)
+    kv = paged_kv(model, get_precision(row["precision"]), row["block_size"] or SchedulerConfig.block_size,
+                  row["kv_manager"], prefix_caching=row["prefix_caching"])
+    cfg = SchedulerConfig(cache_size=exact, max_num_seqs=row["max_num_seqs"], enable_prefix_caching=row["prefix_caching"])
+    budget = device.memory_bytes - weights
+    pool = PagedServing._pool_sizes(cfg, kv, budget)
+    for digits in range(1, 17):
+        text = f"{exact:.{digits}f}"
+        try:
+            if PagedServing._pool_sizes(replace(cfg, cache_size=float(text)), kv, budget) == pool:
+                return text
+        except ConfigError:  # rounded up past the device: more decimals
+            continue
+    return repr(exact)
 
 
 def summary(result: PlanResult) -> dict:
@@ -869,7 +878,10 @@ def _money(cost: float, prices) -> str:
 
 
 def _clip(text: str, width: int = 160) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    """``text`` in at most ``width`` characters, cut between words (the reasons in full are in --json and --out)."""
+    if len(text) <= width:
+        return text
+    return text[: width - 1].rsplit(" ", 1)[0].rstrip(",;:(") + " …"
 
 
 def write_json(result: PlanResult, stream=None) -> None:

@@ -37,6 +37,7 @@ SCENARIO_FIELDS: dict[str, type] = {
     "model": str, "layers": int, "heads": int, "kv_heads": int, "head_dim": int, "precision": str,
     "prompt": int, "decode": int, "turns": int, "turn_tokens": int, "turn_decode": int, "beam": int,
     "turn_divergence": int, "ops": str, "device_memory": str, "weights_memory": str, "weights_precision": str,
+    "sliding_window": int,
 }
 #: Most points one sweep (or one tuner grid) may have.
 MAX_POINTS = 100_000
@@ -285,15 +286,6 @@ def write_rows(path: str | Path, rows: list[dict]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(pa.table(columns), tmp)
     os.replace(tmp, path)
-
-
-def check_out_path(path: str | Path) -> Path:
-    path = Path(path)
-    if path.suffix != ".parquet":
-        raise ConfigError(f"--out must end in .parquet, got {str(path)!r}")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--out: no such directory {str(path.parent)!r}")
-    return path
 
 
 @dataclass

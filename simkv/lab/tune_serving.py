@@ -171,9 +171,10 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
     from simkv.hfconfig import resolve_model
     from simkv.models import vllm_kv_precision
     from simkv.precision import get_precision
-    from simkv.scenario import DEFAULT_DEVICE_MEMORY, resolve_weights_memory
+    from simkv.cost import DEFAULT_DEVICE, get_device
+    from simkv.scenario import resolve_weights_memory
     from simkv.serving import SchedulerConfig, ServingSpec, load_trace
-    from simkv.serving.run import DEFAULT_DEVICE, check_spec, context_of
+    from simkv.serving.run import check_spec, context_of, runtime_defaults
     from simkv.units import parse_bytes
 
     limit = DEFAULT_LIMIT if limit is None else limit
@@ -185,14 +186,14 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
         raise ConfigError(f"--serving-scheduler: unknown {scheduler!r}; choose {', '.join(SCHEDULERS)}")
     vllm = scheduler == "vllm"
     spec_model = resolve_model(model, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
-    # GenAI's CPU default for the paged cache; vLLM's kv_cache_dtype "auto", as simkv run
-    prec = get_precision(precision or (vllm_kv_precision(spec_model) if vllm else "u8"))
+    device = device or DEFAULT_DEVICE
+    # the paged cache's precision, as simkv run serves it: vLLM's scheduler the model's dtype, GenAI's what the
+    # device's runtime keeps (u8 on a CPU)
+    prec = get_precision(precision or (vllm_kv_precision(spec_model) if vllm else
+                                       runtime_defaults(get_device(device), spec_model)["precision"]))
     prec.check(spec_model)
     requests = load_trace(trace, limit=limit)
-    device = device or DEFAULT_DEVICE
-    memory = None if device_memory in (None, DEFAULT_DEVICE_MEMORY) else parse_bytes(device_memory)
-    from simkv.cost import get_device
-
+    memory = None if device_memory is None else parse_bytes(device_memory)
     weights = resolve_weights_memory(spec_model, weights_memory, weights_precision, get_device(device))
     context = max_context if max_context is not None else context_of(spec_model)
     cap = len(requests) if max_preemptions is None else max_preemptions
@@ -204,9 +205,11 @@ def build_target(*, trace: str, limit: int | None, model: str | None, layers=Non
         tokens, seqs = batch_defaults(preset.name, preset.memory_bytes)
         config = SchedulerConfig(block_size=16, max_num_batched_tokens=tokens, max_num_seqs=seqs, scheduler="vllm")
     template = ServingSpec(requests, spec_model, prec, scheduler, "paged", config, device=device,
-                           device_memory=memory, weights_bytes=weights, max_context=context, max_preemptions=cap)
-    # serve()'s own checks, once now rather than once per candidate (a prompt beyond the context, weights
-    # that fill the device); it also fills in the preset's device memory
+                           device_memory=memory, weights_bytes=weights, max_context=context, max_preemptions=cap,
+                           strict_context=True, weights_precision=weights_precision,
+                           weights_given=weights_memory is not None)
+    # serve()'s own checks, once now rather than once per candidate (a prompt beyond the context: a candidate could
+    # never serve every request; weights that fill the device); it also fills in the preset's device memory
     preset = check_spec(template)
     flags = ["--model", model or "custom"] + (["--scheduler", "vllm"] if vllm else [])
     for flag, value in (("--layers", layers), ("--heads", heads), ("--kv-heads", kv_heads), ("--head-dim", head_dim),

@@ -276,7 +276,11 @@ class ContiguousServing:
                 continue
             traj, l = g.traj, g.local
             after, peak = int(traj.allocated[l]), int(traj.peak[l])
-            grow = peak - g.held
+            # What the step needs once this request has stepped, as its row counts it (allocated + the largest
+            # spike): the bytes then held, and the larger of its own spike and one already taken in this step
+            # (a request's old buffers beside its new ones). Checking its own spike alone let a step's peak pass
+            # the device when an earlier request's spike was the larger.
+            grow = after - g.held + max(spike, peak - after)
             if held_total + grow > budget:
                 held_total, freed, fits = self._make_room(g, grow, held_total, running, waiting, t, step)
                 preempted += freed
@@ -475,8 +479,10 @@ class Work(NamedTuple):
 
 
 def _last_admitted(running: list, g: Group) -> Group | None:
-    """Preemption's victim: the most recently admitted running request, other than ``g``, holding memory."""
-    return max((v for v in running if v.status == RUNNING and v.held and v is not g), key=lambda v: v.order,
+    """Preemption's victim: the most recently admitted running request holding memory, admitted after ``g`` (as
+    GenAI's victim, never the target itself or an earlier group): one not yet stepped in this step, as the steps
+    go in admission order."""
+    return max((v for v in running if v.status == RUNNING and v.held and v.order > g.order), key=lambda v: v.order,
                default=None)
 
 

@@ -104,7 +104,8 @@ class Request:
 
 
 def check_workload(requests: list[Request], max_context: int | None = None) -> list[Request]:
-    """Reject an empty list, mixed or unsorted arrivals, duplicate ids, prompts over the context."""
+    """Reject an empty list, mixed or unsorted arrivals, duplicate ids, and (given ``max_context``) a prompt at or
+    above the context (:func:`over_context`; serving rejects such requests one by one unless asked to be strict)."""
     if not requests:
         raise ConfigError("the workload has no requests")
     by_step = requests[0].arrival_step is not None
@@ -120,11 +121,20 @@ def check_workload(requests: list[Request], max_context: int | None = None) -> l
         if r.id in seen:
             raise ConfigError(f"request id {r.id} appears twice")
         seen.add(r.id)
-        if max_context and r.prompt + r.max_new_tokens > max_context and r.session is None:
-            if r.prompt >= max_context:
-                raise ConfigError(f"request {r.id}: prompt of {r.prompt} tokens exceeds the model's context of "
-                                  f"{max_context} (raise it with --max-context)")
+    for i in over_context(requests, max_context)[:1]:
+        r = requests[i]
+        raise ConfigError(f"request {r.id}: prompt of {r.prompt:,} tokens is at or above the model's context of "
+                          f"{max_context:,}: no token can follow it (raise it with --max-context)")
     return requests
+
+
+def over_context(requests: list[Request], max_context: int | None) -> list[int]:
+    """The positions of the requests whose prompt is at or above the context (``max_context``; None or 0: no
+    limit): no token of theirs can be generated. A chat turn (``session``) is not checked: its prompt holds the
+    history the engine adds."""
+    if not max_context:
+        return []
+    return [i for i, r in enumerate(requests) if r.session is None and r.prompt >= max_context]
 
 
 # -- files -----------------------------------------------------------------------------------------

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
+from simkv.cost import DEFAULT_DEVICE  # noqa: F401 (re-exported: serving's default device is every command's)
 from simkv.errors import ConfigError
 from simkv.ledger import Ledger
+from simkv.scenario import check_weights_fit
 from simkv.serving.kv.groups import KV_MANAGERS
-from simkv.serving.requests import Request, check_workload
+from simkv.serving.requests import Request, check_workload, over_context
 from simkv.serving.sched.config import SchedulerConfig
-from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED
+from simkv.serving.sched.group import FINISHED, IGNORED, REJECTED, UNFINISHED, Group
 
 SCHEDULERS = ("sequential", "static", "continuous", "vllm")
 MEMORIES = ("contiguous", "paged")
 ON_OOM = ("wait", "preempt", "reject")
-DEFAULT_DEVICE = "xeon-8480"
 
 #: Request table columns (``--requests``), as the issue's contract names them.
 REQUEST_COLUMNS = ("id", "arrival_s", "prompt", "max_new_tokens", "generated", "status", "ttft_s", "tpot_s", "e2e_s",
@@ -35,6 +36,29 @@ def context_of(model) -> int | None:
     """The context a model takes by default: :data:`CONTEXT` for the built-in presets, else the
     ``max_position_embeddings`` of its config (simkv.hfconfig); None: no limit (a custom shape)."""
     return CONTEXT.get(model.name) or model.context or None
+
+
+#: vLLM's ``gpu_memory_utilization`` default (``CacheConfig``, 0.9; plan-facts §2.1): the fixed pool of a vLLM device.
+VLLM_UTILIZATION = 0.9
+
+
+def runtime_defaults(device, model) -> dict:
+    """What a device's usual runtime uses when nothing is named (``Device.runtime``): the KV precision for ``simkv
+    run``'s paged serving, ``simkv cost`` and every deployment ``simkv plan`` searches alike, and for ``plan`` the
+    rest: vLLM (h100-sxm, a100-80gb) schedules with vLLM V1's scheduler (``--scheduler vllm``), keeps KV in the
+    model's dtype (``kv_cache_dtype="auto"``: :func:`simkv.models.vllm_kv_precision`, the checkpoint's fp8 KV where it
+    has one), blocks of 16 (``DEFAULT_BLOCK_SIZE``) in a fixed pool
+    sized from ``gpu_memory_utilization`` 0.9 (plan-facts §2.1); OpenVINO GenAI's continuous-batching scheduler, u8 KV
+    on CPU (f16 on a GPU: the plugin's inference precision), blocks of 32 on CPU and 16 on GPU, and its dynamic pool
+    (``SchedulerConfig`` defaults, DESIGN §4b)."""
+    from simkv.models import vllm_kv_precision
+    from simkv.serving.engine.core import memory_path
+
+    if device.runtime == "vllm":
+        return {"precision": vllm_kv_precision(model), "block_size": 16, "pool": str(VLLM_UTILIZATION), "scheduler": "vllm"}
+    gpu = memory_path(device) == "gpu"
+    return {"precision": "f16" if gpu else "u8", "block_size": 16 if gpu else 32, "pool": "dynamic",
+            "scheduler": "continuous"}
 
 
 @dataclass
@@ -56,6 +80,9 @@ class ServingSpec:
     policy_options: dict | None = None
     static_batch: int = 8
     max_context: int | None = None
+    #: A prompt at or above the context refuses the whole run (a ConfigError, one line); by default such a request
+    #: is rejected on arrival and the rest are served (:func:`serve`).
+    strict_context: bool = False
     trace_requests: bool = False
     #: Stop after this many steps (the requests still running are UNFINISHED).
     max_steps: int = 10_000_000
@@ -73,6 +100,10 @@ class ServingSpec:
     #: them — its share of the weights (``weights_bytes`` is per device), of the KV heads, of the FLOPs — and each
     #: step adds its all-reduces (simkv.cost.allreduce_s); ``device_memory`` is each device's.
     tp: int = 1
+    #: How the weights were given, for a refusal that names the fix (simkv.scenario.check_weights_fit): the
+    #: precision asked for (None: the device runtime's), and whether ``weights_bytes`` came from --weights-memory.
+    weights_precision: str | None = None
+    weights_given: bool = False
     #: Closed-loop load (simkv.serving.closed_loop): this many clients send the requests in order, each its next
     #: when its previous ended (the requests' arrival times are not used); None: each request at its arrival.
     concurrency: int | None = None
@@ -121,6 +152,8 @@ class ServingResult:
     runtime_stop: dict | None = None
     #: Paged, with cache eviction: the blocks sequences dropped (every layer's count; the same in each).
     evicted_blocks: int = 0
+    #: Requests rejected on arrival, by reason (:func:`_front_end`): reason → count.
+    rejected_reasons: dict = field(default_factory=dict)
 
     def _block_bytes(self) -> int:
         return self.block_bytes
@@ -128,16 +161,7 @@ class ServingResult:
     # -- tables --------------------------------------------------------------------------------
 
     def request_rows(self) -> list[tuple]:
-        out = []
-        for g in sorted(self.groups, key=lambda g: g.index):
-            r = g.req
-            ttft = g.first_token_s - g.added_s if g.first_token_s is not None else float("nan")
-            e2e = g.finish_s - g.added_s if g.status == FINISHED else float("nan")
-            tpot = ((g.finish_s - g.first_token_s) / (g.generated - 1)
-                    if g.status == FINISHED and g.generated > 1 else float("nan"))
-            out.append((r.id, float(g.added_s), g.P, g.G, g.generated, g.status, float(ttft), float(tpot), float(e2e),
-                        g.preemptions, g.prefix_hit))
-        return out
+        return _rows_of_groups(self.groups)
 
     @cached_property
     def request_table(self) -> dict[str, np.ndarray]:
@@ -148,10 +172,10 @@ class ServingResult:
     def write_steps(self, path: str | Path) -> Path:
         from simkv.serving.engine.core import STEP_COLUMNS
 
-        return _write_csv(path, STEP_COLUMNS, zip(*(self.steps[c].tolist() for c in STEP_COLUMNS)))
+        return _write_table(path, STEP_COLUMNS, list(zip(*(self.steps[c].tolist() for c in STEP_COLUMNS))))
 
     def write_requests(self, path: str | Path) -> Path:
-        return _write_csv(path, REQUEST_COLUMNS, self.request_rows())
+        return _write_table(path, REQUEST_COLUMNS, self.request_rows())
 
     # -- metrics --------------------------------------------------------------------------------
 
@@ -243,6 +267,7 @@ class ServingResult:
             out["scenario"]["tp"] = sp.tp
         out["oom"] = self.oom["reason"] if self.oom else None
         out["stopped"] = self.stopped
+        out["rejected_reasons"] = dict(self.rejected_reasons)
         if sp.memory == "paged" and sp.paged.cache_eviction is not None:
             out["evicted_blocks"] = self.evicted_blocks
             out["runtime_stop"] = self.runtime_stop
@@ -263,6 +288,20 @@ class ServingResult:
         return out
 
 
+def _rows_of_groups(groups) -> list[tuple]:
+    """The request table's rows (:data:`REQUEST_COLUMNS`) of these requests, in trace order."""
+    out = []
+    for g in sorted(groups, key=lambda g: g.index):
+        r = g.req
+        ttft = g.first_token_s - g.added_s if g.first_token_s is not None else float("nan")
+        e2e = g.finish_s - g.added_s if g.status == FINISHED else float("nan")
+        tpot = ((g.finish_s - g.first_token_s) / (g.generated - 1)
+                if g.status == FINISHED and g.generated > 1 else float("nan"))
+        out.append((r.id, float(g.added_s), g.P, g.G, g.generated, g.status, float(ttft), float(tpot), float(e2e),
+                    g.preemptions, g.prefix_hit))
+    return out
+
+
 def _replaced_buffers(rows, layers: int) -> int:
     """K/V tensors allocated to replace a live one (every allocation after each tensor's first)."""
     from simkv.ledger import ALLOC, TENSOR_CODE
@@ -272,9 +311,19 @@ def _replaced_buffers(rows, layers: int) -> int:
     return int(kv.sum()) - first
 
 
-def _write_csv(path, columns, rows) -> Path:
+def _write_table(path, columns, rows) -> Path:
+    """A table (the step or request table) as CSV, or as Parquet when ``path`` ends in ``.parquet`` (the same
+    columns; a missing value is empty in CSV, NaN in Parquet). The directory must exist (the CLI checks it first)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError("writing Parquet needs pyarrow: pip install 'simkv[parquet]'") from None
+        cols = list(zip(*rows)) if rows else [[] for _ in columns]
+        pq.write_table(pa.table({name: list(col) for name, col in zip(columns, cols)}), path)
+        return path
     with path.open("w", newline="") as fh:
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(columns)
@@ -307,19 +356,68 @@ def check_spec(spec: ServingSpec):
         raise ConfigError("give num_kv_blocks or cache_size, not both")
     if cfg.cache_eviction is not None and (spec.memory != "paged" or spec.scheduler != "continuous"):
         raise ConfigError("--cache-eviction is GenAI's paged pool's: use --memory paged --scheduler continuous")
-    context = spec.max_context if spec.max_context is not None else context_of(spec.model)
-    check_workload(spec.requests, context)
+    check_workload(spec.requests, context_limit(spec) if spec.strict_context else None)
     if spec.async_scheduling and spec.concurrency is None:
         raise ConfigError("--async-scheduling changes when a closed loop's next request is scheduled: give --concurrency")
     device = get_device(spec.device)
     device.check_tp(spec.tp)
     spec.device_model  # refuses a --tp that does not split the model, one line
+    memory_given = spec.device_memory is not None
     if spec.device_memory is None:
         spec.device_memory = device.memory_bytes
-    if spec.weights_bytes >= spec.device_memory:
-        raise ConfigError(f"the weights ({spec.weights_bytes:,} B) fill the device memory ({spec.device_memory:,} B)"
-                          + ("; --tp N splits them across N devices" if spec.tp == 1 and device.runtime == "vllm" else ""))
-    return device
+    check_weights_fit(spec.device_model, spec.weights_bytes, spec.device_memory, device, tp=spec.tp,
+                      weights_precision=spec.weights_precision, memory_given=memory_given,
+                      weights_given=spec.weights_given)
+    # paged memory is a paged-attention engine: the device's paged terms where it has them (the host preset)
+    return device.paged_kernel() if spec.memory == "paged" else device
+
+
+def context_limit(spec: ServingSpec) -> int | None:
+    """The context a request's prompt must stay below: ``--max-context``, else the model's (None or 0: none)."""
+    return spec.max_context if spec.max_context is not None else context_of(spec.model)
+
+
+def _front_end(spec: ServingSpec) -> tuple[ServingSpec, list[Group]]:
+    """Reject, on arrival, each request whose prompt is at or above the context, and serve the rest: what a
+    serving engine's front end does — vLLM checks a prompt's length against ``max_model_len`` before it makes an
+    engine request (vllm/v1/engine/processor.py, ``Processor._validate_model_input``: a ValueError, an error
+    response for that request alone) — so no scheduler sees it, and with replicas it takes no replica's turn.
+    Returns the spec of the requests served and the rejected requests (status REJECTED, finished at their arrival,
+    by their position in the trace)."""
+    from dataclasses import replace
+
+    out = set(over_context(spec.requests, context_limit(spec)))
+    if not out:
+        return spec, []
+    if len(out) == len(spec.requests):  # nothing to serve: the first one's refusal
+        check_workload(spec.requests, context_limit(spec))
+    rejected = []
+    for i in sorted(out):
+        r = spec.requests[i]
+        g = Group(r, i, r.prompt)
+        g.status = REJECTED
+        g.added_s = g.finish_s = r.arrival_s if r.arrival_s is not None else 0.0
+        g.added_step = g.finish_step = 0
+        rejected.append(g)
+    return replace(spec, requests=[r for i, r in enumerate(spec.requests) if i not in out]), rejected
+
+
+def _with_rejected(result, spec: ServingSpec, served: ServingSpec, rejected: list[Group]):
+    """``result`` (of ``served``, the requests :func:`_front_end` let through) as the result of ``spec``: every
+    request in trace order, the rejected ones among them. A single engine's groups are numbered by their position in
+    the trace again (the progress table names requests by id: unchanged)."""
+    if not rejected:
+        return result
+    result.spec = spec
+    result.rejected_reasons = {f"prompt at or above the context of {context_limit(spec):,} tokens": len(rejected)}
+    if isinstance(result, ReplicasResult):
+        result.rejected = rejected
+        return result
+    kept = np.asarray([i for i in range(len(spec.requests)) if i not in {g.index for g in rejected}], dtype=np.int64)
+    for g in result.groups:
+        g.index = int(kept[g.index])
+    result.groups = result.groups + rejected
+    return result
 
 
 def serve(spec: ServingSpec, progress=False, watch=None):
@@ -333,10 +431,12 @@ def serve(spec: ServingSpec, progress=False, watch=None):
     guard, simkv.lab.plan). Replicas then run in this process, whatever ``spec.workers`` says."""
     from simkv.serving.router import check_router
 
+    whole = spec
     device = check_spec(spec)
     check_router(spec.replicas, spec.router, spec.requests, spec.workers)
+    spec, rejected = _front_end(spec)
     if spec.concurrency is not None:
-        return _serve_closed_loop(spec, device, progress, watch)
+        return _with_rejected(_serve_closed_loop(spec, device, progress, watch), whole, spec, rejected)
     bar = None
     if callable(progress):
         bar = _Callback(progress)
@@ -344,14 +444,14 @@ def serve(spec: ServingSpec, progress=False, watch=None):
         bar = _progress_bar(len(spec.requests))
     try:
         if spec.replicas > 1:
-            return _serve_replicas(spec, device, bar, watch)
+            return _with_rejected(_serve_replicas(spec, device, bar, watch), whole, spec, rejected)
         eng = _engine(spec, device, spec.requests, _watched(bar.update_to if bar else None, watch, 0))
         eng.start(spec.engine == "fast") if spec.memory == "paged" else eng.start()
         eng.advance()
     finally:
         if bar:
             bar.close()
-    return _result(spec, eng, device)
+    return _with_rejected(_result(spec, eng, device), whole, spec, rejected)
 
 
 def _serve_closed_loop(spec: ServingSpec, device, progress=False, watch=None) -> ServingResult:
@@ -509,6 +609,9 @@ class ReplicasResult:
     spec: ServingSpec
     replicas: list
     assignment: np.ndarray
+    #: Requests rejected on arrival, before routing (:func:`_front_end`), and their reasons (reason → count).
+    rejected: list = field(default_factory=list)
+    rejected_reasons: dict = field(default_factory=dict)
 
     @property
     def device_name(self) -> str:
@@ -522,6 +625,7 @@ class ReplicasResult:
         """The request table of every replica with the replica last, in trace order."""
         order = {r.id: i for i, r in enumerate(self.spec.requests)}
         rows = [row + (k,) for k, res in enumerate(self.replicas) for row in res.request_rows()]
+        rows += [row + (-1,) for row in _rows_of_groups(self.rejected)]  # rejected before routing: no replica
         return sorted(rows, key=lambda row: order[row[0]])
 
     @cached_property
@@ -532,7 +636,7 @@ class ReplicasResult:
         return {name: np.asarray(col) for name, col in zip(names, cols)}
 
     def write_requests(self, path: str | Path) -> Path:
-        return _write_csv(path, REQUEST_COLUMNS + ("replica",), self.request_rows())
+        return _write_table(path, REQUEST_COLUMNS + ("replica",), self.request_rows())
 
     def write_steps(self, path: str | Path) -> Path:
         """Every replica's step table in one file, replica by replica, with the replica last."""
@@ -540,7 +644,7 @@ class ReplicasResult:
 
         rows = [row + (k,) for k, res in enumerate(self.replicas)
                 for row in zip(*(res.steps[c].tolist() for c in STEP_COLUMNS))]
-        return _write_csv(path, STEP_COLUMNS + ("replica",), rows)
+        return _write_table(path, STEP_COLUMNS + ("replica",), rows)
 
     @cached_property
     def metrics(self) -> dict:
@@ -575,6 +679,7 @@ class ReplicasResult:
         scenario = self.replicas[0].summary()["scenario"]
         out["scenario"] = dict(scenario, replicas=len(self.replicas), router=self.spec.router)
         out["stopped"] = self.stopped
+        out["rejected_reasons"] = dict(self.rejected_reasons)
         if self.spec.paged.cache_eviction is not None:  # (every replica's drops; each replica's own are in its row)
             out["evicted_blocks"] = sum(res.evicted_blocks for res in self.replicas)
         out["replicas"] = [dict(replica=k, **res.metrics, stopped=res.stopped,

@@ -76,7 +76,7 @@ class StepTimer:
         probe = np.zeros((k + 1, k))
         probe[1:] = np.eye(k) * 1e6
         c = step_cost(model, device, gemm_mix=gemm_mix, **{a: probe[:, i] for i, a in enumerate(_ARGS)})
-        self._ovh = float(c.overhead_s[0])
+        self._ovh = float(c.overhead_s[0])  # the fixed part; a per-sequence part (logit tokens) is self._seq
         kvt, unit = float(kv_token_bytes), float(self.read_unit)
         div = pairs_div
 
@@ -93,6 +93,9 @@ class StepTimer:
         # the weights are fixed for a run: folded into the constants
         self.terms = [affine(t) for t in c.terms]  # weights, matmul FLOPs, KV bytes, attention FLOPs
         self.copy = affine(c.copy_s)
+        #: A per-sequence overhead (``Device.sequence_overhead_s``, per logit token): (0, coefficients) or None.
+        ovh0, ovh_coef = affine(c.overhead_s)
+        self._seq = (0.0, ovh_coef) if any(ovh_coef) else None
         #: Tensor parallelism: the all-reduces' (constant, coefficients) (None on one device: nothing added).
         self._reduce = affine(c.allreduce_s) if model.tp > 1 else None
         #: A mixture of experts: the weights term is a function of the step's tokens (None: a constant).
@@ -123,6 +126,8 @@ class StepTimer:
         if self._reduce:
             c0, coef = self._reduce
             self._reduce_nz = (c0, [(c, i) for i, c in enumerate(coef) if c])
+        if self._seq:
+            self._seq_nz = (0.0, [(c, i) for i, c in enumerate(self._seq[1]) if c])
         self.chunks: list = []
         self.pending: list[tuple] = []
 
@@ -134,6 +139,8 @@ class StepTimer:
         if self._moe:
             w = self._weights_s(x[0])
         out = np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
+        if self._seq:
+            out = out + affine(self._seq_nz, x)
         if self._reduce:
             out = out + affine(self._reduce_nz, x)
         return out

@@ -264,7 +264,8 @@ def validate_serving(cfg: LiveConfig, progress: bool = False) -> dict:
 
     cfg.check()
     spec = cfg.spec()
-    device = get_device(cfg.device)  # a missing host preset is a one-line error before anything runs
+    # a missing host preset is a one-line error before anything runs; the pipeline runs paged attention
+    device = get_device(cfg.device).paged_kernel()
     t0 = time.perf_counter()
     path = model_dir(spec)
     layout = kv_layout(path, PIPELINE_PROPERTIES)

@@ -21,6 +21,9 @@ Every number is measured here, on the OpenVINO CPU plugin running the toy statef
   streams ~25 % faster, and predicts the decode steps of ``experiments/latency_table.py`` that much short);
 * **matmul throughput** (``peak_flops`` in the plugin's inference precision, efficiency 1): a
   compute-bound MatMul ``[512, K] x [K, N]``;
+* **the paged pipeline's terms** (``paged``: per step, layer and sequence, one-token paged attention, prefill
+  chunks): OpenVINO GenAI's ContinuousBatchingPipeline timed on probe decoders
+  (:mod:`simkv.validate.genai.calibrate`), what ``simkv serve``/``validate --serving`` price steps with;
 * **copy bandwidth** (``copy_bandwidth``): the plugin's own KV reallocation in the 8-KV-head probe: the
   bytes simkv's ledger copies at that decode step over the step's excess time (a plain numpy copy into
   fresh pages is reported beside it).
@@ -42,6 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from simkv.cost import Device
+from simkv.errors import SimkvError
 
 from ..child import DEFAULT_MMAP_THRESHOLD, child_env
 from .toy import ToyDecoderSpec, toy_model_spec
@@ -290,7 +294,9 @@ def _measure(threads: int | None, progress: bool) -> Device:
     from .ovmodel import inference_precision
 
     precision = inference_precision()
-    with tqdm(total=ROUNDS + 4, desc="calibrate", unit="step", disable=None if progress else True, leave=False) as bar:
+    from simkv.validate.genai.calibrate import ROUNDS as PAGED_ROUNDS
+
+    with tqdm(total=ROUNDS + 4 + PAGED_ROUNDS, desc="calibrate", unit="step", disable=None if progress else True, leave=False) as bar:
         probes = {"tiny1": _tiny(threads, 1), "tiny9": _tiny(threads, 9), "weights": _Probe(threads, **WEIGHTS_PROBE)}
         probes.update({f"attention{kv}": _attention_sessions(_Probe(threads, kv_heads=kv, **ATTENTION_PROBE))
                        for kv in ATTENTION_KV_HEADS})
@@ -309,6 +315,7 @@ def _measure(threads: int | None, progress: bool) -> Device:
         bar.update()
         copy_probe = _copy_probe(probes[f"attention{ATTENTION_KV_HEADS[0]}"][0])
         bar.update()
+        paged, paged_sources = _paged(float(np.median([r["weights_rate"] for r in rounds])), precision, bar.update)
     figure = {key: float(np.median([r[key] for r in rounds])) for key in rounds[0]} | sizes
     overhead = figure["step_overhead_s"] + figure["layer_overhead_s"]
     flops = 2.0 * rows * k2 * n2 / max(mm - overhead, mm * 0.05)
@@ -339,7 +346,8 @@ def _measure(threads: int | None, progress: bool) -> Device:
         layer_overhead_s=figure["layer_overhead_s"],
         copy_bandwidth=copy,
         compute_precision=precision,
-        sources={
+        paged=paged,
+        sources={**{f"paged.{k}": v for k, v in paged_sources.items()},
             "memory_bandwidth": "the achieved weight-streaming rate of a decode step (bandwidth_efficiency)",
             "bandwidth_efficiency": f"1: measured: decode steps of a {w.layers}-layer, hidden-{w.hidden_size} decoder "
                                     f"at {WEIGHTS_PROBE_HISTORY}+ tokens ({figure['weight_bytes'] / 1e6:.0f} MB of "
@@ -373,6 +381,30 @@ def _measure(threads: int | None, progress: bool) -> Device:
                               f"pages: {memcpy / 1e9:.2f} GB/s), this host",
         },
     )
+
+
+#: What ``simkv calibrate`` says where OpenVINO is not installed (as ``simkv validate`` does).
+MISSING_OPENVINO = "calibrating this host needs OpenVINO: pip install 'simkv[openvino]'"
+
+
+def check_openvino() -> None:
+    """One line (:class:`~simkv.errors.SimkvError`) unless OpenVINO imports: before anything is measured."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        raise SimkvError(MISSING_OPENVINO) from None
+
+
+def _paged(weights_rate: float, precision: str, progress) -> tuple[dict, dict]:
+    """The paged-attention terms (simkv.validate.genai.calibrate), or none where openvino-genai is missing."""
+    try:
+        import openvino_genai  # noqa: F401
+    except ImportError:
+        return {}, {"paged": "not measured: openvino-genai is not installed (the serving engine then prices steps "
+                    "with the stateful terms)"}
+    from simkv.validate.genai.calibrate import measure_paged
+
+    return measure_paged(weights_rate, precision, progress)
 
 
 def calibrate(path: str | Path, threads: int | None = None, progress: bool = True) -> Device:

@@ -1,0 +1,222 @@
+"""The paged half of ``simkv calibrate``: time what OpenVINO GenAI's ``ContinuousBatchingPipeline`` runs.
+
+The pipeline does not run the stateful model's SDPA. GenAI rewrites the model when it builds the pipeline
+(``apply_paged_attention_transformations`` in ``src/cpp/src/continuous_batching/paged_attention_transformations.cpp``
+runs ``ov::pass::SDPAToPagedAttention``): every layer's SDPA becomes a ``PagedAttentionExtension`` over
+``key_cache.N`` / ``value_cache.N`` block tables, which the CPU plugin executes in
+``src/plugins/intel_cpu/src/nodes/paged_attn.cpp`` with the kernels of
+``src/plugins/intel_cpu/src/nodes/kernels/scaled_attn/executor_pa.cpp`` — one-token queries in
+``MHAHelper::exec_loop_bhl`` (a loop over sequence, head and cached block), prompts in ``exec_loop_mixed``.
+Each ``step()`` also runs GenAI's scheduler, fills the block tables and runs the sampler per sequence. So the
+host preset's ``paged`` terms are measured by timing ``step()`` of the real pipeline (:func:`.live.time_steps`)
+on probe decoders of other shapes than the validated one (never fitted to the steps they are checked against):
+
+* **fixed cost per step and per layer** (``step_overhead_s``, ``layer_overhead_s``): decode at batch 1 of a
+  1-layer and a 9-layer tiny decoder (hidden 64, one 64-wide head: weights and attention negligible);
+* **per sequence** (``sequence_overhead_s``: block tables, the sampler, the output per sequence): the 1-layer
+  decoder at batch :data:`SEQ_BATCH` over batch 1;
+* **one-token attention per position** (``decode_attention_flops``, ``kv_bandwidth_efficiency``): two 4-layer
+  probes with 32 query heads x 128 over 8 or 32 KV heads (hidden 256), decoding :data:`ATT_BATCH` sequences at
+  two contexts :data:`ATT_CONTEXT` apart; the extra time per sequence, layer and position is
+  ``a · query heads + b · KV heads`` (as the stateful probes of :mod:`simkv.validate.openvino.calibrate` fit it):
+  ``a`` gives the arithmetic rate (4 · head_dim FLOPs), ``b`` the rate of a KV head's cached bytes;
+* **prefill chunks** (``matmul_flops``): chunks of :data:`PREFILL_CHUNKS` tokens of a 2-layer, hidden-2,048
+  decoder; their slope (the fixed costs cancel) over the chunk's FLOPs (weight matmuls and causal attention,
+  which the cost model prices at one rate).
+
+Each figure is the median over :data:`ROUNDS` rounds of all probes (this VM's speed drifts within seconds).
+:func:`derive` is the arithmetic alone (golden-tested); :func:`measure_paged` runs the probes. Needs
+``openvino-genai``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ProbeShape", "PROBES", "derive", "measure_paged", "ROUNDS"]
+
+ROUNDS = 3
+WARMUP, REPEATS = 2, 7
+#: Decode context of the fixed-cost probes; the attention probes' short context and the gap to the long one.
+CONTEXT = 64
+ATT_CONTEXT = 512
+SEQ_BATCH = 16
+ATT_BATCH = 4
+PREFILL_CHUNKS = (128, 512)
+ATT_KV_HEADS = (8, 32)
+
+
+@dataclass(frozen=True)
+class ProbeShape:
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab: int = 512
+
+    def spec(self):
+        from .model import GenaiModelSpec
+
+        return GenaiModelSpec(layers=self.layers, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                              hidden=self.hidden, vocab=self.vocab, with_tokenizer=False)
+
+
+PROBES = {
+    "tiny1": ProbeShape(1, 1, 1, 64, 64),
+    "tiny9": ProbeShape(9, 1, 1, 64, 64),
+    "attention8": ProbeShape(4, 32, 8, 128, 256),
+    "attention32": ProbeShape(4, 32, 32, 128, 256),
+    "prefill": ProbeShape(2, 16, 16, 128, 2048),
+}
+
+
+def mean_context(entry: dict) -> float:
+    """Mean cached tokens over a decode entry's timed steps (the j-th follows P + first_step + j of them)."""
+    return entry["context"] + entry["first_step"] + (len(entry["times_s"]) - 1) / 2
+
+
+def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_flops: dict,
+           tiny_weights_bytes: dict) -> dict:
+    """One round's paged terms from its timings (seconds; contexts in tokens). ``raw`` holds:
+
+    * ``tiny1_b1``, ``tiny1_bS``, ``tiny9_b1``: (median step time, mean context) of the tiny decoders' decode at
+      batch 1 and :data:`SEQ_BATCH`;
+    * ``attention{kv}_short``, ``attention{kv}_long``: the same for the attention probes at batch :data:`ATT_BATCH`;
+    * ``prefill``: {chunk: median step time}.
+
+    ``kv_bytes_per_head``: one KV head's K and V bytes per cached position (the pipeline's KV precision);
+    ``weights_rate``: the stateful calibration's weight-streaming rate (bytes/s); ``prefill_flops``: {chunk: FLOPs
+    of that chunk on the prefill probe}; ``tiny_weights_bytes``: {"tiny1", "tiny9": each tiny decoder's weights}
+    (streamed once per step).
+
+    Attention first (differences of like steps cancel every fixed cost): per sequence, layer and position
+    ``x = Δt / (batch · layers · Δcontext)`` on each attention probe; ``x = a · 32 + b · KV heads`` on both gives
+    ``b = (x32 − x8) / 24`` and ``a = (x8 − 8 b) / 32`` (clamped at 0 and a tiny positive ``a``). The tiny decoders'
+    head is half as wide (64): their attention per position is ``(a + b) / 2``. Then, with ``att(b, c) =
+    b · layers · c · (a + b) / 2`` and each decoder's weights ``w = bytes / weights_rate``:
+    per sequence ``q = (t1S − att(S, c1S) − (t1 − att(1, c1))) / (S − 1)``, per layer
+    ``ℓ = ((t9 − att9 − w9) − (t1 − att1 − w1)) / 8``, per step ``s = t1 − att1 − w1 − q − ℓ``; prefill
+    ``matmul_flops = Δ FLOPs / Δ t`` over the two chunks.
+    """
+    heads = PROBES["attention8"].heads
+    few, many = ATT_KV_HEADS
+    per = {}
+    for kv in ATT_KV_HEADS:
+        (short, c0), (long, c1) = raw[f"attention{kv}_short"], raw[f"attention{kv}_long"]
+        per[kv] = (long - short) / (ATT_BATCH * PROBES[f"attention{kv}"].layers * (c1 - c0))
+    per_kv_head = max(0.0, (per[many] - per[few]) / (many - few))
+    per_query_head = max(1e-15, (per[few] - few * per_kv_head) / heads)
+    tiny_pos = (per_query_head + per_kv_head) * PROBES["tiny1"].head_dim / PROBES["attention8"].head_dim
+
+    def att(name: str, batch: int, context: float) -> float:
+        return batch * PROBES[name].layers * context * tiny_pos
+
+    t1, c1 = raw["tiny1_b1"]
+    tS, cS = raw["tiny1_bS"]
+    t9, c9 = raw["tiny9_b1"]
+    base1 = t1 - att("tiny1", 1, c1)
+    w1, w9 = (tiny_weights_bytes[k] / weights_rate for k in ("tiny1", "tiny9"))
+    seq = max(0.0, (tS - att("tiny1", SEQ_BATCH, cS) - base1) / (SEQ_BATCH - 1))
+    layer = max(0.0, (t9 - att("tiny9", 1, c9) - w9 - (base1 - w1)) / (PROBES["tiny9"].layers - PROBES["tiny1"].layers))
+    step = max(0.0, base1 - w1 - seq - layer)
+    small, big = sorted(raw["prefill"])
+    dt = raw["prefill"][big] - raw["prefill"][small]
+    flops = (prefill_flops[big] - prefill_flops[small]) / dt if dt > 0 else float("inf")
+    return {"step_overhead_s": step, "layer_overhead_s": layer, "sequence_overhead_s": seq,
+            "decode_attention_flops": 4.0 * PROBES["attention8"].head_dim / per_query_head,
+            "kv_rate": kv_bytes_per_head / per_kv_head if per_kv_head > 0 else float("inf"),
+            "matmul_flops": flops}
+
+
+def _model(name: str):
+    """(model directory, cost-model shape, KV precision name) of a probe."""
+    from .model import model_dir
+    from .real import PIPELINE_PROPERTIES, kv_layout
+    from .serving import cost_model
+
+    spec = PROBES[name].spec()
+    path = model_dir(spec)
+    return path, cost_model(spec), kv_layout(path, PIPELINE_PROPERTIES).kv_precision
+
+
+def _decode(path, batch: int, context: int) -> tuple[float, float]:
+    from .live import time_steps
+
+    d = time_steps(str(path), decode_batches=[batch], prefill_chunks=[], context=context, warmup=WARMUP,
+                   repeats=REPEATS)["decode"][0]
+    return float(np.median(d["times_s"])), mean_context(d)
+
+
+def _round(paths: dict) -> dict:
+    from .live import time_steps
+
+    raw = {"tiny1_b1": _decode(paths["tiny1"], 1, CONTEXT), "tiny1_bS": _decode(paths["tiny1"], SEQ_BATCH, CONTEXT),
+           "tiny9_b1": _decode(paths["tiny9"], 1, CONTEXT)}
+    for kv in ATT_KV_HEADS:
+        raw[f"attention{kv}_short"] = _decode(paths[f"attention{kv}"], ATT_BATCH, CONTEXT)
+        raw[f"attention{kv}_long"] = _decode(paths[f"attention{kv}"], ATT_BATCH, CONTEXT + ATT_CONTEXT)
+    pre = time_steps(str(paths["prefill"]), decode_batches=[], prefill_chunks=list(PREFILL_CHUNKS), context=CONTEXT,
+                     warmup=WARMUP, repeats=REPEATS)["prefill"]
+    raw["prefill"] = {p["chunk"]: float(np.median(p["times_s"])) for p in pre}
+    return raw
+
+
+def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[dict, dict]:
+    """Run :data:`ROUNDS` rounds of the probes; (the ``paged`` terms, their sources). ``progress()`` after each round."""
+    from simkv.cost.attention import attended_pairs, pair_flops_per_model
+    from simkv.cost.weights import matmul_params
+    from simkv.models import weights_bytes
+    from simkv.precision import get_precision
+
+    paths, shapes = {}, {}
+    for name in PROBES:
+        paths[name], shapes[name], kv_name = _model(name)
+        if name == "attention8":
+            att_kv = kv_name
+    att = shapes["attention8"]
+    kv_bytes_per_head = get_precision(att_kv).kv_bytes_per_token(att) / (att.layers * att.kv_heads)
+    pm = shapes["prefill"]
+    head = pm.vocab * pm.hidden
+    prefill_flops = {c: 2.0 * (matmul_params(pm) - head) * c + 2.0 * head
+                     + pair_flops_per_model(pm) * attended_pairs(pm, 0, c) for c in PREFILL_CHUNKS}
+    tiny_w = {k: float(weights_bytes(shapes[k], precision)) for k in ("tiny1", "tiny9")}
+    rounds = []
+    for _ in range(ROUNDS):
+        raw = _round(paths)
+        rounds.append(derive(raw, kv_bytes_per_head=kv_bytes_per_head, weights_rate=weights_rate,
+                             prefill_flops=prefill_flops, tiny_weights_bytes=tiny_w))
+        if progress:
+            progress()
+    fig = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
+    kv_eff = min(1.0, fig.pop("kv_rate") / weights_rate)
+
+    def spread(key, scale, unit, digits=2):
+        v = np.array([r[key] for r in rounds]) * scale
+        return (f"median {np.median(v):.{digits}f} {unit} of {len(v)} rounds (range {v.min():.{digits}f}-"
+                f"{v.max():.{digits}f})")
+
+    how = ("OpenVINO GenAI ContinuousBatchingPipeline step() on CPU (simkv.validate.genai.calibrate: the model GenAI "
+           "rewrites to PagedAttentionExtension, run by the CPU plugin's executor_pa.cpp)")
+    a = PROBES["attention8"]
+    terms = {**fig, "kv_bandwidth_efficiency": kv_eff}
+    sources = {
+        "step_overhead_s": f"measured: decode step at batch 1 of a 1-layer hidden-64 decoder minus its per-layer, "
+                           f"per-sequence, attention and weights shares: {spread('step_overhead_s', 1e3, 'ms', 3)}; {how}",
+        "layer_overhead_s": f"measured: (9-layer - 1-layer tiny decoder step, attention removed) / 8: "
+                            f"{spread('layer_overhead_s', 1e3, 'ms', 3)}; {how}",
+        "sequence_overhead_s": f"measured: (1-layer tiny decoder at batch {SEQ_BATCH} - batch 1, attention removed) / "
+                               f"{SEQ_BATCH - 1}: {spread('sequence_overhead_s', 1e3, 'ms', 4)}; {how}",
+        "decode_attention_flops": f"measured: a = time per query head and position of {a.layers}-layer probes with "
+                                  f"{a.heads} query heads over {ATT_KV_HEADS[0]} or {ATT_KV_HEADS[1]} KV heads x "
+                                  f"{a.head_dim}, batch {ATT_BATCH}, contexts {CONTEXT}+ and {CONTEXT + ATT_CONTEXT}+: "
+                                  f"4 x {a.head_dim} FLOPs / a = {spread('decode_attention_flops', 1e-9, 'GFLOP/s', 1)}; {how}",
+        "kv_bandwidth_efficiency": f"measured: b = time per KV head and position of the same probes: "
+                                   f"{kv_bytes_per_head:.0f} B of K and V ({att_kv}) / b, over the weights' rate; {how}",
+        "matmul_flops": f"measured: prefill chunks of {PREFILL_CHUNKS[0]} and {PREFILL_CHUNKS[1]} tokens of a "
+                        f"{pm.layers}-layer hidden-{pm.hidden} decoder: their FLOPs' difference / their times' "
+                        f"difference: {spread('matmul_flops', 1e-9, 'GFLOP/s', 1)}; {how}",
+    }
+    return terms, sources

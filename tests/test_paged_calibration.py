@@ -1,0 +1,108 @@
+"""The host preset's paged terms (simkv calibrate, simkv.validate.genai.calibrate): the derivation's arithmetic
+(golden), how the cost model applies them (Device.paged_kernel, the per-sequence overhead in step_cost and the
+serving engine's StepTimer), refusals, and a seconds-long smoke run of one probe on the real pipeline."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from simkv.cost import get_device, step_cost
+from simkv.cost.devices import Device
+from simkv.errors import ConfigError
+from simkv.models import custom_model
+from simkv.validate.genai.calibrate import ATT_BATCH, derive
+
+# The golden round. Chosen terms: a = 1e-8 s per query head and position, b = 4e-8 s per KV head and position,
+# per step s = 1e-4, per layer l = 5e-5, per sequence q = 2e-5; weights streamed at 1e10 B/s (tiny1 1e5 B:
+# w1 = 1e-5 s; tiny9 9e5 B: w9 = 9e-5 s); prefill 4e10 FLOPs more in 0.3 s more.
+A, B, S, L, Q = 1e-8, 4e-8, 1e-4, 5e-5, 2e-5
+
+
+def _golden_raw() -> dict:
+    # attention probes: 4 layers, batch 4, contexts 67 and 579 (512 apart): per sequence, layer and position
+    # x8 = 32a + 8b = 6.4e-7 s, x32 = 32a + 32b = 1.6e-6 s; long - short = 4 x 4 x 512 x x.
+    raw = {"attention8_short": (0.010, 67.0), "attention8_long": (0.010 + 8192 * 6.4e-7, 579.0),
+           "attention32_short": (0.020, 67.0), "attention32_long": (0.020 + 8192 * 1.6e-6, 579.0)}
+    # tiny decoders (head 64, half the probes' 128): attention per position (a + b) x 64/128 = 2.5e-8 s, context 70
+    pos = 2.5e-8
+    raw["tiny1_b1"] = (S + L + Q + 1e-5 + 1 * 70 * pos, 70.0)              # 1.8175e-4
+    raw["tiny1_bS"] = (S + L + 16 * Q + 1e-5 + 16 * 70 * pos, 70.0)        # 5.08e-4
+    raw["tiny9_b1"] = (S + 9 * L + Q + 9e-5 + 9 * 70 * pos, 70.0)          # 6.7575e-4
+    raw["prefill"] = {128: 0.1, 512: 0.4}
+    return raw
+
+
+def test_derive_golden():
+    assert ATT_BATCH == 4
+    got = derive(_golden_raw(), kv_bytes_per_head=272.0, weights_rate=1e10, prefill_flops={128: 1e10, 512: 5e10},
+                 tiny_weights_bytes={"tiny1": 1e5, "tiny9": 9e5})
+    # b = (x32 - x8) / 24 = 9.6e-7 / 24 = 4e-8; a = (x8 - 8b) / 32 = 3.2e-7 / 32 = 1e-8
+    assert got["decode_attention_flops"] == pytest.approx(4 * 128 / A, rel=1e-9)   # 5.12e10 FLOP/s
+    assert got["kv_rate"] == pytest.approx(272.0 / B, rel=1e-9)                     # 6.8e9 B/s
+    assert got["sequence_overhead_s"] == pytest.approx(Q, rel=1e-9)
+    assert got["layer_overhead_s"] == pytest.approx(L, rel=1e-9)
+    assert got["step_overhead_s"] == pytest.approx(S, rel=1e-9)
+    assert got["matmul_flops"] == pytest.approx(4e10 / 0.3, rel=1e-12)            # 1.333e11 FLOP/s
+
+
+def test_derive_clamps_noise_at_zero():
+    raw = _golden_raw()
+    raw["tiny9_b1"] = (raw["tiny1_b1"][0] * 0.5, 70.0)  # a noisy round: nine layers faster than one
+    got = derive(raw, kv_bytes_per_head=272.0, weights_rate=1e10, prefill_flops={128: 1e10, 512: 5e10},
+                 tiny_weights_bytes={"tiny1": 1e5, "tiny9": 9e5})
+    assert got["layer_overhead_s"] == 0.0 and got["step_overhead_s"] > 0
+
+
+def _host(**paged) -> Device:
+    base = get_device("xeon-8480").to_dict()
+    return Device.from_dict({**base, "name": "host", "paged": paged})
+
+
+def test_paged_kernel_applies_terms():
+    d = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5, decode_attention_flops=5e9,
+              kv_bandwidth_efficiency=0.5, matmul_flops=1e11)
+    p = d.paged_kernel()
+    assert (p.step_overhead_s, p.layer_overhead_s, p.sequence_overhead_s) == (1e-3, 2e-4, 3e-5)
+    assert p.peak() == 1e11 and p.flops_efficiency == 1.0 and p.kv_efficiency == 0.5 and not p.paged
+    assert get_device("h100-sxm").paged_kernel() is get_device("h100-sxm")  # no paged terms: itself
+
+
+def test_sequence_overhead_golden():
+    # overhead = s + layers x l + q x sequences: 1e-3 + 4 x 2e-4 + 8 x 3e-5 = 2.04e-3 s
+    model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5).paged_kernel()
+    c = step_cost(model, dev, weights_bytes=0, new_tokens=8, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
+                  logit_tokens=8)
+    assert math.isclose(c.overhead_s, 2.04e-3, rel_tol=1e-12)
+
+
+def test_step_timer_prices_sequences_like_step_cost():
+    from simkv.serving.engine.costing import StepTimer
+
+    model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5).paged_kernel()
+    timer = StepTimer(model, dev, 10**8, 4096)
+    est = np.array([timer.step(n, n * 50, n * 50, 0, n, n * 50) for n in (1, 5, 32)])
+    seconds, _ = timer.official(est)
+    assert np.allclose(seconds, est, rtol=1e-9)
+    assert est[1] - est[0] > 4 * 3e-5  # four more sequences pay four more per-sequence overheads
+
+
+@pytest.mark.parametrize("paged, msg", [({"warp": 1.0}, "paged takes"), ({"step_overhead_s": -1.0}, ">= 0")])
+def test_bad_paged_terms_refused(paged, msg):
+    with pytest.raises(ConfigError, match=msg) as err:
+        _host(**paged)
+    assert "\n" not in str(err.value)
+
+
+def test_smoke_one_probe_on_the_pipeline():
+    """Seconds: the tiny 1-layer probe decoded at batch 1 on the real ContinuousBatchingPipeline."""
+    pytest.importorskip("openvino_genai")
+    from simkv.validate.genai.calibrate import _decode, _model
+
+    path, model, kv = _model("tiny1")
+    t, ctx = _decode(path, 1, 16)
+    assert 0 < t < 1.0 and ctx > 16 and model.layers == 1 and kv
