@@ -448,8 +448,12 @@ def test_checkpoint_fp8_kv_is_vllms_auto_kv_dtype(tmp_path):
     assert hfconfig.load_config(path).vllm_kv_dtype == "fp8"
     run = [sys.executable, "-m", "simkv.cli", "run", "--model",
            str(UPSTREAM / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json"), "--scheduler", "vllm", "--synthetic",
-           "--requests", "4", "--device", "h100-sxm"]
+           "--requests", "4", "--device", "h100-sxm", "--json"]
+    # (70B FP8 leaves 79.18 - 67.66 GiB of the measured H100 for activations and the pool: it runs)
     out = subprocess.run(run, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "under two 2,621,440-byte blocks" in out.stderr  # 70B FP8 fills one H100
+    assert out.returncode == 0, out.stderr
+    scenario = json.loads(out.stdout)["scenario"]
+    assert (scenario["precision"], scenario["kv_bytes_per_token"]) == ("fp8", 163_840)
     out = subprocess.run([*run, "--precision", "bf16"], capture_output=True, text=True, timeout=120)
-    assert "under two 5,242,880-byte blocks" in out.stderr  # an explicit precision wins, as in vLLM
+    scenario = json.loads(out.stdout)["scenario"]  # an explicit precision wins, as in vLLM
+    assert (scenario["precision"], scenario["kv_bytes_per_token"]) == ("bf16", 327_680)
