@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -122,3 +123,12 @@ def workloads(draw, kinds=OP_KINDS, prompt=300, turn=200, decode=400):
     if draw(st.booleans()):
         ops.append("reset")
     return ",".join(ops)
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a subprocess a test interrupts as a user's Ctrl-C would: SIGINT at its default in the
+    child. A child inherits an *ignored* SIGINT from its parent, and Python then never raises KeyboardInterrupt; in
+    the full suite the CLI's interrupt tests saw their SIGINT lost (the run went to its end) — something earlier in
+    the same pytest process leaves it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+

@@ -26,6 +26,7 @@ import pytest
 from simkv import flags
 from simkv.cli import build_parser
 from simkv.flags import ANY, flag_modes
+from conftest import default_sigint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -315,7 +316,7 @@ def test_every_flag_of_simkv_run_shapes_the_runs_of_its_modes():
 def test_ctrl_c_exits_130_with_one_line():
     proc = subprocess.Popen([sys.executable, "-m", "simkv.cli", "run", "--engine", "reference", "--decode", "5000000",
                              "--weights-memory", "0", "--json"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint, env={**os.environ, "PYTHONPATH": str(ROOT)})
     time.sleep(4)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

@@ -10,6 +10,7 @@ import pytest
 from simkv import build_scenario, simulate
 from simkv.errors import ConfigError
 from simkv.lab import sweep
+from conftest import default_sigint
 
 BASE = {"model": "tinyllama-1.1b", "policy": "openvino-gpu", "prompt": 64, "decode": 100}
 
@@ -179,13 +180,10 @@ def test_cli_sweep_ctrl_c_keeps_the_rows_done(tmp_path):
     out = tmp_path / "big.parquet"
     proc = subprocess.Popen([sys.executable, "-m", "simkv.cli", "sweep", "--param", "headroom_base=0:3000:1",
                              "--param", "decode=4000", "--out", str(out), "--workers", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while not out.exists() and proc.poll() is None and time.monotonic() < deadline:  # the first flush (~2 s)
         time.sleep(0.2)
-    # (not while the first flush is still writing: on a loaded machine a SIGINT sent at once was lost once and the
-    # sweep ran to its end — cause not found; the next flush is FLUSH_SECONDS away)
-    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
