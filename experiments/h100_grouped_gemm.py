@@ -15,6 +15,8 @@ from __future__ import annotations
 import csv
 import sys
 
+from h100_gemm_efficiency import _replay_time  # (the script's own folder is on sys.path)
+
 PEAK = {"bf16": 9.894e14, "fp8": 1.9789e15}
 
 #: (name, experts on the device G, N out, K in)
@@ -37,19 +39,7 @@ def _graph_time(fn) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1000)
-    times.sort()
-    return times[len(times) // 2]
+    return _replay_time(g)
 
 
 def main(out_path: str) -> None:
