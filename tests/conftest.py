@@ -127,8 +127,8 @@ def workloads(draw, kinds=OP_KINDS, prompt=300, turn=200, decode=400):
 
 def default_sigint() -> None:
     """``preexec_fn`` for a subprocess a test interrupts as a user's Ctrl-C would: SIGINT at its default in the
-    child. A child inherits an *ignored* SIGINT from its parent, and Python then never raises KeyboardInterrupt; in
-    the full suite the CLI's interrupt tests saw their SIGINT lost (the run went to its end) — something earlier in
-    the same pytest process leaves it ignored."""
+    child. A suite started in the background (``pytest &`` from a non-interactive shell) runs with SIGINT ignored,
+    its children inherit that, and Python then never raises KeyboardInterrupt: the interrupt tests' runs went on to
+    their end."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
