@@ -149,6 +149,42 @@ def test_sliding_group_frees_blocks_to_the_null_block(real_runs):
     assert column(real, "free") == [7, 6, 7, 11]
 
 
+case("sliding-prefix", resolve_model(str(TINY / "gpt_oss.json")),
+     [Request(0, 40, 2, arrival_step=0, prefix_id="a", prefix_tokens=32),
+      Request(1, 40, 2, arrival_step=2, prefix_id="a", prefix_tokens=32)],
+     num_blocks=12, block_size=16, max_num_batched_tokens=64, max_num_seqs=4, enable_prefix_caching=True)
+
+
+@needs_vllm
+def test_sliding_group_prefix_hit(real_runs):
+    """gpt-oss's tiny shape with prefix caching: group 0 sliding (window 4), group 1 full, blocks of 16, 11 usable;
+    two 40-token prompts sharing their first 32 tokens (hashes h0, h1), 2 new tokens each, request 1 at step 2.
+
+    * step 0: request 0 admitted, no hit; sliding [1, 2, 3], full [4, 5, 6] (free 5). ``cache_blocks`` up to
+      40 → 32 tokens (``get_num_cacheable_tokens``: the scheduler block's multiple), two full blocks. The full group
+      caches 4 (h0) and 5 (h1). The sliding group caches only the ``cdiv(4 − 1, 16) = 1`` block ending at the
+      replay boundary ``39 // 16 = 2`` (``reachable_block_mask``, retention 0): block 2 (h1); block 1 stays unhashed.
+    * step 1: 40 computed → 37 skipped tokens → 2 blocks leave the window: freed as [2, 1] (walking back): 2 is
+      cached → the queue's tail, 1 → its front; sliding [0, 0, 3]. The request samples its 2nd token and finishes:
+      sliding [3] (null head trimmed) to the front, full [6, 5, 4]: 6 to the front, 5 and 4 (cached) to the tail →
+      queue 6, 3, 1, 7 … 11, 2, 5, 4 (free 11).
+    * step 2: request 1's lookup, max 39 tokens (``HybridKVCacheCoordinator.find_longest_cache_hit``, full first):
+      full hits h0 → 4, h1 → 5: 32 tokens; the sliding group, max 32 tokens = 2 blocks, scans from the right: h1 →
+      block 2, one contiguous block is enough → [null, 2], 32 tokens; one pass (one full + one other spec). Hit 32
+      tokens, 8 scheduled. ``add_local_computed_blocks``: 32 − 4 + 1 = 29 skipped tokens = 1 block: the sliding
+      table is [0, 2] (block 2 touched out of the queue), the full one [4, 5]; one new block each from the queue's
+      head: 6 (sliding), 3 (full) → sliding [0, 2, 6], full [4, 5, 3] (free 6).
+    * step 3: 40 computed: block 2 leaves the window again (to the tail: cached); the request finishes (free 11).
+    """
+    real = run(real_runs, "sliding-prefix")
+    assert column(real, "scheduled") == [{"0": 40}, {"0": 1}, {"1": 8}, {"1": 1}]
+    assert column(real, "hits") == [{"0": 0}, {}, {"1": 32}, {}]
+    assert column(real, "blocks") == [{"0": [[1, 2, 3], [4, 5, 6]]}, {"0": [[0, 0, 3], [4, 5, 6]]},
+                                      {"1": [[0, 2, 6], [4, 5, 3]]}, {"1": [[0, 0, 6], [4, 5, 3]]}]
+    assert column(real, "free") == [5, 11, 6, 11]
+    assert_step_exact(real_runs, "sliding-prefix")
+
+
 case("mamba", resolve_model(str(TINY / "qwen3_next.json")), [Request(0, 40, 3, arrival_step=0)],
      num_blocks=12, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512)
 
@@ -264,6 +300,12 @@ for _shape in SHAPES:
 compared_case("random-priority", uniform(), random_workload(12, 7, False, priorities=True), policy="priority")
 compared_case("random-long-prefill", shape_model("gpt_oss"), random_workload(12, 8, False),
               long_prefill_token_threshold=24)
+# Prefix caching beside sliding and chunked groups (two shared prefixes: hits, and the sliding group's sparse
+# caching at the replay boundary and the shared-prefix junction).
+PREFIX_SHAPES = ["gpt_oss", "llama4"]
+for _shape in PREFIX_SHAPES:
+    compared_case(f"random-prefix-{_shape}", shape_model(_shape), random_workload(12, 9, True),
+                  enable_prefix_caching=True)
 
 
 def assert_step_exact(real_runs, name):
@@ -282,6 +324,15 @@ def test_simkv_scheduler_matches_the_real_one_step_by_step(real_runs, shape):
     the real scheduler and simkv's ``--scheduler vllm``: every step equal (tokens, preemptions, block ids per group,
     free blocks, finished, queues). A pool of twice the longest request's blocks makes requests preempt."""
     assert_step_exact(real_runs, f"random-{shape}")
+
+
+@needs_vllm
+@pytest.mark.parametrize("shape", PREFIX_SHAPES)
+def test_prefix_caching_beside_window_groups_matches_the_real_one(real_runs, shape):
+    """Prefix caching beside a sliding group (gpt-oss) and chunked groups (Llama-4): step-exact, hits included,
+    and the case does hit the cache."""
+    assert_step_exact(real_runs, f"random-prefix-{shape}")
+    assert any(n for s in run(real_runs, f"random-prefix-{shape}").steps for n in s["hits"].values())
 
 
 @needs_vllm

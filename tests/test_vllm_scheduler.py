@@ -98,6 +98,28 @@ def test_prefix_hit_and_the_eviction_order_of_cached_blocks():
     assert column(steps, "blocks") == [{"0": [[1, 2, 3]]}] * 2 + [{"1": [[1, 2, 3]]}] * 2 and column(steps, "free") == [6, 9, 6, 9]
 
 
+def test_sliding_group_prefix_hit():
+    """gpt-oss, prefix caching (tests/test_vllm_real.py ``test_sliding_group_prefix_hit`` holds the derivation):
+    the sliding group caches only block 2, the one ending at the replay boundary (retention 0); request 1's hit is
+    32 tokens: full [4, 5], sliding [null, 2] (scanned from the right, one block covers the window − 1 tokens)."""
+    reqs = [Request(0, 40, 2, arrival_step=0, prefix_id="a", prefix_tokens=32),
+            Request(1, 40, 2, arrival_step=2, prefix_id="a", prefix_tokens=32)]
+    steps = run(resolve_model(str(TINY / "gpt_oss.json")), reqs, num_blocks=12, block_size=16,
+                max_num_batched_tokens=64, max_num_seqs=4, enable_prefix_caching=True)
+    assert column(steps, "scheduled") == [{"0": 40}, {"0": 1}, {"1": 8}, {"1": 1}]
+    assert column(steps, "hits") == [{"0": 0}, {}, {"1": 32}, {}]
+    assert column(steps, "blocks") == [{"0": [[1, 2, 3], [4, 5, 6]]}, {"0": [[0, 0, 3], [4, 5, 6]]},
+                                       {"1": [[0, 2, 6], [4, 5, 3]]}, {"1": [[0, 0, 6], [4, 5, 3]]}]
+    assert column(steps, "free") == [5, 11, 6, 11]
+
+
+def test_prefix_caching_beside_a_mamba_group_is_refused_in_one_line():
+    """Mamba's ``mamba_cache_mode="align"`` (block-aligned prefill chunks, cached states) is not modelled."""
+    with pytest.raises(ConfigError, match="beside a Mamba group"):
+        run(resolve_model(str(TINY / "qwen3_next.json")), [Request(0, 40, 3, arrival_step=0)], num_blocks=12,
+            block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512, enable_prefix_caching=True)
+
+
 def test_a_request_that_can_never_be_admitted_stops_with_one_line():
     """Gemma-3: 3 full + 5 × 3 sliding blocks for a 40-token prompt > 15 usable (S4): one line, as the driver."""
     with pytest.raises(ConfigError, match="can never be admitted"):
@@ -117,7 +139,7 @@ SPECS = {"uniform": [("full", 16, 0)], "sliding": [("sliding", 16, 20), ("full",
 def test_random_workloads_conserve_blocks_and_are_deterministic(shape, caching, priority, blocks, budget, seqs, reqs):
     """Every step: free blocks + blocks held (each distinct block once, its ref count = its tables) = usable
     blocks; never more held than the pool; the null block never free; same inputs, same steps."""
-    caching = caching and shape == "uniform"
+    caching = caching and shape != "mamba"
     specs = SPECS[shape]
     cfg = VllmSettings(num_blocks=blocks, max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=512,
                        policy="priority" if priority else "fcfs", enable_prefix_caching=caching)

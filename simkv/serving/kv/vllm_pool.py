@@ -178,9 +178,12 @@ class GroupTables:
     """One KV-cache group's manager: its spec (kind, block size, window) and each request's block table."""
 
     def __init__(self, gid: int, kind: str, block_size: int, window: int, pool: VllmBlockPool, *,
-                 max_in_flight: int, max_model_len: int) -> None:
+                 max_in_flight: int, max_model_len: int, alignment: int | None = None) -> None:
         self.gid, self.kind, self.block_size, self.window = gid, kind, block_size, window
         self.pool = pool
+        #: ``cache_hit_alignment_tokens``: a hit's length is a multiple of it (the coordinator's
+        #: ``scheduler_block_size``, the LCM of the groups' block sizes; ``HybridKVCacheCoordinator``).
+        self.alignment = alignment or block_size
         self.tables: dict[str, list[int]] = {}
         #: ``num_cached_block``: requests registered by a prefix lookup or by caching (their count of cached blocks).
         self.num_cached: dict[str, int] = {}
@@ -238,10 +241,18 @@ class GroupTables:
         if freed:
             self.shared -= self.pool.free_blocks(freed)
 
-    def add_hit(self, rid: str, hit: list[int]) -> None:
-        self.shared += self.pool.touch(hit)
+    def add_hit(self, rid: str, hit: list[int], computed: int) -> None:
+        """``add_local_computed_blocks``: the hit's blocks before ``get_num_skipped_tokens(computed)`` become null
+        blocks (not touched: a sliding or chunked hit holds nulls or blocks out of the window there), the rest are
+        touched; all count as cached (``num_cached_block``)."""
+        skipped = self.skipped_tokens(computed) // self.block_size
+        kept = hit[skipped:]
+        self.shared += self.pool.touch(kept)
         table = self.tables.setdefault(rid, [])
-        table.extend(hit)
+        table.extend([NULL] * skipped)
+        table.extend(kept)
+        if skipped:
+            self.nulls[rid] = skipped
         self.num_cached[rid] = len(table)
 
     def allocate(self, rid: str, num_tokens: int) -> None:
@@ -250,17 +261,40 @@ class GroupTables:
         if n > 0:
             table.extend(self.pool.get_new_blocks(n))
 
-    def cache_blocks(self, rid: str, hashes: list, num_tokens: int) -> None:
+    def cache_blocks(self, rid: str, hashes: list, num_tokens: int, boundaries=()) -> None:
+        """``SingleTypeKVCacheManager.cache_blocks``: the blocks that became full get their hash
+        (``BlockPool.cache_full_blocks``), null blocks and, in a sliding group, blocks outside
+        :meth:`reachable_mask` skipped for good (``num_cached_block`` moves past them)."""
         cached = self.num_cached.get(rid, 0)
         full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
         if cached >= full:
             return
         table = self.tables[rid]
         cache, gid = self.pool.cache, self.gid
+        mask = self.reachable_mask(cached, full, boundaries) if self.kind == "sliding" else None
         for i in range(cached, full):
-            if table[i] != NULL:
+            if table[i] != NULL and (mask is None or mask[i - cached]):
                 cache(table[i], (hashes[i], gid))
         self.num_cached[rid] = full
+
+    def reachable_mask(self, start: int, end: int, boundaries) -> list[bool] | None:
+        """``SlidingWindowManager.reachable_block_mask`` (vLLM 0.33.0, no EAGLE) under vLLM's default
+        ``prefix_cache_retention_interval = 0`` (``CacheConfig``, carried into ``KVCacheConfig`` by
+        ``kv_cache_planning.get_kv_cache_config_from_groups``): of blocks ``start … end − 1`` only the
+        ``cdiv(W − 1, block)`` blocks ending at each reachable boundary are cached — the replay boundary
+        (``prompt − 1``, ``kv_cache_coordinator.replay_boundaries``) and the request's shared-prefix junction
+        (``Request.shared_prefix_boundary``), each floored to the alignment. ``None``: every block (an alignment
+        that is not a whole number of this group's blocks)."""
+        bs, align = self.block_size, self.alignment
+        if align % bs:
+            return None
+        need = cdiv(self.window - 1, bs)
+        mask = [False] * (end - start)
+        for b in boundaries:
+            stop = b // align * align // bs
+            for j in range(max(start, stop - need), min(end, stop)):
+                mask[j - start] = True
+        return mask
 
     def free(self, rid: str) -> None:
         table = self.tables.pop(rid, [])
@@ -309,12 +343,82 @@ class GroupTables:
                     total += real * filled // self.block_size
         return total
 
-    def longest_hit(self, hashes: list, max_length: int) -> list[int]:
-        """Full attention's ``find_longest_cache_hit``: cached blocks from the left while every hash is cached."""
+
+
+def find_longest_cache_hit(batch: list[GroupTables], hashes: list, max_length: int) -> tuple[list[list[int]], int]:
+    """One spec's ``find_longest_cache_hit`` over the groups ``batch`` (equal specs, looked up together: a block
+    hits only if every group in the batch has it cached, ``BlockPool.get_cached_block``): each group's hit blocks
+    (null blocks where the window skips them) and the hit length in tokens. ``single_type_kv_cache_manager.py``:
+
+    * full attention / MLA (``FullAttentionManager``): cached blocks from the left while every hash is cached;
+    * sliding window (``SlidingWindowManager``): scanned from the right for ``cdiv(W − 1, block)`` contiguous
+      cached blocks; the blocks before them are null blocks; without such a run, the run of cached blocks at the
+      start (shorter than the window) is the hit;
+    * chunked local attention (``ChunkedLocalAttentionManager``): blocks before the chunk of ``max_length``
+      (``max_length // C × C``) are null blocks and count as hit; from there cached blocks from the left.
+    """
+    g0 = batch[0]
+    bs, align, kind = g0.block_size, g0.alignment, g0.kind
+    pool = g0.pool
+    keys = [g.gid for g in batch]
+
+    def cached(h):
         out = []
-        for h in hashes[:max_length // self.block_size]:
-            b = self.pool.cached_block((h, self.gid))
+        for gid in keys:
+            b = pool.cached_block((h, gid))
             if b is None:
-                break
+                return None
             out.append(b)
         return out
+
+    max_blocks = max_length // bs
+    if kind in ("full", "mla"):
+        hit = [[] for _ in batch]
+        for h in hashes[:max_blocks]:
+            c = cached(h)
+            if c is None:
+                break
+            for col, b in zip(hit, c):
+                col.append(b)
+        length = len(hit[0]) * bs
+        length -= length % align
+        for col in hit:
+            del col[cdiv(length, bs):]
+        return hit, length
+    if kind == "sliding":
+        need = cdiv(g0.window - 1, bs)
+        hit = [[NULL] * max_blocks for _ in batch]
+        run, found = 0, False
+        for i in range(max_blocks - 1, -1, -1):
+            c = cached(hashes[i])
+            if c is None:
+                run = 0
+                continue
+            if run == 0 and bs != align and ((i + 1) * bs) % align:
+                continue
+            for col, b in zip(hit, c):
+                col[i] = b
+            run += 1
+            if run >= need:
+                for col in hit:
+                    del col[i + run:]
+                found = True
+                break
+        if not found:
+            for col in hit:
+                del col[run:]
+            while bs != align and len(hit[0]) * bs % align:
+                for col in hit:
+                    col.pop()
+        return hit, len(hit[0]) * bs
+    if kind == "chunked":
+        start = max_length // g0.window * g0.window // bs if max_length > 0 else 0
+        hit = [[NULL] * start for _ in batch]
+        for i in range(start, max_blocks):
+            c = cached(hashes[i])
+            if c is None:
+                break
+            for col, b in zip(hit, c):
+                col.append(b)
+        return hit, len(hit[0]) * bs
+    raise ValueError(f"no prefix-cache hit rule for a {kind} group")

@@ -20,17 +20,24 @@ The rules, each read in vLLM's source and checked against the real scheduler (do
 * K2: ``KVCacheManager.allocate_slots``: remove skipped blocks, count, touch the hit, allocate group by group,
   cache the blocks that became full.
 
-Not modelled (refused with one line): prefix caching beside sliding, chunked or Mamba groups (their hit rules:
-windows scanned from the right, Mamba states cached at block-aligned chunks, ``mamba_cache_mode="align"``).
+* S5/K9: prefix caching beside sliding and chunked groups (``HybridKVCacheCoordinator.find_longest_cache_hit``):
+  each spec's hit rule (:func:`~simkv.serving.kv.vllm_pool.find_longest_cache_hit`), full attention first, the
+  others cut the candidate length until every spec accepts it (one pass for one full + one other spec); a sliding
+  group caches only the blocks a later hit can reach (vLLM's default ``prefix_cache_retention_interval = 0``).
+
+Not modelled (refused with one line): prefix caching beside a Mamba group (``mamba_cache_mode="align"``: prefill
+chunks cut to block boundaries, ``Scheduler._mamba_block_aligned_split``, and states cached at them).
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from math import lcm
 
 from simkv.errors import ConfigError
-from simkv.serving.kv.vllm_pool import NULL, GroupTables, VllmBlockPool
+
+from simkv.serving.kv.vllm_pool import NULL, GroupTables, VllmBlockPool, cdiv, find_longest_cache_hit
 
 WAITING, RUNNING, PREEMPTED, FINISHED = "WAITING", "RUNNING", "PREEMPTED", "FINISHED"
 #: Generated tokens' ids start here (as the real driver's: distinct per request, never a prompt's).
@@ -78,6 +85,8 @@ class VRequest:
     preemptions: int = 0
     hashes: list = field(default_factory=list)
     num_tokens: int = 0  # prompt + generated (``Request.num_tokens``)
+    #: ``Request.shared_prefix_boundary``: set by each prefix lookup (:meth:`VllmScheduler._lookup`).
+    junction: int = 0
 
     @property
     def outputs(self) -> int:
@@ -114,12 +123,23 @@ class VllmScheduler:
     def __init__(self, specs: list[tuple[str, int, int]], settings: VllmSettings) -> None:
         s = self.s = settings
         s.check()
-        if s.enable_prefix_caching and any(kind not in ("full", "mla") for kind, _, _ in specs):
-            raise ConfigError("prefix caching under --scheduler vllm is modelled for full-attention groups only "
-                              "(vLLM's sliding, chunked and Mamba hit rules are not): drop --prefix-caching")
+        if s.enable_prefix_caching and any(kind == "mamba" for kind, _, _ in specs):
+            raise ConfigError("prefix caching beside a Mamba group under --scheduler vllm is not modelled (vLLM's "
+                              "mamba_cache_mode='align': block-aligned prefill chunks and cached states): drop "
+                              "--prefix-caching")
         self.pool = VllmBlockPool(s.num_blocks, s.enable_prefix_caching)
+        #: ``scheduler_block_size``: the LCM of the groups' block sizes (a hit's and the cached length's unit).
+        self.scheduler_block = lcm(*(bs for _, bs, _ in specs))
+        hybrid = len(specs) > 1
         self.groups = [GroupTables(i, kind, bs, w, self.pool, max_in_flight=s.max_num_batched_tokens,
-                                   max_model_len=s.max_model_len) for i, (kind, bs, w) in enumerate(specs)]
+                                   max_model_len=s.max_model_len, alignment=self.scheduler_block if hybrid else bs)
+                       for i, (kind, bs, w) in enumerate(specs)]
+        #: ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``: groups of one spec looked up together,
+        #: full attention (MLA included) first, the rest in group order.
+        batches: dict[tuple, list[GroupTables]] = {}
+        for g in self.groups:
+            batches.setdefault((g.kind, g.block_size, g.window), []).append(g)
+        self.hit_batches = sorted(batches.values(), key=lambda b: b[0].kind not in ("full", "mla"))
         self.hash_block = min(bs for _, bs, _ in specs)
         #: Groups that never skip a block and share none (full attention or MLA, prefix caching off): their
         #: ``allocate_slots`` is the block count alone (:meth:`_allocate_plain`).
@@ -202,12 +222,17 @@ class VllmScheduler:
             return False
         if hit_tokens or (self.s.enable_prefix_caching and r.computed == 0):
             for g, h in zip(self.groups, hit):
-                g.add_hit(r.id, h)
+                g.add_hit(r.id, h, local)
         for g in self.groups:
             g.allocate(r.id, slot)
         if self.s.enable_prefix_caching:
+            upto = min(total + n, r.num_tokens)
+            if len(self.groups) > 1:  # HybridKVCacheCoordinator.get_num_cacheable_tokens: a hit's unit at most
+                upto -= upto % self.scheduler_block
+            # kv_cache_coordinator.replay_boundaries (no EAGLE) and the junction of the last lookup
+            boundaries = (r.prompt - 1, r.junction) if r.junction else (r.prompt - 1,)
             for g in self.groups:
-                g.cache_blocks(r.id, r.hashes, min(total + n, r.num_tokens))
+                g.cache_blocks(r.id, r.hashes, upto, boundaries)
         return True
 
     def _allocate_plain(self, r: VRequest, n: int, full: bool) -> bool:
@@ -239,12 +264,50 @@ class VllmScheduler:
             g.free(r.id)
 
     def _lookup(self, r: VRequest) -> tuple[list[list[int]], int]:
-        """``get_computed_blocks``: the longest hit common to every group, at most ``num_tokens − 1`` tokens."""
+        """``KVCacheManager.get_computed_blocks``: the longest hit common to every group, at most ``num_tokens − 1``
+        tokens (the last token is recomputed for its logits), and ``r.junction`` (``shared_prefix_boundary``).
+
+        ``HybridKVCacheCoordinator.find_longest_cache_hit`` (``kv_cache_coordinator.py``): a fixed point over the
+        spec batches (:attr:`hit_batches`, full attention first). Full attention is looked up once (its hit is
+        downward closed: later passes only cut to it); every other spec is looked up again at the current candidate
+        length, which its hit replaces. A pass that shortened the candidate starts another, except with exactly two
+        batches, full attention first (one pass suffices). The full-attention hits are then cut to the final length.
+        The junction is the longest single batch's hit where it exceeds the common one (a prefix a sparse group did
+        not cache): that request caches its sliding blocks there too (:meth:`GroupTables.reachable_mask`)."""
         if not self.s.enable_prefix_caching:
             return [[] for _ in self.groups], 0
-        hits = [g.longest_hit(r.hashes, r.num_tokens - 1) for g in self.groups]
-        n = min(len(h) * g.block_size for h, g in zip(hits, self.groups))
-        return [h[:n // g.block_size] for h, g in zip(hits, self.groups)], n
+        batches = self.hit_batches
+        if len(batches) == 1:  # UnitaryKVCacheCoordinator: the one spec's hit, no junction
+            hit, n = find_longest_cache_hit(batches[0], r.hashes, r.num_tokens - 1)
+            r.junction = 0
+            return hit, n
+        hits: list = [None] * len(self.groups)
+        lengths = [0] * len(self.groups)
+        hit_length = r.num_tokens - 1
+        longest = 0
+        simple = len(batches) == 2 and batches[0][0].kind in ("full", "mla")
+        while True:
+            curr = hit_length
+            for batch in batches:
+                first = batch[0]
+                if first.kind in ("full", "mla") and hits[first.gid] is not None:
+                    curr = min(curr, lengths[first.gid])
+                    continue
+                found, curr = find_longest_cache_hit(batch, r.hashes, curr)
+                for g, h in zip(batch, found):
+                    hits[g.gid], lengths[g.gid] = h, curr
+                longest = max(longest, curr)
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if simple:
+                break
+        for batch in batches:
+            if batch[0].kind in ("full", "mla"):
+                for g in batch:
+                    del hits[g.gid][cdiv(hit_length, g.block_size):]
+        r.junction = longest if longest > hit_length else 0
+        return [h if h is not None else [] for h in hits], hit_length
 
     def _preempt(self, r: VRequest) -> None:
         self._free(r)

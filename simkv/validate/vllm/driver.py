@@ -118,7 +118,11 @@ def build(job: dict):
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
     specs = layer_specs(job, torch, job["block_size"])
     groups = get_kv_cache_groups(vllm_config, specs)
-    kv_cache_config = KVCacheConfig(num_blocks=job["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
+    # A server's KVCacheConfig carries CacheConfig.prefix_cache_retention_interval (default 0: sliding and Mamba
+    # groups cache only the blocks a replay or a shared-prefix junction can reach), as
+    # kv_cache_planning.get_kv_cache_config_from_groups sets it; the constructor's own default (None) is dense.
+    kv_cache_config = KVCacheConfig(num_blocks=job["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups,
+                                    prefix_cache_retention_interval=cache_config.prefix_cache_retention_interval)
     cache_config.num_gpu_blocks = job["num_blocks"]
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
     scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
