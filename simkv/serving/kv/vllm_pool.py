@@ -192,6 +192,15 @@ class GroupTables:
         #: many more references than blocks the tables hold (prefix hits on blocks another table holds).
         self.nulls: dict[str, int] = {}
         self.shared = 0
+        #: A Mamba group under prefix caching (``mamba_cache_mode="align"``, ``MambaManager``): the state is kept
+        #: per block boundary, so a table is mostly null blocks around the live state (:meth:`_align_allocate`).
+        self.align = kind == "mamba" and pool.caching
+        #: ``MambaManager.last_state_block_idx``, ``_num_retired_blocks``, ``_allocated_block_reqs`` ("align").
+        self.last_state: dict[str, int] = {}
+        self.retired: dict[str, int] = {}
+        self.allocated: set[str] = set()
+        #: ``MambaManager.cached_blocks_this_step``: keys cached in this step (cleared by :meth:`new_step`).
+        self.cached_this_step: set = set()
         # max_admission_blocks_per_request (kv_cache_interface.py): SlidingWindowSpec / ChunkedLocalAttentionSpec
         if kind == "sliding":
             self.cap = cdiv(min(window - 1 + max_in_flight, max_model_len), block_size) + 1
@@ -212,6 +221,8 @@ class GroupTables:
 
     def blocks_to_allocate(self, rid: str, num_tokens: int, hit: list[int], total_computed: int,
                            cap: bool = False) -> int:
+        if self.align:
+            return self._align_blocks_to_allocate(rid, num_tokens, hit)
         required = cdiv(num_tokens, self.block_size)
         if cap and self.cap is not None:
             required = min(required, self.cap)
@@ -224,7 +235,68 @@ class GroupTables:
         evictable = sum(1 for b in hit[skip_hit:] if b != NULL and self.pool.ref[b] == 0)
         return new + evictable
 
+    def _align_blocks_to_allocate(self, rid: str, num_tokens: int, hit: list[int]) -> int:
+        """``MambaManager.get_num_blocks_to_allocate`` under "align" (no speculative or checkpoint blocks, a hash
+        block equal to the Mamba block: no partial hit): a hit whose state was cached in this very step cannot be
+        used yet (``num_gpu_blocks + 1``: the request waits a step); otherwise the missing blocks, at most one new
+        (the rest of the table is null blocks), plus the hit's blocks that are free (evictable). Not clamped at 0,
+        as vLLM's is not."""
+        pool = self.pool
+        if hit and hit[-1] != NULL and pool.hash_of[hit[-1]] in self.cached_this_step:
+            return pool.num_blocks + 1
+        new = cdiv(num_tokens, self.block_size) - len(hit) - len(self.tables.get(rid, ()))
+        if new > 0:
+            new = 1
+        return new + sum(1 for b in hit if b != NULL and pool.ref[b] == 0)
+
+    def _align_remove_skipped(self, rid: str, computed: int) -> None:
+        """``MambaManager.remove_skipped_blocks`` under "align": every non-null block before the state of token
+        ``computed − 1`` is freed (from ``_num_retired_blocks`` on, walking back past null gaps,
+        ``_remove_blocks_in_range``), then the state block the previous allocation copied from
+        (``last_state_block_idx``) once it lies before the block of the last computed token."""
+        table = self.tables.setdefault(rid, [])
+        skipped = computed - 1
+        if skipped > 0:
+            first = self.retired.get(rid, 0)
+            last = min(skipped // self.block_size, len(table))
+            if first < last:
+                freed = []
+                for i in range(last - 1, first - 1, -1):
+                    if table[i] != NULL:
+                        freed.append(table[i])
+                        table[i] = NULL
+                if freed:
+                    self.shared -= self.pool.free_blocks(freed)
+                self.retired[rid] = last
+        at = self.last_state.get(rid)
+        if at is not None and at < cdiv(computed, self.block_size) - 1 and table[at] != NULL:
+            self.shared -= self.pool.free_blocks([table[at]])
+            table[at] = NULL
+
+    def _align_allocate(self, rid: str, num_tokens: int) -> None:
+        """``MambaManager.allocate_new_blocks`` under "align": the table reaches ``cdiv(num_tokens, block)``
+        entries, null blocks up to the last and one new block for the state of the chunk's end; the block
+        holding the previous state (the last one, or a prefix hit's) is remembered as ``last_state_block_idx``,
+        freed by the next :meth:`_align_remove_skipped` that passes it."""
+        table = self.tables.setdefault(rid, [])
+        required = cdiv(num_tokens, self.block_size)
+        if required <= len(table):
+            self.allocated.add(rid)
+            return
+        if table:
+            self.last_state[rid] = len(table) - 1
+        if len(table) < required - 1:
+            table.extend([NULL] * (required - 1 - len(table)))
+        table.extend(self.pool.get_new_blocks(required - len(table)))
+        self.allocated.add(rid)
+
+    def new_step(self) -> None:
+        """``new_step_starts``: the states cached in the last step are usable from now on."""
+        self.cached_this_step.clear()
+
     def remove_skipped(self, rid: str, computed: int) -> None:
+        if self.align:
+            return self._align_remove_skipped(rid, computed)
         skipped = self.skipped_tokens(computed)
         if skipped <= 0:
             return
@@ -256,6 +328,8 @@ class GroupTables:
         self.num_cached[rid] = len(table)
 
     def allocate(self, rid: str, num_tokens: int) -> None:
+        if self.align:
+            return self._align_allocate(rid, num_tokens)
         table = self.tables.setdefault(rid, [])
         n = cdiv(num_tokens, self.block_size) - len(table)
         if n > 0:
@@ -271,10 +345,17 @@ class GroupTables:
             return
         table = self.tables[rid]
         cache, gid = self.pool.cache, self.gid
-        mask = self.reachable_mask(cached, full, boundaries) if self.kind == "sliding" else None
+        if self.kind == "sliding":
+            mask = self.reachable_mask(cached, full, boundaries)
+        elif self.kind == "mamba":
+            mask = self.reachable_state_mask(cached, full, boundaries)
+        else:
+            mask = None
         for i in range(cached, full):
             if table[i] != NULL and (mask is None or mask[i - cached]):
                 cache(table[i], (hashes[i], gid))
+                if self.align:
+                    self.cached_this_step.add(self.pool.hash_of[table[i]])
         self.num_cached[rid] = full
 
     def reachable_mask(self, start: int, end: int, boundaries) -> list[bool] | None:
@@ -296,7 +377,22 @@ class GroupTables:
                 mask[j - start] = True
         return mask
 
+    def reachable_state_mask(self, start: int, end: int, boundaries) -> list[bool]:
+        """``MambaManager.reachable_block_mask`` under vLLM's default ``prefix_cache_retention_interval = 0``: of
+        blocks ``start … end − 1`` only the one state block ending at each reachable boundary (the replay boundary
+        ``prompt − 1`` and the junction, floored to the alignment) is cached."""
+        mask = [False] * (end - start)
+        for b in boundaries:
+            at = b // self.alignment * self.alignment // self.block_size - 1
+            if start <= at < end:
+                mask[at - start] = True
+        return mask
+
     def free(self, rid: str) -> None:
+        if self.align:
+            self.last_state.pop(rid, None)
+            self.retired.pop(rid, None)
+            self.allocated.discard(rid)
         table = self.tables.pop(rid, [])
         self.num_cached.pop(rid, None)
         self.nulls.pop(rid, None)
@@ -313,9 +409,9 @@ class GroupTables:
         bs = self.block_size
         nulls = self.nulls
         total = 0
-        if self.kind == "mamba":
-            for rid, table in self.tables.items():
-                total += len(table) - nulls.get(rid, 0)
+        if self.kind == "mamba":  # (under "align" null blocks lie between states: counted, not inferred)
+            for table in self.tables.values():
+                total += len(table) - table.count(NULL)
             return (total - self.shared) * real
         for rid, table in self.tables.items():
             m = min(ctx_of(rid), len(table) * bs)
@@ -421,4 +517,13 @@ def find_longest_cache_hit(batch: list[GroupTables], hashes: list, max_length: i
             for col, b in zip(hit, c):
                 col.append(b)
         return hit, len(hit[0]) * bs
+    if kind == "mamba":
+        # MambaManager.find_longest_cache_hit: from the right, the first cached state block whose end is a
+        # multiple of the alignment; null blocks before it (one state is all a hit needs)
+        for i in range(max_blocks - 1, -1, -1):
+            c = cached(hashes[i])
+            if c is None or (bs != align and ((i + 1) * bs) % align):
+                continue
+            return [[NULL] * i + [b] for b in c], (i + 1) * bs
+        return [[] for _ in batch], 0
     raise ValueError(f"no prefix-cache hit rule for a {kind} group")

@@ -102,18 +102,22 @@ class VRequest:
         return (self.priority, self.index, self.id) < (other.priority, other.index, other.id)
 
 
-def group_specs(kv, max_model_len: int) -> list[tuple[str, int, int]]:
+def group_specs(kv, max_model_len: int, prefix_caching: bool = False) -> list[tuple[str, int, int]]:
     """vLLM's groups (kind, block size, window) in vLLM's order from simkv's ``--kv-manager vllm`` layout
     (:func:`simkv.serving.kv.groups.paged_kv`): buckets of equal specs in order of first appearance, then the
     strided groups of each (``_get_kv_cache_groups_uniform_page_size``). A Mamba group's block is
-    ``max_model_len`` (``mamba_cache_mode="none"``)."""
+    ``max_model_len`` without prefix caching (``mamba_cache_mode="none"``) and the attention block with it
+    (``"align"``: ``MambaModelConfig.verify_and_update_config``, ``model_executor/models/config.py``, sets
+    ``mamba_block_size = block_size``)."""
     groups = list(kv.groups)
     first = {}
     for g in groups:
         key = (g.kind, g.window, g.block_size)
         first[key] = min(first.get(key, min(g.layers)), min(g.layers))
     groups.sort(key=lambda g: (first[(g.kind, g.window, g.block_size)], min(g.layers)))
-    return [("mamba" if g.kind == "state" else g.kind, max_model_len if g.kind == "state" else g.block_size,
+    attention = min((g.block_size for g in groups if g.kind != "state"), default=max_model_len)
+    state_block = attention if prefix_caching else max_model_len
+    return [("mamba" if g.kind == "state" else g.kind, state_block if g.kind == "state" else g.block_size,
              g.window) for g in groups]
 
 
@@ -123,10 +127,6 @@ class VllmScheduler:
     def __init__(self, specs: list[tuple[str, int, int]], settings: VllmSettings) -> None:
         s = self.s = settings
         s.check()
-        if s.enable_prefix_caching and any(kind == "mamba" for kind, _, _ in specs):
-            raise ConfigError("prefix caching beside a Mamba group under --scheduler vllm is not modelled (vLLM's "
-                              "mamba_cache_mode='align': block-aligned prefill chunks and cached states): drop "
-                              "--prefix-caching")
         self.pool = VllmBlockPool(s.num_blocks, s.enable_prefix_caching)
         #: ``scheduler_block_size``: the LCM of the groups' block sizes (a hit's and the cached length's unit).
         self.scheduler_block = lcm(*(bs for _, bs, _ in specs))
@@ -141,6 +141,9 @@ class VllmScheduler:
             batches.setdefault((g.kind, g.block_size, g.window), []).append(g)
         self.hit_batches = sorted(batches.values(), key=lambda b: b[0].kind not in ("full", "mla"))
         self.hash_block = min(bs for _, bs, _ in specs)
+        #: ``Scheduler.need_mamba_block_aligned_split``: Mamba groups under prefix caching ("align").
+        self.aligned = s.enable_prefix_caching and any(kind == "mamba" for kind, _, _ in specs)
+        self.align_groups = [g for g in self.groups if g.align]
         #: Groups that never skip a block and share none (full attention or MLA, prefix caching off): their
         #: ``allocate_slots`` is the block count alone (:meth:`_allocate_plain`).
         self.plain = not s.enable_prefix_caching and all(kind in ("full", "mla") for kind, _, _ in specs)
@@ -315,11 +318,41 @@ class VllmScheduler:
         r.preemptions += 1
         self._push(r, head=True)
 
+    def _aligned_split(self, r: VRequest, n: int, hit_tokens: int = 0) -> int:
+        """``Scheduler._mamba_block_aligned_split`` (vLLM 0.33.0; no EAGLE, no prefill checkpoint blocks, the hash
+        block equal to the Mamba block, so no partial hit): a prefill chunk (one starting before
+        ``max(prompt, num_tokens − 1)``) that does not reach that end is cut to end on a block boundary (unless
+        it would shrink to nothing and a block exceeds the per-request chunk limit); then it stops at the first
+        of these strictly inside it: the next boundary (a chunk starting mid-block), the last cacheable boundary
+        ``(num_tokens − 1) // block × block`` and the block-floored shared-prefix junction. Mamba states are
+        written at chunk ends, so chunk ends are where they can be cached."""
+        bs = self.scheduler_block
+        start = r.computed + hit_tokens
+        prefill_end = max(r.prompt, r.num_tokens - 1)
+        if start >= prefill_end:
+            return n
+        last_cache = (r.num_tokens - 1) // bs * bs  # get_mamba_prefill_checkpoint_position
+        end = start + n
+        if end < prefill_end:
+            limit = self.s.max_num_batched_tokens
+            if self.s.long_prefill_token_threshold > 0:
+                limit = min(limit, self.s.long_prefill_token_threshold)
+            aligned = end // bs * bs
+            if aligned > start or bs <= limit:
+                end = aligned
+        junction = r.junction
+        stops = ((start // bs + 1) * bs if start % bs else 0, last_cache,
+                 start + (junction - start) // bs * bs if start < junction < end else 0)
+        end = min((x for x in stops if start < x < end), default=end)
+        return max(end - start, 0)
+
     # -- one step ------------------------------------------------------------------------------------
 
     def schedule(self) -> dict:
         """``Scheduler.schedule``: ``{"scheduled": {id: tokens}, "new", "resumed", "preempted", "hits"}``."""
         s = self.s
+        for g in self.align_groups:  # KVCacheManager.new_step_starts
+            g.new_step()
         budget = s.max_num_batched_tokens
         eligible = len(self.running) + len(self.waiting)
         threshold = s.long_prefill_token_threshold if eligible > 1 else 0
@@ -332,6 +365,8 @@ class VllmScheduler:
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget, s.max_model_len - r.computed - 1)
+            if self.aligned:
+                n = self._aligned_split(r, n)
             if n <= 0:
                 i += 1
                 continue
@@ -371,6 +406,10 @@ class VllmScheduler:
                 if 0 < threshold < n:
                     n = threshold
                 n = min(n, budget)
+                if self.aligned:
+                    n = self._aligned_split(r, n, hit_tokens)
+                    if n == 0:
+                        break
                 if not self._allocate(r, n, hit, hit_tokens, full=True):
                     break
                 self._pop()
@@ -466,7 +505,7 @@ class EngineVllm:
     copies = state_copies = 0
 
     def __init__(self, kv, settings: VllmSettings) -> None:
-        specs = group_specs(kv, settings.max_model_len)
+        specs = group_specs(kv, settings.max_model_len, settings.enable_prefix_caching)
         self.v = VllmScheduler(specs, settings)
         self.pool = self.v.pool
         self.pools = [self.pool]

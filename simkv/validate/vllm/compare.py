@@ -22,7 +22,7 @@ def specs_of(model, settings) -> list[tuple[str, int, int]]:
 
     kv = paged_kv(model, get_precision("f16"), settings.block_size, "vllm",
                   prefix_caching=settings.enable_prefix_caching)
-    return group_specs(kv, settings.max_model_len)
+    return group_specs(kv, settings.max_model_len, settings.enable_prefix_caching)
 
 
 def simulate(model, requests: Sequence, token_ids, settings) -> list[dict]:
