@@ -210,6 +210,52 @@ def test_mamba_group_keeps_one_state_page(real_runs):
     assert column(real, "free") == [7, 6, 6, 11]
 
 
+case("mamba-prefix", resolve_model(str(TINY / "qwen3_next.json")),
+     [Request(0, 70, 2, arrival_step=0, prefix_id="a", prefix_tokens=64),
+      Request(1, 70, 2, arrival_step=0, prefix_id="a", prefix_tokens=64)],
+     num_blocks=20, block_size=16, max_num_batched_tokens=128, max_num_seqs=4, max_model_len=512,
+     enable_prefix_caching=True)
+
+
+@needs_vllm
+def test_mamba_group_prefix_hit_and_its_aligned_chunk(real_runs):
+    """Qwen3-Next's tiny shape with prefix caching: vLLM sets ``mamba_cache_mode="align"`` and the Mamba block to
+    the attention block (``MambaModelConfig.verify_and_update_config``), 32 tokens (K7): groups g0–g2 Mamba, g3
+    full, blocks of 32, 19 usable. Two 70-token prompts sharing their first 64 tokens (h0, h1), both at step 0,
+    2 new each, budget 128.
+
+    * step 0: request 0, no hit, 70 tokens asked. ``_mamba_block_aligned_split``: the last cacheable boundary
+      ``(70 − 1) // 32 × 32 = 64`` lies inside the chunk → 64 tokens. Admission counts ≤ 1 new block per Mamba
+      group (``get_num_blocks_to_allocate``, "align"). ``allocate_new_blocks`` for 64 tokens: 2 entries, a null
+      then one new block: g0 [0, 1], g1 [0, 2], g2 [0, 3]; g3 [4, 5] (free 14). ``cache_blocks`` up to 64: g3
+      caches 4, 5; a Mamba group only the state block ending at the replay boundary ``69 // 32 × 32 = 64``
+      (``reachable_block_mask``, retention 0): block index 1 → 1, 2, 3, recorded in ``cached_blocks_this_step``.
+      Request 1 looks up 69 tokens: g3 hits h0, h1 (64); the Mamba groups scan from the right: h1 → [0, 1],
+      [0, 2], [0, 3] (64). Hit 64, 6 to schedule, but the hit's state was cached this step: vLLM counts
+      ``num_gpu_blocks + 1`` blocks → not admitted (the state is written by this step's forward).
+    * step 1: ``new_step_starts`` clears that set. Request 0: 6 tokens (starts on a boundary, ends the prompt: no
+      cut); ``remove_skipped_blocks(64)`` retires index 0 (a null); a 3rd entry: g0 [0, 1, 6], g1 [0, 2, 7],
+      g2 [0, 3, 8], g3 [4, 5, 9]; ``last_state_block_idx`` = 1. Request 1: the same hit of 64 (blocks 1, 2, 3 and
+      4, 5 touched, now shared), 6 tokens: g0 [0, 1, 10], g1 [0, 2, 11], g2 [0, 3, 12], g3 [4, 5, 13] (free 6).
+      Both sample their 1st token.
+    * step 2: one token each. ``remove_skipped_blocks(70)`` retires index 1: request 0's release of 1, 2, 3 only
+      drops a reference; request 1's frees them (hashed → the queue's tail): free 9 after scheduling. Both
+      finish: 6, 7, 8, 9 and 10, 11, 12, 13 (unhashed) to the front, 4 and 5 (hashed) to the tail once the
+      second table lets go (free 19).
+    """
+    real = run(real_runs, "mamba-prefix")
+    assert [(g["spec"], g["block_size"]) for g in real.groups] == [("MambaSpec", 32)] * 3 + [("FullAttentionSpec", 32)]
+    assert column(real, "scheduled") == [{"0": 64}, {"0": 6, "1": 6}, {"0": 1, "1": 1}]
+    assert column(real, "hits") == [{"0": 0}, {"1": 64}, {}]
+    assert column(real, "blocks") == [
+        {"0": [[0, 1], [0, 2], [0, 3], [4, 5]]},
+        {"0": [[0, 1, 6], [0, 2, 7], [0, 3, 8], [4, 5, 9]], "1": [[0, 1, 10], [0, 2, 11], [0, 3, 12], [4, 5, 13]]},
+        {"0": [[0, 0, 6], [0, 0, 7], [0, 0, 8], [4, 5, 9]], "1": [[0, 0, 10], [0, 0, 11], [0, 0, 12], [4, 5, 13]]}]
+    assert column(real, "free_after_schedule") == [14, 6, 9]
+    assert column(real, "free") == [14, 6, 19]
+    assert_step_exact(real_runs, "mamba-prefix")
+
+
 case("prefix", uniform(), [Request(0, 40, 2, arrival_step=0, prefix_id="a", prefix_tokens=32),
                            Request(1, 40, 2, arrival_step=2, prefix_id="a", prefix_tokens=32)],
      num_blocks=10, block_size=16, max_num_batched_tokens=64, max_num_seqs=4, enable_prefix_caching=True)
@@ -300,11 +346,12 @@ for _shape in SHAPES:
 compared_case("random-priority", uniform(), random_workload(12, 7, False, priorities=True), policy="priority")
 compared_case("random-long-prefill", shape_model("gpt_oss"), random_workload(12, 8, False),
               long_prefill_token_threshold=24)
-# Prefix caching beside sliding and chunked groups (two shared prefixes: hits, and the sliding group's sparse
-# caching at the replay boundary and the shared-prefix junction).
-PREFIX_SHAPES = ["gpt_oss", "llama4"]
-for _shape in PREFIX_SHAPES:
-    compared_case(f"random-prefix-{_shape}", shape_model(_shape), random_workload(12, 9, True),
+# Prefix caching beside sliding, chunked and Mamba groups (two shared prefixes: hits, the sliding group's sparse
+# caching at the replay boundary and the shared-prefix junction, the Mamba groups' block-aligned chunks).
+#: Workload seed per shape: one whose two prefixes do hit (with 32-token blocks, Qwen3-Next's seed 9 never hits).
+PREFIX_SHAPES = {"gpt_oss": 9, "llama4": 9, "qwen3_next": 10}
+for _shape, _seed in PREFIX_SHAPES.items():
+    compared_case(f"random-prefix-{_shape}", shape_model(_shape), random_workload(12, _seed, True),
                   enable_prefix_caching=True)
 
 
@@ -327,10 +374,10 @@ def test_simkv_scheduler_matches_the_real_one_step_by_step(real_runs, shape):
 
 
 @needs_vllm
-@pytest.mark.parametrize("shape", PREFIX_SHAPES)
+@pytest.mark.parametrize("shape", list(PREFIX_SHAPES))
 def test_prefix_caching_beside_window_groups_matches_the_real_one(real_runs, shape):
-    """Prefix caching beside a sliding group (gpt-oss) and chunked groups (Llama-4): step-exact, hits included,
-    and the case does hit the cache."""
+    """Prefix caching beside a sliding group (gpt-oss), chunked groups (Llama-4) and Mamba groups (Qwen3-Next,
+    ``mamba_cache_mode="align"``): step-exact, hits included, and the case does hit the cache."""
     assert_step_exact(real_runs, f"random-prefix-{shape}")
     assert any(n for s in run(real_runs, f"random-prefix-{shape}").steps for n in s["hits"].values())
 
