@@ -48,7 +48,8 @@ def engine(model, reqs, blocks: int, prefix: bool = False, **kw) -> PagedServing
 
 @pytest.mark.parametrize("shape,blocks,prefix", [("uniform", 14, False), ("uniform", 14, True),
                                                  ("gemma3", 40, False), ("gemma3", 40, True),
-                                                 ("llama4", 24, True), ("qwen3_next", 12, False)])
+                                                 ("llama4", 24, True), ("qwen3_next", 12, False),
+                                                 ("qwen3_next", 16, True)])
 def test_engine_steps_are_the_vllm_schedulers(shape, blocks, prefix):
     """Every step of the engine under ``--scheduler vllm`` is the step :func:`simulate_steps` takes on the same
     workload (tokens scheduled, preemptions, blocks in use after scheduling), tight pools with preemptions included:
@@ -62,7 +63,7 @@ def test_engine_steps_are_the_vllm_schedulers(shape, blocks, prefix):
     settings = VllmSettings(num_blocks=blocks, block_size=kv.block_size, max_num_batched_tokens=64, max_num_seqs=8,
                             max_model_len=UNBOUNDED_MODEL_LEN, enable_prefix_caching=prefix)
     tokens = prompt_token_ids(reqs) if prefix else [range(r.prompt) for r in reqs]
-    ref = simulate_steps(group_specs(kv, UNBOUNDED_MODEL_LEN), settings, reqs, tokens)
+    ref = simulate_steps(group_specs(kv, UNBOUNDED_MODEL_LEN, prefix), settings, reqs, tokens)
     assert len(steps) == len(ref)
     assert list(steps["scheduled_tokens"]) == [sum(s["scheduled"].values()) for s in ref]
     assert list(steps["preemptions"]) == [len(s["preempted"]) for s in ref]
@@ -135,10 +136,10 @@ from hypothesis import strategies as st  # noqa: E402
 
 from tests.test_serving_speed import FIELDS  # noqa: E402
 
-#: Shapes of the property test: uniform, sliding + full, chunked + full, MLA, Mamba hybrid (prefix caching
-#: wherever simkv models vLLM's hits: every shape but the Mamba hybrid).
+#: Shapes of the property test: uniform, sliding + full, chunked + full, MLA, Mamba hybrid, each with prefix
+#: caching off and on.
 SHAPES = {"uniform": (False, True), "gemma3": (False, True), "llama4": (False, True), "deepseek_v3": (False, True),
-          "qwen3_next": (False,)}
+          "qwen3_next": (False, True)}
 
 
 def shape_model(shape):
