@@ -113,11 +113,23 @@ def test_sliding_group_prefix_hit():
     assert column(steps, "free") == [5, 11, 6, 11]
 
 
-def test_prefix_caching_beside_a_mamba_group_is_refused_in_one_line():
-    """Mamba's ``mamba_cache_mode="align"`` (block-aligned prefill chunks, cached states) is not modelled."""
-    with pytest.raises(ConfigError, match="beside a Mamba group"):
-        run(resolve_model(str(TINY / "qwen3_next.json")), [Request(0, 40, 3, arrival_step=0)], num_blocks=12,
-            block_size=16, max_num_batched_tokens=32, max_num_seqs=4, max_model_len=512, enable_prefix_caching=True)
+def test_mamba_group_prefix_hit_and_its_aligned_chunk():
+    """Qwen3-Next, prefix caching (``mamba_cache_mode="align"``; tests/test_vllm_real.py
+    ``test_mamba_group_prefix_hit_and_its_aligned_chunk`` holds the derivation): request 0's 70-token prompt is cut
+    at the last cacheable boundary, 64; request 1's hit on the state cached in that step waits a step, then hits
+    64 tokens (Mamba [null, state], full [4, 5]); each table keeps one live state block, null blocks behind it."""
+    reqs = [Request(0, 70, 2, arrival_step=0, prefix_id="a", prefix_tokens=64),
+            Request(1, 70, 2, arrival_step=0, prefix_id="a", prefix_tokens=64)]
+    steps = run(resolve_model(str(TINY / "qwen3_next.json")), reqs, num_blocks=20, block_size=16,
+                max_num_batched_tokens=128, max_num_seqs=4, max_model_len=512, enable_prefix_caching=True)
+    assert column(steps, "scheduled") == [{"0": 64}, {"0": 6, "1": 6}, {"0": 1, "1": 1}]
+    assert column(steps, "hits") == [{"0": 0}, {"1": 64}, {}]
+    assert column(steps, "blocks") == [
+        {"0": [[0, 1], [0, 2], [0, 3], [4, 5]]},
+        {"0": [[0, 1, 6], [0, 2, 7], [0, 3, 8], [4, 5, 9]], "1": [[0, 1, 10], [0, 2, 11], [0, 3, 12], [4, 5, 13]]},
+        {"0": [[0, 0, 6], [0, 0, 7], [0, 0, 8], [4, 5, 9]], "1": [[0, 0, 10], [0, 0, 11], [0, 0, 12], [4, 5, 13]]}]
+    assert column(steps, "free_after_schedule") == [14, 6, 9]
+    assert column(steps, "free") == [14, 6, 19]
 
 
 def test_a_request_that_can_never_be_admitted_stops_with_one_line():
@@ -139,13 +151,14 @@ SPECS = {"uniform": [("full", 16, 0)], "sliding": [("sliding", 16, 20), ("full",
 def test_random_workloads_conserve_blocks_and_are_deterministic(shape, caching, priority, blocks, budget, seqs, reqs):
     """Every step: free blocks + blocks held (each distinct block once, its ref count = its tables) = usable
     blocks; never more held than the pool; the null block never free; same inputs, same steps."""
-    caching = caching and shape != "mamba"
-    specs = SPECS[shape]
+    # under prefix caching vLLM's Mamba block is the attention block ("align"), and a shared prefix spans one
+    specs = [("mamba", 32, 0), ("full", 32, 0)] if caching and shape == "mamba" else SPECS[shape]
+    share = 40 if shape == "mamba" else 20
     cfg = VllmSettings(num_blocks=blocks, max_num_batched_tokens=budget, max_num_seqs=seqs, max_model_len=512,
                        policy="priority" if priority else "fcfs", enable_prefix_caching=caching)
     requests = [SimpleNamespace(id=i, max_new_tokens=g, arrival_step=a, priority=pr)
                 for i, (p, g, a, pr) in enumerate(reqs)]
-    ids = [[7] * min(p, 20) + [1000 + i] * max(p - 20, 0) for i, (p, *_rest) in enumerate(reqs)]
+    ids = [[7] * min(p, share) + [1000 + i] * max(p - share, 0) for i, (p, *_rest) in enumerate(reqs)]
 
     def checked(sched: VllmScheduler) -> None:
         held: dict[int, int] = {}

@@ -1,7 +1,7 @@
 """vLLM V1's block pool and per-group block tables (``vllm/v1/core/block_pool.py``, ``kv_cache_utils.py``
 ``FreeKVCacheBlockQueue``, ``single_type_kv_cache_manager.py``), as simkv's ``--scheduler vllm`` runs them.
 
-Rules (docs/research/vllm-scheduler.md, K1–K5):
+Rules (docs/research/vllm-scheduler.md, K1–K5, K9, K10):
 
 * K1: ``num_blocks`` blocks; block 0 is the null block (never free, never counted); the free queue starts as
   1, 2, …; ``get_new_blocks(n)`` pops the queue's head (``popleft_n``), evicting a cached block's hash as it goes.
@@ -12,6 +12,9 @@ Rules (docs/research/vllm-scheduler.md, K1–K5):
   walking back from the last skipped one and stopping at a null block (``_remove_blocks_in_range``).
 * K2/S4: ``get_num_blocks_to_allocate`` (base class), with the admission cap of sliding/chunked specs
   (``max_admission_blocks_per_request``, ``vllm/v1/kv_cache_interface.py``).
+* K10: a Mamba group under prefix caching (``MambaManager`` in ``mamba_cache_mode="align"``): its hit rule, at most
+  one new state block per allocation, retirement of the states behind, caching only the boundary states, and no
+  hit on a state cached in the same step.
 """
 
 from __future__ import annotations

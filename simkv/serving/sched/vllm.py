@@ -25,8 +25,9 @@ The rules, each read in vLLM's source and checked against the real scheduler (do
   others cut the candidate length until every spec accepts it (one pass for one full + one other spec); a sliding
   group caches only the blocks a later hit can reach (vLLM's default ``prefix_cache_retention_interval = 0``).
 
-Not modelled (refused with one line): prefix caching beside a Mamba group (``mamba_cache_mode="align"``: prefill
-chunks cut to block boundaries, ``Scheduler._mamba_block_aligned_split``, and states cached at them).
+* K10: prefix caching beside Mamba groups (``mamba_cache_mode="align"``, set by vLLM whenever prefix caching is on
+  for a Mamba hybrid): prefill chunks cut to end on block boundaries (:meth:`VllmScheduler._aligned_split`,
+  ``Scheduler._mamba_block_aligned_split``), the Mamba tables' rules in :class:`~simkv.serving.kv.vllm_pool.GroupTables`.
 """
 
 from __future__ import annotations
