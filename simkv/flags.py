@@ -283,8 +283,13 @@ def add_latency_arguments(p: argparse.ArgumentParser, default: str | None = None
 
 def scenario_fields(args: argparse.Namespace) -> dict:
     """The scenario and policy flags as :func:`~simkv.scenario.build_scenario`'s keywords: a sweep point
-    (simkv.lab.sweep) as ``simkv sweep`` and ``simkv tune`` take it (``--sliding-window`` only when given, so the
-    points of a sweep without it keep their ids)."""
+    (simkv.lab.sweep) as ``simkv sweep`` and ``simkv tune`` take it, and the one session of ``simkv run``.
+
+    ``--device`` (``run``, ``tune``; ``sweep`` has none) decides the session's device here for each of them: its
+    memory unless ``--device-memory``, the precision its runtime loads the weights in, and the refusal of weights
+    that leave no room (:func:`~simkv.scenario.build_scenario`). It and ``--sliding-window`` enter only when given,
+    so the points of a sweep or tune without them keep their ids (no ``--device``: the default device,
+    :data:`~simkv.cost.DEFAULT_DEVICE`)."""
     from policies import parse_policy_opts
 
     fields = {
@@ -299,13 +304,16 @@ def scenario_fields(args: argparse.Namespace) -> dict:
     }
     if args.sliding_window is not None:
         fields["sliding_window"] = args.sliding_window
+    if getattr(args, "device", None) is not None:
+        fields["device"] = args.device
     return fields
 
 
 def scenario_from_args(args: argparse.Namespace):
-    """The :class:`~simkv.scenario.Scenario` of ``simkv run``'s flags (on ``--device``, default
+    """The :class:`~simkv.scenario.Scenario` of a single session's flags (``simkv run``; ``simkv tune``'s base
+    scenario is the same fields, :func:`scenario_fields`), on ``--device`` (default
     :data:`~simkv.cost.DEFAULT_DEVICE`)."""
-    return sc.build_scenario(**scenario_fields(args), device=getattr(args, "device", None))
+    return sc.build_scenario(**scenario_fields(args))
 
 
 #: Where the points of ``sweep``, ``tune`` and ``plan`` run (:func:`add_executor_arguments`).

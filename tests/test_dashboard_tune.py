@@ -86,3 +86,43 @@ def test_the_progress_line_says_how_much_work_run_starts():
     assert tune_view.work_text(kwargs(), FORM) == ("Searching 4 configurations and the defaults × 3 workloads = "
                                                   "15 simulations…")
     assert tune_view.work_text(None, FORM) == "Searching…"
+
+
+def test_the_tune_tab_shows_the_simkv_tune_line_it_runs_on_the_picked_device():
+    """The Tune tab's line carries the sidebar's device; parsed by `simkv tune`'s own parser it is the same session
+    (the device's memory and its runtime's weights), and run it prints the dashboard's front and defaults."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from simkv.cli import build_parser
+    from simkv.flags import scenario_from_args
+    from simkv.lab import sweep
+
+    picked = kwargs(device="h100-sxm")
+    line = tune_view.tune_command(picked, FORM)
+    assert line == ("simkv tune --model tinyllama-1.1b --policy openvino-gpu --prompt 64 --device h100-sxm "
+                    "--trace azure-conv --samples 3 --objective peak:max --objective reallocs:mean --search random "
+                    "--budget 4 --seed 2")
+    assert "--device xeon-8480" in tune_view.tune_command(kwargs(), FORM)  # the default device, said too
+    assert "--decode 16 --device" in tune_view.tune_command(kwargs(decode="16"), {**FORM, "tune_workloads": "scenario"})
+    assert tune_view.tune_command(None, FORM) == ""
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    spec, _, _ = tune_view.tune_spec(picked, FORM)
+    cli, dash = scenario_from_args(args), sweep.scenario_of(spec.base)
+    assert (cli.device_memory, cli.weights_memory) == (dash.device_memory, dash.weights_memory)
+    assert dash.device_memory == tune_view.tune_spec(kwargs(device="h100-sxm"), FORM)[0].free_bytes + dash.weights_memory
+    assert dash.device_memory != sweep.scenario_of(tune_view.tune_spec(kwargs(), FORM)[0].base).device_memory
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", *shlex.split(line)[1:], "--workers", "1", "--json"],
+                         capture_output=True, text=True, cwd=root, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    view = tune_view.tune_view(picked, FORM)
+    peak = tune.Objective.parse("peak:max")
+    assert [r["peak:max"] for r in view["rows"]] == [peak.show(c["objectives"]["peak:max"])
+                                                     for c in result["pareto"] + [result["baseline"]]]
+    assert "--device h100-sxm" in result["command"]

@@ -102,6 +102,16 @@ def test_the_latency_of_a_session_prices_the_weights_the_memory_holds():
      "--weights-memory 0 (the KV cache alone)"),
     (["run", "--weights-memory", "600GiB"], "--weights-memory 600.00 GiB is no less than xeon-8480's 512.00 GiB: no "
      "room for the KV cache"),
+    # a single session and a policy tuned for one take the same device and the same refusal (no --tp: one device)
+    (["run", "--model", "llama-3-70b", "--device", "h100-sxm"], "llama-3-70b's weights take 131.41 GiB at f16, no "
+     "less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device b200, --weights-precision int8 or "
+     "--weights-memory 0 (the KV cache alone)"),
+    (["tune", "--model", "llama-3-70b", "--device", "h100-sxm"], "llama-3-70b's weights take 131.41 GiB at f16, no "
+     "less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device b200, --weights-precision int8 or "
+     "--weights-memory 0 (the KV cache alone)"),
+    (["tune", "--model", "gemma-3-27b", "--device-memory", "16GiB"], "gemma-3-27b's weights take 25.15 GiB at int8, "
+     "no less than 16.00 GiB of device memory: no room for the KV cache; give --weights-precision int4 or "
+     "--weights-memory 0 (the KV cache alone)"),
 ])
 def test_weights_that_leave_no_room_are_refused_before_running_with_the_fix(args, says):
     out = simkv(*args)
@@ -134,6 +144,69 @@ def test_every_preset_runs_on_the_default_device(name):
     argv += ["--weights-precision", "int4"] if fix else []
     result = serve(spec_from_args(run_parser().parse_args(argv)))
     assert result.metrics["requests_finished"] == 3 and result.oom is None
+
+
+# -- a policy tuned on the device it will serve on ---------------------------------------------------------------
+
+#: A search of two configurations on one session (grid: both run, the defaults' headroom_base 128 among them).
+TUNE = ("tune", "--model", "gemma-3-27b", "--prompt", "16", "--decode", "300", "--search", "grid", "--budget", "2",
+        "--param", "headroom_base=64,128", "--workers", "1")
+
+
+def tune_json(*device):
+    out = simkv(*TUNE, *device, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def peak(candidate):
+    return candidate["objectives"]["peak:max"]
+
+
+def test_tune_takes_the_session_s_device_from_device(tmp_path):
+    """``simkv tune --device`` is ``simkv run --device``: the device's memory and the weights its runtime loads
+    (OpenVINO on the Xeon: optimum-intel's int8; vLLM on the H100: the checkpoint's bf16) set the room a candidate's
+    worst peak must fit in, the reproduce line carries the device, and that line run gives the recommendation's
+    peak. The device changes the candidates' runs too, not only the bound: on a device whose room beside the
+    weights lies between the two candidates' H100 peaks, the GPU plugin's headroom limit (openvino-gpu's
+    ``headroom_limit`` × device memory, simkv/engine/decode_run.py) drops the preallocation near the limit, so the
+    defaults reallocate at every step and run out of memory: nothing is feasible, the defaults are kept."""
+    gemma = resolve_model("gemma-3-27b")
+    xeon, h100 = tune_json(), tune_json("--device", "h100-sxm")
+    assert xeon["weights_memory_bytes"] == weights_bytes(gemma, "int8")
+    assert h100["weights_memory_bytes"] == weights_bytes(gemma, "bf16")
+    assert xeon["constraints"][1] == f"peak:max<={XEON.memory_bytes - weights_bytes(gemma, 'int8')}"
+    assert h100["constraints"][1] == f"peak:max<={DEVICES['h100-sxm'].memory_bytes - weights_bytes(gemma, 'bf16')}"
+    assert "--device" not in xeon["command"] and "--device h100-sxm" in h100["command"]
+    # the recommendation's line, run, is the same session on the same device (one workload: its peak is peak:max)
+    run = simkv(*h100["command"].split()[1:], "--json")
+    assert run.returncode == 0 and json.loads(run.stdout)["peak_allocated_bytes"] == peak(h100["recommendation"])
+    # both fit on the H100: the defaults (128) stay, the smaller headroom peaks lower and reallocates more
+    small, default = sorted(h100["pareto"], key=peak)
+    assert (small["params"], h100["recommendation"]["params"]) == ({"headroom_base": 64}, {})
+    assert peak(small) < peak(default) == peak(h100["baseline"])
+    # the same H100 with room for the smaller peak only (a device preset file, as `simkv run --device PATH` takes)
+    spec = json.loads((ROOT / "simkv/data/devices/h100-sxm.json").read_text())
+    spec["name"] = "h100-tight"
+    spec["memory_bytes"] = weights_bytes(gemma, "bf16") + (peak(small) + peak(default)) // 2
+    tight = tmp_path / "h100-tight.json"
+    tight.write_text(json.dumps(spec))
+    result = tune_json("--device", str(tight))
+    assert result["weights_memory_bytes"] == weights_bytes(gemma, "bf16")  # the device's runtime: still vLLM's
+    assert result["constraints"][1] == f"peak:max<={spec['memory_bytes'] - weights_bytes(gemma, 'bf16')}"
+    base = result["baseline"]
+    assert base["feasible"] is False and "out of memory on 1 of 1 workloads" in base["violations"]
+    assert base["objectives"]["reallocs:mean"] > 100 * h100["baseline"]["objectives"]["reallocs:mean"]
+    assert result["pareto"] == [] and f"--device {tight}" in result["command"]
+    run = simkv(*result["command"].split()[1:])
+    assert run.returncode == 3 and run.stdout.startswith("simkv: OUT OF MEMORY")  # simkv run agrees
+
+
+def test_tune_names_the_device_it_tunes_on():
+    out = simkv(*TUNE, "--device", "h100-sxm")
+    assert out.returncode == 0
+    assert out.stdout.splitlines()[0].endswith("peak:max <= 28.87 GiB free on h100-sxm")
+    assert simkv(*TUNE).stdout.splitlines()[0].endswith(" GiB free on xeon-8480")
 
 
 # -- the KV precision of a device ---------------------------------------------------------------------------------

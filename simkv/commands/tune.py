@@ -8,10 +8,10 @@ import argparse
 import json
 import sys
 
-from simkv.errors import SimkvError
 from simkv.cost import DEFAULT_DEVICE
-from simkv.flags import (ANY, EXECUTOR_MODES, Mode, add_executor_arguments, add_policy_arguments,
-                         add_scenario_arguments, scenario_fields, workload_modes)
+from simkv.errors import SimkvError
+from simkv.flags import (ANY, EXECUTOR_MODES, Mode, add_executor_arguments, add_latency_arguments,
+                         add_policy_arguments, add_scenario_arguments, scenario_fields, workload_modes)
 from simkv.units import format_bytes
 
 
@@ -48,6 +48,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_scenario_arguments(p, model=ANY, workload="flags", sliding_window="policy", prompt="prompt-flag",
                            decode="flags-lengths")
     add_policy_arguments(p, policy="policy", memory=ANY)
+    add_latency_arguments(p, modes=ANY, help=(
+        "the device, as simkv run's: its memory unless --device-memory (the room a candidate's worst peak must fit "
+        "beside the weights), the precisions its runtime loads, weights that leave no room refused; with --serving "
+        "also the cost model's step times"))
     d = p.add_argument_group("workload distribution")
     d.add_argument("--trace", metavar="PATH.csv", modes=ANY, help="request trace (ContextTokens,GeneratedTokens or "
                    "prompt,decode columns); its decode lengths replace --decode (--serving: the requests served)")
@@ -82,9 +86,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "gpu_memory_utilization, max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, "
                    "prefix_caching; baseline vLLM's server defaults for --device)")
     v.add_argument("--limit", type=int, modes="serving", help="serve the first N requests of the trace (default 1000)")
-    v.add_argument("--device", metavar="NAME|host|PATH", modes="serving", help="the device: its memory unless "
-                   "--device-memory, its runtime's precisions, and the cost model's step times (default "
-                   f"{DEFAULT_DEVICE}, as every command)")
     v.add_argument("--max-context", type=int, modes="serving",
                    help="refuse prompts at or above this (default: the preset's context; 0: none)")
     v.add_argument("--max-preemptions", type=int, modes="serving", help="stop a candidate's run after this many "
@@ -177,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"simkv tune: {what}; search {args.search}, "
               f"{len(result.evaluated)} configurations; objectives {', '.join(o.name for o in spec.objectives)}; "
               f"constraints: {'every request FINISHED' if target else 'no OOM'}, "
-              f"peak:max <= {format_bytes(spec.free_bytes)} free"
+              f"peak:max <= {format_bytes(spec.free_bytes)} free on {args.device or DEFAULT_DEVICE}"
               + "".join(f", {c.name}" for c in spec.constraints))
         print("\n".join(tune.summary_lines(result, command)))
         if args.figure:

@@ -319,8 +319,19 @@ def cli_command(kwargs: dict) -> str:
     """The ``simkv run`` command line of a scenario (to reproduce it outside the dashboard)."""
     import shlex
 
-    parts = ["simkv", "run"]
-    parts += ["--model", kwargs["model"] or CUSTOM]
+    parts = ["simkv", "run", *scenario_argv(kwargs)]
+    if kwargs.get("device", DEFAULT_DEVICE) != DEFAULT_DEVICE:
+        parts += ["--device", kwargs["device"]]
+    if kwargs.get("device_memory") is not None:
+        parts += ["--device-memory", kwargs["device_memory"]]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def scenario_argv(kwargs: dict, lengths: bool = True) -> list[str]:
+    """A scenario's model, policy and workload flags as ``simkv run`` and ``simkv tune`` take them (not the
+    device's: each command line says its own); ``lengths=False`` leaves out ``--decode`` (``simkv tune --trace``
+    draws it)."""
+    parts = ["--model", kwargs["model"] or CUSTOM]
     for d in DIMS:
         if kwargs.get(d) is not None:
             parts += [f"--{d.replace('_', '-')}", str(kwargs[d])]
@@ -332,15 +343,11 @@ def cli_command(kwargs: dict) -> str:
     if kwargs.get("ops"):
         parts += ["--ops", kwargs["ops"]]
     else:
-        parts += ["--prompt", str(kwargs["prompt"]), "--decode", str(kwargs["decode"])]
+        parts += ["--prompt", str(kwargs["prompt"])] + (["--decode", str(kwargs["decode"])] if lengths else [])
         if kwargs["turns"]:
             parts += ["--turns", str(kwargs["turns"]), "--turn-tokens", str(kwargs["turn_tokens"])]
             if kwargs.get("turn_decode") is not None:
                 parts += ["--turn-decode", str(kwargs["turn_decode"])]
         if kwargs["beam"] != 1:
             parts += ["--beam", str(kwargs["beam"])]
-    if kwargs.get("device", DEFAULT_DEVICE) != DEFAULT_DEVICE:
-        parts += ["--device", kwargs["device"]]
-    if kwargs.get("device_memory") is not None:
-        parts += ["--device-memory", kwargs["device_memory"]]
-    return " ".join(shlex.quote(p) for p in parts)
+    return parts

@@ -2,8 +2,10 @@
 
 In: parameter ranges (empty = the policy's tunable defaults), objectives,
 constraints, the workload distribution (Azure conversation decode lengths, or
-the sidebar's one workload), search, budget and seed. Out: the Pareto front
-figure and table, the recommendation against the defaults. Clicking a point
+the sidebar's one workload), search, budget and seed; the device is the
+sidebar's, as for every Session view. Out: the ``simkv tune ... --device D``
+line of the same search (:func:`tune_command`), the Pareto front figure and
+table, the recommendation against the defaults. Clicking a point
 sets the sidebar's policy parameters to it and opens the what-if view.
 
 A search runs only when "Run" is pressed (it takes seconds), in the server
@@ -76,6 +78,8 @@ def tune_tab() -> html.Div:
             ]),
             html.Button("Run", id="tune-run", className="btn run"),
         ]),
+        html.Details(className="cli", children=[html.Summary("the same search from the command line"),
+                                                html.Code(id="tune-cli")]),
         html.Div(id="tune-status", className="note", role="status"),
         progress("tune-progress", "Searching…"),
         html.Div(id="tune-results", className="results", children=[
@@ -131,6 +135,32 @@ def tune_spec(kwargs: dict | None, form: dict):
         raise SimkvError(f"{simulations:,} simulations; the dashboard runs at most "
                          f"{MAX_SIMULATIONS:,}: lower the budget or the samples (or use `simkv tune`)")
     return spec, configs, simulations
+
+
+def tune_command(kwargs: dict | None, form: dict) -> str:
+    """The ``simkv tune`` command line of the search Run starts: the sidebar's scenario on its device (``--device``
+    always, as the search runs on it: its memory, its runtime's weights) and the form's search; "" while the
+    scenario is invalid. The Azure conversation workloads are ``--trace azure-conv --samples N`` (the same draw,
+    simkv.lab.traces.split)."""
+    import shlex
+
+    if not kwargs:
+        return ""
+    trace = form.get("tune_workloads") == "trace"
+    parts = ["simkv", "tune", *st.scenario_argv(kwargs, lengths=not trace), "--device", kwargs["device"]]
+    if kwargs.get("device_memory") is not None:
+        parts += ["--device-memory", kwargs["device_memory"]]
+    if trace:
+        parts += ["--trace", "azure-conv", "--samples", str(form.get("tune_samples"))]
+    for param in _split(form.get("tune_params")):
+        parts += ["--param", param]
+    for objective in form.get("tune_objectives") or ():
+        parts += ["--objective", objective]
+    for constraint in _split(form.get("tune_constraints")):
+        parts += ["--constraint", constraint]
+    parts += ["--search", str(form.get("tune_search") or "optuna"), "--budget", str(form.get("tune_budget")),
+              "--seed", str(form.get("tune_seed"))]
+    return shlex.join(parts)
 
 
 def work_text(kwargs: dict | None, form: dict) -> str:
@@ -257,13 +287,14 @@ def register(app) -> None:
         prevent_initial_call=True,
     )(tune_callback)
 
-    @app.callback(output=Output("tune-progress-text", "children"),
+    @app.callback(output={"work": Output("tune-progress-text", "children"), "cli": Output("tune-cli", "children")},
                   inputs={"store": Input("run-store", "data"), "tab": Input("tab", "value"),
                           "form_values": {k: Input(k, "value") for k in DEFAULT_FORM}})
     def work(store, tab, form_values):
         if tab != "tune":  # only the open Tab's Run can start a search
-            return no_update
-        return work_text((store or {}).get("kwargs") if (store or {}).get("ok") else None, form_values)
+            return {"work": no_update, "cli": no_update}
+        kwargs = (store or {}).get("kwargs") if (store or {}).get("ok") else None
+        return {"work": work_text(kwargs, form_values), "cli": tune_command(kwargs, form_values)}
 
     @app.callback(Output("tune_params", "placeholder"), Input("policy", "value"))
     def params_hint(policy):
@@ -282,4 +313,4 @@ def register(app) -> None:
         return open_point(click, policy, ids)
 
 
-__all__ = ["tune_tab", "tune_view", "tune_callback", "open_point", "register", "MAX_SIMULATIONS"]
+__all__ = ["tune_tab", "tune_view", "tune_callback", "tune_command", "open_point", "register", "MAX_SIMULATIONS"]

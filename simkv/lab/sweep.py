@@ -37,7 +37,7 @@ SCENARIO_FIELDS: dict[str, type] = {
     "model": str, "layers": int, "heads": int, "kv_heads": int, "head_dim": int, "precision": str,
     "prompt": int, "decode": int, "turns": int, "turn_tokens": int, "turn_decode": int, "beam": int,
     "turn_divergence": int, "ops": str, "device_memory": str, "weights_memory": str, "weights_precision": str,
-    "sliding_window": int,
+    "sliding_window": int, "device": str,
 }
 #: Most points one sweep (or one tuner grid) may have.
 MAX_POINTS = 100_000
