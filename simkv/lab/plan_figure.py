@@ -40,9 +40,10 @@ def plan_figure(result) -> go.Figure:
                                      marker={"size": 18, "symbol": "circle-open", "color": "#111", "line": {"width": 2}},
                                      name="recommended", legendgroup="rec", showlegend=col == 1,
                                      hoverinfo="skip"), row=1, col=col)
-        fig.update_yaxes(title_text=f"{s.name} (ms)", type="log", row=1, col=col)
+        # (a log axis labels 1, 2 and 5 of each decade in full, with separators: 2,000 ms, not "2" after 1,000)
+        fig.update_yaxes(title_text=f"{s.name} (ms)", type="log", tickformat=",~f", dtick="D2", row=1, col=col)
         fig.update_xaxes(title_text=f"cost ({result.unit})", row=1, col=col)
-    fig.update_layout(template="plotly_white", height=420, margin={"t": 60, "l": 60, "r": 20, "b": 50},
+    fig.update_layout(template="plotly_white", height=420, separators=".,", margin={"t": 60, "l": 60, "r": 20, "b": 50},
                       title=f"simkv plan: {result.target.model} — cost vs latency (x: misses the SLO)")
     return fig
 
