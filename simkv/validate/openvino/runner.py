@@ -110,6 +110,10 @@ def run_validation(cfg: ValidateConfig) -> dict:
     except ValueError as err:
         raise ConfigError(f"{cfg.ir}: {err}") from None
     cfg.layers, cfg.kv_heads, cfg.head_dim = dims.layers, dims.kv_heads, dims.head_dim
+    if cfg.ir:  # its layers are known once it is read: bounded before a token runs (the workload was, by the CLI)
+        from simkv.limits import check_validation
+
+        check_validation(dims.layers, workload)
     # The scenario simkv predicts, built first: what the plugin cannot run is refused before it runs.
     scenario = build_scenario(model=None, layers=dims.layers, heads=heads, kv_heads=dims.kv_heads,
                               head_dim=dims.head_dim, precision=effective, policy="openvino-cpu", ops=cfg.workload)
