@@ -118,3 +118,22 @@ def test_out_of_memory_is_reported():
     assert proc.returncode == 3
     data = json.loads(proc.stdout)
     assert data["oom_step"] is not None and data["oom"].startswith("out of memory")
+
+
+def test_app_refuses_a_taken_port_in_one_line_before_starting(tmp_path):
+    """A port another process listens on: one line naming it, exit code 2, and no Dash banner (the server never
+    starts); a port out of range and a host that does not resolve alike."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, message in ((["--port", str(port)], f"--port {port}: cannot listen on 127.0.0.1:{port} "),
+                              (["--port", "70000"], "--port must be in 1..65535, got 70000"),
+                              (["--host", "no-such-host.invalid"], "--host no-such-host.invalid: cannot be resolved")):
+            proc = subprocess.run([sys.executable, "-m", "simkv.cli", "app", *args], capture_output=True, text=True,
+                                  cwd=tmp_path, timeout=60)
+            assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("simkv app: error: " + message), proc.stderr
