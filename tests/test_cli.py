@@ -137,3 +137,19 @@ def test_app_refuses_a_taken_port_in_one_line_before_starting(tmp_path):
             assert proc.returncode == 2 and proc.stdout == "", proc.stderr
             lines = proc.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("simkv app: error: " + message), proc.stderr
+
+
+def test_ledger_suffix_is_matched_in_any_case_and_refused_in_the_contracts_words(tmp_path):
+    """The contract matches a format's suffix in any case (simkv.limits.check_output lowers it): ``l.CSV`` is a CSV
+    ledger, ``l.Parquet`` a Parquet one; any other name is the contract's one line, nothing written."""
+    for name in ("l.CSV", "l.Parquet"):
+        proc = subprocess.run([sys.executable, "-m", "simkv.cli", "run", *TINY, "--decode", "4", "--ledger", name],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "l.CSV").read_text().startswith(",".join(LEDGER_COLUMNS) + "\n")
+    assert (tmp_path / "l.Parquet").read_bytes()[:4] == b"PAR1"
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--ledger", "l.txt"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == ("simkv run: error: --ledger l.txt: the file name must end in .csv "
+                                                    "or .parquet (see simkv run --help)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.CSV", "l.Parquet"]
