@@ -153,3 +153,14 @@ def test_ledger_suffix_is_matched_in_any_case_and_refused_in_the_contracts_words
     assert proc.returncode == 2 and proc.stderr == ("simkv run: error: --ledger l.txt: the file name must end in .csv "
                                                     "or .parquet (see simkv run --help)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["l.CSV", "l.Parquet"]
+
+
+def test_simkv_alone_prints_the_top_level_help_and_exits_2():
+    """No command: the help listing every command (simkv.cli.COMMANDS) on stderr, exit code 2 — argparse's code
+    for a usage error, so a script that lost its command still fails — and nothing on stdout."""
+    from simkv.cli import COMMANDS, build_parser
+
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == build_parser().format_help()
+    assert all(f"    {c.__name__.rsplit('.', 1)[1]} " in proc.stderr for c in COMMANDS)
