@@ -164,3 +164,24 @@ def test_simkv_alone_prints_the_top_level_help_and_exits_2():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == build_parser().format_help()
     assert all(f"    {c.__name__.rsplit('.', 1)[1]} " in proc.stderr for c in COMMANDS)
+
+
+def test_cost_names_fixes_that_work_on_the_device():
+    """When the weights do not fit, simkv cost's warning names the fixes simkv run would (simkv.scenario.weight_fixes),
+    each one that works there: on the Xeon (OpenVINO: no tensor parallelism) only lighter weights for deepseek-v3
+    (int4: 312 GiB of its 625 GiB at int8 fit 512 GiB); on an H100 (vLLM) llama-3-70b's 131 GiB of f16 weights fit a
+    B200, two H100s, or 66 GiB at int8. Each named cost fix prices without the warning; the serving line runs. The MoE
+    line's "1 token" is singular."""
+    proc = simkv("cost", "--model", "deepseek-v3")
+    assert proc.stderr == ("simkv cost: warning: 624.94 GiB of int8 weights + 35.30 MiB of KV do not fit xeon-8480's "
+                           "512.00 GiB: priced as if they did (--weights-precision int4, or size a deployment with "
+                           "simkv plan)\n")
+    assert "(8 per token, 1 token)" in proc.stdout
+    assert simkv("cost", "--model", "deepseek-v3", "--weights-precision", "int4").stderr == ""
+    warning = simkv("cost", "--model", "llama-3-70b", "--device", "h100-sxm").stderr
+    fixes = warning.split("priced as if they did (", 1)[1].rstrip(")\n").split(", ")
+    assert fixes == ["--device b200", "serve it with simkv run --synthetic --model llama-3-70b --device h100-sxm --tp 2",
+                     "--weights-precision int8", "or size a deployment with simkv plan"]
+    for fix in (["--device", "b200"], ["--device", "h100-sxm", "--weights-precision", "int8"]):
+        assert simkv("cost", "--model", "llama-3-70b", *fix).stderr == ""
+    assert simkv(*fixes[1].split()[4:]).returncode == 0
