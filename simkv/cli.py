@@ -43,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else list(argv)):
+        # No command: the top-level help, where argparse would say only "arguments are required: command". On
+        # stderr with exit code 2, as argparse ends any usage error, so a script that lost its command still fails.
+        parser.print_help(sys.stderr)
+        return 2
     try:  # a usage error or a breach of the contract: one line, exit code 2 (--help and --version: 0)
         args, extra = parser.parse_known_args(argv)
         if extra:  # reported by the subcommand's parser, so the error names `simkv run`, not `simkv`

@@ -165,14 +165,15 @@ class Ledger:
         ]
         return zip(*cols)
 
-    def write(self, path: str | Path) -> Path:
-        """Write CSV, or Parquet when the path ends in ``.parquet``."""
-        path = Path(path)
-        if path.suffix == ".parquet":
+    def write(self, path: str | Path, flag: str = "--ledger") -> Path:
+        """Write CSV, or Parquet when the path ends in ``.parquet``, in any case (``L.CSV``, ``l.Parquet``). The path
+        passes the contract's output check (:func:`simkv.limits.check_output`, as ``flag``: the CLI has checked it
+        already): a name ending in ``.csv`` or ``.parquet`` in an existing directory (none is created)."""
+        from simkv.limits import check_output
+
+        path = check_output(str(path), flag, (".csv", ".parquet"))
+        if path.suffix.lower() == ".parquet":
             return self._write_parquet(path)
-        if path.suffix not in (".csv", ""):
-            raise ConfigError(f"ledger path must end in .csv or .parquet, got {path.name!r}")
-        path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(COLUMNS)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from simkv.errors import ConfigError
-from simkv.workload import Decode, Fork, Prefill, Reset, Select
+from simkv.workload import Decode, Fork, Prefill, Reset, Select, Trim
 
 MAX_LAYERS = 100_000
 MAX_HEADS = 65_536  # query heads and KV heads
@@ -37,6 +37,25 @@ MAX_LEDGER_ROWS = 8_000_000
 #: every request; the whole shipped Azure conversation trace needs 13.6 M rows (``openvino-cpu``), and
 #: 16 M rows are about 0.8 GB of ledger. A trace that would pass it stops there with one line, exit 2.
 MAX_SERVING_LEDGER_ROWS = 16_000_000
+
+#: ``simkv validate`` runs a REAL runtime for every token, so its bounds are those of a validation run, far below a
+#: simulation's. The largest sessions validated (docs/results/validation.md, experiments/validation_table.py) decode
+#: 4,200 tokens; the plugin runs them twice (memray, then a clean run): 4 layers x 4,200 tokens take about 70 s here,
+#: 32 layers about 400 s (docs/DESIGN.md, "Cost of a real run here"). The bounds allow about four times the tokens
+#: and twice the work of the largest run: at most about 5 minutes at 4 layers, about 13 minutes at 32.
+#: Token rows one validated session computes: prompt and chat-turn tokens, generated tokens, each times the beams
+#: computing it (:func:`validation_tokens`).
+MAX_VALIDATE_TOKENS = 16_384
+#: Layers x token rows of one validated session: twice the 32-layer, 4,200-token run (about 400 s).
+MAX_VALIDATE_LAYER_TOKENS = 2 * 32 * 4_200
+#: Layers of the toy decoder a validation builds (32 validated).
+MAX_VALIDATE_LAYERS = 128
+#: Weights of the toy decoder (f32: 2 GB): three times those of the largest documented one, llama-3-8b's shape at
+#: ``--hidden 512`` (168 M, docs/guide/validating.md); the schedule does not depend on the weights.
+MAX_VALIDATE_PARAMS = 500_000_000
+#: Random workloads of ``simkv validate --paged --random N``: 200 take about 8 minutes (experiments/paged_validation.py),
+#: so 1,000 about 40.
+MAX_VALIDATE_RANDOM = 1_000
 
 #: (flag, attribute, bound) of the numeric flags shared by run and validate.
 FLAG_BOUNDS = (
@@ -116,3 +135,32 @@ def check_output(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
     if not os.access(parent, os.W_OK):
         raise ConfigError(f"{flag} {path}: directory {parent} is not writable")
     return p
+
+
+def validation_tokens(workload) -> int:
+    """Token rows a real run of ``workload`` computes: every prefilled token and every generated token, times the
+    beams that compute it (after a fork, ``width`` rows per step until a select or reset); a trim computes none."""
+    rows, batch = 0, 1
+    for op in workload.ops:
+        if isinstance(op, (Trim, Reset)):  # no inference (a reset only empties the history)
+            batch = 1 if isinstance(op, Reset) else batch
+            continue
+        batch = op.width if isinstance(op, Fork) else 1 if isinstance(op, Select) else batch
+        rows += batch * (op.tokens if isinstance(op, Prefill) else op.steps if isinstance(op, Decode) else 1)
+    return rows
+
+
+def check_validation(layers: int, workload, params: int = 0) -> None:
+    """Bounds of a validation session on a real runtime (``simkv validate``; module docstring's
+    :data:`MAX_VALIDATE_TOKENS` and below; ``params``: the toy model's weights), checked before the runtime is loaded: one line, exit code 2."""
+    if layers > MAX_VALIDATE_LAYERS:
+        raise ConfigError(f"{layers:,} layers: a real validation run builds at most {MAX_VALIDATE_LAYERS:,} "
+                          "(the schedule is the same per layer; see docs/guide/cli.md, Limits)")
+    if params > MAX_VALIDATE_PARAMS:
+        raise ConfigError(f"the toy model would hold {params:,} weights: a real validation run builds at most "
+                          f"{MAX_VALIDATE_PARAMS:,} (the schedule does not depend on them; see docs/guide/cli.md, Limits)")
+    rows = validation_tokens(workload)
+    if rows > MAX_VALIDATE_TOKENS or rows * layers > MAX_VALIDATE_LAYER_TOKENS:
+        raise ConfigError(f"this validation computes {rows:,} tokens at {layers:,} layers: a real run takes at most "
+                          f"{MAX_VALIDATE_TOKENS:,} tokens and {MAX_VALIDATE_LAYER_TOKENS:,} layer-tokens (about 13 "
+                          "minutes; see docs/guide/cli.md, Limits)")

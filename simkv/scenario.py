@@ -235,33 +235,43 @@ def check_weights_fit(model: ModelSpec, weights: int, memory: int, device, *, we
     lighter weights, tensor parallelism (``tp``: a serving run's size; None: a single session, which has none), or
     ``--weights-memory 0`` to simulate the KV cache alone. ``model`` is what one device holds (a tensor-parallel
     share in serving)."""
-    from simkv.models import tp_shard
-
     if weights < memory:
         return
     where = f"{format_bytes(memory)} of device memory" if memory_given else f"{device.name}'s {format_bytes(memory)}"
     if weights_given:
         raise ConfigError(f"--weights-memory {format_bytes(weights)} is no less than {where}: no room for the KV cache")
     precision = weights_precision or default_weights_precision(model, device)
-    fixes = []
-    if not memory_given:
-        bigger = [d for d in sorted(DEVICES.values(), key=lambda d: d.memory_bytes) if d.memory_bytes > memory
-                  and weights_bytes(model, default_weights_precision(model, d)) < d.memory_bytes]
-        if bigger:
-            fixes.append(f"--device {bigger[0].name}")
-    if tp == 1 and device.runtime == "vllm":
-        for n in (2, 4, 8):
-            try:
-                if weights_bytes(tp_shard(model, n), precision) < memory:
-                    fixes.append(f"--tp {n}")
-                    break
-            except ConfigError:  # the model does not split n ways
-                continue
-    lighter = [p for p in ("int8", "int4") if weights_bytes(model, p) < min(weights, memory)]
-    if lighter:
-        fixes.append(f"--weights-precision {lighter[0]}")
+    fixes = weight_fixes(model, weights, memory, device, precision, memory_given=memory_given, tp=tp)
     fixes.append("--weights-memory 0 (the KV cache alone)")
     stored = "as the checkpoint stores them" if precision == CHECKPOINT else f"at {precision}"
     raise ConfigError(f"{model.name}'s weights take {format_bytes(weights)} {stored}, no less than {where}: no "
                       f"room for the KV cache; give {', '.join(fixes[:-1]) + ' or ' if len(fixes) > 1 else ''}"
                       f"{fixes[-1]}")
+
+
+def weight_fixes(model: ModelSpec, weights: int, memory: int, device, precision: str, *, memory_given: bool = False,
+                 tp: int | None = None, kv: int = 0) -> list[str]:
+    """The flags that would make ``weights`` (at ``precision``) and ``kv`` bytes fit: the smallest device preset
+    that holds them at its runtime's precision (unless the memory was given), tensor parallelism where the device's
+    runtime has it (vLLM; ``tp``: the serving run's size, None: no serving run), lighter weights. Shared by the
+    refusal of weights that leave no room (:func:`check_weights_fit`) and ``simkv cost``'s warning."""
+    from simkv.models import tp_shard
+
+    fixes = []
+    if not memory_given:
+        bigger = [d for d in sorted(DEVICES.values(), key=lambda d: d.memory_bytes) if d.memory_bytes > memory
+                  and weights_bytes(model, default_weights_precision(model, d)) + kv < d.memory_bytes]
+        if bigger:
+            fixes.append(f"--device {bigger[0].name}")
+    if tp == 1 and device.runtime == "vllm":
+        for n in (2, 4, 8):
+            try:
+                if weights_bytes(tp_shard(model, n), precision) + kv // n < memory:
+                    fixes.append(f"--tp {n}")
+                    break
+            except ConfigError:  # the model does not split n ways
+                continue
+    lighter = [p for p in ("int8", "int4") if weights_bytes(model, p) < min(weights, memory - kv)]
+    if lighter:
+        fixes.append(f"--weights-precision {lighter[0]}")
+    return fixes

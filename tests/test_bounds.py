@@ -384,3 +384,45 @@ def test_stateless_plan_stops_where_a_buffer_exceeds_the_largest_allocation():
     fast, ref = simulate(s), simulate(s, engine="reference")
     assert str(fast.oom) == str(ref.oom) and "at step 156" in str(fast.oom)
     assert fast.ledger == ref.ledger
+
+
+# --------------------------------------------------------------------------- simkv validate: a real runtime's bounds
+
+
+@pytest.mark.parametrize("args, message", [
+    # prompt 32 + 100,000,000 generated tokens: 100,000,032 token rows, over 16,384
+    (["--decode", "100000000"], "computes 100,000,032 tokens at 4 layers: a real run takes at most 16,384 tokens"),
+    # 9,032 rows fit 16,384, but 32 layers x 9,032 = 289,024 layer-tokens pass 2 x 32 x 4,200 = 268,800
+    (["--layers", "32", "--decode", "9000"], "computes 9,032 tokens at 32 layers"),
+    # prefill 10, then fork:4 (one inference of 4 rows), 5,000 steps of 4 beams: 10 + 4 + 20,000 = 20,014
+    (["--ops", "prefill:10,fork:4,decode:5000"], "computes 20,014 tokens"),
+    # --ir's dimensions come from the file: the workload is bounded before the file is even read
+    (["--ir", "no-such-model.xml", "--decode", "100000000"], "computes 100,000,032 tokens"),
+    (["--layers", "129"], "129 layers: a real validation run builds at most 128"),
+    # 2 x 1,000 x 10^8 embedding and output weights alone: 2 x 10^11
+    (["--hidden", "100000000", "--decode", "1"], "the toy model would hold 1,019,200,000,000 weights"),
+    (["--paged", "--random", "1001"], "--random must be in 1..1,000"),
+    (["--runtime", "transformers", "--decode", "100000000"], "a real transformers run is limited to"),
+    (["--serving", "--requests", "100000"], "--requests must be in 1..500"),
+    (["--runtime", "vllm", "--random", "100000"], "--random must be in 1..500"),
+])
+def test_validate_refuses_a_run_past_its_bounds_before_the_runtime_starts(args, message, tmp_path):
+    """Every validate mode that runs a real runtime refuses a run past the validation bounds (simkv.limits:
+    MAX_VALIDATE_*) in one line, exit code 2, before anything runs: such a run would take hours or fill memory."""
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", *args], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("simkv validate: error:") and message in lines[0], proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_validation_tokens_count_every_row_a_real_run_computes():
+    """Worked by hand from simkv/workload.py's operations: prefill:32 (32 rows), decode:10 (10), fork:4 (one
+    inference at width 4: 4), reorder (4), decode:5 at width 4 (20), select:1 (one inference at width 1: 1),
+    trim:3 (no inference), prefill:7 (7), reset (none), prefill:2 (2): 80."""
+    from simkv.limits import validation_tokens
+    from simkv.workload import parse_ops
+
+    ops = "prefill:32,decode:10,fork:4,reorder,decode:5,select:1,trim:3,prefill:7,reset,prefill:2"
+    assert validation_tokens(parse_ops(ops)) == 32 + 10 + 4 + 4 + 20 + 1 + 7 + 2

@@ -118,3 +118,70 @@ def test_out_of_memory_is_reported():
     assert proc.returncode == 3
     data = json.loads(proc.stdout)
     assert data["oom_step"] is not None and data["oom"].startswith("out of memory")
+
+
+def test_app_refuses_a_taken_port_in_one_line_before_starting(tmp_path):
+    """A port another process listens on: one line naming it, exit code 2, and no Dash banner (the server never
+    starts); a port out of range and a host that does not resolve alike."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, message in ((["--port", str(port)], f"--port {port}: cannot listen on 127.0.0.1:{port} "),
+                              (["--port", "70000"], "--port must be in 1..65535, got 70000"),
+                              (["--host", "no-such-host.invalid"], "--host no-such-host.invalid: cannot be resolved")):
+            proc = subprocess.run([sys.executable, "-m", "simkv.cli", "app", *args], capture_output=True, text=True,
+                                  cwd=tmp_path, timeout=60)
+            assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("simkv app: error: " + message), proc.stderr
+
+
+def test_ledger_suffix_is_matched_in_any_case_and_refused_in_the_contracts_words(tmp_path):
+    """The contract matches a format's suffix in any case (simkv.limits.check_output lowers it): ``l.CSV`` is a CSV
+    ledger, ``l.Parquet`` a Parquet one; any other name is the contract's one line, nothing written."""
+    for name in ("l.CSV", "l.Parquet"):
+        proc = subprocess.run([sys.executable, "-m", "simkv.cli", "run", *TINY, "--decode", "4", "--ledger", name],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "l.CSV").read_text().startswith(",".join(LEDGER_COLUMNS) + "\n")
+    assert (tmp_path / "l.Parquet").read_bytes()[:4] == b"PAR1"
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli", "run", "--ledger", "l.txt"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == ("simkv run: error: --ledger l.txt: the file name must end in .csv "
+                                                    "or .parquet (see simkv run --help)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.CSV", "l.Parquet"]
+
+
+def test_simkv_alone_prints_the_top_level_help_and_exits_2():
+    """No command: the help listing every command (simkv.cli.COMMANDS) on stderr, exit code 2 — argparse's code
+    for a usage error, so a script that lost its command still fails — and nothing on stdout."""
+    from simkv.cli import COMMANDS, build_parser
+
+    proc = subprocess.run([sys.executable, "-m", "simkv.cli"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == build_parser().format_help()
+    assert all(f"    {c.__name__.rsplit('.', 1)[1]} " in proc.stderr for c in COMMANDS)
+
+
+def test_cost_names_fixes_that_work_on_the_device():
+    """When the weights do not fit, simkv cost's warning names the fixes simkv run would (simkv.scenario.weight_fixes),
+    each one that works there: on the Xeon (OpenVINO: no tensor parallelism) only lighter weights for deepseek-v3
+    (int4: 312 GiB of its 625 GiB at int8 fit 512 GiB); on an H100 (vLLM) llama-3-70b's 131 GiB of f16 weights fit a
+    B200, two H100s, or 66 GiB at int8. Each named cost fix prices without the warning; the serving line runs. The MoE
+    line's "1 token" is singular."""
+    proc = simkv("cost", "--model", "deepseek-v3")
+    assert proc.stderr == ("simkv cost: warning: 624.94 GiB of int8 weights + 35.30 MiB of KV do not fit xeon-8480's "
+                           "512.00 GiB: priced as if they did (--weights-precision int4, or size a deployment with "
+                           "simkv plan)\n")
+    assert "(8 per token, 1 token)" in proc.stdout
+    assert simkv("cost", "--model", "deepseek-v3", "--weights-precision", "int4").stderr == ""
+    warning = simkv("cost", "--model", "llama-3-70b", "--device", "h100-sxm").stderr
+    fixes = warning.split("priced as if they did (", 1)[1].rstrip(")\n").split(", ")
+    assert fixes == ["--device b200", "serve it with simkv run --synthetic --model llama-3-70b --device h100-sxm --tp 2",
+                     "--weights-precision int8", "or size a deployment with simkv plan"]
+    for fix in (["--device", "b200"], ["--device", "h100-sxm", "--weights-precision", "int8"]):
+        assert simkv("cost", "--model", "llama-3-70b", *fix).stderr == ""
+    assert simkv(*fixes[1].split()[4:]).returncode == 0

@@ -205,6 +205,34 @@ def test_cli_tune_json_contract_and_reproduce_command(tmp_path):
     assert (tmp_path / "front.html").exists() and (tmp_path / "rows.parquet").exists()
 
 
+def test_the_reproduce_line_of_a_one_workload_tune_gives_the_tables_numbers(tmp_path):
+    """A tune over one workload (here one trace row: prompt 500 from the trace, decode 90) prints ``reproduce:`` with
+    that workload's --prompt and --decode, and that line run gives exactly the recommendation's peak and
+    reallocations; over two workloads the line is labelled ``apply`` (the table is a mean over both, which no single
+    run shows), with the count, and "workloads" in the plural where the header says "1 workload"."""
+    trace = write_trace(tmp_path / "t.csv", [(500, 90), (500, 300)])
+    common = ("tune", "--model", "tinyllama-1.1b", "--policy", "openvino-gpu", "--trace", str(trace), "--trace-prompts",
+              "--search", "random", "--budget", "4", "--workers", "1", "--seed", "3")
+    one = run_cli(*common, "--samples", "1", "--json")
+    assert one.returncode == 0, one.stderr
+    data = json.loads(one.stdout)
+    assert data["command_reproduces"] is True and data["workloads"]["count"] == 1
+    words = shlex.split(data["command"])
+    (prompt, decode), = [(data["workloads"]["prompt"]["max"], data["workloads"]["decode"]["max"])]
+    assert words[words.index("--prompt") + 1] == str(prompt) and words[words.index("--decode") + 1] == str(decode)
+    rerun = json.loads(run_cli(*words[1:], "--json").stdout)
+    assert rerun["peak_allocated_bytes"] == data["recommendation"]["objectives"]["peak:max"]
+    assert rerun["realloc_count"] == data["recommendation"]["objectives"]["reallocs:mean"]
+    text = run_cli(*common, "--samples", "1").stdout
+    assert "openvino-gpu over 1 workload from" in text and text.splitlines()[-1].startswith("reproduce: simkv run ")
+    two = run_cli(*common, "--samples", "2")
+    assert two.returncode == 0, two.stderr
+    assert "openvino-gpu over 2 workloads from" in two.stdout
+    assert two.stdout.splitlines()[-1].startswith(
+        "apply (the numbers above are over 2 workloads; a simkv run runs one): simkv run ")
+    assert json.loads(run_cli(*common, "--samples", "2", "--json").stdout)["command_reproduces"] is False
+
+
 @pytest.mark.parametrize("args, message", [
     (["--objective", "speed"], "expected METRIC"),
     (["--policy", "exact"], "nothing to tune"),

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-from simkv.errors import SimkvError
-
 
 def add_parser(sub) -> argparse.ArgumentParser:
     from simkv.dashboard.server import add_arguments
@@ -23,7 +21,5 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     from simkv.dashboard.server import serve
 
-    if not 0 < args.port < 65536:
-        raise SimkvError(f"--port must be in 1..65535, got {args.port}")
-    serve(args.host, args.port, args.debug)
+    serve(args.host, args.port, args.debug)  # refuses a port taken or out of range in one line (check_address)
     return 0

@@ -76,7 +76,8 @@ def main(args: argparse.Namespace) -> int:
         f"  {'  compute term':<22}{ms(t['compute_s'])}: {out['flops']:.4g} FLOPs",
         *([] if "moe" not in out else [
             f"  {'  experts':<22}{out['moe']['decode_experts_touched']:,.1f} of {out['moe']['experts']} per MoE layer "
-            f"({out['moe']['experts_per_token']} per token, {out['batch']} tokens): weights read "
+            f"({out['moe']['experts_per_token']} per token, {out['batch']:,} token{'' if out['batch'] == 1 else 's'}): "
+            "weights read "
             f"{format_bytes(out['moe']['decode_weights_read_bytes'])} of {format_bytes(out['weights_bytes'])}"]),
         f"  {'  rooflines':<22}matmuls {ms(t['matmul_s'])} + attention {ms(t['attention_s'])}"
         + ("" if device.attention_overlap else " (attention: its reads and arithmetic added)"),
@@ -103,8 +104,14 @@ def warnings(out: dict, model, device, context: int | None, args) -> list[str]:
         lines.append(f"{longest:,} tokens per sequence are past {model.name}'s context of {context:,}")
     need = out["weights_bytes"] + out["stateful_kv_bytes"]
     if need > device.memory_bytes:
+        from simkv.scenario import weight_fixes
+
+        # the fixes simkv run would name (simkv.scenario): --tp only on a device whose runtime splits a model (vLLM)
+        fixes = [f"serve it with simkv run --synthetic --model {args.model} --device {device.name} {fix}" if fix.startswith("--tp ") else fix
+                 for fix in weight_fixes(model, out["weights_bytes"], device.memory_bytes, device,
+                                         out["weights_precision"], tp=1, kv=out["stateful_kv_bytes"])]
         lines.append(f"{format_bytes(out['weights_bytes'])} of {out['weights_precision']} weights + "
                      f"{format_bytes(out['stateful_kv_bytes'])} of KV do not fit {device.name}'s "
-                     f"{format_bytes(device.memory_bytes)}: priced as if they did (serve it split with simkv run "
-                     "--tp, or size a deployment with simkv plan)")
+                     f"{format_bytes(device.memory_bytes)}: priced as if they did ("
+                     + "".join(f"{fix}, " for fix in fixes) + ("or " if fixes else "") + "size a deployment with simkv plan)")
     return lines

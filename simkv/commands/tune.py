@@ -161,26 +161,26 @@ def main(args: argparse.Namespace) -> int:
         search=args.search, budget=args.budget, seed=args.seed, holdout=holdout, serving=target)
     result = tune.run_tune(spec, workers=args.workers, scheduler=args.scheduler, out=args.out,
                            progress=sys.stderr.isatty() and not args.json)
-    command = (target.command(result.recommendation.params) if target
-               else tune.run_command(base, result.recommendation.params))
+    command, reproduces = ((target.command(result.recommendation.params), True) if target
+                           else tune.session_command(spec, result.recommendation.params))
     tune_command = shlex.join(["simkv", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else ""
     if args.figure:
         from simkv.lab.output import save_figure
 
         save_figure(tune.figure(result), args.figure, self_contained=True)
     if args.json:
-        json.dump(result.to_json(command, tune_command, source), sys.stdout, indent=1)
+        json.dump(result.to_json(command, tune_command, source, reproduces), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         whose = "vLLM" if target and target.template.scheduler == "vllm" else "GenAI"
         what = (f"{whose} scheduler settings serving {source}" if target
-                else f"{args.policy} over {len(workloads)} workloads from {source}")
+                else f"{args.policy} over {len(workloads):,} workload{'' if len(workloads) == 1 else 's'} from {source}")
         print(f"simkv tune: {what}; search {args.search}, "
               f"{len(result.evaluated)} configurations; objectives {', '.join(o.name for o in spec.objectives)}; "
               f"constraints: {'every request FINISHED' if target else 'no OOM'}, "
               f"peak:max <= {format_bytes(spec.free_bytes)} free on {args.device or DEFAULT_DEVICE}"
               + "".join(f", {c.name}" for c in spec.constraints))
-        print("\n".join(tune.summary_lines(result, command)))
+        print("\n".join(tune.summary_lines(result, command, tune.command_label(spec, reproduces))))
         if args.figure:
             print(f"  {'figure':<22}{args.figure}")
     return 0

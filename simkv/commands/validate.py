@@ -237,6 +237,13 @@ def main(args: argparse.Namespace) -> int:
                         beam=args.beam, turn_divergence=args.turn_divergence, ops=args.ops,
                         weights_memory=0)  # a host run: KV only
     m = sc.model  # ModelSpec has already rejected heads that are not a multiple of kv_heads
+    from simkv.limits import check_validation
+
+    from simkv.validate.openvino.toy import ToyDecoderSpec  # imports no openvino
+
+    toy = 0 if args.ir else ToyDecoderSpec(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+                                           hidden=args.hidden, vocab=args.vocab).params
+    check_validation(m.layers, sc.workload, toy)  # --ir: its workload is bounded here, its own layers when read
     from simkv.validate.openvino.cleanrun import ValidateConfig  # these two import neither openvino nor memray
     from simkv.validate.openvino.runner import MISSING_DEPS, check_dependencies, run_validation
 

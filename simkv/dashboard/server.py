@@ -29,8 +29,34 @@ def create_app():
     return app
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse, in one line (:class:`~simkv.errors.ConfigError`), an address the server could not listen on: a port
+    out of range, a host that does not resolve, a port already taken. Checked by binding a socket as the server
+    will — werkzeug's ``BaseWSGIServer`` (``werkzeug/serving.py``) is an ``HTTPServer``, whose
+    ``allow_reuse_address`` sets ``SO_REUSEADDR`` — and closing it: without the check Dash prints its banner
+    and Flask then fails with a traceback-like "Address already in use" and exit code 1."""
+    import socket
+
+    from simkv.errors import ConfigError
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise ConfigError(f"--host {host}: cannot be resolved ({getattr(err, 'strerror', None) or err})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror or err}); "
+                              "give another --port") from None
+
+
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, debug: bool = False) -> None:
-    """Run the dashboard on ``http://host:port/`` until interrupted."""
+    """Run the dashboard on ``http://host:port/`` until interrupted (the address checked first)."""
+    check_address(host, port)
     create_app().run(host=host, port=port, debug=debug)
 
 

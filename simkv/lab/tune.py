@@ -256,7 +256,7 @@ class TuneResult:
     #: (baseline, recommendation) scored on the held-out workloads, if any.
     holdout: tuple[Candidate, Candidate] | None = None
 
-    def to_json(self, command: str, tune_command: str, workloads_source: str) -> dict:
+    def to_json(self, command: str, tune_command: str, workloads_source: str, reproduces: bool = True) -> dict:
         s = self.spec
         if s.serving:
             workloads = s.serving.describe()
@@ -281,6 +281,8 @@ class TuneResult:
                 "count": len(s.holdout), "decode": _stats([d for _, d in s.holdout]),
                 "baseline": self.holdout[0].to_json(), "recommendation": self.holdout[1].to_json()},
             "command": command,
+            #: whether ``command`` runs what the numbers above scored (false: a table over several workloads)
+            "command_reproduces": reproduces,
             "tune_command": tune_command,
         }
 
@@ -479,6 +481,23 @@ def run_command(base: dict, params: dict) -> str:
     return shlex.join(words)
 
 
+def session_command(spec: TuneSpec, params: dict) -> tuple[str, bool]:
+    """The ``simkv run`` line of a session tune's configuration ``params``, and whether it reproduces the table's
+    numbers: it does when the tune ran one workload (the line carries its prompt and decode, as the tune ran it:
+    :meth:`Evaluator.points`); over several, a run can show only one of them, so the line is the policy to apply."""
+    if len(spec.workloads) == 1:
+        (prompt, decode), = spec.workloads
+        return run_command(spec.base, {**params, "prompt": prompt, "decode": decode}), True
+    return run_command(spec.base, params), False
+
+
+def command_label(spec: TuneSpec, reproduces: bool) -> str:
+    """What the summary's last line calls the command: ``reproduce`` where it runs what the table scored, else
+    ``apply`` with the reason (a table over several workloads)."""
+    return ("reproduce" if reproduces else
+            f"apply (the numbers above are over {len(spec.workloads):,} workloads; a simkv run runs one)")
+
+
 def front_table(result: TuneResult) -> str:
     spec = result.spec
     keys = [p.key for p in spec.params]
@@ -501,7 +520,7 @@ def front_table(result: TuneResult) -> str:
     return "\n".join([fmt.format(*head, ""), *(fmt.format(*r) for r in rows)])
 
 
-def summary_lines(result: TuneResult, command: str) -> list[str]:
+def summary_lines(result: TuneResult, command: str, label: str = "reproduce") -> list[str]:
     spec, base, rec = result.spec, result.baseline, result.recommendation
     lines = [f"Pareto front ({len(result.pareto)} of {len(result.evaluated)} configurations evaluated):",
              front_table(result), ""]
@@ -522,7 +541,7 @@ def summary_lines(result: TuneResult, command: str) -> list[str]:
             lines.append(f"  {o.name:<16}{o.show(r):>14}  vs defaults {o.show(b):>14}  ({change})")
         if held_rec.violations:
             lines.append(f"  violates: {'; '.join(held_rec.violations)}")
-    lines.append(f"reproduce: {command}")
+    lines.append(f"{label}: {command}")
     return lines
 
 

@@ -48,6 +48,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from simkv.errors import ConfigError, SimkvError
+from simkv.limits import MAX_VALIDATE_RANDOM
 from simkv.serving.sched.config import SchedulerConfig
 
 from .real import PIPELINE_PROPERTIES, KVLayout, RealCrash, RealWorker, kv_layout, run_real
@@ -615,7 +616,8 @@ def validate(cases: Sequence[tuple[Sequence, SchedulerConfig]], *, spec=None, mo
     return data
 
 
-MAX_RANDOM = 10_000
+#: Random workloads of ``--random N`` (each a fresh real pipeline run: simkv.limits, the validation bounds).
+MAX_RANDOM = MAX_VALIDATE_RANDOM
 
 
 def cases_from_args(args) -> list[tuple[list, SchedulerConfig]]:

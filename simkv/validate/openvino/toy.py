@@ -62,6 +62,13 @@ class ToyDecoderSpec:
         return self.hidden if self.hidden is not None else self.heads * self.head_dim
 
     @property
+    def params(self) -> int:
+        """Weights :func:`.ovmodel.build_stateful_decoder` draws: embedding and output matrices, and per attention
+        layer the q, k, v and output projections (a linear-attention layer counts as one, a bound)."""
+        d, s = self.hidden_size, self.head_dim
+        return 2 * self.vocab * d + self.layers * d * s * (2 * self.heads + 2 * self.kv_heads)
+
+    @property
     def n_rep(self) -> int:
         """Query heads per KV head (1 = MHA, >1 = GQA, ``heads`` = MQA)."""
         return self.heads // self.kv_heads
