@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -62,6 +63,9 @@ def write_image(fig, path: Path) -> bool:
         import kaleido  # noqa: F401
     except ImportError:
         return _skip("kaleido is not installed (pip install kaleido)")
+    # kaleido's browser driver (choreographer) logs a whole traceback to stderr for a message from Chromium it
+    # cannot parse ("JSONError decoding message. Ignoring") and goes on; the image is still written
+    logging.getLogger("choreographer").setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "kopts ignored when using a server"
