@@ -63,6 +63,23 @@ def _replay_time(graph, reps: int = 10, warm: int = 3) -> float:
     return times[len(times) // 2]
 
 
+def _graph_time(fn) -> float:
+    """Seconds of one replay of ``fn`` captured in a CUDA graph (median): its kernels run once first (autotuning,
+    lazy init) outside the capture, then once on a side stream, as capture requires."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _replay_time(graph)
+
+
 def _point(dtype: str, m: int, n: int, k: int, weights: list, xs: dict) -> tuple[float, int]:
     """Seconds per GEMM of ``m`` tokens against each of ``weights`` (one CUDA graph), and the M that ran."""
     import torch
@@ -81,16 +98,7 @@ def _point(dtype: str, m: int, n: int, k: int, weights: list, xs: dict) -> tuple
         def body():
             for w in weights:
                 torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    body()  # the kernels' first run (autotuning, lazy init) outside the capture
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        body()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return _replay_time(graph) / len(weights), m_run
+    return _graph_time(body) / len(weights), m_run
 
 
 def main(out_path: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import sys
 
-from h100_gemm_efficiency import _replay_time  # (the script's own folder is on sys.path)
+from h100_gemm_efficiency import _graph_time  # (the script's own folder is on sys.path)
 
 PEAK = {"bf16": 9.894e14, "fp8": 1.9789e15}
 
@@ -25,21 +25,6 @@ for tp in (2, 4, 8):
     SHAPES += [(f"gpt-oss-120b/tp{tp}/gate_up", 128, 2 * 2880 // tp, 2880), (f"gpt-oss-120b/tp{tp}/down", 128, 2880, 2880 // tp)]
 SHAPES += [("minimax-m2.5/ep4/gate_up", 64, 2 * 1536, 3072), ("minimax-m2.5/ep4/down", 64, 3072, 1536)]
 M_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-def _graph_time(fn) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return _replay_time(g)
 
 
 def main(out_path: str) -> None:
