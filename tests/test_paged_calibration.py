@@ -106,3 +106,74 @@ def test_smoke_one_probe_on_the_pipeline():
     path, model, kv = _model("tiny1")
     t, ctx = _decode(path, 1, 16)
     assert 0 < t < 1.0 and ctx > 16 and model.layers == 1 and kv
+
+
+# Matmuls at few rows (Device.matmul_rows_flops). Chosen points 1e10 FLOP/s at 1 row, 4e10 at 4, 8e10 at 16;
+# peak 6e10 (matmul_flops, efficiency 1). Linear in log2(rows): rows 2 is halfway from 0 to 2 -> 2.5e10; rows 8
+# halfway from 2 to 4 -> 6e10 = the peak; rows 16 and beyond: 8e10 capped at the peak; below 1 row: 1e10.
+ROWS = [[1, 1e10], [4, 4e10], [16, 8e10]]
+
+
+def test_matmul_rate_golden():
+    dev = _host(matmul_flops=6e10, matmul_rows_flops=ROWS).paged_kernel()
+    assert dev.matmul_rows_flops == ((1, 1e10), (4, 4e10), (16, 8e10))
+    got = dev.matmul_rate(np.array([0, 1, 2, 4, 8, 16, 64]), 6e10)
+    assert np.allclose(got, [1e10, 1e10, 2.5e10, 4e10, 6e10, 6e10, 6e10], rtol=1e-12)
+
+
+def test_step_cost_prices_matmuls_at_their_rows_golden():
+    # The toy decoder: 2 layers x (Q, K, V, O of hidden 256 = 4 x 256^2) = 524,288 layer parameters, LM head
+    # 512 x 256 = 131,072. A decode step of 2 sequences (2 rows, 2 logit rows): (2 x 524,288 x 2 + 2 x 131,072 x 2)
+    # = 2,621,440 FLOPs at 2.5e10 FLOP/s = 1.048576e-4 s; a chunk of 64 tokens with 64 logit rows:
+    # 83,886,080 FLOPs at the peak 6e10 = 1.398101333e-3 s, as without rates.
+    from simkv.validate.openvino.toy import toy_model_spec
+
+    model = toy_model_spec(custom_model(layers=2, heads=4, kv_heads=4, head_dim=64), 256, 512)
+    dev = _host(matmul_flops=6e10, matmul_rows_flops=ROWS).paged_kernel()
+    plain = _host(matmul_flops=6e10).paged_kernel()
+    for n, want in ((2, 1.048576e-4), (64, 83886080 / 6e10)):
+        c, p = (step_cost(model, d, weights_bytes=0, new_tokens=n, attended_pairs=0, kv_read_bytes=0,
+                          kv_write_bytes=0) for d in (dev, plain))
+        assert math.isclose(c.terms[1], want, rel_tol=1e-12)
+        assert math.isclose(p.terms[1], 83886080 / 64 * n / 6e10, rel_tol=1e-12)
+
+
+def test_presets_have_no_rows_rates_and_price_as_before():
+    """Only a calibrated host has matmul_rows_flops: every preset's matmul term is its FLOPs over peak x
+    efficiency, exactly as before."""
+    from simkv.cost.devices import DEVICES
+    from simkv.cost.weights import matmul_params
+
+    model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
+    head = float(model.vocab * model.hidden) if model.weight_params else 0.0
+    for dev in DEVICES.values():
+        for d in (dev, dev.paged_kernel()):
+            assert d.matmul_rows_flops == () and "matmul_rows_flops" not in d.paged
+            c = step_cost(model, d, weights_bytes=0, new_tokens=8, attended_pairs=0, kv_read_bytes=0,
+                          kv_write_bytes=0)
+            flops = 2.0 * (matmul_params(model) - head) * 8 + 2.0 * head * 8
+            assert c.terms[1] == flops / (d.peak() * d.flops_efficiency)
+
+
+def test_step_timer_follows_rows_rates():
+    from simkv.serving.engine.costing import StepTimer
+
+    model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
+    dev = _host(matmul_flops=6e10, matmul_rows_flops=ROWS, sequence_overhead_s=3e-5).paged_kernel()
+    timer = StepTimer(model, dev, 10**8, 4096)
+    est = np.array([timer.step(n, n * 50, n * 50, 0, n, n * 50) for n in (1, 2, 5, 32, 300)])
+    seconds, _ = timer.official(est)
+    assert np.allclose(seconds, est, rtol=1e-12, atol=0)  # official() itself refuses beyond 1e-9
+    many = timer.steps(np.array([1, 2, 5, 32, 300]), np.array([50, 100, 250, 1600, 15000]),
+                       np.array([50, 100, 250, 1600, 15000]), np.array([1, 2, 5, 32, 300]),
+                       np.array([50, 100, 250, 1600, 15000]))
+    assert np.allclose(many, est, rtol=1e-12, atol=0)
+
+
+def test_rows_rates_round_trip_and_refusals():
+    dev = _host(matmul_flops=6e10, matmul_rows_flops=ROWS)
+    assert Device.from_dict(dev.to_dict()).paged_kernel().matmul_rows_flops == dev.paged_kernel().matmul_rows_flops
+    for bad in ([[4, 1e10], [2, 2e10]], [[0, 1e10]], [[1, -1.0]], [[1.5, 1e10]], "x", [[1]]):
+        with pytest.raises(ConfigError, match="matmul_rows_flops") as err:
+            _host(matmul_rows_flops=bad)
+        assert "\n" not in str(err.value)

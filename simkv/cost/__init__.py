@@ -18,6 +18,8 @@ is their sum plus two separate terms::
                        = W · (1 − f) + W · f · E · (1 − (1 − k/E)^B) / E      (mixture of experts, B = new_tokens)
     KV bytes = kv_read_bytes + kv_write_bytes   (η_kv defaults to η_bw)
     matmul FLOPs = 2 · active_layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
+                   (a device with matmul_rows_flops, the calibrated host: each part over min(peak · η_flops,
+                    the rate measured at its rows: new_tokens, logit_tokens))
     attention FLOPs = P · attended_pairs + attention_flops,   P = Σ_layers 2 · heads · (k_dim + v_dim)
                                                                (= 4 · layers · heads · head_dim, uniform)
     attention time = (P · (pairs - decode_pairs) + attention_flops - decode_flops) / (peak · η_flops)

@@ -24,7 +24,19 @@ GIB = 1024**3
 
 #: The terms a device's ``paged`` block may set (:meth:`Device.paged_kernel`).
 PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "decode_attention_flops",
-               "kv_bandwidth_efficiency", "matmul_flops")
+               "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
+
+
+def _check_rows_flops(name: str, points: Any) -> None:
+    """One line unless ``points`` are (rows, FLOP/s) pairs: rows whole, >= 1, increasing; rates positive."""
+    try:
+        pairs = [(r, f) for r, f in points]
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 or not isinstance(f, (int, float))
+                            or not f > 0 for r, f in pairs) or any(a[0] >= b[0] for a, b in zip(pairs, pairs[1:])):
+        raise ConfigError(f"device {name}: matmul_rows_flops must be [rows, FLOP/s] pairs, rows whole, >= 1 and "
+                          "increasing, rates positive")
 
 
 #: The runtimes a device preset's usual engine is: ``vllm`` (CUDA GPUs) or ``openvino`` (Intel devices,
@@ -87,7 +99,13 @@ class Device:
     #: model's (:data:`PAGED_TERMS`; ``matmul_flops`` replaces the compute precision's peak, efficiency 1):
     #: ``simkv calibrate`` times OpenVINO GenAI's ContinuousBatchingPipeline for them
     #: (simkv.validate.genai.calibrate). :meth:`paged_kernel` applies them; empty: the same as the stateful model.
-    paged: Mapping[str, float] = field(default_factory=dict)
+    paged: Mapping[str, Any] = field(default_factory=dict)
+    #: The weight matmuls' achieved FLOP/s by the rows they multiply (a step's tokens: a decode step's batch, a
+    #: prefill chunk), as ((rows, FLOP/s), ...) in increasing rows: where the rate at a step's rows (interpolated
+    #: in log rows, the end points held beyond them) is below the compute precision's peak · efficiency, the
+    #: matmuls run at it (:meth:`matmul_rate`). A CPU's brgemm kernel at few rows is neither bound by streaming
+    #: the weights nor at its large-matrix rate. Set by ``simkv calibrate``'s paged terms (the host); empty: the peak.
+    matmul_rows_flops: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -116,8 +134,11 @@ class Device:
         unknown = set(self.paged) - set(PAGED_TERMS)
         if unknown:
             raise ConfigError(f"device {self.name}: paged takes {', '.join(PAGED_TERMS)}, not {', '.join(sorted(unknown))}")
+        _check_rows_flops(self.name, self.matmul_rows_flops)
+        if "matmul_rows_flops" in self.paged:
+            _check_rows_flops(self.name, self.paged["matmul_rows_flops"])
         if not self.sequence_overhead_s >= 0 or any(not isinstance(v, (int, float)) or not v >= 0
-                                                    for v in self.paged.values()):
+                                                    for k, v in self.paged.items() if k != "matmul_rows_flops"):
             raise ConfigError(f"device {self.name}: sequence_overhead_s and the paged terms must be numbers >= 0")
         for fmt, peak in self.gemm_kernels.items():
             if peak not in self.peak_flops:
@@ -142,7 +163,20 @@ class Device:
         if "matmul_flops" in terms:
             changes["peak_flops"] = {**self.peak_flops, self.compute_precision: terms["matmul_flops"]}
             changes["flops_efficiency"] = 1.0
+        if "matmul_rows_flops" in changes:
+            changes["matmul_rows_flops"] = tuple((int(r), float(f)) for r, f in changes["matmul_rows_flops"])
         return replace(self, paged={}, **changes)
+
+    def matmul_rate(self, rows: Any, peak: float) -> Any:
+        """The weight matmuls' FLOP/s at ``rows`` rows (array or scalar): the lower of ``peak`` (the compute
+        precision's peak · efficiency) and :attr:`matmul_rows_flops` interpolated linearly in log2(rows) between
+        its points (its end points held beyond them; rows below 1 taken as 1); ``peak`` where none is set."""
+        if not self.matmul_rows_flops:
+            return peak
+        xs = np.log2([r for r, _ in self.matmul_rows_flops])
+        ys = [f for _, f in self.matmul_rows_flops]
+        at = np.interp(np.log2(np.maximum(np.asarray(rows, dtype=np.float64), 1.0)), xs, ys)
+        return np.minimum(at, peak)
 
     def attention_time(self, kv_s: Any, compute_s: Any) -> Any:
         """Attention's time from its two terms: the larger (a roofline) or, without overlap, their sum."""
@@ -188,7 +222,8 @@ class Device:
         d["peak_flops"] = dict(self.peak_flops)
         d["sources"] = dict(self.sources)
         d["gemm_kernels"] = dict(self.gemm_kernels)
-        d["paged"] = dict(self.paged)
+        d["paged"] = {k: ([list(p) for p in v] if k == "matmul_rows_flops" else v) for k, v in self.paged.items()}
+        d["matmul_rows_flops"] = [list(p) for p in self.matmul_rows_flops]
         return d
 
     @classmethod
@@ -199,7 +234,8 @@ class Device:
             raise ConfigError(f"device file has unknown keys: {', '.join(sorted(unknown))}")
         try:
             return cls(**{**data, "peak_flops": dict(data["peak_flops"]), "sources": dict(data.get("sources", {})),
-                          "gemm_kernels": dict(data.get("gemm_kernels", {})), "paged": dict(data.get("paged", {}))})
+                          "gemm_kernels": dict(data.get("gemm_kernels", {})), "paged": dict(data.get("paged", {})),
+                          "matmul_rows_flops": tuple(tuple(p) for p in data.get("matmul_rows_flops", ()))})
         except (TypeError, KeyError, ValueError) as exc:
             raise ConfigError(f"bad device description: {exc}") from None
 
@@ -288,5 +324,6 @@ def device_summary(device: Device) -> dict[str, Any]:
         "gemm_kernels": dict(device.gemm_kernels),
         "sequence_overhead": device.sequence_overhead_s,
         "paged": dict(device.paged),
+        "matmul_rows_flops": [list(p) for p in device.matmul_rows_flops],
         "sources": dict(device.sources),
     }

@@ -93,8 +93,12 @@ def step_cost(
     matmul_flops = 2.0 * (matmul_params(model) - head) * n + 2.0 * head * logits
     flops = matmul_flops + per_pair * pairs + aflops
     weights_s, kv_s = w / weights_bw, (kr + kw) / kv_bw
-    if gemm_mix is None:
+    if gemm_mix is None and not device.matmul_rows_flops:
         matmul_compute_s = matmul_flops / peak
+    elif gemm_mix is None:  # the layers' matmuls over the step's tokens, the LM head over its logit rows, each at
+        # the rate the calibration measured at those rows (a CPU brgemm at few rows: Device.matmul_rows_flops)
+        matmul_compute_s = (2.0 * (matmul_params(model) - head) * n / device.matmul_rate(n, peak)
+                            + 2.0 * head * logits / device.matmul_rate(logits, peak))
     else:  # the layers' GEMMs each at their kernel's peak, the LM head at the compute precision's
         if sum(params for _, params in gemm_mix) != matmul_params(model) - head:
             raise ConfigError(f"gemm_mix holds {sum(p for _, p in gemm_mix):,} parameters, the layers of {model.name} "

@@ -128,6 +128,15 @@ class StepTimer:
             self._reduce_nz = (c0, [(c, i) for i, c in enumerate(coef) if c])
         if self._seq:
             self._seq_nz = (0.0, [(c, i) for i, c in enumerate(self._seq[1]) if c])
+        #: A device whose matmul rate depends on the rows (``Device.matmul_rows_flops``): the matmul term is no
+        #: affine one; (layers' FLOPs per token, LM head's per logit token) priced as step_cost prices them.
+        self._rows = None
+        if device.matmul_rows_flops and gemm_mix is None:
+            from simkv.cost.weights import matmul_params
+
+            head = float(model.vocab * model.hidden) if model.weight_params else 0.0
+            self._rows = (2.0 * (matmul_params(model) - head), 2.0 * head,
+                          device.peak() * device.flops_efficiency)
         self.chunks: list = []
         self.pending: list[tuple] = []
 
@@ -136,6 +145,10 @@ class StepTimer:
         ``affine``: how each term is summed (default :meth:`_affine`; :meth:`_affine_counts` for counts)."""
         affine = affine or self._affine
         w, mm, kv, at, cp = (affine(t, x) for t in self._nonzero)
+        if self._rows:  # step_cost's operations in its order (bit-identical)
+            layers, head, peak = self._rows
+            n, logits = (np.asarray(v, dtype=np.float64) for v in (x[0], x[4]))
+            mm = layers * n / self.device.matmul_rate(n, peak) + head * logits / self.device.matmul_rate(logits, peak)
         if self._moe:
             w = self._weights_s(x[0])
         out = np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh

@@ -20,6 +20,14 @@ on probe decoders of other shapes than the validated one (never fitted to the st
   two contexts :data:`ATT_CONTEXT` apart; the extra time per sequence, layer and position is
   ``a · query heads + b · KV heads`` (as the stateful probes of :mod:`simkv.validate.openvino.calibrate` fit it):
   ``a`` gives the arithmetic rate (4 · head_dim FLOPs), ``b`` the rate of a KV head's cached bytes;
+* **matmuls at few rows** (``matmul_rows_flops``): the pipeline's model runs every step's tokens, all sequences
+  flattened, through each FullyConnected node (``[tokens, hidden]`` rows; GenAI's SDPAToPagedAttention makes
+  ``input_ids`` one-dimensional), which the CPU plugin runs as ``brgemm_avx512_bf16`` (its profiling's exec
+  type, measured here). Its rate at a decode batch's few rows is neither the weights' streaming rate nor the
+  large-matrix rate (measured on this host, 1 thread: 120 GFLOP/s at 4 rows, 283 at 16, 333 at 32, 456 at
+  512 while 64 MiB of bf16 weights stream at 30 GB/s); so a stack of :data:`ROWS_MATMULS` square hidden-
+  :data:`ROWS_HIDDEN` matmuls (weights beyond the caches, as a model's are) is timed at :data:`MATMUL_ROWS`
+  rows with the pipeline's thread count: FLOPs / time at each;
 * **prefill chunks** (``matmul_flops``): chunks of :data:`PREFILL_CHUNKS` tokens of a 2-layer, hidden-2,048
   decoder; their slope (the fixed costs cancel) over the chunk's FLOPs (weight matmuls and causal attention,
   which the cost model prices at one rate).
@@ -46,6 +54,9 @@ SEQ_BATCH = 16
 ATT_BATCH = 4
 PREFILL_CHUNKS = (128, 512)
 ATT_KV_HEADS = (8, 32)
+#: Rows the matmul probe is timed at (a decode batch's and a prefill chunk's tokens), and its shape.
+MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+ROWS_MATMULS, ROWS_HIDDEN = 8, 2048
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,40 @@ def _round(paths: dict) -> dict:
     return raw
 
 
+def _matmul_rows() -> dict:
+    """{rows: FLOP/s} of the matmul stack (:data:`ROWS_MATMULS` x hidden-:data:`ROWS_HIDDEN`, f32 constants the
+    plugin computes in its inference precision, dynamic rows as the pipeline's) at each of :data:`MATMUL_ROWS`,
+    each the median of :data:`REPEATS` inferences after :data:`WARMUP`, with the pipeline's properties."""
+    import time
+
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from .real import PIPELINE_PROPERTIES
+
+    rng = np.random.default_rng(0)
+    x = ops.parameter(ov.PartialShape([-1, ROWS_HIDDEN]), ov.Type.f32, name="x")
+    h = x
+    for _ in range(ROWS_MATMULS):
+        w = (rng.standard_normal((ROWS_HIDDEN, ROWS_HIDDEN)) * 0.02).astype(np.float32)
+        h = ops.matmul(h, ops.constant(w), False, False)
+    compiled = ov.Core().compile_model(ov.Model([h], [x], "simkv_calibrate_matmul_rows"), "CPU",
+                                       dict(PIPELINE_PROPERTIES))
+    request = compiled.create_infer_request()
+    flops_per_row = 2.0 * ROWS_MATMULS * ROWS_HIDDEN * ROWS_HIDDEN
+    rates = {}
+    for rows in MATMUL_ROWS:
+        a = rng.standard_normal((rows, ROWS_HIDDEN)).astype(np.float32)
+        times = []
+        for i in range(WARMUP + REPEATS):
+            t0 = time.perf_counter()
+            request.infer({0: a}, share_outputs=True)
+            if i >= WARMUP:
+                times.append(time.perf_counter() - t0)
+        rates[rows] = flops_per_row * rows / float(np.median(times))
+    return rates
+
+
 def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[dict, dict]:
     """Run :data:`ROUNDS` rounds of the probes; (the ``paged`` terms, their sources). ``progress()`` after each round."""
     from simkv.cost.attention import attended_pairs, pair_flops_per_model
@@ -188,10 +233,12 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
         raw = _round(paths)
         rounds.append(derive(raw, kv_bytes_per_head=kv_bytes_per_head, weights_rate=weights_rate,
                              prefill_flops=prefill_flops, tiny_weights_bytes=tiny_w))
+        rounds[-1].update({f"rows{r}": f for r, f in _matmul_rows().items()})
         if progress:
             progress()
     fig = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
     kv_eff = min(1.0, fig.pop("kv_rate") / weights_rate)
+    rows_flops = [[r, fig.pop(f"rows{r}")] for r in MATMUL_ROWS]
 
     def spread(key, scale, unit, digits=2):
         v = np.array([r[key] for r in rounds]) * scale
@@ -201,7 +248,8 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
     how = ("OpenVINO GenAI ContinuousBatchingPipeline step() on CPU (simkv.validate.genai.calibrate: the model GenAI "
            "rewrites to PagedAttentionExtension, run by the CPU plugin's executor_pa.cpp)")
     a = PROBES["attention8"]
-    terms = {**fig, "kv_bandwidth_efficiency": kv_eff}
+    terms = {**fig, "kv_bandwidth_efficiency": kv_eff, "matmul_rows_flops": rows_flops}
+    rates_text = ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in rows_flops)
     sources = {
         "step_overhead_s": f"measured: decode step at batch 1 of a 1-layer hidden-64 decoder minus its per-layer, "
                            f"per-sequence, attention and weights shares: {spread('step_overhead_s', 1e3, 'ms', 3)}; {how}",
@@ -215,6 +263,11 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
                                   f"4 x {a.head_dim} FLOPs / a = {spread('decode_attention_flops', 1e-9, 'GFLOP/s', 1)}; {how}",
         "kv_bandwidth_efficiency": f"measured: b = time per KV head and position of the same probes: "
                                    f"{kv_bytes_per_head:.0f} B of K and V ({att_kv}) / b, over the weights' rate; {how}",
+        "matmul_rows_flops": f"measured: a stack of {ROWS_MATMULS} matmuls [rows, {ROWS_HIDDEN}] x [{ROWS_HIDDEN}, "
+                             f"{ROWS_HIDDEN}] (f32 constants, the plugin's bf16 brgemm, dynamic rows as the "
+                             f"pipeline's FullyConnected nodes over a step's tokens), the pipeline's threads: FLOPs / "
+                             f"time at each rows, median of {ROUNDS} rounds (GFLOP/s by rows: {rates_text}); the "
+                             f"weight matmuls of a step run at the lower of this rate at its tokens and matmul_flops",
         "matmul_flops": f"measured: prefill chunks of {PREFILL_CHUNKS[0]} and {PREFILL_CHUNKS[1]} tokens of a "
                         f"{pm.layers}-layer hidden-{pm.hidden} decoder: their FLOPs' difference / their times' "
                         f"difference: {spread('matmul_flops', 1e-9, 'GFLOP/s', 1)}; {how}",
