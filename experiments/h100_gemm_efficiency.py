@@ -63,6 +63,14 @@ def _replay_time(graph, reps: int = 10, warm: int = 3) -> float:
     return times[len(times) // 2]
 
 
+def write_rows(rows: list[dict], out_path: str) -> None:
+    """The rows as a CSV with the first row's keys as its header."""
+    with open(out_path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def _graph_time(fn) -> float:
     """Seconds of one replay of ``fn`` captured in a CUDA graph (median): its kernels run once first (autotuning,
     lazy init) outside the capture, then once on a side stream, as capture requires."""
@@ -135,10 +143,7 @@ def main(out_path: str) -> None:
                     "frac_peak": round(flops / t / PEAK[dtype], 4), "weight_tbps": round(wbytes / t / 1e12, 3),
                 })
                 print(rows[-1]["shape"], dtype, m, rows[-1]["time_us"], rows[-1]["frac_peak"], flush=True)
-    with open(out_path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, out_path)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,9 @@ The run cited in the docs is kept in experiments/data/h100_grouped_gemm.csv.
 
 from __future__ import annotations
 
-import csv
 import sys
 
-from h100_gemm_efficiency import _graph_time  # (the script's own folder is on sys.path)
+from h100_gemm_efficiency import _graph_time, write_rows  # (the script's own folder is on sys.path)
 
 PEAK = {"bf16": 9.894e14, "fp8": 1.9789e15}
 
@@ -63,10 +62,7 @@ def main(out_path: str) -> None:
                 print(name, dtype, m, rows[-1]["time_us"], rows[-1]["frac_peak"], rows[-1]["weight_tbps"], flush=True)
         del w, w8
         torch.cuda.empty_cache()
-    with open(out_path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, out_path)
 
 
 if __name__ == "__main__":
