@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("specs", ("simkv.errors", "simkv.units", "simkv.jsonout", "simkv.version", "simkv.ledger", "simkv.kvspec", "simkv.weights", "simkv.shipped", "simkv.models",
+    ("specs", ("simkv.errors", "simkv.units", "simkv.jsonout", "simkv.jsonfile", "simkv.version", "simkv.ledger", "simkv.kvspec", "simkv.weights", "simkv.shipped", "simkv.models",
                "simkv.hfconfig", "simkv.precision", "simkv.workload", "simkv.cost", "simkv.limits")),
     ("policies", ("policies",)),
     ("engines", ("simkv.layout", "simkv.engine", "simkv.reference", "simkv.chains", "simkv.steps",

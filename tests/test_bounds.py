@@ -126,6 +126,9 @@ def test_huge_decode_plans_only_up_to_the_out_of_memory_step():
       "--device-memory", "1125899906842624", "--decode", "20000000"], "20,000,001 steps before memory runs out"),
     (["--policy", "openvino-cpu", "--precision", "i8"], "does not accept i8 for the KV cache (it takes u8, u4"),
     (["--frobnicate"], "simkv run: error: unrecognized arguments: --frobnicate"),
+    # a file with no size to check first is read only up to the limit (it read on without end)
+    (["--model", "/dev/zero"], "model config /dev/zero: more than 16,777,216 bytes, over the limit of 16,777,216"),
+    (["--device", "/dev/zero"], "device file /dev/zero: more than 16,777,216 bytes, over the limit of 16,777,216"),
     (["--policy-opt", "growth=x", "--policy", "openvino-cpu"], "not a valid float"),
 ])
 def test_odd_input_is_one_line_exit_2(args, message, tmp_path):

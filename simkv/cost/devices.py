@@ -8,7 +8,6 @@ measured here, or "assumed" with the rule). A preset file is also a valid ``--de
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,6 +16,8 @@ import numpy as np
 
 from simkv.cost.interconnects import INTERCONNECTS
 from simkv.errors import ConfigError
+from simkv.jsonfile import read_json_object
+from simkv.limits import MAX_CONFIG_BYTES
 from simkv.shipped import DEVICE_DIR
 from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_weights_precision
 
@@ -260,16 +261,7 @@ def host_preset_path() -> Path:
 
 def load_device(path: str | Path) -> Device:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read device file {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"device file {path} is not JSON: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"device file {path} must hold a JSON object")
+    data = read_json_object(path, f"device file {path}", MAX_CONFIG_BYTES, "a device file")
     return Device.from_dict(data)
 
 

@@ -3,7 +3,6 @@ module reads, the per-layer specs, the MoE, the dtype and the checkpoint's weigh
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from simkv import limits
@@ -12,6 +11,7 @@ from simkv.hfconfig.base import (COMMON, EXPERTS, EXPERTS_PER_TOKEN, KIND_OF_TYP
                                  NEUTRAL, NEUTRAL_PATTERN, NOT_MODELLED, Config, Family, by_window)
 from simkv.hfconfig.qwen3_next import gated_delta_net
 from simkv.hfconfig.registry import FAMILIES, MODULE_OF, REFUSED, WRAPPERS
+from simkv.jsonfile import read_json_object
 from simkv.kvspec import LayerKV
 from simkv.models import ModelSpec
 from simkv.weights import scheme_of, vllm_auto_kv_dtype
@@ -60,24 +60,7 @@ def _read_json(path: Path, where: str) -> dict:
             raise ConfigError(f"{where}: the folder holds no config.json")
     elif not path.exists():
         raise ConfigError(f"{where}: no such file or folder")
-    try:
-        size = path.stat().st_size
-        if size > limits.MAX_CONFIG_BYTES:
-            raise ConfigError(f"{where}: {size:,} bytes, over the limit of {limits.MAX_CONFIG_BYTES:,} for a config.json")
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not a UTF-8 text file") from None
-    except OSError as err:
-        raise ConfigError(f"{where}: cannot be read ({err.strerror or err})") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{where}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: not valid JSON (nested too deeply)") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: the top level must be a JSON object, got {type(raw).__name__}")
-    return raw
+    return read_json_object(path, where, limits.MAX_CONFIG_BYTES, "a config.json")
 
 
 def parse_config(raw: dict, *, name: str = "config", source: str = "", where: str = "model config",
