@@ -421,6 +421,11 @@ class PagedServing:
             else:
                 self.add(req, req.prompt, tokens)
 
+    def steps_until_sent_arrive(self) -> int:
+        """Steps until the first request a closed loop sent with a lag reaches the engine (:meth:`_due`): a planned
+        run of steps ends there. :data:`planned_run.KMAX` when none is on its way."""
+        return min((entry[0] for entry in self.deferred), default=planned_run.KMAX)
+
     def _due(self, steps: int | None) -> None:
         """A closed loop with a lag: ``steps`` more steps ended (None: the engine is idle, nothing is in flight);
         each sent request whose steps in flight have all ended now arrives (just after ``self.t``; its latencies count

@@ -144,8 +144,7 @@ def plan(eng, live: list, pending: int) -> Run | None:
     proc, P, G, gen, nb, rows, passive = present
     if eng.client is not None and (proc >= P).any():  # a closed loop: no step after the first decoder's last
         horizon = min(horizon, int((G - gen)[proc >= P].min()))
-    if eng.deferred:  # a closed loop's sent requests arrive once the steps in flight end: the run ends there
-        horizon = min(horizon, min(entry[0] for entry in eng.deferred))
+    horizon = min(horizon, eng.steps_until_sent_arrive())  # (a closed loop's sent requests: the run ends there)
     scheduled = _schedule(proc, P, G, gen, budget, horizon)
     if scheduled is None:
         return None

@@ -348,11 +348,8 @@ def _horizon(eng) -> int:
     """Steps a run may take: at most KMAX — twice the last run's length, at least :data:`MIN_HORIZON` —, the step
     limit and the stall bound (arrivals join it: :func:`_join`), and a closed loop's sent requests' arrival (once
     the steps in flight end: engine.core ``_due``)."""
-    horizon = min(eng.sched.run_horizon or KMAX, eng.max_steps - eng.step,
-                  eng.progress_step + eng.stall_limit + 1 - eng.step)
-    if eng.deferred:
-        horizon = min(horizon, min(entry[0] for entry in eng.deferred))
-    return horizon
+    return min(eng.sched.run_horizon or KMAX, eng.max_steps - eng.step,
+               eng.progress_step + eng.stall_limit + 1 - eng.step, eng.steps_until_sent_arrive())
 
 
 def _replay(v, running: list, slots: list, kinds: list, js: list) -> None:
