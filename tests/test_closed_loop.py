@@ -40,10 +40,10 @@ json.dump(CLOCK.to_dict(), CLOCK_FILE)
 CLOCK_FILE.close()
 
 
-def run(requests, concurrency, engine="fast", model=MODEL, lag=1, scheduler="continuous", **cfg):
+def run(requests, concurrency, engine="fast", model=MODEL, lag=1, scheduler="continuous", warmup=0, **cfg):
     spec = ServingSpec(requests, model, F16, async_scheduling=lag == 2, scheduler=scheduler, paged=SchedulerConfig(**{"block_size": 4, "max_num_batched_tokens": 64,
                                                                       **cfg}),
-                       device=CLOCK_FILE.name, device_memory=10**12, concurrency=concurrency, engine=engine)
+                       device=CLOCK_FILE.name, device_memory=10**12, concurrency=concurrency, engine=engine, warmup=warmup)
     return serve(spec)
 
 
@@ -119,9 +119,9 @@ def test_the_client_alone():
     reqs = [Request(i, 3, 2, arrival_s=5.0 * i) for i in range(4)]
     loop = ClosedLoop(reqs, 3)
     assert [r.arrival_s for r in loop.first()] == [0.0, 0.0, 0.0]  # the trace's own arrivals are not used
-    req, tokens = loop.completed(1.5)
+    [(req, tokens)] = loop.completed(1.5)
     assert (req.id, req.arrival_s, tokens) == (3, math.nextafter(1.5, 2.0), None)
-    assert loop.completed(2.0) is None
+    assert loop.completed(2.0) == []
     with pytest.raises(ConfigError, match="positive integer"):
         ClosedLoop(reqs, 0)
     with pytest.raises(ConfigError, match="session"):
@@ -137,23 +137,28 @@ def loads(draw):
                max_num_seqs=draw(st.sampled_from([2, 8, 256])), on_oom=draw(st.sampled_from(["preempt", "wait"])),
                kv_manager=draw(st.sampled_from(["genai", "vllm"])))
     cfg["enable_prefix_caching"] = cfg["kv_manager"] == "genai" and draw(st.booleans())
-    return reqs, draw(st.integers(1, 12)), cfg, draw(st.sampled_from([MODEL, LAYERED])), draw(st.sampled_from([1, 2]))
+    return (reqs, draw(st.integers(1, 12)), cfg, draw(st.sampled_from([MODEL, LAYERED])), draw(st.sampled_from([1, 2])),
+            draw(st.integers(0, n)))
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(loads())
 def test_fast_equals_reference_under_a_closed_loop(case):
-    reqs, concurrency, cfg, model, lag = case
-    ref = run(reqs, concurrency, "reference", model, lag, **cfg)
-    fast = run(reqs, concurrency, "fast", model, lag, **cfg)
+    reqs, concurrency, cfg, model, lag, warmup = case
+    ref = run(reqs, concurrency, "reference", model, lag, warmup=warmup, **cfg)
+    fast = run(reqs, concurrency, "fast", model, lag, warmup=warmup, **cfg)
     assert np.array_equal(ref.steps, fast.steps)
     assert _rows(ref) == _rows(fast)
     assert ref.ledger == fast.ledger
-    # the first C are sent at 0, the rest later; never more than C present at a step
-    sent = sorted(r[1] for r in ref.request_rows())
-    c = min(concurrency, len(sent))
+    # the first C (no more than the warm-up's) are sent at 0, the rest later; never more than C present at a step
+    rows = sorted(ref.request_rows())
+    sent = sorted(r[1] for r in rows)
+    c = min(concurrency, warmup or len(sent), len(sent))
     assert sent[:c] == [0.0] * c and all(t > 0 for t in sent[c:])
     assert (ref.steps["requests"] <= concurrency).all()
+    if 0 < warmup < len(rows):  # the warm-up drains: no measured request is sent before the last warm-up ended
+        ends = [r[1] + r[8] for r in rows[:warmup] if not math.isnan(r[8])]  # (one that ended unfinished has none)
+        assert min(r[1] for r in rows[warmup:]) >= max(ends, default=0.0)  # (sent at the end: lag 2 shows t)
 
 
 def _rows(result):
@@ -194,3 +199,49 @@ def test_closed_loop_under_vllms_scheduler_fast_equals_reference(lag):
     fast = run(reqs, 8, "fast", lag=lag, **kw)
     assert np.array_equal(ref.steps, fast.steps) and _rows(ref) == _rows(fast)
     assert (ref.steps["requests"] <= 8).all() and all(r[5] == FINISHED for r in ref.request_rows())
+
+
+def test_a_drained_warmup_holds_the_measured_requests_until_its_last_request_ended():
+    # aiperf (closed_loop docstring): C = 2, a warm-up of W = 3 requests, then 3 measured ones; prompts of 4
+    # tokens, outputs 1, 2, 1, 1, 1, 1 tokens. Steps take 1 s.
+    #  t = 0: the clients send 0 and 1 (min(C, W) = 2 warm-up requests)
+    #  step 0 @0: 0 and 1 prefill, a token each; 0 (1 token) ends at 1 -> sends 2 (the last warm-up request) at 1+
+    #  step 1 @1: 2 arrived after the step started: not in it; 1 decodes its last token, ends at 2 -> all 3
+    #             warm-up requests are sent but 2 has not ended: nothing is sent (a plain closed loop would send 3)
+    #  step 2 @2: 2 prefills, its only token: ends at 3, the warm-up's last -> the profiling phase sends 3 and 4
+    #             together at 3+
+    #  idle until 3+; step 3 @3+: 3 and 4 prefill, one token each: both end at 4+ -> 3 sends 5 at (4+)+, 4 nothing
+    #  step 4: 5 prefills, ends one second later
+    reqs = [Request(i, 4, g, arrival_s=0.0) for i, g in enumerate([1, 2, 1, 1, 1, 1])]
+    after3 = math.nextafter(3.0, 4.0)
+    after4 = math.nextafter(after3 + 1.0, math.inf)
+    for engine in ("reference", "fast"):
+        res = run(reqs, 2, engine, warmup=3)
+        rows = {r[0]: r for r in res.request_rows()}
+        assert [rows[i][1] for i in range(6)] == [0.0, 0.0, math.nextafter(1.0, 2.0), after3, after3, after4]
+        assert [rows[i][6] for i in range(6)] == pytest.approx([1.0, 1.0, 2.0, 1.0, 1.0, 1.0], abs=1e-12)  # TTFT
+        assert all(rows[i][5] == FINISHED for i in range(6))
+        assert list(res.steps["scheduled_requests"]) == [2, 1, 1, 2, 1]
+    plain = {r[0]: r for r in run(reqs, 2).request_rows()}
+    assert plain[3][1] == math.nextafter(2.0, 3.0)  # without the warm-up phase, 1's end at 2 sends 3
+
+
+def test_the_client_alone_with_a_warmup():
+    # C = 3, W = 1: one warm-up request at t = 0; its end sends the next 3 at once; then one per completion.
+    reqs = [Request(i, 3, 2, arrival_s=0.0) for i in range(6)]
+    loop = ClosedLoop(reqs, 3, warmup=1)
+    assert [r.id for r in loop.first()] == [0]
+    assert [(r.id, r.arrival_s) for r, _ in loop.completed(2.0)] == [(1, math.nextafter(2.0, 3.0)),
+                                                                    (2, math.nextafter(2.0, 3.0)),
+                                                                    (3, math.nextafter(2.0, 3.0))]
+    assert [r.id for r, _ in loop.completed(4.0)] == [4]
+    assert [r.id for r, _ in loop.completed(4.0)] == [5]
+    assert loop.completed(5.0) == []
+    # W = 4 warm-up requests over C = 2 clients: ends 1 and 2 send warm-ups 2 and 3, ends 3 and 4 send nothing
+    # until the 4th (the warm-up's last) sends measured 4 and 5 together
+    loop = ClosedLoop(reqs, 2, warmup=4)
+    assert [len(loop.completed(t)) for t in (1.0, 1.0, 2.0)] == [1, 1, 0]
+    assert [r.id for r, _ in loop.completed(3.0)] == [4, 5]
+    for bad in (-1, 7, True, 1.5):
+        with pytest.raises(ConfigError, match="warm-up"):
+            ClosedLoop(reqs, 2, warmup=bad)

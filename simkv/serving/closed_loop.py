@@ -27,6 +27,20 @@ With vLLM's ``--async-scheduling`` (``EngineCore.step_with_batch_queue``, a queu
 schedules the step after next while the next one runs, before the step that ended at t has even returned its
 outputs: the next request then misses one more step, ``lag = 2`` steps in flight instead of 1. It still counts its
 latency from t (``Request.sent_s``). An engine with nothing in flight takes a sent request at once.
+
+**A drained warm-up** (``warmup`` W > 0: aiperf's protocol, AIConfigurator's generated benchmark ``aiperf profile
+--concurrency C --warmup-request-count 2C``; docs/research/latency-facts.md §1). aiperf 0.3.0 runs its credit phases
+one after the other (``CreditIssuingStrategy._execute_phases``, aiperf/timing/credit_issuing_strategy.py): it issues
+the warm-up phase's W credits through ``RequestRateStrategy``'s ``asyncio.Semaphore(C)`` (concurrency-burst mode: no
+sleep between credits), then awaits ``_wait_for_phase_completion`` — every warm-up credit returned — before the
+profiling phase starts and issues its first C credits at once. So:
+
+* requests 0 … min(C, W) − 1 are sent at t = 0; each completion sends the next warm-up request while any is left;
+* no profiling request is sent before the last warm-up request has ended: at that completion (time t) requests
+  W … W + C − 1 are all sent, in order; from then on, as above (one sent per completion).
+
+A worker returns its credit only after the whole streamed response was received (``Worker._process_credit_drop_internal``,
+aiperf/workers/worker.py), as ``benchmark_serving`` releases its semaphore.
 """
 
 from __future__ import annotations
@@ -41,10 +55,18 @@ from simkv.serving.requests import Request
 class ClosedLoop:
     """The clients of a closed-loop run over ``requests`` (sent in their order, whatever arrival they carry)."""
 
-    def __init__(self, requests: list[Request], concurrency: int, tokens: list | None = None, lag: int = 1) -> None:
+    def __init__(self, requests: list[Request], concurrency: int, tokens: list | None = None, lag: int = 1,
+                 warmup: int = 0) -> None:
         check_closed_loop(requests, concurrency)
         if lag not in (1, 2):
             raise ConfigError(f"a closed loop's lag is 1 step in flight, or 2 with async scheduling; got {lag!r}")
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= len(requests):
+            raise ConfigError(f"a closed loop's warm-up is 0 to {len(requests)} requests (those it sends first); "
+                              f"got {warmup!r}")
+        #: The first ``warmup`` requests are a warm-up phase that drains before the others are sent (aiperf).
+        self.warmup = warmup
+        #: Requests that have ended so far.
+        self.ended = 0
         self.requests = requests
         self.concurrency = concurrency
         #: Steps in flight a sent request waits for (1; 2 under vLLM's async scheduling): see the module docstring.
@@ -52,22 +74,28 @@ class ClosedLoop:
         #: Each request's prompt token ids (prefix caching: simkv.serving.engine.core.prompt_token_ids of the whole
         #: list, whose shared prefixes are numbered in request order); None without prefix caching.
         self.tokens = tokens
-        #: Requests sent so far (the first ``concurrency`` at t = 0).
-        self.sent = min(concurrency, len(requests))
+        #: Requests sent so far (the first ``concurrency`` at t = 0, no more than the warm-up where there is one).
+        self.sent = min(concurrency, warmup or len(requests))
 
     def first(self) -> list[Request]:
         """The requests the C clients send at t = 0."""
         return [replace(r, arrival_s=0.0, arrival_step=None) for r in self.requests[: self.sent]]
 
-    def completed(self, t: float) -> tuple[Request, list | None] | None:
-        """A request ended at ``t`` seconds: the next one, sent then (arriving at ``nextafter(t, inf)``), with its
-        prompt token ids (None without prefix caching); None when every request was sent."""
-        i = self.sent
-        if i >= len(self.requests):
-            return None
-        self.sent += 1
-        req = replace(self.requests[i], arrival_s=math.nextafter(t, math.inf), arrival_step=None)
-        return req, (self.tokens[i] if self.tokens is not None else None)
+    def completed(self, t: float) -> list[tuple[Request, list | None]]:
+        """A request ended at ``t`` seconds: the requests sent then (arriving at ``nextafter(t, inf)``), each with
+        its prompt token ids (None without prefix caching) — one, or none when every request was sent or the
+        warm-up is still draining, or C at once when this was the warm-up's last."""
+        self.ended += 1
+        if self.sent < self.warmup:  # the warm-up phase: the next warm-up request
+            n = 1
+        elif self.sent == self.warmup and self.warmup:  # warm-up all sent: the profiling phase waits for it to drain
+            n = self.concurrency if self.ended == self.warmup else 0
+        else:
+            n = 1
+        first, self.sent = self.sent, min(self.sent + n, len(self.requests))
+        arrival = math.nextafter(t, math.inf)
+        return [(replace(self.requests[i], arrival_s=arrival, arrival_step=None),
+                 self.tokens[i] if self.tokens is not None else None) for i in range(first, self.sent)]
 
 
 def check_closed_loop(requests: list[Request], concurrency: int) -> None:

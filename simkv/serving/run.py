@@ -107,6 +107,9 @@ class ServingSpec:
     #: Closed-loop load (simkv.serving.closed_loop): this many clients send the requests in order, each its next
     #: when its previous ended (the requests' arrival times are not used); None: each request at its arrival.
     concurrency: int | None = None
+    #: A closed loop's drained warm-up (simkv.serving.closed_loop, aiperf's ``--warmup-request-count``): its first
+    #: this many requests run, and all end, before the others are sent; 0: none. Their rows are in the result.
+    warmup: int = 0
     #: vLLM's ``--async-scheduling``: a closed loop's next request waits for two steps in flight, not one
     #: (simkv.serving.closed_loop).
     async_scheduling: bool = False
@@ -359,6 +362,9 @@ def check_spec(spec: ServingSpec):
     check_workload(spec.requests, context_limit(spec) if spec.strict_context else None)
     if spec.async_scheduling and spec.concurrency is None:
         raise ConfigError("--async-scheduling changes when a closed loop's next request is scheduled: give --concurrency")
+    if spec.warmup and spec.concurrency is None:
+        raise ConfigError("a warm-up phase is a closed loop's (its first requests drain before the rest are sent): "
+                          "give --concurrency")
     device = get_device(spec.device)
     device.check_tp(spec.tp)
     spec.device_model  # refuses a --tp that does not split the model, one line
@@ -471,7 +477,7 @@ def _serve_closed_loop(spec: ServingSpec, device, progress=False, watch=None) ->
         raise ConfigError("--concurrency sends requests by completions, in seconds: the trace counts arrivals in "
                           "steps (arrival_step)")
     tokens = prompt_token_ids(reqs) if spec.paged.enable_prefix_caching else None
-    loop = ClosedLoop(reqs, spec.concurrency, tokens, lag=2 if spec.async_scheduling else 1)
+    loop = ClosedLoop(reqs, spec.concurrency, tokens, lag=2 if spec.async_scheduling else 1, warmup=spec.warmup)
     bar = _Callback(progress) if callable(progress) else _progress_bar(len(reqs)) if progress else None
     try:
         first = loop.first()

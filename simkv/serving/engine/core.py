@@ -412,14 +412,11 @@ class PagedServing:
         ``client.lag`` L > 1 it reaches the engine only after L − 1 more steps have ended (:meth:`_due`)."""
         for g in sorted((g for g in live if g.status != RUNNING), key=_index):
             t = g.finish_s if g.status == FINISHED else self.t
-            sent = self.client.completed(t)
-            if sent is None:
-                return
-            req, tokens = sent
-            if self.client.lag > 1:
-                self.deferred.append([self.client.lag - 1, t, req, tokens])
-            else:
-                self.add(req, req.prompt, tokens)
+            for req, tokens in self.client.completed(t):
+                if self.client.lag > 1:
+                    self.deferred.append([self.client.lag - 1, t, req, tokens])
+                else:
+                    self.add(req, req.prompt, tokens)
 
     def steps_until_sent_arrive(self) -> int:
         """Steps until the first request a closed loop sent with a lag reaches the engine (:meth:`_due`): a planned
