@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -58,20 +59,8 @@ def test_inferencex_lengths_are_the_clients_draws():
     assert silicon.warmup_requests(r, "aic") == 6 and silicon.warmup_requests(r, "inferencex") == 0
 
 
-def test_aiperfs_prompt_order_is_its_shuffle_samplers():
-    # aiperf 0.3.0 itself (ShuffleSampler over 100 ids, after rng.init(100); run from its wheel's
-    # common/random_generator.py and dataset/dataset_samplers.py): the entries of requests 0..11 and 100..105
-    order = silicon.aiperf_prompt_order(210)
-    assert order[:12] == [57, 29, 10, 96, 90, 62, 70, 20, 47, 31, 35, 53]
-    assert order[100:106] == [42, 45, 84, 38, 97, 92]
-    assert order[200:] == [9, 22, 54, 95, 61, 27, 79, 52, 71, 67]
-    # each round of 100 sends every entry once, then reshuffles
-    assert sorted(order[:100]) == sorted(order[100:200]) == list(range(100))
-
-
 def test_aics_rows_run_aiperfs_protocol(monkeypatch):
-    # the warm-up (2 x C) drains before the 20 x C measured requests, the dataset's entries repeat (prefix caching
-    # on, as vLLM 0.12 defaults), and the statistics are over the measured requests only
+    # the warm-up (2 x C) drains before the 20 x C measured requests (InferenceX's rows: no warm-up simulated)
     seen = {}
 
     def fake_serve(spec):
@@ -84,13 +73,18 @@ def test_aics_rows_run_aiperfs_protocol(monkeypatch):
     assert out.reason == "stop here"
     spec = seen["spec"]
     assert spec.warmup == 6 and spec.concurrency == 3 and len(spec.requests) == 66
-    assert spec.paged.enable_prefix_caching and spec.paged.kv_manager == "genai"
-    entry = silicon.aiperf_prompt_order(66)
-    assert [r.prefix_id for r in spec.requests] == [f"entry-{e}" for e in entry]
-    assert all(r.prefix_tokens == r.prompt == 1024 for r in spec.requests)
+    assert not spec.paged.enable_prefix_caching and all(r.prefix_id is None for r in spec.requests)
+    # the statistics are over the measured requests only: warm-ups (ids 0..5) at 900 ms TTFT do not count
+    ids = np.arange(66)
+    table = {"id": ids, "status": np.array(["FINISHED"] * 66), "ttft_s": np.where(ids < 6, 0.9, 0.1),
+             "tpot_s": np.where(ids < 6, 0.05, 0.01)}
+    monkeypatch.setattr("simkv.serving.serve", lambda spec: SimpleNamespace(request_table=table, stopped=None))
+    out = silicon.simulate(row, SHIPPED / "configs")
+    assert out.predicted_ttft_ms == pytest.approx(100.0) and out.predicted_tpot_ms == pytest.approx(10.0)
+    monkeypatch.setattr("simkv.serving.serve", fake_serve)
     ix = _row(model_path="openai/gpt-oss-120b", precision="fp4", source="model=X; silicon_concurrency=8; wip=False")
     silicon.simulate(ix, SHIPPED / "configs")
-    assert seen["spec"].warmup == 0 and not seen["spec"].paged.enable_prefix_caching
+    assert seen["spec"].warmup == 0
 
 
 def test_the_checkpoints_weights_and_kernels_by_hand():

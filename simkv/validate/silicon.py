@@ -10,19 +10,20 @@ How the rows were taken (docs/research/latency-facts.md §1) decides how they ar
   input and output lengths uniform integers in [⌊0.8·L⌋, L] drawn as the client draws them (``np.random.seed(0)``,
   ``randint(int(L·0.8), L + 1)``, inputs then outputs), the server as the recipe of its model starts vLLM
   (:data:`RECIPES`);
-* **AIConfigurator's own rows** (``aic-auto-gap-analysis``): its generated benchmark's protocol — fixed lengths,
-  20·C requests (``bench_run.sh.j2``: ``--num-requests C·MULTI_ROUND``, MULTI_ROUND 20) — on vLLM 0.12.0's defaults
-  for an H100 (``max_num_batched_tokens`` 8192, ``max_num_seqs`` 1024, ``gpu_memory_utilization`` 0.9).
+* **AIConfigurator's own rows** (``aic-auto-gap-analysis``): its generated benchmark's protocol, aiperf 0.3.0 —
+  fixed lengths, a warm-up of 2·C requests that drains before 20·C measured ones (``bench_run.sh.j2``:
+  ``--warmup-request-count C·2 --num-requests C·MULTI_ROUND``, MULTI_ROUND 20; simkv.serving.closed_loop) — on
+  vLLM 0.12.0's defaults for an H100 (``max_num_batched_tokens`` 8192, ``max_num_seqs`` 1024,
+  ``gpu_memory_utilization`` 0.9).
 
-The prediction is the mean TTFT and the mean per-request TPOT (``(e2e − ttft) / (output − 1)``) over all requests,
-as ``benchmark_serving.calculate_metrics`` reports them. A row simkv cannot model is listed with its reason and no
+The prediction is the mean TTFT and the mean per-request TPOT (``(e2e − ttft) / (output − 1)``) over the measured
+requests, as ``benchmark_serving.calculate_metrics`` and aiperf's ``avg`` of TTFT and ITL report them. A row simkv cannot model is listed with its reason and no
 prediction; nothing is fitted to the rows.
 """
 
 from __future__ import annotations
 
 import csv
-import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,8 +85,6 @@ class Recipe:
     source: str = ""
     #: ``--async-scheduling`` (a closed loop's next request waits for two steps in flight: simkv.serving.closed_loop)
     async_scheduling: bool = False
-    #: vLLM's automatic prefix caching (on by default in vLLM 0.12: docs/research/latency-facts.md §2)
-    prefix_caching: bool = False
 
 
 _IX = "SemiAnalysisAI/InferenceX "
@@ -101,8 +100,7 @@ RECIPES = {
                                      "minimaxm2.5_fp8_h100.sh: --max-num-seqs 256, --gpu-memory-utilization 0.90, "
                                      "prefix caching off; max_num_batched_tokens: vLLM's H100 default"),
     "aic": Recipe(1024, 8192, 0.9, "bf16", "vLLM 0.12.0 defaults on an H100 (engine/arg_utils.py get_batch_defaults: "
-                  "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9; prefix caching on, "
-                  "_set_default_chunked_prefill_and_prefix_caching_args)", prefix_caching=True),
+                  "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9)"),
 }
 
 
@@ -220,34 +218,12 @@ def protocol(row: Row) -> str:
 
 
 #: aiperf's protocol as AIConfigurator's generated benchmark runs it (``bench_run.sh.j2``: ``--concurrency C
-#: --num-requests 20·C --warmup-request-count 2·C --random-seed 100``, lengths fixed; aiperf 0.3.0, the version its
-#: ``generator/sflow.py`` installs). The synthetic dataset holds ``--num-dataset-entries`` prompts (default 100,
-#: ``PromptDefaults.NUM``, aiperf/common/config/config_defaults.py), each ISL tokens from a random offset of its corpus
-#: (``PromptGenerator._sample_tokens``); every request, warm-up and profiling alike, takes the next one from the
-#: dataset manager's one ``ShuffleSampler`` (``DatasetManager._return_any_conversation``, aiperf/dataset/
-#: dataset_samplers.py: shuffle the ids, go through them, reshuffle, repeat), seeded by
-#: ``rng.derive("dataset.sampler.shuffle")`` (aiperf/common/random_generator.py: the first 8 bytes of
-#: sha256("100:dataset.sampler.shuffle"), big-endian, into ``np.random.default_rng``).
-AIPERF_DATASET_ENTRIES = 100
-AIPERF_SEED = 100
+#: --num-requests 20·C --warmup-request-count 2·C``, lengths fixed; aiperf 0.3.0, the version its
+#: ``generator/sflow.py`` installs): a warm-up of 2·C requests that drains before the 20·C measured ones
+#: (simkv.serving.closed_loop). aiperf's 100 dataset prompts would repeat from request 100 on; the rows show no
+#: prefix-cache hits from it (docs/research/latency-facts.md §1), so each request is its own prompt here.
 AIPERF_WARMUP_PER_CLIENT = 2
 AIPERF_REQUESTS_PER_CLIENT = 20
-
-
-def aiperf_prompt_order(n: int, entries: int = AIPERF_DATASET_ENTRIES, seed: int = AIPERF_SEED) -> list[int]:
-    """Which dataset entry each of aiperf's first ``n`` requests sends (``ShuffleSampler.next_conversation_id``)."""
-    child = int.from_bytes(hashlib.sha256(f"{seed}:dataset.sampler.shuffle".encode()).digest()[:8], "big")
-    rng = np.random.default_rng(child)
-    ids = list(range(entries))
-    rng.shuffle(ids)  # in __init__
-    out, index = [], 0
-    while len(out) < n:
-        if index >= len(ids):
-            rng.shuffle(ids)
-            index = 0
-        out.append(ids[index])
-        index += 1
-    return out
 
 
 def warmup_requests(row: Row, proto: str) -> int:
@@ -328,36 +304,22 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
     weights = weights_bytes(shard, "checkpoint")  # every part in its stored format, scales included
     inputs, outputs = lengths(row, proto)
     warmup = warmup_requests(row, proto)
-    if recipe.prefix_caching:  # aiperf's dataset entries: a request that sends an entry again sends the same prompt
-        entry = aiperf_prompt_order(len(inputs))
-        requests = [Request(i, int(p), int(o), arrival_s=0.0, prefix_id=f"entry-{entry[i]}", prefix_tokens=int(p))
-                    for i, (p, o) in enumerate(zip(inputs, outputs))]
-    else:
-        requests = [Request(i, int(p), int(o), arrival_s=0.0) for i, (p, o) in enumerate(zip(inputs, outputs))]
+    requests = [Request(i, int(p), int(o), arrival_s=0.0) for i, (p, o) in enumerate(zip(inputs, outputs))]
     # vLLM's pool: gpu_memory_utilization x the device's memory less the weights and the profile run's activation
     # peak (simkv.serving.sched.vllm.num_gpu_blocks, profile_peak_bytes), blocks of 16; vLLM's scheduler
     # (scheduler "vllm") or GenAI's continuous batching on vLLM's KV manager (the default: planned runs, ~10x faster)
     seqs = recipe.max_num_seqs or row.concurrency
     if scheduler == "vllm":
         cfg = SchedulerConfig(block_size=16, max_num_batched_tokens=recipe.max_num_batched_tokens, max_num_seqs=seqs,
-                              scheduler="vllm", gpu_memory_utilization=recipe.gpu_memory_utilization,
-                              enable_prefix_caching=recipe.prefix_caching)
+                              scheduler="vllm", gpu_memory_utilization=recipe.gpu_memory_utilization)
     else:
         peak = profile_peak_bytes(shard, recipe.max_num_batched_tokens, seqs)
         kv_bytes = int(device.memory_bytes * recipe.gpu_memory_utilization) - weights - peak
         if kv_bytes <= 0:
             return Outcome(row, reason=f"no KV cache fits: {recipe.gpu_memory_utilization} of the device less "
                                        f"{weights / 2**30:.1f} GiB of weights and {peak / 2**30:.1f} GiB of activations")
-        # prefix caching on GenAI's continuous batching needs GenAI's KV manager (simkv models vLLM's hit rules only
-        # under vLLM's scheduler): for a model whose layers are all full attention the two pools hold the same
-        # blocks; GenAI restores a cached prompt's partial tail too and recomputes 1 token, vLLM up to a block.
-        manager = "genai" if recipe.prefix_caching and all(k.kind == "full" for k in shard.kv_layers) else "vllm"
-        if recipe.prefix_caching and manager == "vllm":
-            notes.append("prefix caching not simulated (layers other than full attention: vLLM's hit rules per group "
-                         "run only under --vllm-scheduler)")
-        cfg = SchedulerConfig(block_size=16, cache_size=kv_bytes / 2**30, max_num_seqs=seqs, kv_manager=manager,
-                              max_num_batched_tokens=recipe.max_num_batched_tokens,
-                              enable_prefix_caching=recipe.prefix_caching and manager == "genai")
+        cfg = SchedulerConfig(block_size=16, cache_size=kv_bytes / 2**30, max_num_seqs=seqs, kv_manager="vllm",
+                              max_num_batched_tokens=recipe.max_num_batched_tokens)
     mix = gemm_mix(shard, device, "checkpoint")  # each part's GEMMs at its kernel's peak (fp8 W8A8, mxfp4 in bf16)
     spec = ServingSpec(requests, model, get_precision(recipe.kv_cache_dtype), scheduler=scheduler, paged=cfg,
                        device=device.name,
