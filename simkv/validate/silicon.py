@@ -91,9 +91,13 @@ RECIPES = {
     "openai/gpt-oss-120b": Recipe(None, 8192, 0.9, "bf16", _IX + "benchmarks/gptoss_fp4_h100.sh: --max-num-seqs=$CONC, "
                                   "max-num-batched-tokens 8192, --gpu-memory-utilization=0.9, async-scheduling, prefix "
                                   "caching off", async_scheduling=True),
-    "meta-llama/Llama-3.1-70B": Recipe(None, 8192, 0.9, "fp8", _IX + "benchmarks/70b_fp8_h100_slurm.sh: kv-cache-dtype "
-                                       "fp8, --max-num-seqs=$CONC, max-num-batched-tokens 8192, 0.9, async-scheduling, "
-                                       "prefix caching off", async_scheduling=True),
+    "meta-llama/Llama-3.1-70B": Recipe(None, 8192, 0.9, "fp8", _IX + "@ 9596d23d7 (measured 2025-10-29), "
+                                       "benchmarks/70b_fp8_h100_{slurm,docker}.sh on vllm/vllm-openai:v0.10.2: "
+                                       "kv-cache-dtype fp8, --max-num-seqs=$CONC, max-num-batched-tokens 8192, 0.9, "
+                                       "async-scheduling, prefix caching off; vLLM 0.10.2 stores it at 1 B per element "
+                                       "(FlashAttention 3 on SM90; STR_DTYPE_TO_TORCH_DTYPE fp8 -> uint8, "
+                                       "AttentionSpec.page_size_bytes; latency-facts.md section 10)",
+                                       async_scheduling=True),
     "MiniMaxAI/MiniMax-M2.5": Recipe(256, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/fixed_seq_len/"
                                      "minimaxm2.5_fp8_h100.sh: --max-num-seqs 256, --gpu-memory-utilization 0.90, "
                                      "prefix caching off; max_num_batched_tokens: vLLM's H100 default"),
