@@ -81,7 +81,7 @@ def test_the_checkpoints_weights_and_kernels_by_hand():
 
 def test_the_llama_rows_kv_cache_is_vllm_0_10_2_fp8_at_one_byte():
     """The Llama rows ran vLLM 0.10.2 with --kv-cache-dtype fp8 (InferenceX @ 9596d23d7; docs/research/latency-facts.md
-    section 10). vLLM 0.10.2 keeps it fp8 on an H100 (FlashAttention 3: fa_utils.flash_attn_supports_fp8) and stores it
+    section 11). vLLM 0.10.2 keeps it fp8 on an H100 (FlashAttention 3: fa_utils.flash_attn_supports_fp8) and stores it
     at 1 B: GPUModelRunner.__init__ takes STR_DTYPE_TO_TORCH_DTYPE["fp8"] = torch.uint8, and
     AttentionSpec.page_size_bytes = 2 x block 16 x 4 KV heads (8 / TP 2) x 128 x 1 B = 16,384 B per layer per block,
     i.e. 81,920 B per token over 80 layers. The pool is Worker.determine_available_memory's: 0.9 x the preset's
