@@ -26,10 +26,12 @@ sys.path.insert(0, str(ROOT))
 
 from simkv.validate.genai.calibrate import ProbeShape  # noqa: E402
 from simkv.validate.genai.live import time_steps  # noqa: E402
-from simkv.validate.genai.model import model_dir  # noqa: E402
+from simkv.validate.genai.model import GenaiModelSpec, model_dir  # noqa: E402
 
 HEADS = ((1, 1, 64), (16, 8, 128), (16, 16, 128), (8, 8, 128), (32, 8, 128))  # (query, KV heads, head dim)
 CONTEXT = 64
+#: The model ``simkv validate --serving`` runs (6 layers, hidden 1,024, 16/8 heads x 128), timed in the same rounds.
+VALIDATED = GenaiModelSpec(layers=6, heads=16, kv_heads=8, head_dim=128, hidden=1024, vocab=512)
 
 
 def main(argv=None) -> int:
@@ -41,8 +43,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    shapes = {(q, k, d, L): ProbeShape(L, q, k, d, 64) for q, k, d in HEADS for L in (1, 9)}
-    paths = {key: str(model_dir(s.spec())) for key, s in shapes.items()}
+    shapes = {(q, k, d, L): ProbeShape(L, q, k, d, 64).spec() for q, k, d in HEADS for L in (1, 9)}
+    shapes["validated"] = VALIDATED
+    paths = {key: str(model_dir(s)) for key, s in shapes.items()}
     times = {key: {1: [], 16: []} for key in shapes}
     for _ in range(args.rounds):
         for key, path in paths.items():
@@ -53,17 +56,27 @@ def main(argv=None) -> int:
     dev = replace(get_device("host").paged_kernel(), head_overhead_s=0.0)
     kv, wp = get_precision("u8"), inference_precision()
     ctx = CONTEXT + 2 + np.arange(7)  # the timed steps' contexts (prompt, first step, warm-up)
+
+    def missing(key) -> float:
+        """What simkv misses per extra sequence from batch 1 to 16 (seconds)."""
+        pred = {b: float(np.median(_step_s(cost_model(shapes[key]), dev, kv, wp, batch=b, context=ctx, new=1)))
+                for b in (1, 16)}
+        real = {b: statistics.median(times[key][b]) for b in (1, 16)}
+        return ((real[16] - real[1]) - (pred[16] - pred[1])) / 15
+
     print("heads (q/kv x dim)  missing per sequence: 1 layer   9 layers   per layer   per layer and query head")
+    per_head = {}
     for q, k, d in HEADS:
-        miss = {}
-        for L in (1, 9):
-            m = cost_model(shapes[(q, k, d, L)].spec())
-            pred = {b: float(np.median(_step_s(m, dev, kv, wp, batch=b, context=ctx, new=1))) for b in (1, 16)}
-            real = {b: statistics.median(times[(q, k, d, L)][b]) for b in (1, 16)}
-            miss[L] = ((real[16] - real[1]) - (pred[16] - pred[1])) / 15
-        per_layer = (miss[9] - miss[1]) / 8
-        print(f"  {q:2d}/{k:2d} x {d:3d}         {miss[1] * 1e6:9.1f} us {miss[9] * 1e6:8.1f} us "
+        one, nine = missing((q, k, d, 1)), missing((q, k, d, 9))
+        per_layer = (nine - one) / 8
+        per_head[(q, k, d)] = per_layer / q
+        print(f"  {q:2d}/{k:2d} x {d:3d}         {one * 1e6:9.1f} us {nine * 1e6:8.1f} us "
               f"{per_layer * 1e6:8.1f} us {per_layer / q * 1e6:10.2f} us")
+    v = VALIDATED
+    h = per_head[(v.heads, v.kv_heads, v.head_dim)]
+    print(f"validated model ({v.layers} layers, {v.heads}/{v.kv_heads} x {v.head_dim}, hidden {v.hidden}): misses "
+          f"{missing('validated') * 1e3:.4f} ms per sequence; its layers x query heads x the {v.heads}/{v.kv_heads} "
+          f"probes' per-head figure: {v.layers * v.heads * h * 1e3:.4f} ms")
     return 0
 
 
