@@ -120,6 +120,8 @@ def step_cost(
     overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)
     if device.sequence_overhead_s:  # per sequence that samples a token (a serving engine's bookkeeping)
         overhead = overhead + device.sequence_overhead_s * logits
+    if device.head_overhead_s:  # per sequence, layer and query head: the attention kernel's fixed work
+        overhead = overhead + device.head_overhead_s * logits * model.layers * model.heads
     seconds = matmul_s + attention_s + copy_s + overhead
     reduce_s = allreduce_s(model, device, n)
     if model.tp > 1:
