@@ -201,6 +201,13 @@ def test_calibrate_command_measures_in_a_child_process_with_validates_allocator_
     assert out["path"] == str(path) and out["name"] == "host"
     assert "MALLOC_MMAP_THRESHOLD_=65536" in device.sources["copy_bandwidth"]
     assert device.decode_attention_flops > 0 and not device.attention_overlap and device.layer_overhead_s >= 0
+    try:
+        import openvino_genai  # noqa: F401
+    except ImportError:
+        return
+    # the paged terms, the per-sequence, layer and query head one among them, with where it was measured
+    assert device.paged["head_overhead_s"] >= 0 and "exec_loop_bhl" in device.sources["paged.head_overhead_s"]
+    assert device.paged_kernel().head_overhead_s == device.paged["head_overhead_s"]
 
 
 def test_step_table_has_the_time_columns():

@@ -19,6 +19,8 @@ from simkv.validate.genai.calibrate import ATT_BATCH, derive
 # per step s = 1e-4, per layer l = 5e-5, per sequence q = 2e-5; weights streamed at 1e10 B/s (tiny1 1e5 B:
 # w1 = 1e-5 s; tiny9 9e5 B: w9 = 9e-5 s); prefill 4e10 FLOPs more in 0.3 s more.
 A, B, S, L, Q = 1e-8, 4e-8, 1e-4, 5e-5, 2e-5
+# per sequence, layer and query head h = 1e-6 s; the matmul probe at 1 row 4e10 FLOP/s, at 16 rows 3.2e11.
+H, ROWS_RATE = 1e-6, {1: 4e10, 16: 3.2e11}
 
 
 def _golden_raw() -> dict:
@@ -28,10 +30,21 @@ def _golden_raw() -> dict:
            "attention32_short": (0.020, 67.0), "attention32_long": (0.020 + 8192 * 1.6e-6, 579.0)}
     # tiny decoders (head 64, half the probes' 128): attention per position (a + b) x 64/128 = 2.5e-8 s, context 70
     pos = 2.5e-8
-    raw["tiny1_b1"] = (S + L + Q + 1e-5 + 1 * 70 * pos, 70.0)              # 1.8175e-4
-    raw["tiny1_bS"] = (S + L + 16 * Q + 1e-5 + 16 * 70 * pos, 70.0)        # 5.08e-4
-    raw["tiny9_b1"] = (S + 9 * L + Q + 9e-5 + 9 * 70 * pos, 70.0)          # 6.7575e-4
+    # and their one head pays h per sequence and layer: 1, 16 and 9 (sequences x layers) of it
+    raw["tiny1_b1"] = (S + L + Q + 1e-5 + 1 * 70 * pos + 1 * H, 70.0)           # 1.8275e-4
+    raw["tiny1_bS"] = (S + L + 16 * Q + 1e-5 + 16 * 70 * pos + 16 * H, 70.0)    # 5.24e-4
+    raw["tiny9_b1"] = (S + 9 * L + Q + 9e-5 + 9 * 70 * pos + 9 * H, 70.0)       # 6.8475e-4
     raw["prefill"] = {128: 0.1, 512: 0.4}
+    # head probes (16 query / 8 KV heads x 128 on hidden 64, context 70): attention per position
+    # xh = 16a + 8b = 4.8e-7 s; a layer's matmuls P = 2 x 64 x (16 + 8) x 128 = 393,216 parameters run n rows in
+    # 2 P n / rate_n: 1.96608e-5 s at 1 row, 3.93216e-5 s at 16. A step: 2e-3 s fixed + n q + per layer
+    # n (70 xh + 16 h) + 2 P n / rate_n.
+    xh, p = 16 * A + 8 * B, 393_216
+    for layers in (1, 9):
+        for n, key in ((1, "b1"), (16, "bS")):
+            t = 2e-3 + n * Q + layers * (n * (70 * xh + 16 * H) + 2 * p * n / ROWS_RATE[n])
+            raw[f"heads{layers}_{key}"] = (t, 70.0)
+    raw["rows"] = dict(ROWS_RATE)
     return raw
 
 
@@ -42,6 +55,10 @@ def test_derive_golden():
     # b = (x32 - x8) / 24 = 9.6e-7 / 24 = 4e-8; a = (x8 - 8b) / 32 = 3.2e-7 / 32 = 1e-8
     assert got["decode_attention_flops"] == pytest.approx(4 * 128 / A, rel=1e-9)   # 5.12e10 FLOP/s
     assert got["kv_rate"] == pytest.approx(272.0 / B, rel=1e-9)                     # 6.8e9 B/s
+    # per head: each probe's slope sigma = layers (16 h + (3.93216e-5 - 1.96608e-5) / 15) + q; (sigma9 - sigma1) / 8
+    # less the matmuls' growth 2 P (16 / 3.2e11 - 1 / 4e10) / 15 = 16 h; over 16 query heads: h
+    assert got["head_overhead_s"] == pytest.approx(H, rel=1e-9)
+    # the tiny decoders' one head is taken out of q, l and s
     assert got["sequence_overhead_s"] == pytest.approx(Q, rel=1e-9)
     assert got["layer_overhead_s"] == pytest.approx(L, rel=1e-9)
     assert got["step_overhead_s"] == pytest.approx(S, rel=1e-9)
@@ -79,16 +96,34 @@ def test_sequence_overhead_golden():
     assert math.isclose(c.overhead_s, 2.04e-3, rel_tol=1e-12)
 
 
+def test_head_overhead_golden():
+    # per sequence, layer and query head: 8 sequences x 4 layers x 8 heads x 2e-6 = 5.12e-4 s on top of the
+    # 2.04e-3 s above = 2.552e-3 s; a prefill chunk of 64 tokens sampling one token pays it once per layer and head
+    model = custom_model(layers=4, heads=8, kv_heads=2, head_dim=64)
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5,
+                head_overhead_s=2e-6).paged_kernel()
+    assert dev.head_overhead_s == 2e-6
+    c = step_cost(model, dev, weights_bytes=0, new_tokens=8, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
+                  logit_tokens=8)
+    assert math.isclose(c.overhead_s, 2.552e-3, rel_tol=1e-12)
+    c = step_cost(model, dev, weights_bytes=0, new_tokens=64, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
+                  logit_tokens=1)   # 1e-3 + 8e-4 + 3e-5 + 4 x 8 x 2e-6 = 1.894e-3 s
+    assert math.isclose(c.overhead_s, 1.894e-3, rel_tol=1e-12)
+    assert get_device("xeon-8480").head_overhead_s == 0.0  # presets: not measured, not charged
+
+
 def test_step_timer_prices_sequences_like_step_cost():
     from simkv.serving.engine.costing import StepTimer
 
     model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
-    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5).paged_kernel()
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5,
+                head_overhead_s=2e-6).paged_kernel()
     timer = StepTimer(model, dev, 10**8, 4096)
     est = np.array([timer.step(n, n * 50, n * 50, 0, n, n * 50) for n in (1, 5, 32)])
     seconds, _ = timer.official(est)
     assert np.allclose(seconds, est, rtol=1e-9)
-    assert est[1] - est[0] > 4 * 3e-5  # four more sequences pay four more per-sequence overheads
+    # four more sequences pay four more per-sequence overheads and 4 x 4 layers x 8 heads head overheads
+    assert est[1] - est[0] > 4 * 3e-5 + 4 * 4 * 8 * 2e-6
 
 
 @pytest.mark.parametrize("paged, msg", [({"warp": 1.0}, "paged takes"), ({"step_overhead_s": -1.0}, ">= 0")])

@@ -109,6 +109,35 @@ def test_the_checkpoints_weights_and_kernels_by_hand():
     assert gemm_mix(share, h100, "checkpoint") == (("f8", share.active_params - vocab),)
 
 
+def test_the_llama_rows_kv_cache_is_vllm_0_10_2_fp8_at_one_byte():
+    """The Llama rows ran vLLM 0.10.2 with --kv-cache-dtype fp8 (InferenceX @ 9596d23d7; docs/research/latency-facts.md
+    section 11). vLLM 0.10.2 keeps it fp8 on an H100 (FlashAttention 3: fa_utils.flash_attn_supports_fp8) and stores it
+    at 1 B: GPUModelRunner.__init__ takes STR_DTYPE_TO_TORCH_DTYPE["fp8"] = torch.uint8, and
+    AttentionSpec.page_size_bytes = 2 x block 16 x 4 KV heads (8 / TP 2) x 128 x 1 B = 16,384 B per layer per block,
+    i.e. 81,920 B per token over 80 layers. The pool is Worker.determine_available_memory's: 0.9 x the preset's
+    85,017,493,504 B = 76,515,744,153 B, less the weights (every Linear at 1 B, the embedding table and the LM head
+    at 2 B, each shard of 128,256 x 8,192 / 2) and the profile run's peak, 8,192 tokens x (2 x 8,192 + (32 + 2 x 4)
+    x 128 + 2 x 14,336) x 2 B = 822,083,584 B; get_num_blocks divides by 16 x 81,920 B: 30,034 blocks, 480,544
+    tokens (a 2-byte cache would hold 240,272)."""
+    from simkv.cost import get_device
+    from simkv.models import weights_bytes
+    from simkv.precision import get_precision
+    from simkv.serving.sched.vllm import profile_peak_bytes
+
+    recipe = silicon.RECIPES["meta-llama/Llama-3.1-70B"]
+    assert recipe.kv_cache_dtype == "fp8" and "v0.10.2" in recipe.source
+    model = resolve_model(str(SHIPPED / "configs" / CHECKPOINTS[("meta-llama/Llama-3.1-70B", "fp8")].config))
+    share = tp_shard(model, 2)
+    assert get_precision(recipe.kv_cache_dtype).kv_bytes_per_token(share) == 2 * 4 * 128 * 1 * 80 == 81_920
+    vocab = share.vocab * share.hidden
+    weights = weights_bytes(share, "checkpoint")
+    assert weights == (share.weight_params - 2 * vocab) * 1 + 2 * vocab * 2
+    peak = profile_peak_bytes(share, recipe.max_num_batched_tokens, 64)
+    assert peak == 8192 * (2 * 8192 + (32 + 2 * 4) * 128 + 2 * 14336) * 2 == 822_083_584
+    pool = int(get_device("h100-sxm").memory_bytes * recipe.gpu_memory_utilization) - weights - peak
+    assert (pool // (16 * 81_920), pool // (16 * 81_920) * 16) == (30_034, 480_544)
+
+
 def test_refusals_are_one_line_each():
     assert "pipeline parallelism" in refusal(_row(pp=2))
     assert "disaggregated" in refusal(_row(mode="disagg"))

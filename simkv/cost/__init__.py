@@ -12,12 +12,15 @@ is their sum plus two separate terms::
           (or their sum, where the device's attention does not overlap its reads: see below)
         + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
         + step_overhead_s + layers · layer_overhead_s   # runtime/framework fixed cost per step
-        + R · (α(n) + 2(n − 1)/n · new_tokens · hidden · 2 B / busbw(n))   # tensor parallelism of n > 1 devices
+        + R · (α(n) + 2(n − 1)/n · graph_tokens · hidden · 2 B / busbw(n))  # tensor parallelism of n > 1 devices
 
     weights_bytes read = weights_bytes                                       (dense)
-                       = W · (1 − f) + W · f · E · (1 − (1 − k/E)^B) / E      (mixture of experts, B = new_tokens)
+                       = W · (1 − f) + W · f · E · (1 − (1 − k/E)^B) / E      (mixture of experts, B = graph_tokens)
     KV bytes = kv_read_bytes + kv_write_bytes   (η_kv defaults to η_bw)
-    matmul FLOPs = 2 · active_layer_params · new_tokens + 2 · vocab · hidden · logit_tokens
+    graph_tokens = new_tokens, or the batch padded to a CUDA graph's size (:mod:`.cudagraphs`): the layers'
+                   GEMMs, the experts streamed and the all-reduces run over them; KV writes, attention and the
+                   LM head over the real tokens
+    matmul FLOPs = 2 · active_layer_params · graph_tokens + 2 · vocab · hidden · logit_tokens
                    (a device with matmul_rows_flops, the calibrated host: each part over min(peak · η_flops,
                     the rate measured at its rows: new_tokens, logit_tokens))
     attention FLOPs = P · attended_pairs + attention_flops,   P = Σ_layers 2 · heads · (k_dim + v_dim)
@@ -69,6 +72,7 @@ Where each part lives (one room per concept; ``step_cost`` is the one function e
   all-reduces a tensor-parallel step runs;
 - :mod:`.weights` — the parameters a token multiplies by and the weights a step streams (experts touched);
 - :mod:`.attention` — attended pairs and cached reads per layer kind, ``attention_work``, MLA per runtime;
+- :mod:`.cudagraphs` — vLLM's CUDA-graph capture sizes and the padded token count a step runs over;
 - :mod:`.step` — ``StepCost`` and ``step_cost``;
 - :mod:`.forward` — ``forward_cost``, one forward pass of like sequences;
 - :mod:`.report` — ``estimate``, the figures of ``simkv cost``.
@@ -76,6 +80,7 @@ Where each part lives (one room per concept; ``step_cost`` is the one function e
 
 from simkv.cost.attention import (MLA_COMPUTE, AttentionWork, attended_pairs, attention_work, layer_pairs,
                                   pair_flops_per_model, read_tokens)
+from simkv.cost.cudagraphs import capture_sizes, padded_tokens
 from simkv.cost.devices import (DEFAULT_DEVICE, DEVICE_DIR, DEVICES, GIB, PRESET_NAMES, RUNTIMES, Device,
                                 device_summary, get_device, host_preset_path, load_device)
 from simkv.cost.forward import forward_cost
@@ -88,6 +93,8 @@ from simkv.cost.weights import expected_experts, matmul_params, weights_read_byt
 __all__ = ["ACTIVATION_BYTES", "DEFAULT_DEVICE", "DEVICE_DIR", "DEVICES", "GIB", "INTERCONNECTS", "MLA_COMPUTE",
            "PRESET_NAMES", "RUNTIMES",
            "AttentionWork", "Device", "Interconnect", "StepCost", "allreduce_s", "allreduces_per_step", "attended_pairs",
-           "attention_work", "device_summary", "estimate", "expected_experts", "forward_cost", "gemm_mix", "get_device",
-           "host_preset_path", "layer_pairs", "load_device", "matmul_params", "pair_flops_per_model", "read_tokens",
+           "attention_work", "capture_sizes", "device_summary", "estimate", "expected_experts", "forward_cost",
+           "gemm_mix", "get_device",
+           "host_preset_path", "layer_pairs", "load_device", "matmul_params", "padded_tokens", "pair_flops_per_model",
+           "read_tokens",
            "step_cost", "weights_read_bytes"]

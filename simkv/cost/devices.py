@@ -24,8 +24,8 @@ from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_
 GIB = 1024**3
 
 #: The terms a device's ``paged`` block may set (:meth:`Device.paged_kernel`).
-PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "decode_attention_flops",
-               "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
+PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "head_overhead_s",
+               "decode_attention_flops", "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
 
 
 def _check_rows_flops(name: str, points: Any) -> None:
@@ -96,6 +96,13 @@ class Device:
     #: Fixed cost per sequence in a step (a serving engine's per-sequence bookkeeping: block tables, the sampler),
     #: seconds, charged per sequence that samples a token (``step_cost``'s ``logit_tokens``).
     sequence_overhead_s: float = 0.0
+    #: Fixed attention work per sequence, layer and query head in a step, seconds, whatever the context: OpenVINO's
+    #: CPU paged-attention kernel (``MHAHelper::exec_loop_bhl`` in the CPU plugin's
+    #: ``nodes/kernels/scaled_attn/executor_pa.cpp``) runs, per sequence and query head, a softmax call
+    #: (``loop_softmax``), zeroes and reduces that head's output accumulators (``_output_bhl``, ``attn_reduce``)
+    #: besides its per-block dot products (the per-position terms). Charged per sequence that samples a token
+    #: (``step_cost``'s ``logit_tokens``) x layers x query heads. A paged term (``simkv calibrate`` measures it).
+    head_overhead_s: float = 0.0
     #: The terms a paged-attention serving engine on this device runs at where they differ from the stateful
     #: model's (:data:`PAGED_TERMS`; ``matmul_flops`` replaces the compute precision's peak, efficiency 1):
     #: ``simkv calibrate`` times OpenVINO GenAI's ContinuousBatchingPipeline for them
@@ -138,9 +145,10 @@ class Device:
         _check_rows_flops(self.name, self.matmul_rows_flops)
         if "matmul_rows_flops" in self.paged:
             _check_rows_flops(self.name, self.paged["matmul_rows_flops"])
-        if not self.sequence_overhead_s >= 0 or any(not isinstance(v, (int, float)) or not v >= 0
-                                                    for k, v in self.paged.items() if k != "matmul_rows_flops"):
-            raise ConfigError(f"device {self.name}: sequence_overhead_s and the paged terms must be numbers >= 0")
+        if not (self.sequence_overhead_s >= 0 and self.head_overhead_s >= 0) or any(
+                not isinstance(v, (int, float)) or not v >= 0 for k, v in self.paged.items() if k != "matmul_rows_flops"):
+            raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s and the paged terms must be "
+                              "numbers >= 0")
         for fmt, peak in self.gemm_kernels.items():
             if peak not in self.peak_flops:
                 raise ConfigError(f"device {self.name}: gemm_kernels[{fmt!r}] = {peak!r} has no peak")

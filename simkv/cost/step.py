@@ -58,6 +58,7 @@ def step_cost(
     attention_flops: Any = 0,
     decode_flops: Any = 0,
     gemm_mix: tuple[tuple[str, int], ...] | None = None,
+    graph_tokens: Any = None,
 ) -> StepCost:
     """Time of one step (or of many, when arguments are arrays; they broadcast).
 
@@ -75,17 +76,22 @@ def step_cost(
     (:func:`gemm_mix`: fp8 weights on an H100 run W8A8 fp8 GEMMs, mxfp4 experts weight-only bf16 ones); the
     parameters add up to the layers' (``matmul_params`` less the LM head), which with the LM head and attention
     stay at ``precision``.
+    ``graph_tokens``: the tokens the forward pass runs over where a CUDA graph pads the batch
+    (:func:`simkv.cost.cudagraphs.padded_tokens`; default ``new_tokens``): the layers' GEMMs, the experts streamed
+    and the all-reduces run over them; KV writes, attention and the LM head over the real tokens.
     """
     peak = device.peak(precision) * device.flops_efficiency
     decode_rate = device.decode_attention_flops or peak
     weights_bw = device.memory_bandwidth * device.bandwidth_efficiency
     kv_bw = device.memory_bandwidth * device.kv_efficiency
     logit_tokens = new_tokens if logit_tokens is None else logit_tokens
+    graph_tokens = new_tokens if graph_tokens is None else graph_tokens
     args = (weights_bytes, new_tokens, attended_pairs, kv_read_bytes, kv_write_bytes, copy_bytes, logit_tokens,
-            decode_pairs, attention_flops, decode_flops)
+            decode_pairs, attention_flops, decode_flops, graph_tokens)
     scalar = all(np.ndim(a) == 0 for a in args)
-    w, n, pairs, kr, kw, cb, logits, dpairs, aflops, dflops = np.broadcast_arrays(
+    w, _, pairs, kr, kw, cb, logits, dpairs, aflops, dflops, n = np.broadcast_arrays(
         *(np.asarray(a, dtype=np.float64) for a in args))
+    # n: the tokens the layers run over (the padded batch); the real new tokens enter only through kv_write_bytes
     w = weights_read_bytes(model, w, n)
     nbytes = w + kr + kw
     head = float(model.vocab * model.hidden) if model.weight_params else 0.0
@@ -114,6 +120,8 @@ def step_cost(
     overhead = np.full(w.shape, device.step_overhead_s + model.layers * device.layer_overhead_s)
     if device.sequence_overhead_s:  # per sequence that samples a token (a serving engine's bookkeeping)
         overhead = overhead + device.sequence_overhead_s * logits
+    if device.head_overhead_s:  # per sequence, layer and query head: the attention kernel's fixed work
+        overhead = overhead + device.head_overhead_s * logits * model.layers * model.heads
     seconds = matmul_s + attention_s + copy_s + overhead
     reduce_s = allreduce_s(model, device, n)
     if model.tp > 1:

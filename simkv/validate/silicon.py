@@ -85,6 +85,10 @@ class Recipe:
     source: str = ""
     #: ``--async-scheduling`` (a closed loop's next request waits for two steps in flight: simkv.serving.closed_loop)
     async_scheduling: bool = False
+    #: ``compilation_config.max_cudagraph_capture_size`` (None: vLLM's default, ``min(2 · max_num_seqs, 512)``);
+    #: the capture sizes a step is padded to (simkv.cost.cudagraphs). Every recipe runs CUDA graphs (FULL_AND_PIECEWISE
+    #: by default, MiniMax PIECEWISE: both pad alike).
+    max_cudagraph_capture_size: int | None = None
 
 
 _IX = "SemiAnalysisAI/InferenceX "
@@ -92,13 +96,19 @@ _IX = "SemiAnalysisAI/InferenceX "
 RECIPES = {
     "openai/gpt-oss-120b": Recipe(None, 8192, 0.9, "bf16", _IX + "benchmarks/gptoss_fp4_h100.sh: --max-num-seqs=$CONC, "
                                   "max-num-batched-tokens 8192, --gpu-memory-utilization=0.9, async-scheduling, prefix "
-                                  "caching off", async_scheduling=True),
-    "meta-llama/Llama-3.1-70B": Recipe(None, 8192, 0.9, "fp8", _IX + "benchmarks/70b_fp8_h100_slurm.sh: kv-cache-dtype "
-                                       "fp8, --max-num-seqs=$CONC, max-num-batched-tokens 8192, 0.9, async-scheduling, "
-                                       "prefix caching off", async_scheduling=True),
+                                  "caching off, max-cudagraph-capture-size 2048", async_scheduling=True,
+                                  max_cudagraph_capture_size=2048),
+    "meta-llama/Llama-3.1-70B": Recipe(None, 8192, 0.9, "fp8", _IX + "@ 9596d23d7 (measured 2025-10-29), "
+                                       "benchmarks/70b_fp8_h100_{slurm,docker}.sh on vllm/vllm-openai:v0.10.2: "
+                                       "kv-cache-dtype fp8, --max-num-seqs=$CONC, max-num-batched-tokens 8192, 0.9, "
+                                       "async-scheduling, prefix caching off; vLLM 0.10.2 stores it at 1 B per element "
+                                       "(FlashAttention 3 on SM90; STR_DTYPE_TO_TORCH_DTYPE fp8 -> uint8, "
+                                       "AttentionSpec.page_size_bytes; latency-facts.md section 11)",
+                                       async_scheduling=True),
     "MiniMaxAI/MiniMax-M2.5": Recipe(256, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/fixed_seq_len/"
                                      "minimaxm2.5_fp8_h100.sh: --max-num-seqs 256, --gpu-memory-utilization 0.90, "
-                                     "prefix caching off; max_num_batched_tokens: vLLM's H100 default"),
+                                     "prefix caching off, cudagraph_mode PIECEWISE; max_num_batched_tokens: vLLM's "
+                                     "H100 default"),
     "aic": Recipe(1024, 8192, 0.9, "bf16", "vLLM 0.12.0 defaults on an H100 (engine/arg_utils.py get_batch_defaults: "
                   "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9)"),
 }
@@ -273,6 +283,7 @@ def refusal(row: Row) -> str | None:
 def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = "continuous") -> Outcome:
     """The row simulated as its benchmark ran it (see the module docstring), or the reason it is not."""
     from simkv.cost import gemm_mix, get_device
+    from simkv.cost.cudagraphs import capture_sizes
     from simkv.hfconfig import resolve_model
     from simkv.models import tp_shard, weights_bytes
     from simkv.precision import get_precision
@@ -309,9 +320,11 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
     # peak (simkv.serving.sched.vllm.num_gpu_blocks, profile_peak_bytes), blocks of 16; vLLM's scheduler
     # (scheduler "vllm") or GenAI's continuous batching on vLLM's KV manager (the default: planned runs, ~10x faster)
     seqs = recipe.max_num_seqs or row.concurrency
+    graphs = capture_sizes(seqs, recipe.max_num_batched_tokens, recipe.max_cudagraph_capture_size)
     if scheduler == "vllm":
         cfg = SchedulerConfig(block_size=16, max_num_batched_tokens=recipe.max_num_batched_tokens, max_num_seqs=seqs,
-                              scheduler="vllm", gpu_memory_utilization=recipe.gpu_memory_utilization)
+                              scheduler="vllm", gpu_memory_utilization=recipe.gpu_memory_utilization,
+                              cudagraph_capture_sizes=graphs)
     else:
         peak = profile_peak_bytes(shard, recipe.max_num_batched_tokens, seqs)
         kv_bytes = int(device.memory_bytes * recipe.gpu_memory_utilization) - weights - peak
@@ -319,7 +332,7 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
             return Outcome(row, reason=f"no KV cache fits: {recipe.gpu_memory_utilization} of the device less "
                                        f"{weights / 2**30:.1f} GiB of weights and {peak / 2**30:.1f} GiB of activations")
         cfg = SchedulerConfig(block_size=16, cache_size=kv_bytes / 2**30, max_num_seqs=seqs, kv_manager="vllm",
-                              max_num_batched_tokens=recipe.max_num_batched_tokens)
+                              max_num_batched_tokens=recipe.max_num_batched_tokens, cudagraph_capture_sizes=graphs)
     mix = gemm_mix(shard, device, "checkpoint")  # each part's GEMMs at its kernel's peak (fp8 W8A8, mxfp4 in bf16)
     spec = ServingSpec(requests, model, get_precision(recipe.kv_cache_dtype), scheduler=scheduler, paged=cfg,
                        device=device.name,

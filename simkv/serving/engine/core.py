@@ -231,7 +231,7 @@ class PagedServing:
         #: What each step computes, for the cost model (per layer kind; a uniform model as ever).
         self.work = Work(kv.token_classes, model.layers, kv.seq_state_bytes)
         self.kv_token = self.work.kv_token
-        self.timer = self.work.timer(model, device, weights_bytes, gemm_mix)
+        self.timer = self.work.timer(model, device, weights_bytes, gemm_mix, config.cudagraph_capture_sizes)
         #: Blocks leave windows (vLLM's manager): freed after each step, and no planned runs over them.
         self.window_blocks = self.sched.windowed
         #: Steps the next planned run may take (a layout of several groups; planned_run._horizon).

@@ -27,10 +27,11 @@ import math
 import numpy as np
 
 from simkv.cost import step_cost
+from simkv.cost.cudagraphs import padded_tokens
 from simkv.errors import SimkvError
 
 _ARGS = ("weights_bytes", "new_tokens", "attended_pairs", "kv_read_bytes", "kv_write_bytes", "copy_bytes", "logit_tokens",
-         "decode_pairs")
+         "decode_pairs", "graph_tokens")
 
 
 def chunk_pairs(context: int, new: int, chunk: int) -> int:
@@ -62,11 +63,14 @@ class StepTimer:
     INPUTS = 6
 
     def __init__(self, model, device, weights_bytes: int, kv_token_bytes: int, *, read_unit: int | None = None,
-                 pairs_div: int = 1, gemm_mix: tuple | None = None) -> None:
+                 pairs_div: int = 1, gemm_mix: tuple | None = None, graph_sizes: tuple[int, ...] = ()) -> None:
         """``kv_token_bytes``: KV bytes one new token writes; ``read_unit``: bytes per unit of the loop's KV-read
         input (default ``kv_token_bytes``: tokens read); ``pairs_div``: what the loop's attended pairs are
-        divided by before :func:`simkv.cost.step_cost` prices them (:class:`Work`)."""
+        divided by before :func:`simkv.cost.step_cost` prices them (:class:`Work`); ``graph_sizes``: the engine's
+        CUDA-graph capture sizes (:func:`simkv.cost.cudagraphs.capture_sizes`; empty: no graphs, no padding) — a
+        step's layers run over its new tokens padded to them (a derived seventh input, :meth:`_inputs`)."""
         self.model, self.device, self.weights = model, device, weights_bytes
+        self.graph_sizes = tuple(graph_sizes)
         self.kv_token = kv_token_bytes
         self.read_unit = kv_token_bytes if read_unit is None else read_unit
         self.pairs_div = pairs_div
@@ -84,11 +88,13 @@ class StepTimer:
             """(constant with this run's weights, coefficients of the loop's inputs) of one affine term."""
             at0 = float(term[0])
             a = [float(v) for v in (np.asarray(term[1:]) - at0) / 1e6]
-            # step_cost's (weights, new, pairs, kv_read, kv_write, copy, logits, decode pairs) -> the loop's inputs
-            # (KV bytes written = new tokens x bytes per token; read = units read x bytes per unit)
+            # step_cost's (weights, new, pairs, kv_read, kv_write, copy, logits, decode pairs, graph tokens) -> the
+            # loop's inputs and the derived graph tokens (KV bytes written = new tokens x bytes per token; read =
+            # units read x bytes per unit)
             if div == 1:
-                return at0 + a[0] * weights_bytes, [a[1] + a[4] * kvt, a[2], a[3] * unit, a[5], a[6], a[7]]
-            return at0 + a[0] * weights_bytes, [a[1] + a[4] * kvt, a[2] / div, a[3] * unit, a[5], a[6], a[7] / div]
+                return at0 + a[0] * weights_bytes, [a[1] + a[4] * kvt, a[2], a[3] * unit, a[5], a[6], a[7], a[8]]
+            return at0 + a[0] * weights_bytes, [a[1] + a[4] * kvt, a[2] / div, a[3] * unit, a[5], a[6], a[7] / div,
+                                                a[8]]
 
         # the weights are fixed for a run: folded into the constants
         self.terms = [affine(t) for t in c.terms]  # weights, matmul FLOPs, KV bytes, attention FLOPs
@@ -105,7 +111,7 @@ class StepTimer:
                          1.0 - model.experts_per_token / model.experts, model.routed_params / model.weight_params,
                          model.experts)
             self._powers = np.ones(1)
-            self.terms[0] = (0.0, [0.0] * self.INPUTS)
+            self.terms[0] = (0.0, [0.0] * (self.INPUTS + 1))
         #: A lower bound of any step's time (every coefficient is non-negative; a step that runs has a token).
         (w0, _), (mm0, _), (kv0, _), (at0, _) = self.terms
         if self._moe:
@@ -117,7 +123,7 @@ class StepTimer:
         self.decode_rate_differs = any(coef[5] for _, coef in self.terms)
         # decode pairs are a part of the pairs: their coefficient may be negative, not with the pairs' added
         extra = [self._reduce] if self._reduce else []
-        nonneg = [v for _, coef in self.terms + [self.copy] + extra for v in coef[:5]]
+        nonneg = [v for _, coef in self.terms + [self.copy] + extra for v in coef[:5] + coef[6:]]
         nonneg += [coef[1] + coef[5] for _, coef in self.terms + [self.copy] + extra]
         if min(nonneg) < 0 or self.min_seconds < 0:
             raise SimkvError("the cost model has a negative term")
@@ -144,19 +150,25 @@ class StepTimer:
         """The rooflines with the probed coefficients; scalars or arrays, the same operations in the same order.
         ``affine``: how each term is summed (default :meth:`_affine`; :meth:`_affine_counts` for counts)."""
         affine = affine or self._affine
+        x = self._inputs(x)
         w, mm, kv, at, cp = (affine(t, x) for t in self._nonzero)
         if self._rows:  # step_cost's operations in its order (bit-identical)
             layers, head, peak = self._rows
-            n, logits = (np.asarray(v, dtype=np.float64) for v in (x[0], x[4]))
+            n, logits = (np.asarray(v, dtype=np.float64) for v in (x[6], x[4]))
             mm = layers * n / self.device.matmul_rate(n, peak) + head * logits / self.device.matmul_rate(logits, peak)
         if self._moe:
-            w = self._weights_s(x[0])
+            w = self._weights_s(x[6])
         out = np.maximum(w, mm) + self.device.attention_time(kv, at) + cp + self._ovh
         if self._seq:
             out = out + affine(self._seq_nz, x)
         if self._reduce:
             out = out + affine(self._reduce_nz, x)
         return out
+
+    def _inputs(self, x):
+        """The loop's six inputs and the tokens the layers run over: the new tokens padded to a CUDA graph's size
+        (:func:`simkv.cost.cudagraphs.padded_tokens`; the new tokens themselves without graphs)."""
+        return (*x, padded_tokens(x[0], self.graph_sizes) if self.graph_sizes else x[0])
 
     def _weights_s(self, new_tokens):
         """Seconds of a MoE step's weight streaming for ``new_tokens`` tokens (an integer count, or an array of
@@ -230,7 +242,8 @@ class StepTimer:
                       new_tokens=a[:, 0],
                       attended_pairs=a[:, 1] if div == 1 else a[:, 1] / div,
                       kv_read_bytes=a[:, 2] * self.read_unit, kv_write_bytes=a[:, 0] * self.kv_token,
-                      copy_bytes=a[:, 3], logit_tokens=a[:, 4], decode_pairs=a[:, 5] if div == 1 else a[:, 5] / div)
+                      copy_bytes=a[:, 3], logit_tokens=a[:, 4], decode_pairs=a[:, 5] if div == 1 else a[:, 5] / div,
+                      graph_tokens=padded_tokens(a[:, 0], self.graph_sizes))
         seconds = np.asarray(c.seconds, dtype=np.float64)
         ran = estimated > 0
         if not np.allclose(seconds[ran], estimated[ran], rtol=1e-9, atol=1e-15):
@@ -263,9 +276,10 @@ class Work:
             self.window = None
             self.read_unit, self.pairs_div = 1, layers
 
-    def timer(self, model, device, weights_bytes: int, gemm_mix: tuple | None = None) -> StepTimer:
+    def timer(self, model, device, weights_bytes: int, gemm_mix: tuple | None = None,
+              graph_sizes: tuple[int, ...] = ()) -> StepTimer:
         return StepTimer(model, device, weights_bytes, self.kv_token, read_unit=self.read_unit, pairs_div=self.pairs_div,
-                         gemm_mix=gemm_mix)
+                         gemm_mix=gemm_mix, graph_sizes=graph_sizes)
 
     def seq(self, prev: int, new: int) -> tuple[int, int]:
         """(attended pairs, KV read) of ``new`` tokens after ``prev`` cached ones, one sequence."""

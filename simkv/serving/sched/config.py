@@ -56,6 +56,10 @@ class SchedulerConfig:
     gpu_memory_utilization: float = 0.9
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"
+    #: simkv extension: the batch sizes the engine replays CUDA graphs for (vLLM V1's capture sizes,
+    #: :func:`simkv.cost.cudagraphs.capture_sizes`); a step's layers run over its tokens padded to the smallest
+    #: that holds them (:func:`simkv.cost.cudagraphs.padded_tokens`). Empty (the default): no graphs, no padding.
+    cudagraph_capture_sizes: tuple[int, ...] = ()
 
     @property
     def dynamic(self) -> bool:
@@ -70,6 +74,9 @@ class SchedulerConfig:
         """The ``paged`` object of ``simkv run --json``: every field, the pool size under its older key,
         ``cache_size_gib``."""
         out = {"cache_size_gib" if name == "cache_size" else name: value for name, value in vars(self).items()
-               if self.scheduler == "vllm" or name not in VLLM_FIELDS}
+               if (self.scheduler == "vllm" or name not in VLLM_FIELDS)
+               and (name != "cudagraph_capture_sizes" or value)}
+        if self.cudagraph_capture_sizes:
+            out["cudagraph_capture_sizes"] = list(self.cudagraph_capture_sizes)
         out["cache_eviction"] = self.cache_eviction.label() if self.cache_eviction is not None else None
         return out

@@ -15,6 +15,13 @@ on probe decoders of other shapes than the validated one (never fitted to the st
   1-layer and a 9-layer tiny decoder (hidden 64, one 64-wide head: weights and attention negligible);
 * **per sequence** (``sequence_overhead_s``: block tables, the sampler, the output per sequence): the 1-layer
   decoder at batch :data:`SEQ_BATCH` over batch 1;
+* **per sequence, layer and query head** (``head_overhead_s``): the paged-attention kernel's fixed work per
+  one-token query and head (``MHAHelper::exec_loop_bhl``: a softmax call per sequence and query head, the head's
+  output accumulators zeroed and reduced), which the per-position terms below cancel out: 1- and 9-layer probes
+  with 16 query / 8 KV heads x 128 on hidden 64 (:data:`HEAD_PROBES`) decoding at batch 1 and :data:`SEQ_BATCH`;
+  their per-sequence slopes' difference per layer, less the priced attention per position and the matmuls' growth
+  at the measured rows rates, over the query heads. Measured on this host: ~1 µs per sequence, layer and query
+  head, 14-24 µs per sequence and layer at 16 heads (the 0.09 ms per sequence a 6-layer decode step lacked);
 * **one-token attention per position** (``decode_attention_flops``, ``kv_bandwidth_efficiency``): two 4-layer
   probes with 32 query heads x 128 over 8 or 32 KV heads (hidden 256), decoding :data:`ATT_BATCH` sequences at
   two contexts :data:`ATT_CONTEXT` apart; the extra time per sequence, layer and position is
@@ -43,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ProbeShape", "PROBES", "derive", "measure_paged", "ROUNDS"]
+__all__ = ["ProbeShape", "PROBES", "HEAD_PROBES", "derive", "measure_paged", "ROUNDS"]
 
 ROUNDS = 3
 WARMUP, REPEATS = 2, 7
@@ -81,7 +88,11 @@ PROBES = {
     "attention8": ProbeShape(4, 32, 8, 128, 256),
     "attention32": ProbeShape(4, 32, 32, 128, 256),
     "prefill": ProbeShape(2, 16, 16, 128, 2048),
+    "heads1": ProbeShape(1, 16, 8, 128, 64),
+    "heads9": ProbeShape(9, 16, 8, 128, 64),
 }
+#: The probes of the per-head term: a real head shape on hidden 64 (weights small), one layer and nine.
+HEAD_PROBES = ("heads1", "heads9")
 
 
 def mean_context(entry: dict) -> float:
@@ -96,7 +107,9 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     * ``tiny1_b1``, ``tiny1_bS``, ``tiny9_b1``: (median step time, mean context) of the tiny decoders' decode at
       batch 1 and :data:`SEQ_BATCH`;
     * ``attention{kv}_short``, ``attention{kv}_long``: the same for the attention probes at batch :data:`ATT_BATCH`;
-    * ``prefill``: {chunk: median step time}.
+    * ``prefill``: {chunk: median step time};
+    * ``heads1_b1``, ``heads1_bS``, ``heads9_b1``, ``heads9_bS``: the same for the :data:`HEAD_PROBES`;
+    * ``rows``: {1: FLOP/s, :data:`SEQ_BATCH`: FLOP/s} of the matmul probe at those rows.
 
     ``kv_bytes_per_head``: one KV head's K and V bytes per cached position (the pipeline's KV precision);
     ``weights_rate``: the stateful calibration's weight-streaming rate (bytes/s); ``prefill_flops``: {chunk: FLOPs
@@ -125,18 +138,33 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     def att(name: str, batch: int, context: float) -> float:
         return batch * PROBES[name].layers * context * tiny_pos
 
+    hp = PROBES[HEAD_PROBES[0]]
+    head_pos = per_query_head * hp.heads + per_kv_head * hp.kv_heads
+
+    def head_slope(name: str) -> float:
+        (t1_, c1_), (tS_, cS_) = raw[f"{name}_b1"], raw[f"{name}_bS"]
+        layers_ = PROBES[name].layers
+        return ((tS_ - SEQ_BATCH * layers_ * cS_ * head_pos) - (t1_ - layers_ * c1_ * head_pos)) / (SEQ_BATCH - 1)
+
+    one, nine = HEAD_PROBES
+    layer_params = 2 * hp.hidden * (hp.heads + hp.kv_heads) * hp.head_dim  # Q and O, K and V of one layer
+    grow = 2.0 * layer_params * (SEQ_BATCH / raw["rows"][SEQ_BATCH] - 1.0 / raw["rows"][1]) / (SEQ_BATCH - 1)
+    per_layer = (head_slope(nine) - head_slope(one)) / (PROBES[nine].layers - PROBES[one].layers) - grow
+    head = max(0.0, per_layer / hp.heads)
+
     t1, c1 = raw["tiny1_b1"]
     tS, cS = raw["tiny1_bS"]
     t9, c9 = raw["tiny9_b1"]
     base1 = t1 - att("tiny1", 1, c1)
     w1, w9 = (tiny_weights_bytes[k] / weights_rate for k in ("tiny1", "tiny9"))
-    seq = max(0.0, (tS - att("tiny1", SEQ_BATCH, cS) - base1) / (SEQ_BATCH - 1))
-    layer = max(0.0, (t9 - att("tiny9", 1, c9) - w9 - (base1 - w1)) / (PROBES["tiny9"].layers - PROBES["tiny1"].layers))
-    step = max(0.0, base1 - w1 - seq - layer)
+    seq = max(0.0, (tS - att("tiny1", SEQ_BATCH, cS) - base1) / (SEQ_BATCH - 1) - head)
+    layer = max(0.0, (t9 - att("tiny9", 1, c9) - w9 - (base1 - w1)) / (PROBES["tiny9"].layers - PROBES["tiny1"].layers)
+                - head)
+    step = max(0.0, base1 - w1 - seq - layer - head)
     small, big = sorted(raw["prefill"])
     dt = raw["prefill"][big] - raw["prefill"][small]
     flops = (prefill_flops[big] - prefill_flops[small]) / dt if dt > 0 else float("inf")
-    return {"step_overhead_s": step, "layer_overhead_s": layer, "sequence_overhead_s": seq,
+    return {"step_overhead_s": step, "layer_overhead_s": layer, "sequence_overhead_s": seq, "head_overhead_s": head,
             "decode_attention_flops": 4.0 * PROBES["attention8"].head_dim / per_query_head,
             "kv_rate": kv_bytes_per_head / per_kv_head if per_kv_head > 0 else float("inf"),
             "matmul_flops": flops}
@@ -166,6 +194,9 @@ def _round(paths: dict) -> dict:
 
     raw = {"tiny1_b1": _decode(paths["tiny1"], 1, CONTEXT), "tiny1_bS": _decode(paths["tiny1"], SEQ_BATCH, CONTEXT),
            "tiny9_b1": _decode(paths["tiny9"], 1, CONTEXT)}
+    for name in HEAD_PROBES:
+        raw[f"{name}_b1"] = _decode(paths[name], 1, CONTEXT)
+        raw[f"{name}_bS"] = _decode(paths[name], SEQ_BATCH, CONTEXT)
     for kv in ATT_KV_HEADS:
         raw[f"attention{kv}_short"] = _decode(paths[f"attention{kv}"], ATT_BATCH, CONTEXT)
         raw[f"attention{kv}_long"] = _decode(paths[f"attention{kv}"], ATT_BATCH, CONTEXT + ATT_CONTEXT)
@@ -231,9 +262,11 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
     rounds = []
     for _ in range(ROUNDS):
         raw = _round(paths)
+        rows = _matmul_rows()
+        raw["rows"] = rows
         rounds.append(derive(raw, kv_bytes_per_head=kv_bytes_per_head, weights_rate=weights_rate,
                              prefill_flops=prefill_flops, tiny_weights_bytes=tiny_w))
-        rounds[-1].update({f"rows{r}": f for r, f in _matmul_rows().items()})
+        rounds[-1].update({f"rows{r}": f for r, f in rows.items()})
         if progress:
             progress()
     fig = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
@@ -247,7 +280,7 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
 
     how = ("OpenVINO GenAI ContinuousBatchingPipeline step() on CPU (simkv.validate.genai.calibrate: the model GenAI "
            "rewrites to PagedAttentionExtension, run by the CPU plugin's executor_pa.cpp)")
-    a = PROBES["attention8"]
+    a, hp = PROBES["attention8"], PROBES[HEAD_PROBES[0]]
     terms = {**fig, "kv_bandwidth_efficiency": kv_eff, "matmul_rows_flops": rows_flops}
     rates_text = ", ".join(f"{r}: {f / 1e9:.0f}" for r, f in rows_flops)
     sources = {
@@ -257,6 +290,12 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
                             f"{spread('layer_overhead_s', 1e3, 'ms', 3)}; {how}",
         "sequence_overhead_s": f"measured: (1-layer tiny decoder at batch {SEQ_BATCH} - batch 1, attention removed) / "
                                f"{SEQ_BATCH - 1}: {spread('sequence_overhead_s', 1e3, 'ms', 4)}; {how}",
+        "head_overhead_s": f"measured: ({PROBES[HEAD_PROBES[1]].layers}-layer - {hp.layers}-layer probe, {hp.heads} query / "
+                           f"{hp.kv_heads} KV heads x {hp.head_dim} on hidden {hp.hidden}) per-sequence slope from "
+                           f"batch 1 to {SEQ_BATCH} per layer, less the priced attention per position and the "
+                           f"matmuls' growth at the rows rates, / {hp.heads} query heads: "
+                           f"{spread('head_overhead_s', 1e6, 'us', 3)}; the fixed work per sequence and query head of "
+                           f"MHAHelper::exec_loop_bhl (softmax, output accumulators zeroed and reduced); {how}",
         "decode_attention_flops": f"measured: a = time per query head and position of {a.layers}-layer probes with "
                                   f"{a.heads} query heads over {ATT_KV_HEADS[0]} or {ATT_KV_HEADS[1]} KV heads x "
                                   f"{a.head_dim}, batch {ATT_BATCH}, contexts {CONTEXT}+ and {CONTEXT + ATT_CONTEXT}+: "
