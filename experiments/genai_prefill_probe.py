@@ -7,6 +7,11 @@ misses per chunk, per layer (the 9- minus the 1-layer probe, over 8), per layer 
 with C, says which term is absent. Rounds interleave the probes; medians over rounds. Pinned on a quiet machine:
 
     taskset -c 1 python experiments/genai_prefill_probe.py --rounds 3
+
+``--steps STEPS.json`` (the ``--out`` of ``simkv validate --serving --stage steps`` run on ``$SIMKV_HOST_PRESET``)
+instead prices that run's fixed batches with the preset's terms and without ``prompt_token_overhead_s`` (its
+``matmul_flops`` back at the plain prefill slope it was solved with: ``1 / (1 / F + Δc · 2 · 16 · p / ΔFLOPs)``):
+the step stage before and after the term on one calibration and one set of measurements.
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--without", default="", help="a paged term to zero in the price (e.g. prefill_head_overhead_s)")
+    parser.add_argument("--steps", help="reprice a validate --serving --stage steps JSON with and without the term")
     args = parser.parse_args(argv)
+    if args.steps:
+        return reprice(args.steps)
     shapes = {(q, k, d, L): ProbeShape(L, q, k, d, 64).spec() for q, k, d in HEADS for L in (1, 9)}
     shapes["validated"] = VALIDATED
     paths = {key: str(model_dir(s)) for key, s in shapes.items()}
@@ -76,6 +84,50 @@ def main(argv=None) -> int:
         pl = {c: (miss[(q, k, d, 9)][c] - miss[(q, k, d, 1)][c]) / 8 for c in CHUNKS}
         print(f"  {q:2d}/{k:2d} x {d:3d}  " + " ".join(f"{pl[c] * 1e6:8.1f} us" for c in CHUNKS) + "   "
               + " ".join(f"{pl[c] / q * 1e6:7.2f} us/head" for c in CHUNKS))
+    return 0
+
+
+def reprice(path: str) -> int:
+    """The step stage of ``path`` priced on the host preset with and without ``prompt_token_overhead_s``."""
+    import json
+    from dataclasses import replace
+
+    from simkv.cost import get_device
+    from simkv.cost.attention import attended_pairs, pair_flops_per_model
+    from simkv.cost.weights import matmul_params
+    from simkv.precision import get_precision
+    from simkv.validate.genai.calibrate import PREFILL_CHUNKS, PROBES, _model
+    from simkv.validate.genai.serving import DECODE_CONTEXT, _step_s, cost_model
+    from simkv.validate.openvino.ovmodel import inference_precision
+
+    run = json.loads(Path(path).read_text())
+    spec = GenaiModelSpec(**{k: run["model"][k] for k in ("layers", "heads", "kv_heads", "head_dim", "hidden", "vocab")})
+    model, kv, wp = cost_model(spec), get_precision(run["kv_precision"]), inference_precision()
+    after = get_device("host")
+    p = after.paged.get("prompt_token_overhead_s", 0.0)
+    pm = _model("prefill")[1]
+    head = pm.vocab * pm.hidden
+    flops = {c: 2.0 * (matmul_params(pm) - head) * c + pair_flops_per_model(pm) * attended_pairs(pm, 0, c)
+             for c in PREFILL_CHUNKS}
+    small, big = PREFILL_CHUNKS
+    pp = PROBES["prefill"]
+    plain = 1.0 / (1.0 / after.paged["matmul_flops"]
+                   + (big - small) * pp.layers * pp.heads * p / (flops[big] - flops[small]))
+    before = replace(after, paged={**after.paged, "prompt_token_overhead_s": 0.0, "matmul_flops": plain})
+    devs = {"after": after.paged_kernel(), "before": before.paged_kernel()}
+    print(f"prompt_token_overhead_s {p * 1e6:.3f} us; matmul_flops {after.paged['matmul_flops'] / 1e9:.1f} GFLOP/s "
+          f"(plain slope {plain / 1e9:.1f})")
+    print("  step               measured ms   before ms  error    after ms  error")
+    for r in run["steps"]["rows"]:
+        b, new = (r["size"], 1) if r["kind"] == "decode" else (1, r["size"])
+        ctx = DECODE_CONTEXT + 6 if r["kind"] == "decode" else 0  # the timed decode steps' middle context
+        price = {k: float(_step_s(model, d, kv, wp, batch=b, context=ctx, new=new)) for k, d in devs.items()}
+        # the run's own prediction (exact contexts) moved by the difference the term makes
+        pred_before = r["predicted_ms"] + 1e3 * (price["before"] - price["after"])
+        m = r["measured_ms"]
+        print(f"  {r['kind']} {'batch' if r['kind'] == 'decode' else 'chunk'} {r['size']:<6d}   {m:10.2f}  "
+              f"{pred_before:9.2f} {100 * (pred_before / m - 1):+6.1f}%  {r['predicted_ms']:9.2f} "
+              f"{100 * (r['predicted_ms'] / m - 1):+6.1f}%")
     return 0
 
 
