@@ -180,8 +180,8 @@ def test_cost_names_fixes_that_work_on_the_device():
     assert simkv("cost", "--model", "deepseek-v3", "--weights-precision", "int4").stderr == ""
     warning = simkv("cost", "--model", "llama-3-70b", "--device", "h100-sxm").stderr
     fixes = warning.split("priced as if they did (", 1)[1].rstrip(")\n").split(", ")
-    assert fixes == ["--device b200", "serve it with simkv run --synthetic --model llama-3-70b --device h100-sxm --tp 2",
+    assert fixes == ["--device h200-sxm", "serve it with simkv run --synthetic --model llama-3-70b --device h100-sxm --tp 2",
                      "--weights-precision int8", "or size a deployment with simkv plan"]
-    for fix in (["--device", "b200"], ["--device", "h100-sxm", "--weights-precision", "int8"]):
+    for fix in (["--device", "h200-sxm"], ["--device", "h100-sxm", "--weights-precision", "int8"]):
         assert simkv("cost", "--model", "llama-3-70b", *fix).stderr == ""
     assert simkv(*fixes[1].split()[4:]).returncode == 0

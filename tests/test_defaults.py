@@ -92,10 +92,11 @@ def test_the_latency_of_a_session_prices_the_weights_the_memory_holds():
     # 624.94 GiB of int8 weights on the 512 GiB default device: only lighter weights (int4: 312.47 GiB) fit
     (["run", "--model", "deepseek-v3"], "deepseek-v3's weights take 624.94 GiB at int8, no less than xeon-8480's "
      "512.00 GiB: no room for the KV cache; give --weights-precision int4 or --weights-memory 0 (the KV cache alone)"),
-    # 131.41 GiB of bf16 on one H100 (79.18 GiB): the smallest preset that holds them is b200 (167.64 GiB; h200-sxm's
-    # 131.32 GiB is just short), so do two H100s (serving), so does int8
+    # 131.41 GiB of bf16 on one H100 (79.18 GiB): the smallest preset that holds them is h200-sxm (139.80 GiB, the
+    # total CUDA reports; its datasheet's 141 GB = 131.32 GiB would be just short), so do two H100s (serving), so does
+    # int8
     (["run", "--synthetic", "--model", "llama-3-70b", "--device", "h100-sxm"], "llama-3-70b's weights take 131.41 GiB "
-     "at f16, no less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device b200, --tp 2, "
+     "at f16, no less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device h200-sxm, --tp 2, "
      "--weights-precision int8 or --weights-memory 0 (the KV cache alone)"),
     (["run", "--model", "llama-3-8b", "--device-memory", "4GiB"], "llama-3-8b's weights take 7.48 GiB at int8, no "
      "less than 4.00 GiB of device memory: no room for the KV cache; give --weights-precision int4 or "
@@ -104,10 +105,10 @@ def test_the_latency_of_a_session_prices_the_weights_the_memory_holds():
      "room for the KV cache"),
     # a single session and a policy tuned for one take the same device and the same refusal (no --tp: one device)
     (["run", "--model", "llama-3-70b", "--device", "h100-sxm"], "llama-3-70b's weights take 131.41 GiB at f16, no "
-     "less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device b200, --weights-precision int8 or "
+     "less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device h200-sxm, --weights-precision int8 or "
      "--weights-memory 0 (the KV cache alone)"),
     (["tune", "--model", "llama-3-70b", "--device", "h100-sxm"], "llama-3-70b's weights take 131.41 GiB at f16, no "
-     "less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device b200, --weights-precision int8 or "
+     "less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device h200-sxm, --weights-precision int8 or "
      "--weights-memory 0 (the KV cache alone)"),
     (["tune", "--model", "gemma-3-27b", "--device-memory", "16GiB"], "gemma-3-27b's weights take 25.15 GiB at int8, "
      "no less than 16.00 GiB of device memory: no room for the KV cache; give --weights-precision int4 or "

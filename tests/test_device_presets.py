@@ -1,5 +1,5 @@
-"""The device and interconnect presets as data: one file each, every number with its source, and the datasheet-only
-presets (h200-sxm, b200) priced by hand."""
+"""The device and interconnect presets as data: one file each, every number with its source, the datasheet-only
+presets (h200-sxm, b200) priced by hand, and every GPU's memory as CUDA reports it."""
 
 import json
 
@@ -9,6 +9,7 @@ from simkv.cost import DEVICE_DIR, DEVICES, INTERCONNECTS, PRESET_NAMES, forward
 from simkv.cost.interconnects import INTERCONNECT_DIR, INTERCONNECT_NAMES
 from simkv.models import get_model, weights_bytes
 from simkv.precision import get_precision
+from simkv.serving.sched.vllm import batch_defaults
 
 
 def test_every_preset_file_is_listed_and_loads():
@@ -43,14 +44,34 @@ def test_every_interconnect_has_a_source(name):
 
 def test_h200_and_b200_from_their_datasheets():
     h200, b200 = get_device("h200-sxm"), get_device("b200")
-    assert (h200.memory_bytes, h200.memory_bandwidth, h200.peak("bf16"), h200.peak("f8")) == (
-        141e9, 4.8e12, 989.5e12, 1979e12)
-    assert (b200.memory_bytes, b200.memory_bandwidth, b200.peak("bf16"), b200.peak("f8"), b200.peak("f4")) == (
-        180e9, 7.7e12, 2.25e15, 4.5e15, 9e15)
+    assert (h200.memory_bandwidth, h200.peak("bf16"), h200.peak("f8")) == (4.8e12, 989.5e12, 1979e12)
+    assert (b200.memory_bandwidth, b200.peak("bf16"), b200.peak("f8"), b200.peak("f4")) == (7.7e12, 2.25e15, 4.5e15, 9e15)
     # NVLink 5: twice NVLink 4's bus bandwidth at every n, its latency
     nv4, nv5 = INTERCONNECTS["nvlink4"], INTERCONNECTS["nvlink5"]
     for n in (2, 4, 8):
         assert nv5.fit(n) == (nv4.fit(n)[0], pytest.approx(2 * nv4.fit(n)[1]))
+
+
+def test_gpu_memory_is_what_cuda_reports_not_the_datasheet():
+    """vLLM's KV pool is gpu_memory_utilization x torch.cuda total_memory (Worker.determine_available_memory), so a
+    GPU preset holds the total CUDA reports, from published outputs (docs/research/latency-facts.md §6):
+    torch prints total_memory as totalGlobalMem // 2**20 'MB' — H200 143156MB, B200 182642MB (ai-bot-pro/achatbot
+    deploy/modal/src/llm/vllm/vlm/skywork_r1v.py @ 859e2161); CUDA deviceQuery on an A100-SXM4-80GB prints
+    85,100,068,864 bytes (thamada/nvidia-smi gls/A100SXMx4_deviceQuery.py @ b09ef139); the H100's was measured."""
+    assert get_device("h200-sxm").memory_bytes == 143_156 * 2**20 == 150_109_945_856  # datasheet "141 GB": 141e9
+    assert get_device("b200").memory_bytes == 182_642 * 2**20 == 191_514_017_792      # datasheet "180 GB": 180e9
+    assert get_device("a100-80gb").memory_bytes == 85_100_068_864                    # datasheet "80 GB": 80e9
+    assert get_device("h100-sxm").memory_bytes == 81_079 * 2**20 == 85_017_493_504
+    # each sits below nvidia-smi's total by what the driver keeps (published listings: H200 143,771 MiB,
+    # B200 183,359 MiB, A100 81,920 MiB with 763 MiB reserved; the H100 here 81,559 MiB) and above the datasheet
+    for name, smi_mib, datasheet in (("h200-sxm", 143_771, 141e9), ("b200", 183_359, 180e9),
+                                     ("a100-80gb", 81_920, 80e9), ("h100-sxm", 81_559, 80e9)):
+        reserved_mib = smi_mib - get_device(name).memory_bytes / 2**20
+        assert 400 < reserved_mib < 800 and get_device(name).memory_bytes > datasheet, name
+    # vLLM's server defaults for a device read the same total: the B200 stays at >= 160 GiB, the H200 below it
+    assert batch_defaults("b200", get_device("b200").memory_bytes) == (16384, 1024)
+    assert batch_defaults("h200-sxm", get_device("h200-sxm").memory_bytes) == (8192, 1024)
+    assert batch_defaults("a100-80gb", get_device("a100-80gb").memory_bytes) == (2048, 256)
 
 
 def test_h200_decode_step_by_hand():
