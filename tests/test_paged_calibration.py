@@ -124,6 +124,12 @@ def test_sequence_overhead_golden():
     assert math.isclose(c.overhead_s, 2.04e-3, rel_tol=1e-12)
 
 
+def _overhead(model, dev, new_tokens, logit_tokens) -> float:
+    """step_cost's fixed part of a step of ``new_tokens`` tokens, ``logit_tokens`` of them sampling."""
+    return step_cost(model, dev, weights_bytes=0, new_tokens=new_tokens, attended_pairs=0, kv_read_bytes=0,
+                     kv_write_bytes=0, logit_tokens=logit_tokens).overhead_s
+
+
 def test_head_overhead_golden():
     # per sequence, layer and query head: 8 sequences x 4 layers x 8 heads x 2e-6 = 5.12e-4 s on top of the
     # 2.04e-3 s above = 2.552e-3 s; a prefill chunk of 64 tokens sampling one token pays it once per layer and head
@@ -131,12 +137,9 @@ def test_head_overhead_golden():
     dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5,
                 head_overhead_s=2e-6).paged_kernel()
     assert dev.head_overhead_s == 2e-6
-    c = step_cost(model, dev, weights_bytes=0, new_tokens=8, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
-                  logit_tokens=8)
-    assert math.isclose(c.overhead_s, 2.552e-3, rel_tol=1e-12)
-    c = step_cost(model, dev, weights_bytes=0, new_tokens=64, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
-                  logit_tokens=1)   # 1e-3 + 8e-4 + 3e-5 + 4 x 8 x 2e-6 = 1.894e-3 s
-    assert math.isclose(c.overhead_s, 1.894e-3, rel_tol=1e-12)
+    assert math.isclose(_overhead(model, dev, 8, 8), 2.552e-3, rel_tol=1e-12)
+    # 1e-3 + 8e-4 + 3e-5 + 4 x 8 x 2e-6 = 1.894e-3 s
+    assert math.isclose(_overhead(model, dev, 64, 1), 1.894e-3, rel_tol=1e-12)
     assert get_device("xeon-8480").head_overhead_s == 0.0  # presets: not measured, not charged
 
 
@@ -148,16 +151,11 @@ def test_prompt_token_overhead_golden():
     dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5, head_overhead_s=2e-6,
                 prompt_token_overhead_s=1e-7).paged_kernel()
     assert dev.prompt_token_overhead_s == 1e-7
-    c = step_cost(model, dev, weights_bytes=0, new_tokens=64, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
-                  logit_tokens=1)
-    assert math.isclose(c.overhead_s, 2.0956e-3, rel_tol=1e-12)
-    c = step_cost(model, dev, weights_bytes=0, new_tokens=8, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
-                  logit_tokens=8)
-    assert math.isclose(c.overhead_s, 2.552e-3, rel_tol=1e-12)   # as without the term
-    # a mixed step: 8 decode tokens and a 64-token chunk that does not finish its prompt: 64 prompt tokens
-    c = step_cost(model, dev, weights_bytes=0, new_tokens=72, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
-                  logit_tokens=8)   # 2.552e-3 + 64 x 32 x 1e-7 = 2.7568e-3 s
-    assert math.isclose(c.overhead_s, 2.7568e-3, rel_tol=1e-12)
+    assert math.isclose(_overhead(model, dev, 64, 1), 2.0956e-3, rel_tol=1e-12)
+    assert math.isclose(_overhead(model, dev, 8, 8), 2.552e-3, rel_tol=1e-12)   # as without the term
+    # a mixed step: 8 decode tokens and a 64-token chunk that does not finish its prompt: 64 prompt tokens,
+    # 2.552e-3 + 64 x 32 x 1e-7 = 2.7568e-3 s
+    assert math.isclose(_overhead(model, dev, 72, 8), 2.7568e-3, rel_tol=1e-12)
     assert get_device("xeon-8480").prompt_token_overhead_s == 0.0  # presets: not measured, not charged
 
 
