@@ -208,6 +208,10 @@ def test_calibrate_command_measures_in_a_child_process_with_validates_allocator_
     # the paged terms, the per-sequence, layer and query head one among them, with where it was measured
     assert device.paged["head_overhead_s"] >= 0 and "exec_loop_bhl" in device.sources["paged.head_overhead_s"]
     assert device.paged_kernel().head_overhead_s == device.paged["head_overhead_s"]
+    # and the per prompt token, layer and query head one
+    assert device.paged["prompt_token_overhead_s"] >= 0 and "exec_loop_mixed" in device.sources[
+        "paged.prompt_token_overhead_s"]
+    assert device.paged_kernel().prompt_token_overhead_s == device.paged["prompt_token_overhead_s"]
 
 
 def test_step_table_has_the_time_columns():

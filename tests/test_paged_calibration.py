@@ -5,6 +5,7 @@ serving engine's StepTimer), refusals, and a seconds-long smoke run of one probe
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from simkv.validate.genai.calibrate import ATT_BATCH, derive
 A, B, S, L, Q = 1e-8, 4e-8, 1e-4, 5e-5, 2e-5
 # per sequence, layer and query head h = 1e-6 s; the matmul probe at 1 row 4e10 FLOP/s, at 16 rows 3.2e11.
 H, ROWS_RATE = 1e-6, {1: 4e10, 16: 3.2e11}
+# per prompt token, layer and query head PT = 2e-7 s.
+PT = 2e-7
 
 
 def _golden_raw() -> dict:
@@ -45,6 +48,17 @@ def _golden_raw() -> dict:
             t = 2e-3 + n * Q + layers * (n * (70 * xh + 16 * H) + 2 * p * n / ROWS_RATE[n])
             raw[f"heads{layers}_{key}"] = (t, 70.0)
     raw["rows"] = dict(ROWS_RATE)
+    # prompt tokens: PT = 2e-7 s per prompt token, layer and query head. The prefill probe (2 layers x 16 heads)
+    # pays it on the 384 tokens between its chunks: 384 x 32 x PT = 2.4576e-3 s on top of the 0.3 s its 4e10 FLOPs
+    # take at F = 4e10 / 0.3 FLOP/s.
+    raw["prefill"] = {128: 0.1, 512: 0.4 + 384 * 32 * PT}
+    # a 128-token prompt on the head probes costs per layer: l + 16 h (the one sampling sequence) + matmuls
+    # 2 P 128 / 2e11 = 5.0331648e-4 + KV writes 128 x 8 x b = 4.096e-5 + causal attention 128 x 129 / 2 x 4 x 128
+    # x 16 = 67,633,152 FLOPs / F = 5.0724864e-4 + 128 x 16 x PT = 4.096e-4 s; the fixed rest (3e-3 s) cancels.
+    raw["heads_rows"] = 2e11
+    per_layer = L + 16 * H + 2 * p * 128 / 2e11 + 128 * 8 * B + 67_633_152 * 0.3 / 4e10 + 128 * 16 * PT
+    for layers in (1, 9):
+        raw[f"heads{layers}_prompt"] = 3e-3 + layers * per_layer
     return raw
 
 
@@ -62,7 +76,21 @@ def test_derive_golden():
     assert got["sequence_overhead_s"] == pytest.approx(Q, rel=1e-9)
     assert got["layer_overhead_s"] == pytest.approx(L, rel=1e-9)
     assert got["step_overhead_s"] == pytest.approx(S, rel=1e-9)
-    assert got["matmul_flops"] == pytest.approx(4e10 / 0.3, rel=1e-12)            # 1.333e11 FLOP/s
+    # prompt tokens: the head probes' 8 extra layers less their priced parts leave 128 x 16 x PT per layer, the
+    # prefill probe's slope less 384 x 32 x PT its FLOPs at 4e10 / 0.3 (solved together)
+    assert got["prompt_token_overhead_s"] == pytest.approx(PT, rel=1e-9)
+    assert got["matmul_flops"] == pytest.approx(4e10 / 0.3, rel=1e-9)             # 1.333e11 FLOP/s
+
+
+def test_derive_without_prompt_work_keeps_the_plain_slope():
+    # the head probes' prompt costs no more than its priced parts (at the plain slope's rate): no prompt term,
+    # matmul_flops = delta FLOPs / delta t = 4e10 / 0.3024576
+    raw = _golden_raw()
+    raw["heads9_prompt"] = raw["heads1_prompt"]  # nine layers no slower than one: nothing left per token
+    got = derive(raw, kv_bytes_per_head=272.0, weights_rate=1e10, prefill_flops={128: 1e10, 512: 5e10},
+                 tiny_weights_bytes={"tiny1": 1e5, "tiny9": 9e5})
+    assert got["prompt_token_overhead_s"] == 0.0
+    assert got["matmul_flops"] == pytest.approx(4e10 / (0.3 + 384 * 32 * PT), rel=1e-12)
 
 
 def test_derive_clamps_noise_at_zero():
@@ -96,6 +124,12 @@ def test_sequence_overhead_golden():
     assert math.isclose(c.overhead_s, 2.04e-3, rel_tol=1e-12)
 
 
+def _overhead(model, dev, new_tokens, logit_tokens) -> float:
+    """step_cost's fixed part of a step of ``new_tokens`` tokens, ``logit_tokens`` of them sampling."""
+    return step_cost(model, dev, weights_bytes=0, new_tokens=new_tokens, attended_pairs=0, kv_read_bytes=0,
+                     kv_write_bytes=0, logit_tokens=logit_tokens).overhead_s
+
+
 def test_head_overhead_golden():
     # per sequence, layer and query head: 8 sequences x 4 layers x 8 heads x 2e-6 = 5.12e-4 s on top of the
     # 2.04e-3 s above = 2.552e-3 s; a prefill chunk of 64 tokens sampling one token pays it once per layer and head
@@ -103,13 +137,44 @@ def test_head_overhead_golden():
     dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5,
                 head_overhead_s=2e-6).paged_kernel()
     assert dev.head_overhead_s == 2e-6
-    c = step_cost(model, dev, weights_bytes=0, new_tokens=8, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
-                  logit_tokens=8)
-    assert math.isclose(c.overhead_s, 2.552e-3, rel_tol=1e-12)
-    c = step_cost(model, dev, weights_bytes=0, new_tokens=64, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0,
-                  logit_tokens=1)   # 1e-3 + 8e-4 + 3e-5 + 4 x 8 x 2e-6 = 1.894e-3 s
-    assert math.isclose(c.overhead_s, 1.894e-3, rel_tol=1e-12)
+    assert math.isclose(_overhead(model, dev, 8, 8), 2.552e-3, rel_tol=1e-12)
+    # 1e-3 + 8e-4 + 3e-5 + 4 x 8 x 2e-6 = 1.894e-3 s
+    assert math.isclose(_overhead(model, dev, 64, 1), 1.894e-3, rel_tol=1e-12)
     assert get_device("xeon-8480").head_overhead_s == 0.0  # presets: not measured, not charged
+
+
+def test_prompt_token_overhead_golden():
+    # per prompt token, layer and query head: a 64-token chunk sampling one token has 63 prompt tokens that sample
+    # none: 63 x 4 layers x 8 heads x 1e-7 = 2.016e-4 s on top of the chunk's 1.894e-3 s (test above) = 2.0956e-3 s;
+    # a decode step (every new token samples) pays none of it
+    model = custom_model(layers=4, heads=8, kv_heads=2, head_dim=64)
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5, head_overhead_s=2e-6,
+                prompt_token_overhead_s=1e-7).paged_kernel()
+    assert dev.prompt_token_overhead_s == 1e-7
+    assert math.isclose(_overhead(model, dev, 64, 1), 2.0956e-3, rel_tol=1e-12)
+    assert math.isclose(_overhead(model, dev, 8, 8), 2.552e-3, rel_tol=1e-12)   # as without the term
+    # a mixed step: 8 decode tokens and a 64-token chunk that does not finish its prompt: 64 prompt tokens,
+    # 2.552e-3 + 64 x 32 x 1e-7 = 2.7568e-3 s
+    assert math.isclose(_overhead(model, dev, 72, 8), 2.7568e-3, rel_tol=1e-12)
+    assert get_device("xeon-8480").prompt_token_overhead_s == 0.0  # presets: not measured, not charged
+
+
+def test_step_timer_prices_prompt_tokens_like_step_cost():
+    from simkv.serving.engine.costing import StepTimer
+
+    model = custom_model(layers=4, heads=8, kv_heads=2, head_dim=64)
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5, head_overhead_s=2e-6,
+                prompt_token_overhead_s=1e-7).paged_kernel()
+    timer = StepTimer(model, dev, 10**8, 4096)
+    # (new tokens, logit tokens): a prefill chunk, a decode batch, a mixed step
+    est = np.array([timer.step(n, n * 50, n * 50, 0, lg, 0) for n, lg in ((64, 1), (8, 8), (72, 8))])
+    seconds, _ = timer.official(est)
+    assert np.allclose(seconds, est, rtol=1e-9)
+    # against the same device without the term: the chunk's 63 prompt tokens x 4 layers x 8 heads x 1e-7 s, the
+    # mixed step's 64 of them, the decode step nothing
+    plain = StepTimer(model, replace(dev, prompt_token_overhead_s=0.0), 10**8, 4096)
+    base = np.array([plain.step(n, n * 50, n * 50, 0, lg, 0) for n, lg in ((64, 1), (8, 8), (72, 8))])
+    assert np.allclose(est - base, [63 * 32 * 1e-7, 0.0, 64 * 32 * 1e-7], rtol=1e-9, atol=1e-15)
 
 
 def test_step_timer_prices_sequences_like_step_cost():

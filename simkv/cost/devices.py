@@ -24,7 +24,7 @@ from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_
 GIB = 1024**3
 
 #: The terms a device's ``paged`` block may set (:meth:`Device.paged_kernel`).
-PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "head_overhead_s",
+PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "head_overhead_s", "prompt_token_overhead_s",
                "decode_attention_flops", "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
 
 
@@ -103,6 +103,15 @@ class Device:
     #: besides its per-block dot products (the per-position terms). Charged per sequence that samples a token
     #: (``step_cost``'s ``logit_tokens``) x layers x query heads. A paged term (``simkv calibrate`` measures it).
     head_overhead_s: float = 0.0
+    #: Work per prompt token, layer and query head of a multi-token query beyond its priced matmuls and attention
+    #: arithmetic, seconds: OpenVINO's CPU paged-attention kernel runs a prompt chunk in ``exec_loop_mixed``
+    #: (``nodes/kernels/scaled_attn/executor_pa.cpp``): the chunk's K and V quantised into the u8 cache with a
+    #: scale and zero point per token and KV head, every cached block of the sequence repacked for the brgemm
+    #: kernels (``transpose_16NxK``, dequantised), then per block of 32 query rows and head a brgemm, a softmax per
+    #: row and the output written back. Charged per new token that samples no token (``new_tokens -
+    #: logit_tokens``: a step's prompt tokens but each finishing prompt's last) x layers x query heads; a decode
+    #: token's share of it is in the per-sequence terms. A paged term (``simkv calibrate`` measures it).
+    prompt_token_overhead_s: float = 0.0
     #: The terms a paged-attention serving engine on this device runs at where they differ from the stateful
     #: model's (:data:`PAGED_TERMS`; ``matmul_flops`` replaces the compute precision's peak, efficiency 1):
     #: ``simkv calibrate`` times OpenVINO GenAI's ContinuousBatchingPipeline for them
@@ -145,9 +154,10 @@ class Device:
         _check_rows_flops(self.name, self.matmul_rows_flops)
         if "matmul_rows_flops" in self.paged:
             _check_rows_flops(self.name, self.paged["matmul_rows_flops"])
-        if not (self.sequence_overhead_s >= 0 and self.head_overhead_s >= 0) or any(
+        if not (self.sequence_overhead_s >= 0 and self.head_overhead_s >= 0 and self.prompt_token_overhead_s >= 0) or any(
                 not isinstance(v, (int, float)) or not v >= 0 for k, v in self.paged.items() if k != "matmul_rows_flops"):
-            raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s and the paged terms must be "
+            raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s, prompt_token_overhead_s and the "
+                              "paged terms must be "
                               "numbers >= 0")
         for fmt, peak in self.gemm_kernels.items():
             if peak not in self.peak_flops:

@@ -89,9 +89,10 @@ def step_cost(
     args = (weights_bytes, new_tokens, attended_pairs, kv_read_bytes, kv_write_bytes, copy_bytes, logit_tokens,
             decode_pairs, attention_flops, decode_flops, graph_tokens)
     scalar = all(np.ndim(a) == 0 for a in args)
-    w, _, pairs, kr, kw, cb, logits, dpairs, aflops, dflops, n = np.broadcast_arrays(
+    w, new, pairs, kr, kw, cb, logits, dpairs, aflops, dflops, n = np.broadcast_arrays(
         *(np.asarray(a, dtype=np.float64) for a in args))
-    # n: the tokens the layers run over (the padded batch); the real new tokens enter only through kv_write_bytes
+    # n: the tokens the layers run over (the padded batch); the real new tokens enter through kv_write_bytes and a
+    # prompt token's fixed kernel work (Device.prompt_token_overhead_s)
     w = weights_read_bytes(model, w, n)
     nbytes = w + kr + kw
     head = float(model.vocab * model.hidden) if model.weight_params else 0.0
@@ -122,6 +123,8 @@ def step_cost(
         overhead = overhead + device.sequence_overhead_s * logits
     if device.head_overhead_s:  # per sequence, layer and query head: the attention kernel's fixed work
         overhead = overhead + device.head_overhead_s * logits * model.layers * model.heads
+    if device.prompt_token_overhead_s:  # per prompt token, layer and query head: a multi-token query's kernel work
+        overhead = overhead + device.prompt_token_overhead_s * (new - logits) * model.layers * model.heads
     seconds = matmul_s + attention_s + copy_s + overhead
     reduce_s = allreduce_s(model, device, n)
     if model.tp > 1:

@@ -22,6 +22,16 @@ on probe decoders of other shapes than the validated one (never fitted to the st
   their per-sequence slopes' difference per layer, less the priced attention per position and the matmuls' growth
   at the measured rows rates, over the query heads. Measured on this host: ~1 µs per sequence, layer and query
   head, 14-24 µs per sequence and layer at 16 heads (the 0.09 ms per sequence a 6-layer decode step lacked);
+* **per prompt token, layer and query head** (``prompt_token_overhead_s``): a multi-token query's kernel work
+  beyond its matmuls and attention arithmetic (``exec_loop_mixed``: the chunk's K and V quantised into the u8
+  cache per token and KV head, the cached blocks repacked by ``transpose_16NxK``, a brgemm and a softmax per row
+  for each block of 32 query rows and head): one prompt of :data:`PROMPT_CHUNK` tokens on the 1- and 9-layer
+  :data:`HEAD_PROBES`; the 8 extra layers' time less their priced layer and head overheads, KV writes, causal
+  attention at ``matmul_flops`` and their matmuls at the rate a stack of the probe's own layer matmuls runs at
+  :data:`PROMPT_CHUNK` rows (hidden-64 matmuls run slower than hidden-2,048 ones), over the chunk's tokens and
+  query heads. The prefill probe's slope holds the same work (2 layers x 16 heads per token), so ``matmul_flops``
+  is solved together with it. Measured on this host: ~0.17 us per token, layer and query head (2.7 us per token
+  and layer at 16 heads, the 7 % a 6-layer prefill chunk lacked);
 * **one-token attention per position** (``decode_attention_flops``, ``kv_bandwidth_efficiency``): two 4-layer
   probes with 32 query heads x 128 over 8 or 32 KV heads (hidden 256), decoding :data:`ATT_BATCH` sequences at
   two contexts :data:`ATT_CONTEXT` apart; the extra time per sequence, layer and position is
@@ -36,8 +46,8 @@ on probe decoders of other shapes than the validated one (never fitted to the st
   :data:`ROWS_HIDDEN` matmuls (weights beyond the caches, as a model's are) is timed at :data:`MATMUL_ROWS`
   rows with the pipeline's thread count: FLOPs / time at each;
 * **prefill chunks** (``matmul_flops``): chunks of :data:`PREFILL_CHUNKS` tokens of a 2-layer, hidden-2,048
-  decoder; their slope (the fixed costs cancel) over the chunk's FLOPs (weight matmuls and causal attention,
-  which the cost model prices at one rate).
+  decoder; their slope (the fixed costs cancel), less the prompt tokens' kernel work above, over the chunk's
+  FLOPs (weight matmuls and causal attention, which the cost model prices at one rate).
 
 Each figure is the median over :data:`ROUNDS` rounds of all probes (this VM's speed drifts within seconds).
 :func:`derive` is the arithmetic alone (golden-tested); :func:`measure_paged` runs the probes. Needs
@@ -50,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ProbeShape", "PROBES", "HEAD_PROBES", "derive", "measure_paged", "ROUNDS"]
+__all__ = ["ProbeShape", "PROBES", "HEAD_PROBES", "PROMPT_CHUNK", "derive", "measure_paged", "ROUNDS"]
 
 ROUNDS = 3
 WARMUP, REPEATS = 2, 7
@@ -60,6 +70,8 @@ ATT_CONTEXT = 512
 SEQ_BATCH = 16
 ATT_BATCH = 4
 PREFILL_CHUNKS = (128, 512)
+#: The prompt the per-prompt-token term is timed at on the :data:`HEAD_PROBES` (one chunk, one sequence).
+PROMPT_CHUNK = 128
 ATT_KV_HEADS = (8, 32)
 #: Rows the matmul probe is timed at (a decode batch's and a prefill chunk's tokens), and its shape.
 MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -109,7 +121,9 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     * ``attention{kv}_short``, ``attention{kv}_long``: the same for the attention probes at batch :data:`ATT_BATCH`;
     * ``prefill``: {chunk: median step time};
     * ``heads1_b1``, ``heads1_bS``, ``heads9_b1``, ``heads9_bS``: the same for the :data:`HEAD_PROBES`;
-    * ``rows``: {1: FLOP/s, :data:`SEQ_BATCH`: FLOP/s} of the matmul probe at those rows.
+    * ``rows``: {1: FLOP/s, :data:`SEQ_BATCH`: FLOP/s} of the matmul probe at those rows;
+    * ``heads1_prompt``, ``heads9_prompt``: median time of one prompt of :data:`PROMPT_CHUNK` tokens on the
+      :data:`HEAD_PROBES`; ``heads_rows``: FLOP/s of a stack of their layer's matmuls at :data:`PROMPT_CHUNK` rows.
 
     ``kv_bytes_per_head``: one KV head's K and V bytes per cached position (the pipeline's KV precision);
     ``weights_rate``: the stateful calibration's weight-streaming rate (bytes/s); ``prefill_flops``: {chunk: FLOPs
@@ -123,7 +137,14 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     b · layers · c · (a + b) / 2`` and each decoder's weights ``w = bytes / weights_rate``:
     per sequence ``q = (t1S − att(S, c1S) − (t1 − att(1, c1))) / (S − 1)``, per layer
     ``ℓ = ((t9 − att9 − w9) − (t1 − att1 − w1)) / 8``, per step ``s = t1 − att1 − w1 − q − ℓ``; prefill
-    ``matmul_flops = Δ FLOPs / Δ t`` over the two chunks.
+    ``matmul_flops = Δ FLOPs / Δ t`` over the two chunks when no prompt-token work is found.
+
+    Prompt tokens (``c`` = :data:`PROMPT_CHUNK`, ``H`` query heads, ``K`` KV heads of the head probes): per layer
+    ``D = (T9 − T1) / 8 − ℓ − H h − 2 P c / heads_rows − c K b`` (layer and head overheads, matmuls, KV writes)
+    holds the causal attention ``A = c (c + 1) / 2 · 4 · head_dim · H`` FLOPs at the unknown prefill rate ``F``
+    and ``p · c · H``. The prefill probe's slope holds ``p`` too: ``Δt = ΔFLOPs / F + Δc · 2 · 16 · p``. With
+    ``u = 1 / F`` and ``k = Δc · 2 · 16 / (c H)``: ``u = (Δt − k D) / (ΔFLOPs − k A)``, ``p = (D − A u) / (c H)``;
+    ``p`` clamped at 0 (then ``u = Δt / ΔFLOPs``).
     """
     heads = PROBES["attention8"].heads
     few, many = ATT_KV_HEADS
@@ -163,8 +184,20 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     step = max(0.0, base1 - w1 - seq - layer - head)
     small, big = sorted(raw["prefill"])
     dt = raw["prefill"][big] - raw["prefill"][small]
-    flops = (prefill_flops[big] - prefill_flops[small]) / dt if dt > 0 else float("inf")
+    dflops = prefill_flops[big] - prefill_flops[small]
+    c, pp = PROMPT_CHUNK, PROBES["prefill"]
+    prompt_layer = ((raw[f"{nine}_prompt"] - raw[f"{one}_prompt"]) / (PROBES[nine].layers - PROBES[one].layers)
+                    - layer - head * hp.heads - 2.0 * layer_params * c / raw["heads_rows"] - c * hp.kv_heads * per_kv_head)
+    attention = c * (c + 1) / 2 * 4.0 * hp.head_dim * hp.heads
+    k = (big - small) * pp.layers * pp.heads / (c * hp.heads)
+    num, den = dt - k * prompt_layer, dflops - k * attention
+    u = num / den if num > 0 and den > 0 else 0.0
+    prompt = (prompt_layer - attention * u) / (c * hp.heads) if u > 0 else 0.0
+    if not prompt > 0:
+        prompt, u = 0.0, (dt / dflops if dt > 0 else 0.0)
+    flops = 1.0 / u if u > 0 else float("inf")
     return {"step_overhead_s": step, "layer_overhead_s": layer, "sequence_overhead_s": seq, "head_overhead_s": head,
+            "prompt_token_overhead_s": prompt,
             "decode_attention_flops": 4.0 * PROBES["attention8"].head_dim / per_query_head,
             "kv_rate": kv_bytes_per_head / per_kv_head if per_kv_head > 0 else float("inf"),
             "matmul_flops": flops}
@@ -203,13 +236,18 @@ def _round(paths: dict) -> dict:
     pre = time_steps(str(paths["prefill"]), decode_batches=[], prefill_chunks=list(PREFILL_CHUNKS), context=CONTEXT,
                      warmup=WARMUP, repeats=REPEATS)["prefill"]
     raw["prefill"] = {p["chunk"]: float(np.median(p["times_s"])) for p in pre}
+    for name in HEAD_PROBES:
+        one = time_steps(str(paths[name]), decode_batches=[], prefill_chunks=[PROMPT_CHUNK], context=CONTEXT,
+                         warmup=WARMUP, repeats=REPEATS)["prefill"][0]
+        raw[f"{name}_prompt"] = float(np.median(one["times_s"]))
     return raw
 
 
-def _matmul_rows() -> dict:
-    """{rows: FLOP/s} of the matmul stack (:data:`ROWS_MATMULS` x hidden-:data:`ROWS_HIDDEN`, f32 constants the
-    plugin computes in its inference precision, dynamic rows as the pipeline's) at each of :data:`MATMUL_ROWS`,
-    each the median of :data:`REPEATS` inferences after :data:`WARMUP`, with the pipeline's properties."""
+def _matmul_rates(shapes, rows_list) -> dict:
+    """{rows: FLOP/s} of a stack of matmuls ``[rows, k] x [k, n]`` for each (k, n) of ``shapes`` (f32 constants the
+    plugin computes in its inference precision, dynamic rows as the pipeline's; a matmul whose k differs from the
+    previous one's n takes the stack's input), each the median of :data:`REPEATS` inferences after :data:`WARMUP`,
+    with the pipeline's properties."""
     import time
 
     import openvino as ov
@@ -218,18 +256,21 @@ def _matmul_rows() -> dict:
     from .real import PIPELINE_PROPERTIES
 
     rng = np.random.default_rng(0)
-    x = ops.parameter(ov.PartialShape([-1, ROWS_HIDDEN]), ov.Type.f32, name="x")
-    h = x
-    for _ in range(ROWS_MATMULS):
-        w = (rng.standard_normal((ROWS_HIDDEN, ROWS_HIDDEN)) * 0.02).astype(np.float32)
-        h = ops.matmul(h, ops.constant(w), False, False)
-    compiled = ov.Core().compile_model(ov.Model([h], [x], "simkv_calibrate_matmul_rows"), "CPU",
+    k0 = shapes[0][0]
+    x = ops.parameter(ov.PartialShape([-1, k0]), ov.Type.f32, name="x")
+    h, width, outs = x, k0, []
+    for k, n in shapes:
+        w = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
+        h = ops.matmul(h if width == k else x, ops.constant(w), False, False)
+        width = n
+        outs.append(h)
+    compiled = ov.Core().compile_model(ov.Model(outs, [x], "simkv_calibrate_matmul_rows"), "CPU",
                                        dict(PIPELINE_PROPERTIES))
     request = compiled.create_infer_request()
-    flops_per_row = 2.0 * ROWS_MATMULS * ROWS_HIDDEN * ROWS_HIDDEN
+    flops_per_row = sum(2.0 * k * n for k, n in shapes)
     rates = {}
-    for rows in MATMUL_ROWS:
-        a = rng.standard_normal((rows, ROWS_HIDDEN)).astype(np.float32)
+    for rows in rows_list:
+        a = rng.standard_normal((rows, k0)).astype(np.float32)
         times = []
         for i in range(WARMUP + REPEATS):
             t0 = time.perf_counter()
@@ -238,6 +279,19 @@ def _matmul_rows() -> dict:
                 times.append(time.perf_counter() - t0)
         rates[rows] = flops_per_row * rows / float(np.median(times))
     return rates
+
+
+def _matmul_rows() -> dict:
+    """{rows: FLOP/s} of :data:`ROWS_MATMULS` square hidden-:data:`ROWS_HIDDEN` matmuls (weights beyond the caches,
+    as a model's are) at each of :data:`MATMUL_ROWS`."""
+    return _matmul_rates([(ROWS_HIDDEN, ROWS_HIDDEN)] * ROWS_MATMULS, MATMUL_ROWS)
+
+
+def _head_probe_rows() -> float:
+    """FLOP/s of the :data:`HEAD_PROBES`' layer matmuls (Q, O, K, V on their hidden) at :data:`PROMPT_CHUNK` rows."""
+    p = PROBES[HEAD_PROBES[0]]
+    q, kv = p.heads * p.head_dim, p.kv_heads * p.head_dim
+    return _matmul_rates([(p.hidden, q), (q, p.hidden), (p.hidden, kv), (p.hidden, kv)] * 8, [PROMPT_CHUNK])[PROMPT_CHUNK]
 
 
 def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[dict, dict]:
@@ -264,6 +318,7 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
         raw = _round(paths)
         rows = _matmul_rows()
         raw["rows"] = rows
+        raw["heads_rows"] = _head_probe_rows()
         rounds.append(derive(raw, kv_bytes_per_head=kv_bytes_per_head, weights_rate=weights_rate,
                              prefill_flops=prefill_flops, tiny_weights_bytes=tiny_w))
         rounds[-1].update({f"rows{r}": f for r, f in rows.items()})
@@ -296,6 +351,14 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
                            f"matmuls' growth at the rows rates, / {hp.heads} query heads: "
                            f"{spread('head_overhead_s', 1e6, 'us', 3)}; the fixed work per sequence and query head of "
                            f"MHAHelper::exec_loop_bhl (softmax, output accumulators zeroed and reduced); {how}",
+        "prompt_token_overhead_s": f"measured: ({PROBES[HEAD_PROBES[1]].layers}-layer - {hp.layers}-layer probe) "
+                                   f"prompt of {PROMPT_CHUNK} tokens per layer, less its priced layer and head "
+                                   f"overheads, KV writes, matmuls (at the rate of a stack of the probe's own layer "
+                                   f"matmuls at {PROMPT_CHUNK} rows) and causal attention at matmul_flops, / "
+                                   f"{PROMPT_CHUNK} tokens / {hp.heads} query heads: "
+                                   f"{spread('prompt_token_overhead_s', 1e6, 'us', 3)}; a multi-token query's work in "
+                                   f"exec_loop_mixed (K/V quantised per token, cached blocks repacked by "
+                                   f"transpose_16NxK, a softmax per row and head); {how}",
         "decode_attention_flops": f"measured: a = time per query head and position of {a.layers}-layer probes with "
                                   f"{a.heads} query heads over {ATT_KV_HEADS[0]} or {ATT_KV_HEADS[1]} KV heads x "
                                   f"{a.head_dim}, batch {ATT_BATCH}, contexts {CONTEXT}+ and {CONTEXT + ATT_CONTEXT}+: "
@@ -309,6 +372,6 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
                              f"weight matmuls of a step run at the lower of this rate at its tokens and matmul_flops",
         "matmul_flops": f"measured: prefill chunks of {PREFILL_CHUNKS[0]} and {PREFILL_CHUNKS[1]} tokens of a "
                         f"{pm.layers}-layer hidden-{pm.hidden} decoder: their FLOPs' difference / their times' "
-                        f"difference: {spread('matmul_flops', 1e-9, 'GFLOP/s', 1)}; {how}",
+                        f"difference less the prompt tokens' work (prompt_token_overhead_s): {spread('matmul_flops', 1e-9, 'GFLOP/s', 1)}; {how}",
     }
     return terms, sources
