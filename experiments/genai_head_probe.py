@@ -27,11 +27,21 @@ sys.path.insert(0, str(ROOT))
 from simkv.validate.genai.calibrate import ProbeShape  # noqa: E402
 from simkv.validate.genai.live import time_steps  # noqa: E402
 from simkv.validate.genai.model import GenaiModelSpec, model_dir  # noqa: E402
+from simkv.validate.genai.serving import DEFAULT_SHAPE  # noqa: E402
 
 HEADS = ((1, 1, 64), (16, 8, 128), (16, 16, 128), (8, 8, 128), (32, 8, 128))  # (query, KV heads, head dim)
 CONTEXT = 64
 #: The model ``simkv validate --serving`` runs (6 layers, hidden 1,024, 16/8 heads x 128), timed in the same rounds.
-VALIDATED = GenaiModelSpec(layers=6, heads=16, kv_heads=8, head_dim=128, hidden=1024, vocab=512)
+VALIDATED = GenaiModelSpec(**DEFAULT_SHAPE)
+
+
+def probe_models(heads) -> tuple[dict, dict]:
+    """The probe decoders of each (query heads, KV heads, head dim) in ``heads`` with 1 and 9 layers on hidden 64
+    (keys ``(q, kv, dim, layers)``) and :data:`VALIDATED` (key ``"validated"``): ({key: spec}, {key: the exported
+    model's directory})."""
+    shapes = {(q, k, d, L): ProbeShape(L, q, k, d, 64).spec() for q, k, d in heads for L in (1, 9)}
+    shapes["validated"] = VALIDATED
+    return shapes, {key: str(model_dir(s)) for key, s in shapes.items()}
 
 
 def main(argv=None) -> int:
@@ -43,9 +53,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    shapes = {(q, k, d, L): ProbeShape(L, q, k, d, 64).spec() for q, k, d in HEADS for L in (1, 9)}
-    shapes["validated"] = VALIDATED
-    paths = {key: str(model_dir(s)) for key, s in shapes.items()}
+    if not 1 <= args.rounds <= 50:
+        parser.error("--rounds must be in 1..50")
+    shapes, paths = probe_models(HEADS)
     times = {key: {1: [], 16: []} for key in shapes}
     for _ in range(args.rounds):
         for key, path in paths.items():

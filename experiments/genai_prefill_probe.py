@@ -26,13 +26,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simkv.validate.genai.calibrate import ProbeShape  # noqa: E402
+from experiments.genai_head_probe import probe_models  # noqa: E402
 from simkv.validate.genai.live import time_steps  # noqa: E402
-from simkv.validate.genai.model import GenaiModelSpec, model_dir  # noqa: E402
+from simkv.validate.genai.model import GenaiModelSpec  # noqa: E402
 
 HEADS = ((1, 1, 64), (16, 8, 128), (8, 8, 128), (32, 8, 128))  # (query, KV heads, head dim)
 CHUNKS = (16, 64, 256)
-VALIDATED = GenaiModelSpec(layers=6, heads=16, kv_heads=8, head_dim=128, hidden=1024, vocab=512)
+#: The paged terms ``--without`` may zero in the price.
+ZEROABLE = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "head_overhead_s", "prompt_token_overhead_s")
 
 
 def main(argv=None) -> int:
@@ -46,14 +47,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--without", default="", help="a paged term to zero in the price (e.g. prefill_head_overhead_s)")
+    parser.add_argument("--without", default="", choices=("",) + ZEROABLE, help="a paged term to zero in the price")
     parser.add_argument("--steps", help="reprice a validate --serving --stage steps JSON with and without the term")
     args = parser.parse_args(argv)
+    if not (1 <= args.rounds <= 50 and 1 <= args.repeats <= 100):
+        parser.error("--rounds must be in 1..50 and --repeats in 1..100")
     if args.steps:
         return reprice(args.steps)
-    shapes = {(q, k, d, L): ProbeShape(L, q, k, d, 64).spec() for q, k, d in HEADS for L in (1, 9)}
-    shapes["validated"] = VALIDATED
-    paths = {key: str(model_dir(s)) for key, s in shapes.items()}
+    shapes, paths = probe_models(HEADS)
     times = {key: {c: [] for c in CHUNKS} for key in shapes}
     for r in range(args.rounds):
         for key, path in paths.items():
