@@ -24,6 +24,8 @@ MAX_BEAM = 4_096
 MAX_STEPS = 10_000_000  # simulated steps before memory certainly runs out
 MAX_BATCH = 1_000_000  # sequences in one step priced by ``simkv cost``
 MAX_DEVICE_BYTES = 1 << 50  # 1 PiB
+#: A device's fixed cost per unit of work (per sequence, per layer and head, per prompt token ...), seconds.
+MAX_OVERHEAD_S = 3600.0
 #: A model config (simkv.hfconfig): hidden, MLP, vocabulary and state widths at most as wide as the widest
 #: attention the limits above allow; experts; the file itself.
 MAX_WIDTH = MAX_HEADS * MAX_HEAD_DIM

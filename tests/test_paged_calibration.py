@@ -159,43 +159,58 @@ def test_prompt_token_overhead_golden():
     assert get_device("xeon-8480").prompt_token_overhead_s == 0.0  # presets: not measured, not charged
 
 
-def test_step_timer_prices_prompt_tokens_like_step_cost():
+def _timer_estimates(model, dev, steps) -> np.ndarray:
+    """The serving engine's StepTimer estimates of ``steps`` (each its six loop inputs) on ``dev``, checked equal to
+    step_cost's price of them (``official``)."""
     from simkv.serving.engine.costing import StepTimer
 
+    timer = StepTimer(model, dev, 10**8, 4096)
+    est = np.array([timer.step(*x) for x in steps])
+    seconds, _ = timer.official(est)
+    assert np.allclose(seconds, est, rtol=1e-9)
+    return est
+
+
+def test_step_timer_prices_prompt_tokens_like_step_cost():
     model = custom_model(layers=4, heads=8, kv_heads=2, head_dim=64)
     dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5, head_overhead_s=2e-6,
                 prompt_token_overhead_s=1e-7).paged_kernel()
-    timer = StepTimer(model, dev, 10**8, 4096)
     # (new tokens, logit tokens): a prefill chunk, a decode batch, a mixed step
-    est = np.array([timer.step(n, n * 50, n * 50, 0, lg, 0) for n, lg in ((64, 1), (8, 8), (72, 8))])
-    seconds, _ = timer.official(est)
-    assert np.allclose(seconds, est, rtol=1e-9)
+    steps = [(n, n * 50, n * 50, 0, lg, 0) for n, lg in ((64, 1), (8, 8), (72, 8))]
+    est = _timer_estimates(model, dev, steps)
     # against the same device without the term: the chunk's 63 prompt tokens x 4 layers x 8 heads x 1e-7 s, the
     # mixed step's 64 of them, the decode step nothing
-    plain = StepTimer(model, replace(dev, prompt_token_overhead_s=0.0), 10**8, 4096)
-    base = np.array([plain.step(n, n * 50, n * 50, 0, lg, 0) for n, lg in ((64, 1), (8, 8), (72, 8))])
+    base = _timer_estimates(model, replace(dev, prompt_token_overhead_s=0.0), steps)
     assert np.allclose(est - base, [63 * 32 * 1e-7, 0.0, 64 * 32 * 1e-7], rtol=1e-9, atol=1e-15)
 
 
 def test_step_timer_prices_sequences_like_step_cost():
-    from simkv.serving.engine.costing import StepTimer
-
     model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
     dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5,
                 head_overhead_s=2e-6).paged_kernel()
-    timer = StepTimer(model, dev, 10**8, 4096)
-    est = np.array([timer.step(n, n * 50, n * 50, 0, n, n * 50) for n in (1, 5, 32)])
-    seconds, _ = timer.official(est)
-    assert np.allclose(seconds, est, rtol=1e-9)
+    est = _timer_estimates(model, dev, [(n, n * 50, n * 50, 0, n, n * 50) for n in (1, 5, 32)])
     # four more sequences pay four more per-sequence overheads and 4 x 4 layers x 8 heads head overheads
     assert est[1] - est[0] > 4 * 3e-5 + 4 * 4 * 8 * 2e-6
 
 
-@pytest.mark.parametrize("paged, msg", [({"warp": 1.0}, "paged takes"), ({"step_overhead_s": -1.0}, ">= 0")])
+@pytest.mark.parametrize("paged, msg", [({"warp": 1.0}, "paged takes"), ({"step_overhead_s": -1.0}, ">= 0"),
+                                        ({"head_overhead_s": "1e-6"}, ">= 0"), ({"head_overhead_s": 1e308}, "at most"),
+                                        ({"prompt_token_overhead_s": True}, ">= 0")])
 def test_bad_paged_terms_refused(paged, msg):
     with pytest.raises(ConfigError, match=msg) as err:
         _host(**paged)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", [None, "x", True, -1e-6, 1e308, float("nan")])
+def test_bad_per_work_overhead_refused(value):
+    # a device file's head_overhead_s / prompt_token_overhead_s: a number of seconds in [0, MAX_OVERHEAD_S], else
+    # one line (times a step's tokens, layers and heads, 1e308 s would price a step at inf)
+    base = get_device("xeon-8480").to_dict()
+    for name in ("head_overhead_s", "prompt_token_overhead_s"):
+        with pytest.raises(ConfigError, match="numbers >= 0") as err:
+            Device.from_dict({**base, "name": "t", name: value})
+        assert "\n" not in str(err.value)
 
 
 def test_smoke_one_probe_on_the_pipeline():

@@ -17,7 +17,7 @@ import numpy as np
 from simkv.cost.interconnects import INTERCONNECTS
 from simkv.errors import ConfigError
 from simkv.jsonfile import read_json_object
-from simkv.limits import MAX_CONFIG_BYTES
+from simkv.limits import MAX_CONFIG_BYTES, MAX_OVERHEAD_S
 from simkv.shipped import DEVICE_DIR
 from simkv.models import ModelSpec, checkpoint_weights_precision, optimum_intel_weights_precision
 
@@ -26,6 +26,12 @@ GIB = 1024**3
 #: The terms a device's ``paged`` block may set (:meth:`Device.paged_kernel`).
 PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "head_overhead_s", "prompt_token_overhead_s",
                "decode_attention_flops", "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
+
+
+def _finite_seconds(v: Any) -> bool:
+    """A fixed cost per unit of work (seconds) a device file may give: a number in [0, MAX_OVERHEAD_S], not a
+    boolean (times a step's tokens, layers and heads it stays finite)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_OVERHEAD_S
 
 
 def _check_rows_flops(name: str, points: Any) -> None:
@@ -154,11 +160,12 @@ class Device:
         _check_rows_flops(self.name, self.matmul_rows_flops)
         if "matmul_rows_flops" in self.paged:
             _check_rows_flops(self.name, self.paged["matmul_rows_flops"])
-        if not (self.sequence_overhead_s >= 0 and self.head_overhead_s >= 0 and self.prompt_token_overhead_s >= 0) or any(
-                not isinstance(v, (int, float)) or not v >= 0 for k, v in self.paged.items() if k != "matmul_rows_flops"):
+        per_work = (self.sequence_overhead_s, self.head_overhead_s, self.prompt_token_overhead_s)
+        if not all(_finite_seconds(v) for v in per_work) or any(
+                not _finite_seconds(v) if k.endswith("_overhead_s") else not isinstance(v, (int, float)) or not v >= 0
+                for k, v in self.paged.items() if k != "matmul_rows_flops"):
             raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s, prompt_token_overhead_s and the "
-                              "paged terms must be "
-                              "numbers >= 0")
+                              f"paged terms must be numbers >= 0 (the overheads at most {MAX_OVERHEAD_S:g} s)")
         for fmt, peak in self.gemm_kernels.items():
             if peak not in self.peak_flops:
                 raise ConfigError(f"device {self.name}: gemm_kernels[{fmt!r}] = {peak!r} has no peak")
