@@ -212,6 +212,9 @@ def test_calibrate_command_measures_in_a_child_process_with_validates_allocator_
     assert device.paged["prompt_token_overhead_s"] >= 0 and "exec_loop_mixed" in device.sources[
         "paged.prompt_token_overhead_s"]
     assert device.paged_kernel().prompt_token_overhead_s == device.paged["prompt_token_overhead_s"]
+    # and the per vocabulary entry of a sampling sequence one (the sampler over the logits row)
+    assert device.paged["vocab_overhead_s"] >= 0 and "_greedy_sample" in device.sources["paged.vocab_overhead_s"]
+    assert device.paged_kernel().vocab_overhead_s == device.paged["vocab_overhead_s"]
 
 
 def test_step_table_has_the_time_columns():

@@ -24,6 +24,9 @@ A, B, S, L, Q = 1e-8, 4e-8, 1e-4, 5e-5, 2e-5
 H, ROWS_RATE = 1e-6, {1: 4e10, 16: 3.2e11}
 # per prompt token, layer and query head PT = 2e-7 s.
 PT = 2e-7
+# per vocabulary entry of a sampling sequence VE = 1e-9 s: the tiny decoders' 512 entries 5.12e-7 s per sequence;
+# the vocab probe's LM head matmul stack at 1 row 2e10 FLOP/s, at 16 rows 1e11.
+VE, VOCAB_RATE = 1e-9, {1: 2e10, 16: 1e11}
 
 
 def _golden_raw() -> dict:
@@ -33,10 +36,18 @@ def _golden_raw() -> dict:
            "attention32_short": (0.020, 67.0), "attention32_long": (0.020 + 8192 * 1.6e-6, 579.0)}
     # tiny decoders (head 64, half the probes' 128): attention per position (a + b) x 64/128 = 2.5e-8 s, context 70
     pos = 2.5e-8
-    # and their one head pays h per sequence and layer: 1, 16 and 9 (sequences x layers) of it
-    raw["tiny1_b1"] = (S + L + Q + 1e-5 + 1 * 70 * pos + 1 * H, 70.0)           # 1.8275e-4
-    raw["tiny1_bS"] = (S + L + 16 * Q + 1e-5 + 16 * 70 * pos + 16 * H, 70.0)    # 5.24e-4
-    raw["tiny9_b1"] = (S + 9 * L + Q + 9e-5 + 9 * 70 * pos + 9 * H, 70.0)       # 6.8475e-4
+    # and their one head pays h per sequence and layer: 1, 16 and 9 (sequences x layers) of it; their sampler
+    # 512 x VE = 5.12e-7 s per sequence
+    raw["tiny1_b1"] = (S + L + Q + 1e-5 + 1 * 70 * pos + 1 * H + 512 * VE, 70.0)           # 1.83262e-4
+    raw["tiny1_bS"] = (S + L + 16 * Q + 1e-5 + 16 * 70 * pos + 16 * H + 16 * 512 * VE, 70.0)  # 5.32192e-4
+    raw["tiny9_b1"] = (S + 9 * L + Q + 9e-5 + 9 * 70 * pos + 9 * H + 512 * VE, 70.0)       # 6.85262e-4
+    # the vocab probe: tiny1 with 32,768 entries, 32,256 more: its LM head has 64 x 32,256 = 2,064,384 parameters
+    # more, 2 x 2,064,384 x n / rate_n s more (2.064384e-4 s at 1 row, 6.6060288e-4 s at 16), and its sampler
+    # 32,256 x VE = 3.2256e-5 s more per sequence
+    extra = 2 * 64 * 32_256
+    raw["vocab_b1"] = (raw["tiny1_b1"][0] + extra / VOCAB_RATE[1] + 32_256 * VE, 70.0)
+    raw["vocab_bS"] = (raw["tiny1_bS"][0] + extra * 16 / VOCAB_RATE[16] + 16 * 32_256 * VE, 70.0)
+    raw["vocab_rows"] = dict(VOCAB_RATE)
     raw["prefill"] = {128: 0.1, 512: 0.4}
     # head probes (16 query / 8 KV heads x 128 on hidden 64, context 70): attention per position
     # xh = 16a + 8b = 4.8e-7 s; a layer's matmuls P = 2 x 64 x (16 + 8) x 128 = 393,216 parameters run n rows in
@@ -72,7 +83,10 @@ def test_derive_golden():
     # per head: each probe's slope sigma = layers (16 h + (3.93216e-5 - 1.96608e-5) / 15) + q; (sigma9 - sigma1) / 8
     # less the matmuls' growth 2 P (16 / 3.2e11 - 1 / 4e10) / 15 = 16 h; over 16 query heads: h
     assert got["head_overhead_s"] == pytest.approx(H, rel=1e-9)
-    # the tiny decoders' one head is taken out of q, l and s
+    # per vocabulary entry: the slopes differ by (6.6060288e-4 - 2.064384e-4) / 15 + 32,256 VE; less the matmuls'
+    # growth 2 x 2,064,384 x (16 / 1e11 - 1 / 2e10) / 15 (the same first part), over 32,256 entries: VE
+    assert got["vocab_overhead_s"] == pytest.approx(VE, rel=1e-9)
+    # the tiny decoders' one head and their 512-entry sampler are taken out of q, l and s
     assert got["sequence_overhead_s"] == pytest.approx(Q, rel=1e-9)
     assert got["layer_overhead_s"] == pytest.approx(L, rel=1e-9)
     assert got["step_overhead_s"] == pytest.approx(S, rel=1e-9)
@@ -159,6 +173,22 @@ def test_prompt_token_overhead_golden():
     assert get_device("xeon-8480").prompt_token_overhead_s == 0.0  # presets: not measured, not charged
 
 
+def test_vocab_overhead_golden():
+    # per vocabulary entry of each sampling sequence: 8 sequences x 1,000 entries x 1e-9 = 8e-6 s on top of the
+    # decode step's 2.552e-3 s (test_head_overhead_golden) = 2.56e-3 s; a 64-token chunk sampling one token pays
+    # it once: 1.894e-3 + 1e-6 = 1.895e-3 s
+    model = replace(custom_model(layers=4, heads=8, kv_heads=2, head_dim=64), vocab=1000)
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5, head_overhead_s=2e-6,
+                vocab_overhead_s=1e-9).paged_kernel()
+    assert dev.vocab_overhead_s == 1e-9
+    assert math.isclose(_overhead(model, dev, 8, 8), 2.56e-3, rel_tol=1e-12)
+    assert math.isclose(_overhead(model, dev, 64, 1), 1.895e-3, rel_tol=1e-12)
+    # a model of 151,936 entries (Qwen3): 151,936 x 1e-9 = 1.51936e-4 s per sampling sequence
+    big = replace(model, vocab=151_936)
+    assert math.isclose(_overhead(big, dev, 8, 8) - _overhead(model, dev, 8, 8), 8 * 150_936 * 1e-9, rel_tol=1e-9)
+    assert get_device("xeon-8480").vocab_overhead_s == 0.0  # presets: not measured, not charged
+
+
 def _timer_estimates(model, dev, steps) -> np.ndarray:
     """The serving engine's StepTimer estimates of ``steps`` (each its six loop inputs) on ``dev``, checked equal to
     step_cost's price of them (``official``)."""
@@ -184,6 +214,16 @@ def test_step_timer_prices_prompt_tokens_like_step_cost():
     assert np.allclose(est - base, [63 * 32 * 1e-7, 0.0, 64 * 32 * 1e-7], rtol=1e-9, atol=1e-15)
 
 
+def test_step_timer_prices_vocabulary_entries_like_step_cost():
+    model = replace(custom_model(layers=4, heads=8, kv_heads=2, head_dim=64), vocab=1000)
+    dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5,
+                vocab_overhead_s=1e-9).paged_kernel()
+    steps = [(n, n * 50, n * 50, 0, lg, 0) for n, lg in ((64, 1), (8, 8), (72, 8))]
+    # against the same device without the term: 1, 8 and 8 sampling sequences x 1,000 entries x 1e-9 s
+    est = _timer_estimates(model, dev, steps) - _timer_estimates(model, replace(dev, vocab_overhead_s=0.0), steps)
+    assert np.allclose(est, [1e-6, 8e-6, 8e-6], rtol=1e-9, atol=1e-15)
+
+
 def test_step_timer_prices_sequences_like_step_cost():
     model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
     dev = _host(step_overhead_s=1e-3, layer_overhead_s=2e-4, sequence_overhead_s=3e-5,
@@ -195,7 +235,8 @@ def test_step_timer_prices_sequences_like_step_cost():
 
 @pytest.mark.parametrize("paged, msg", [({"warp": 1.0}, "paged takes"), ({"step_overhead_s": -1.0}, ">= 0"),
                                         ({"head_overhead_s": "1e-6"}, ">= 0"), ({"head_overhead_s": 1e308}, "at most"),
-                                        ({"prompt_token_overhead_s": True}, ">= 0")])
+                                        ({"prompt_token_overhead_s": True}, ">= 0"),
+                                        ({"vocab_overhead_s": -1e-9}, ">= 0"), ({"vocab_overhead_s": 1e308}, "at most")])
 def test_bad_paged_terms_refused(paged, msg):
     with pytest.raises(ConfigError, match=msg) as err:
         _host(**paged)
@@ -204,10 +245,10 @@ def test_bad_paged_terms_refused(paged, msg):
 
 @pytest.mark.parametrize("value", [None, "x", True, -1e-6, 1e308, float("nan")])
 def test_bad_per_work_overhead_refused(value):
-    # a device file's head_overhead_s / prompt_token_overhead_s: a number of seconds in [0, MAX_OVERHEAD_S], else
+    # a device file's head_overhead_s / prompt_token_overhead_s / vocab_overhead_s: a number of seconds in [0, MAX_OVERHEAD_S], else
     # one line (times a step's tokens, layers and heads, 1e308 s would price a step at inf)
     base = get_device("xeon-8480").to_dict()
-    for name in ("head_overhead_s", "prompt_token_overhead_s"):
+    for name in ("head_overhead_s", "prompt_token_overhead_s", "vocab_overhead_s"):
         with pytest.raises(ConfigError, match="numbers >= 0") as err:
             Device.from_dict({**base, "name": "t", name: value})
         assert "\n" not in str(err.value)

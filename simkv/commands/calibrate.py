@@ -53,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {'paged pipeline step':<24}{pg['step_overhead_s'] * 1e3:,.3f} ms + "
                   f"{pg['layer_overhead_s'] * 1e3:,.3f} ms per layer + {pg['sequence_overhead_s'] * 1e3:,.4f} ms "
                   f"per sequence + {pg.get('head_overhead_s', 0.0) * 1e6:,.2f} us per sequence, layer and query head + "
-                  f"{pg.get('prompt_token_overhead_s', 0.0) * 1e6:,.3f} us per prompt token, layer and query head")
+                  f"{pg.get('prompt_token_overhead_s', 0.0) * 1e6:,.3f} us per prompt token, layer and query head + "
+                  f"{pg.get('vocab_overhead_s', 0.0) * 1e9:,.3f} ns per vocabulary entry of a sampling sequence")
             print(f"  {'paged decode attention':<24}{pg['decode_attention_flops'] / 1e9:,.1f} GFLOP/s + KV reads at "
                   f"{device.memory_bandwidth * pg['kv_bandwidth_efficiency'] / 1e9:,.2f} GB/s, added")
             print(f"  {'paged prefill chunks':<24}{pg['matmul_flops'] / 1e9:,.1f} GFLOP/s")

@@ -12,7 +12,8 @@ is their sum plus two separate terms::
           (or their sum, where the device's attention does not overlap its reads: see below)
         + copy_bytes / copy_bandwidth          # KV reallocations (a synchronised copy)
         + step_overhead_s + layers · layer_overhead_s   # runtime/framework fixed cost per step
-        + logit_tokens · (sequence_overhead_s + layers · heads · head_overhead_s)   # per sequence sampling a token
+        + logit_tokens · (sequence_overhead_s + layers · heads · head_overhead_s   # per sequence sampling a token
+                          + vocab · vocab_overhead_s)                           # (its sampler over the logits row)
         + (new_tokens − logit_tokens) · layers · heads · prompt_token_overhead_s  # per prompt token sampling none
         + R · (α(n) + 2(n − 1)/n · graph_tokens · hidden · 2 B / busbw(n))  # tensor parallelism of n > 1 devices
 

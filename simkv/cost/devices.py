@@ -25,7 +25,7 @@ GIB = 1024**3
 
 #: The terms a device's ``paged`` block may set (:meth:`Device.paged_kernel`).
 PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "head_overhead_s", "prompt_token_overhead_s",
-               "decode_attention_flops", "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
+               "vocab_overhead_s", "decode_attention_flops", "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
 
 
 def _finite_seconds(v: Any) -> bool:
@@ -118,6 +118,13 @@ class Device:
     #: logit_tokens``: a step's prompt tokens but each finishing prompt's last) x layers x query heads; a decode
     #: token's share of it is in the per-sequence terms. A paged term (``simkv calibrate`` measures it).
     prompt_token_overhead_s: float = 0.0
+    #: Work per vocabulary entry of each sequence that samples a token, seconds: the serving engine's sampler reads
+    #: the whole logits row of every sampling sequence after the LM head (priced as a matmul): OpenVINO GenAI's
+    #: ``Sampler::_get_logit_vector`` takes the row of ``vocab_size`` floats and ``Sampler::_greedy_sample``
+    #: (``src/cpp/src/sampling/sampler.cpp``) scans all of it for the arg max. Charged per sequence that samples a
+    #: token (``step_cost``'s ``logit_tokens``) x the model's vocabulary. A paged term (``simkv calibrate``
+    #: measures it).
+    vocab_overhead_s: float = 0.0
     #: The terms a paged-attention serving engine on this device runs at where they differ from the stateful
     #: model's (:data:`PAGED_TERMS`; ``matmul_flops`` replaces the compute precision's peak, efficiency 1):
     #: ``simkv calibrate`` times OpenVINO GenAI's ContinuousBatchingPipeline for them
@@ -160,12 +167,12 @@ class Device:
         _check_rows_flops(self.name, self.matmul_rows_flops)
         if "matmul_rows_flops" in self.paged:
             _check_rows_flops(self.name, self.paged["matmul_rows_flops"])
-        per_work = (self.sequence_overhead_s, self.head_overhead_s, self.prompt_token_overhead_s)
+        per_work = (self.sequence_overhead_s, self.head_overhead_s, self.prompt_token_overhead_s, self.vocab_overhead_s)
         if not all(_finite_seconds(v) for v in per_work) or any(
                 not _finite_seconds(v) if k.endswith("_overhead_s") else not isinstance(v, (int, float)) or not v >= 0
                 for k, v in self.paged.items() if k != "matmul_rows_flops"):
-            raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s, prompt_token_overhead_s and the "
-                              f"paged terms must be numbers >= 0 (the overheads at most {MAX_OVERHEAD_S:g} s)")
+            raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s, prompt_token_overhead_s, "
+                              f"vocab_overhead_s and the paged terms must be numbers >= 0 (the overheads at most {MAX_OVERHEAD_S:g} s)")
         for fmt, peak in self.gemm_kernels.items():
             if peak not in self.peak_flops:
                 raise ConfigError(f"device {self.name}: gemm_kernels[{fmt!r}] = {peak!r} has no peak")

@@ -125,6 +125,8 @@ def step_cost(
         overhead = overhead + device.head_overhead_s * logits * model.layers * model.heads
     if device.prompt_token_overhead_s:  # per prompt token, layer and query head: a multi-token query's kernel work
         overhead = overhead + device.prompt_token_overhead_s * (new - logits) * model.layers * model.heads
+    if device.vocab_overhead_s:  # per vocabulary entry of each sampling sequence: the sampler over its logits row
+        overhead = overhead + device.vocab_overhead_s * logits * model.vocab
     seconds = matmul_s + attention_s + copy_s + overhead
     reduce_s = allreduce_s(model, device, n)
     if model.tp > 1:

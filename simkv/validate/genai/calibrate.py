@@ -32,6 +32,12 @@ on probe decoders of other shapes than the validated one (never fitted to the st
   query heads. The prefill probe's slope holds the same work (2 layers x 16 heads per token), so ``matmul_flops``
   is solved together with it. Measured on this host: ~0.17 us per token, layer and query head (2.7 us per token
   and layer at 16 heads, the 7 % a 6-layer prefill chunk lacked);
+* **per vocabulary entry of a sampling sequence** (``vocab_overhead_s``): the sampler's pass over each sampling
+  sequence's logits row (``Sampler::_get_logit_vector`` and ``Sampler::_greedy_sample`` in GenAI's
+  ``src/cpp/src/sampling/sampler.cpp``: the arg max over all ``vocab_size`` floats): the 1-layer tiny decoder and
+  the same with a :data:`VOCAB_BIG`-entry vocabulary (``vocab``) decoding at batch 1 and :data:`SEQ_BATCH`; their
+  per-sequence slopes' difference, less the LM heads' matmul growth at the rate a stack of the big head's own matmul
+  runs at 1 and :data:`SEQ_BATCH` rows, over the vocabularies' difference;
 * **one-token attention per position** (``decode_attention_flops``, ``kv_bandwidth_efficiency``): two 4-layer
   probes with 32 query heads x 128 over 8 or 32 KV heads (hidden 256), decoding :data:`ATT_BATCH` sequences at
   two contexts :data:`ATT_CONTEXT` apart; the extra time per sequence, layer and position is
@@ -60,7 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ProbeShape", "PROBES", "HEAD_PROBES", "PROMPT_CHUNK", "derive", "measure_paged", "ROUNDS"]
+__all__ = ["ProbeShape", "PROBES", "HEAD_PROBES", "PROMPT_CHUNK", "VOCAB_BIG", "derive", "measure_paged", "ROUNDS"]
 
 ROUNDS = 3
 WARMUP, REPEATS = 2, 7
@@ -73,6 +79,8 @@ PREFILL_CHUNKS = (128, 512)
 #: The prompt the per-prompt-token term is timed at on the :data:`HEAD_PROBES` (one chunk, one sequence).
 PROMPT_CHUNK = 128
 ATT_KV_HEADS = (8, 32)
+#: The vocabulary of the per-vocabulary-entry probe (``vocab``: the 1-layer tiny decoder, whose own is 512).
+VOCAB_BIG = 32_768
 #: Rows the matmul probe is timed at (a decode batch's and a prefill chunk's tokens), and its shape.
 MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ROWS_MATMULS, ROWS_HIDDEN = 8, 2048
@@ -102,6 +110,7 @@ PROBES = {
     "prefill": ProbeShape(2, 16, 16, 128, 2048),
     "heads1": ProbeShape(1, 16, 8, 128, 64),
     "heads9": ProbeShape(9, 16, 8, 128, 64),
+    "vocab": ProbeShape(1, 1, 1, 64, 64, vocab=VOCAB_BIG),
 }
 #: The probes of the per-head term: a real head shape on hidden 64 (weights small), one layer and nine.
 HEAD_PROBES = ("heads1", "heads9")
@@ -123,7 +132,9 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     * ``heads1_b1``, ``heads1_bS``, ``heads9_b1``, ``heads9_bS``: the same for the :data:`HEAD_PROBES`;
     * ``rows``: {1: FLOP/s, :data:`SEQ_BATCH`: FLOP/s} of the matmul probe at those rows;
     * ``heads1_prompt``, ``heads9_prompt``: median time of one prompt of :data:`PROMPT_CHUNK` tokens on the
-      :data:`HEAD_PROBES`; ``heads_rows``: FLOP/s of a stack of their layer's matmuls at :data:`PROMPT_CHUNK` rows.
+      :data:`HEAD_PROBES`; ``heads_rows``: FLOP/s of a stack of their layer's matmuls at :data:`PROMPT_CHUNK` rows;
+    * ``vocab_b1``, ``vocab_bS``: (median step time, mean context) of the ``vocab`` probe at batch 1 and
+      :data:`SEQ_BATCH`; ``vocab_rows``: {1: FLOP/s, :data:`SEQ_BATCH`: FLOP/s} of a stack of its LM head's matmul.
 
     ``kv_bytes_per_head``: one KV head's K and V bytes per cached position (the pipeline's KV precision);
     ``weights_rate``: the stateful calibration's weight-streaming rate (bytes/s); ``prefill_flops``: {chunk: FLOPs
@@ -145,6 +156,12 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     and ``p · c · H``. The prefill probe's slope holds ``p`` too: ``Δt = ΔFLOPs / F + Δc · 2 · 16 · p``. With
     ``u = 1 / F`` and ``k = Δc · 2 · 16 / (c H)``: ``u = (Δt − k D) / (ΔFLOPs − k A)``, ``p = (D − A u) / (c H)``;
     ``p`` clamped at 0 (then ``u = Δt / ΔFLOPs``).
+
+    Vocabulary (``V`` = :data:`VOCAB_BIG`, ``v0`` = the tiny decoder's 512, hidden ``d``): each decoder's
+    per-sequence slope ``σ = ((tS − att(S, cS)) − (t1 − att(1, c1))) / (S − 1)``; the big LM head's matmuls grow by
+    ``g = 2 d (V − v0) (S / R_S − 1 / R_1) / (S − 1)`` per sequence at its own rates ``R``; per vocabulary entry
+    ``v = (σ_vocab − σ_tiny1 − g) / (V − v0)`` (clamped at 0). The tiny decoder's ``v0 · v`` per sequence is taken
+    out of ``q`` and ``s`` as its head's ``h`` is.
     """
     heads = PROBES["attention8"].heads
     few, many = ATT_KV_HEADS
@@ -173,15 +190,25 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
     per_layer = (head_slope(nine) - head_slope(one)) / (PROBES[nine].layers - PROBES[one].layers) - grow
     head = max(0.0, per_layer / hp.heads)
 
+    def seq_slope(name: str) -> float:  # a 1-layer tiny decoder's time per sequence more, attention removed
+        (t1_, c1_), (tS_, cS_) = raw[f"{name}_b1"], raw[f"{name}_bS"]
+        return ((tS_ - att("tiny1", SEQ_BATCH, cS_)) - (t1_ - att("tiny1", 1, c1_))) / (SEQ_BATCH - 1)
+
+    tv, big_vocab = PROBES["tiny1"], PROBES["vocab"].vocab
+    d_vocab = big_vocab - tv.vocab
+    vrows = raw["vocab_rows"]
+    vocab_grow = 2.0 * tv.hidden * d_vocab * (SEQ_BATCH / vrows[SEQ_BATCH] - 1.0 / vrows[1]) / (SEQ_BATCH - 1)
+    vocab = max(0.0, (seq_slope("vocab") - seq_slope("tiny1") - vocab_grow) / d_vocab)
+    sampler = tv.vocab * vocab  # the tiny decoder's own sampler pass per sequence
+
     t1, c1 = raw["tiny1_b1"]
-    tS, cS = raw["tiny1_bS"]
     t9, c9 = raw["tiny9_b1"]
     base1 = t1 - att("tiny1", 1, c1)
     w1, w9 = (tiny_weights_bytes[k] / weights_rate for k in ("tiny1", "tiny9"))
-    seq = max(0.0, (tS - att("tiny1", SEQ_BATCH, cS) - base1) / (SEQ_BATCH - 1) - head)
+    seq = max(0.0, seq_slope("tiny1") - head - sampler)
     layer = max(0.0, (t9 - att("tiny9", 1, c9) - w9 - (base1 - w1)) / (PROBES["tiny9"].layers - PROBES["tiny1"].layers)
                 - head)
-    step = max(0.0, base1 - w1 - seq - layer - head)
+    step = max(0.0, base1 - w1 - seq - layer - head - sampler)
     small, big = sorted(raw["prefill"])
     dt = raw["prefill"][big] - raw["prefill"][small]
     dflops = prefill_flops[big] - prefill_flops[small]
@@ -197,7 +224,7 @@ def derive(raw: dict, *, kv_bytes_per_head: float, weights_rate: float, prefill_
         prompt, u = 0.0, (dt / dflops if dt > 0 else 0.0)
     flops = 1.0 / u if u > 0 else float("inf")
     return {"step_overhead_s": step, "layer_overhead_s": layer, "sequence_overhead_s": seq, "head_overhead_s": head,
-            "prompt_token_overhead_s": prompt,
+            "prompt_token_overhead_s": prompt, "vocab_overhead_s": vocab,
             "decode_attention_flops": 4.0 * PROBES["attention8"].head_dim / per_query_head,
             "kv_rate": kv_bytes_per_head / per_kv_head if per_kv_head > 0 else float("inf"),
             "matmul_flops": flops}
@@ -230,6 +257,8 @@ def _round(paths: dict) -> dict:
     for name in HEAD_PROBES:
         raw[f"{name}_b1"] = _decode(paths[name], 1, CONTEXT)
         raw[f"{name}_bS"] = _decode(paths[name], SEQ_BATCH, CONTEXT)
+    raw["vocab_b1"] = _decode(paths["vocab"], 1, CONTEXT)
+    raw["vocab_bS"] = _decode(paths["vocab"], SEQ_BATCH, CONTEXT)
     for kv in ATT_KV_HEADS:
         raw[f"attention{kv}_short"] = _decode(paths[f"attention{kv}"], ATT_BATCH, CONTEXT)
         raw[f"attention{kv}_long"] = _decode(paths[f"attention{kv}"], ATT_BATCH, CONTEXT + ATT_CONTEXT)
@@ -294,6 +323,13 @@ def _head_probe_rows() -> float:
     return _matmul_rates([(p.hidden, q), (q, p.hidden), (p.hidden, kv), (p.hidden, kv)] * 8, [PROMPT_CHUNK])[PROMPT_CHUNK]
 
 
+def _vocab_probe_rows() -> dict:
+    """{rows: FLOP/s} of the ``vocab`` probe's LM head matmul ([rows, hidden] x [hidden, :data:`VOCAB_BIG`], a stack
+    of 8 of it) at 1 and :data:`SEQ_BATCH` rows."""
+    p = PROBES["vocab"]
+    return _matmul_rates([(p.hidden, p.vocab)] * 8, [1, SEQ_BATCH])
+
+
 def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[dict, dict]:
     """Run :data:`ROUNDS` rounds of the probes; (the ``paged`` terms, their sources). ``progress()`` after each round."""
     from simkv.cost.attention import attended_pairs, pair_flops_per_model
@@ -319,6 +355,7 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
         rows = _matmul_rows()
         raw["rows"] = rows
         raw["heads_rows"] = _head_probe_rows()
+        raw["vocab_rows"] = _vocab_probe_rows()
         rounds.append(derive(raw, kv_bytes_per_head=kv_bytes_per_head, weights_rate=weights_rate,
                              prefill_flops=prefill_flops, tiny_weights_bytes=tiny_w))
         rounds[-1].update({f"rows{r}": f for r, f in rows.items()})
@@ -344,7 +381,8 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
         "layer_overhead_s": f"measured: (9-layer - 1-layer tiny decoder step, attention removed) / 8: "
                             f"{spread('layer_overhead_s', 1e3, 'ms', 3)}; {how}",
         "sequence_overhead_s": f"measured: (1-layer tiny decoder at batch {SEQ_BATCH} - batch 1, attention removed) / "
-                               f"{SEQ_BATCH - 1}: {spread('sequence_overhead_s', 1e3, 'ms', 4)}; {how}",
+                               f"{SEQ_BATCH - 1}, less its head's and its {PROBES['tiny1'].vocab}-entry sampler's "
+                               f"shares: {spread('sequence_overhead_s', 1e3, 'ms', 4)}; {how}",
         "head_overhead_s": f"measured: ({PROBES[HEAD_PROBES[1]].layers}-layer - {hp.layers}-layer probe, {hp.heads} query / "
                            f"{hp.kv_heads} KV heads x {hp.head_dim} on hidden {hp.hidden}) per-sequence slope from "
                            f"batch 1 to {SEQ_BATCH} per layer, less the priced attention per position and the "
@@ -359,6 +397,13 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
                                    f"{spread('prompt_token_overhead_s', 1e6, 'us', 3)}; a multi-token query's work in "
                                    f"exec_loop_mixed (K/V quantised per token, cached blocks repacked by "
                                    f"transpose_16NxK, a softmax per row and head); {how}",
+        "vocab_overhead_s": f"measured: (1-layer tiny decoder with a {VOCAB_BIG:,}-entry vocabulary - the same with "
+                            f"{PROBES['tiny1'].vocab}) per-sequence slope from batch 1 to {SEQ_BATCH}, attention "
+                            f"removed, less the LM heads' matmul growth at the rate of a stack of the big head's own "
+                            f"matmul at 1 and {SEQ_BATCH} rows, / {VOCAB_BIG - PROBES['tiny1'].vocab:,} entries: "
+                            f"{spread('vocab_overhead_s', 1e9, 'ns', 3)}; the sampler's pass over each sampling "
+                            f"sequence's logits row (GenAI's Sampler::_greedy_sample, src/cpp/src/sampling/"
+                            f"sampler.cpp: the arg max over all vocab_size floats); {how}",
         "decode_attention_flops": f"measured: a = time per query head and position of {a.layers}-layer probes with "
                                   f"{a.heads} query heads over {ATT_KV_HEADS[0]} or {ATT_KV_HEADS[1]} KV heads x "
                                   f"{a.head_dim}, batch {ATT_BATCH}, contexts {CONTEXT}+ and {CONTEXT + ATT_CONTEXT}+: "
