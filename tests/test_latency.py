@@ -215,6 +215,9 @@ def test_calibrate_command_measures_in_a_child_process_with_validates_allocator_
     # and the per vocabulary entry of a sampling sequence one (the sampler over the logits row)
     assert device.paged["vocab_overhead_s"] >= 0 and "_greedy_sample" in device.sources["paged.vocab_overhead_s"]
     assert device.paged_kernel().vocab_overhead_s == device.paged["vocab_overhead_s"]
+    # and the rate the pipeline's weight matmuls stream at (the matmul stack at 1 row)
+    assert device.paged["memory_bandwidth"] > 0 and "at 1 row" in device.sources["paged.memory_bandwidth"]
+    assert device.paged_kernel().memory_bandwidth == device.paged["memory_bandwidth"]
 
 
 def test_step_table_has_the_time_columns():

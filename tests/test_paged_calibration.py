@@ -129,6 +129,21 @@ def test_paged_kernel_applies_terms():
     assert get_device("h100-sxm").paged_kernel() is get_device("h100-sxm")  # no paged terms: itself
 
 
+def test_paged_memory_bandwidth_prices_a_one_row_step():
+    # the paged weight-streaming rate replaces the stateful one: a batch-1 decode step of 1e8 B of weights is
+    # bound by streaming them: 1e8 / 5e10 = 2e-3 s (at the stateful 4e10 B/s it was 2.5e-3 s); the KV
+    # efficiency is a fraction of it
+    d = _host(memory_bandwidth=5e10, kv_bandwidth_efficiency=0.5, matmul_flops=1e14)
+    base = replace(d, memory_bandwidth=4e10, bandwidth_efficiency=1.0, paged={"matmul_flops": 1e14})
+    model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
+    p, b = d.paged_kernel(), base.paged_kernel()
+    assert p.memory_bandwidth == 5e10 and p.kv_efficiency == 0.5
+    args = dict(weights_bytes=1e8, new_tokens=1, attended_pairs=0, kv_read_bytes=0, kv_write_bytes=0)
+    assert p.bandwidth_efficiency == 1.0  # an achieved rate, as matmul_flops is
+    assert math.isclose(step_cost(model, p, **args).matmul_s, 2e-3, rel_tol=1e-12)
+    assert math.isclose(step_cost(model, b, **args).matmul_s, 2.5e-3, rel_tol=1e-12)
+
+
 def test_sequence_overhead_golden():
     # overhead = s + layers x l + q x sequences: 1e-3 + 4 x 2e-4 + 8 x 3e-5 = 2.04e-3 s
     model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
@@ -236,7 +251,8 @@ def test_step_timer_prices_sequences_like_step_cost():
 @pytest.mark.parametrize("paged, msg", [({"warp": 1.0}, "paged takes"), ({"step_overhead_s": -1.0}, ">= 0"),
                                         ({"head_overhead_s": "1e-6"}, ">= 0"), ({"head_overhead_s": 1e308}, "at most"),
                                         ({"prompt_token_overhead_s": True}, ">= 0"),
-                                        ({"vocab_overhead_s": -1e-9}, ">= 0"), ({"vocab_overhead_s": 1e308}, "at most")])
+                                        ({"vocab_overhead_s": -1e-9}, ">= 0"), ({"vocab_overhead_s": 1e308}, "at most"),
+                                        ({"memory_bandwidth": 0.0}, "positive"), ({"memory_bandwidth": "x"}, ">= 0")])
 def test_bad_paged_terms_refused(paged, msg):
     with pytest.raises(ConfigError, match=msg) as err:
         _host(**paged)

@@ -25,7 +25,8 @@ GIB = 1024**3
 
 #: The terms a device's ``paged`` block may set (:meth:`Device.paged_kernel`).
 PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "head_overhead_s", "prompt_token_overhead_s",
-               "vocab_overhead_s", "decode_attention_flops", "kv_bandwidth_efficiency", "matmul_flops", "matmul_rows_flops")
+               "vocab_overhead_s", "decode_attention_flops", "kv_bandwidth_efficiency", "memory_bandwidth", "matmul_flops",
+               "matmul_rows_flops")
 
 
 def _finite_seconds(v: Any) -> bool:
@@ -173,6 +174,8 @@ class Device:
                 for k, v in self.paged.items() if k != "matmul_rows_flops"):
             raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s, prompt_token_overhead_s, "
                               f"vocab_overhead_s and the paged terms must be numbers >= 0 (the overheads at most {MAX_OVERHEAD_S:g} s)")
+        if "memory_bandwidth" in self.paged and not self.paged["memory_bandwidth"] > 0:
+            raise ConfigError(f"device {self.name}: paged memory_bandwidth must be positive")
         for fmt, peak in self.gemm_kernels.items():
             if peak not in self.peak_flops:
                 raise ConfigError(f"device {self.name}: gemm_kernels[{fmt!r}] = {peak!r} has no peak")
@@ -188,7 +191,8 @@ class Device:
 
     def paged_kernel(self) -> "Device":
         """This device as a paged-attention serving engine runs on it: the :attr:`paged` terms in place of the
-        stateful ones (``matmul_flops`` as the compute precision's peak at efficiency 1), or the device itself."""
+        stateful ones (``matmul_flops`` as the compute precision's peak at efficiency 1, ``memory_bandwidth`` as the
+        weights' achieved streaming rate at efficiency 1), or the device itself."""
         if not self.paged:
             return self
         terms = dict(self.paged)
@@ -196,6 +200,8 @@ class Device:
         if "matmul_flops" in terms:
             changes["peak_flops"] = {**self.peak_flops, self.compute_precision: terms["matmul_flops"]}
             changes["flops_efficiency"] = 1.0
+        if "memory_bandwidth" in changes:  # the achieved weight-streaming rate: efficiency 1, as matmul_flops
+            changes["bandwidth_efficiency"] = 1.0
         if "matmul_rows_flops" in changes:
             changes["matmul_rows_flops"] = tuple((int(r), float(f)) for r, f in changes["matmul_rows_flops"])
         return replace(self, paged={}, **changes)

@@ -51,6 +51,11 @@ on probe decoders of other shapes than the validated one (never fitted to the st
   512 while 64 MiB of bf16 weights stream at 30 GB/s); so a stack of :data:`ROWS_MATMULS` square hidden-
   :data:`ROWS_HIDDEN` matmuls (weights beyond the caches, as a model's are) is timed at :data:`MATMUL_ROWS`
   rows with the pipeline's thread count: FLOPs / time at each;
+* **weight streaming** (``memory_bandwidth``): the same stack at 1 row is bound by streaming its weights; its
+  bytes over its time is the rate the pipeline's weight matmuls stream at (a decode step at batch 1 is bound by
+  it), in place of the stateful decoder's (whose one-row rate differs: other properties, other matrices). The
+  validated model's own layer matmuls (6 x Q, K, V, O of hidden 1,024, 75 MB) run at 1 row within 2 % of the
+  2,048-square stack (67 MB; both beyond the 32 MB L3) on this host;
 * **prefill chunks** (``matmul_flops``): chunks of :data:`PREFILL_CHUNKS` tokens of a 2-layer, hidden-2,048
   decoder; their slope (the fixed costs cancel), less the prompt tokens' kernel work above, over the chunk's
   FLOPs (weight matmuls and causal attention, which the cost model prices at one rate).
@@ -336,6 +341,7 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
     from simkv.cost.weights import matmul_params
     from simkv.models import weights_bytes
     from simkv.precision import get_precision
+    from simkv.weights import weight_format
 
     paths, shapes = {}, {}
     for name in PROBES:
@@ -349,6 +355,7 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
     prefill_flops = {c: 2.0 * (matmul_params(pm) - head) * c + 2.0 * head
                      + pair_flops_per_model(pm) * attended_pairs(pm, 0, c) for c in PREFILL_CHUNKS}
     tiny_w = {k: float(weights_bytes(shapes[k], precision)) for k in ("tiny1", "tiny9")}
+    bytes_per_weight = weight_format(precision).bytes_per_weight
     rounds = []
     for _ in range(ROUNDS):
         raw = _round(paths)
@@ -359,10 +366,12 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
         rounds.append(derive(raw, kv_bytes_per_head=kv_bytes_per_head, weights_rate=weights_rate,
                              prefill_flops=prefill_flops, tiny_weights_bytes=tiny_w))
         rounds[-1].update({f"rows{r}": f for r, f in rows.items()})
+        # the stack at 1 row streams its weights (2 FLOPs per weight): bytes / time = rate x bytes per weight / 2
+        rounds[-1]["memory_bandwidth"] = rows[1] * bytes_per_weight / 2.0
         if progress:
             progress()
     fig = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
-    kv_eff = min(1.0, fig.pop("kv_rate") / weights_rate)
+    kv_eff = min(1.0, fig.pop("kv_rate") / fig["memory_bandwidth"])
     rows_flops = [[r, fig.pop(f"rows{r}")] for r in MATMUL_ROWS]
 
     def spread(key, scale, unit, digits=2):
@@ -409,7 +418,12 @@ def measure_paged(weights_rate: float, precision: str, progress=None) -> tuple[d
                                   f"{a.head_dim}, batch {ATT_BATCH}, contexts {CONTEXT}+ and {CONTEXT + ATT_CONTEXT}+: "
                                   f"4 x {a.head_dim} FLOPs / a = {spread('decode_attention_flops', 1e-9, 'GFLOP/s', 1)}; {how}",
         "kv_bandwidth_efficiency": f"measured: b = time per KV head and position of the same probes: "
-                                   f"{kv_bytes_per_head:.0f} B of K and V ({att_kv}) / b, over the weights' rate; {how}",
+                                   f"{kv_bytes_per_head:.0f} B of K and V ({att_kv}) / b, over memory_bandwidth; {how}",
+        "memory_bandwidth": f"measured: the matmul_rows_flops stack ({ROWS_MATMULS} x {ROWS_HIDDEN}-square, "
+                            f"{ROWS_MATMULS * ROWS_HIDDEN ** 2 * bytes_per_weight / 1e6:.0f} MB of {precision} "
+                            f"weights, beyond the caches as a model's are) at 1 row: its weights' bytes / its time: "
+                            f"{spread('memory_bandwidth', 1e-9, 'GB/s', 2)}; the rate a decode step's weight matmuls "
+                            f"stream at with the pipeline's properties (a one-row step is bound by it); {how}",
         "matmul_rows_flops": f"measured: a stack of {ROWS_MATMULS} matmuls [rows, {ROWS_HIDDEN}] x [{ROWS_HIDDEN}, "
                              f"{ROWS_HIDDEN}] (f32 constants, the plugin's bf16 brgemm, dynamic rows as the "
                              f"pipeline's FullyConnected nodes over a step's tokens), the pipeline's threads: FLOPs / "
