@@ -182,6 +182,9 @@ def _add_serving_validate_arguments(p) -> None:
     g.add_argument("--decode-batches", default="1,2,4,8,16,32", metavar="LIST", modes="live", help="decode batches timed (default 1,2,4,8,16,32)")
     g.add_argument("--prefill-chunks", default="32,64,128,256,512", metavar="LIST", modes="live",
                    help="prefill chunks timed (default 32,64,128,256,512)")
+    g.add_argument("--mixed-batches", default="4x64,16x64,4x128,16x128", metavar="LIST", modes="live",
+                   help="mixed steps timed, DECODESxCHUNK: decodes beside one prompt chunk (default "
+                        "4x64,16x64,4x128,16x128; empty: none)")
     g.add_argument("--step-repeats", type=int, default=9, metavar="N", modes="live", help="timed steps per fixed batch (default 9)")
     g.add_argument("--cpu", type=int, default=0, metavar="N", modes="live", help="core the real runs are pinned to (taskset; -1: unpinned)")
 

@@ -13,6 +13,12 @@ Two tasks:
   timed (the context of the ``j``-th decode step is ``P + j`` cached tokens). A prefill chunk of ``c``: a
   fresh request of a ``c``-token prompt (``max_new_tokens`` 1, no prefix caching) whose single ``step()``
   is timed; ``warmup`` of them dropped, then ``repeats`` timed.
+  A mixed step of ``b`` decodes beside a ``c``-token chunk: ``b`` requests of a ``P``-token prompt are
+  prefilled in one ``step()`` as for a decode batch; then, ``warmup + repeats`` times, a fresh request of a
+  ``c``-token prompt (``max_new_tokens`` 1) is added and one ``step()`` timed: the scheduler's budget
+  (``max(b · P, b + c)`` tokens) holds the ``b`` running decodes and the whole prompt, so every timed step
+  is ``b`` one-token queries of ``P + j`` cached tokens and one ``c``-token query of none (the prompt
+  request samples its one token in that step and finishes).
 * ``serve`` (:func:`serve_live`): after one warm-up request run to its end, requests are added as token ids
   at their wall-clock arrivals (``add_request`` when ``perf_counter() - t0 >= arrival_s``), ``step()`` is
   called while anything is unfinished (the loop sleeps to the next arrival when nothing is), and after each
@@ -76,10 +82,11 @@ def _drain(pipe) -> None:
 
 
 def time_steps(model_path: str, *, decode_batches: Sequence[int], prefill_chunks: Sequence[int], context: int,
-               warmup: int, repeats: int, seed: int = 0) -> dict:
-    """Median wall time of ``step()`` at each fixed batch (module docstring); per-repeat times kept."""
+               warmup: int, repeats: int, seed: int = 0, mixed: Sequence[Sequence[int]] = ()) -> dict:
+    """Wall time of ``step()`` at each fixed batch (module docstring), every timed repeat kept; ``mixed``:
+    (decodes, chunk) pairs."""
     rng = np.random.default_rng(seed)
-    out: dict = {"decode": [], "prefill": []}
+    out: dict = {"decode": [], "prefill": [], "mixed": []}
     for b in decode_batches:
         pipe = _pipeline(model_path, {"cache_size": 1, "max_num_batched_tokens": max(b * context, 256),
                                       "max_num_seqs": max(b, 1), "dynamic_split_fuse": True})
@@ -106,6 +113,23 @@ def time_steps(model_path: str, *, decode_batches: Sequence[int], prefill_chunks
             _drain(pipe)
         del pipe
         out["prefill"].append({"chunk": c, "times_s": times[warmup:]})
+    for b, c in mixed:
+        pipe = _pipeline(model_path, {"cache_size": 1, "max_num_batched_tokens": max(b * context, b + c),
+                                      "max_num_seqs": b + 1, "dynamic_split_fuse": True})
+        handles = [pipe.add_request(*_request(rid, _ids(rng, context), warmup + repeats + 1)) for rid in range(b)]
+        pipe.step()  # every decode's prompt in one step
+        times = []
+        for j in range(warmup + repeats):
+            handles.append(pipe.add_request(*_request(b + j, _ids(rng, c), 1)))
+            t0 = time.perf_counter()
+            pipe.step()
+            times.append(time.perf_counter() - t0)
+            if handles[-1].get_status().name != "FINISHED":  # else the next step would hold b + 1 decodes
+                raise RuntimeError(f"mixed step {b}+{c}: the prompt request did not finish in its step")
+        _drain(pipe)
+        del handles, pipe
+        out["mixed"].append({"batch": b, "chunk": c, "context": context, "first_step": warmup,
+                             "times_s": times[warmup:]})
     return out
 
 

@@ -4,9 +4,11 @@ Two stages, both on a random-weight model of a real head shape (default: hidden 
 layers, 16 query / 8 KV heads x 128; built locally by :mod:`.model`, no download), the real runs in fresh
 processes pinned to one core (:mod:`.live`):
 
-1. **Step times of fixed batches** (where an error comes from): decode at batch 1..32 and prefill chunks of
-   32..512 tokens, median of ``repeats`` timed steps after warm-up, against
-   :func:`simkv.cost.forward_cost` of the same step on the device preset (``host``: ``simkv calibrate``).
+1. **Step times of fixed batches** (where an error comes from): decode at batch 1..32, prefill chunks of
+   32..512 tokens and mixed steps (4 or 16 decodes beside a 64- or 128-token prompt chunk: the steps of a
+   dynamic split-fuse run), median of ``repeats`` timed steps after warm-up, against
+   :func:`simkv.cost.forward_cost` of the same step on the device preset (``host``: ``simkv calibrate``), a
+   mixed step as one :func:`simkv.cost.step_cost` call over both parts' work (:func:`mixed_step_s`).
    Beside them, the two slopes the pipeline's own steps give — decode time per extra sequence and prefill
    time per extra token (least squares over the fixed batches) — and the preset's slopes for the same
    steps: the numbers a calibration of the paged pipeline would write, each from a measurement.
@@ -41,6 +43,9 @@ __all__ = ["LiveConfig", "workload", "predict_steps", "simulate_requests", "comp
 DEFAULT_SHAPE = {"layers": 6, "heads": 16, "kv_heads": 8, "head_dim": 128, "hidden": 1024, "vocab": 512}
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
 PREFILL_CHUNKS = (32, 64, 128, 256, 512)
+#: (decodes, prompt chunk) of the mixed steps timed: a chunk beside running decodes, as most steps of the end-to-end
+#: stage are (prompts 32..256 under a 256-token budget).
+MIXED_BATCHES = ((4, 64), (16, 64), (4, 128), (16, 128))
 #: Bounds on a validation: requests per load, loads, repeats, simulated wall time of one live run.
 MAX_REQUESTS, MAX_LOADS, MAX_REPEATS, MAX_RUN_S = 500, 6, 10, 600.0
 #: |error| bounds (fractions): a fixed batch's step time, p50 and p90 end to end.
@@ -69,6 +74,7 @@ class LiveConfig:
     repeats: int = 3
     decode_batches: tuple[int, ...] = DECODE_BATCHES
     prefill_chunks: tuple[int, ...] = PREFILL_CHUNKS
+    mixed_batches: tuple[tuple[int, int], ...] = MIXED_BATCHES
     step_warmup: int = 3
     step_repeats: int = 9
     max_num_batched_tokens: int = 256
@@ -87,6 +93,8 @@ class LiveConfig:
             raise ConfigError(f"--repeats must be in 1..{MAX_REPEATS}")
         if not all(1 <= b <= 256 for b in self.decode_batches) or not all(1 <= c <= 4096 for c in self.prefill_chunks):
             raise ConfigError("decode batches must be in 1..256 and prefill chunks in 1..4096")
+        if not all(1 <= b <= 256 and 2 <= c <= 4096 for b, c in self.mixed_batches):
+            raise ConfigError("mixed batches are DECODESxCHUNK with decodes in 1..256 and chunks in 2..4096")
         if not (0 <= self.step_warmup <= 50 and 1 <= self.step_repeats <= 100):
             raise ConfigError("--step-repeats must be in 1..100")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
@@ -139,6 +147,24 @@ def _step_s(model, device, kv, weights_precision: str, *, batch, context, new) -
                                    weights_precision=weights_precision, precision=weights_precision).seconds)
 
 
+def mixed_step_s(model, device, kv, weights_precision: str, *, batch, context, chunk) -> np.ndarray:
+    """One step of ``batch`` one-token queries of ``context`` cached tokens beside one ``chunk``-token prompt
+    query of none, which samples its first token (arrays broadcast): one :func:`simkv.cost.step_cost` over the
+    step's tokens, the two parts' attention work (:func:`simkv.cost.attention_work`) added, ``batch + 1`` logit
+    rows — as the serving engine prices such a step."""
+    from simkv.cost import attention_work, step_cost
+    from simkv.models import weights_bytes as model_weights_bytes
+
+    batch = np.asarray(batch, dtype=np.float64)
+    dec = attention_work(model, kv, context, 1, sequences=batch)
+    pre = attention_work(model, kv, 0, chunk)
+    return np.asarray(step_cost(model, device, weights_bytes=model_weights_bytes(model, weights_precision),
+                                new_tokens=batch + chunk, attended_pairs=0, kv_read_bytes=dec.read_bytes + pre.read_bytes,
+                                kv_write_bytes=dec.write_bytes + pre.write_bytes, precision=weights_precision,
+                                logit_tokens=batch + 1, attention_flops=dec.flops + pre.flops,
+                                decode_flops=dec.decode_flops + pre.decode_flops).seconds)
+
+
 def solo_service_s(requests, model, device, kv, weights_precision: str, chunk: int) -> float:
     """Mean time one request takes alone on the preset: its prompt in chunks of ``chunk``, then its decode steps."""
     total = 0.0
@@ -172,6 +198,12 @@ def predict_steps(measured: dict, model, device, kv, weights_precision: str) -> 
         rows.append({"kind": "prefill", "size": p["chunk"], "measured_ms": 1e3 * float(np.median(p["times_s"])),
                      "predicted_ms": 1e3 * float(pred),
                      "spread_pct": 100 * float(np.ptp(p["times_s"]) / np.median(p["times_s"]))})
+    for m in measured.get("mixed", []):
+        ctx = m["context"] + m["first_step"] + np.arange(len(m["times_s"]))
+        pred = mixed_step_s(model, device, kv, weights_precision, batch=m["batch"], context=ctx, chunk=m["chunk"])
+        rows.append({"kind": "mixed", "size": f"{m['batch']}x{m['chunk']}", "measured_ms": 1e3 * float(np.median(m["times_s"])),
+                     "predicted_ms": 1e3 * float(np.median(pred)),
+                     "spread_pct": 100 * float(np.ptp(m["times_s"]) / np.median(m["times_s"]))})
     for r in rows:
         r["error_pct"] = 100 * (r["predicted_ms"] / r["measured_ms"] - 1)
         r["within"] = abs(r["error_pct"]) <= 100 * STEP_BOUND
@@ -286,6 +318,7 @@ def validate_serving(cfg: LiveConfig, progress: bool = False) -> dict:
         say("stage 1: fixed batches")
         measured = run_child({"kind": "steps", "model_path": str(path), "decode_batches": list(cfg.decode_batches),
                               "prefill_chunks": list(cfg.prefill_chunks), "context": DECODE_CONTEXT,
+                              "mixed": [list(m) for m in cfg.mixed_batches],
                               "warmup": cfg.step_warmup, "repeats": cfg.step_repeats, "seed": cfg.seed},
                              cfg.cpu, MAX_WALL_S)
         data["steps"] = predict_steps(measured, model, device, kv, wp)
@@ -339,7 +372,7 @@ def summary_lines(data: dict) -> list[str]:
     if "steps" in data:
         lines.append(f"  {'step':<18}{'measured ms':>12}{'simkv ms':>10}{'error':>9}{'spread':>8}")
         for r in data["steps"]["rows"]:
-            name = f"{r['kind']} {'batch' if r['kind'] == 'decode' else 'chunk'} {r['size']}"
+            name = f"{r['kind']} {_STEP_UNIT[r['kind']]} {r['size']}"
             lines.append(f"  {name:<18}{r['measured_ms']:>12.2f}{r['predicted_ms']:>10.2f}{r['error_pct']:>+8.1f}%"
                          f"{r['spread_pct']:>7.1f}%{'' if r['within'] else '  !'}")
         for kind, s in data["steps"]["slopes"].items():
@@ -368,6 +401,21 @@ def summary_lines(data: dict) -> list[str]:
     return lines
 
 
+#: How a fixed batch's size reads in the summary.
+_STEP_UNIT = {"decode": "batch", "prefill": "chunk", "mixed": "decodes x chunk"}
+
+
+def _mixed(text: str) -> tuple:
+    """``--mixed-batches`` (``DECODESxCHUNK,...``; empty: none) as (decodes, chunk) pairs."""
+    try:
+        pairs = tuple(tuple(int(v) for v in x.lower().split("x")) for x in text.split(",") if x.strip())
+    except ValueError:
+        pairs = ((),)
+    if all(len(p) == 2 for p in pairs):
+        return pairs
+    raise ConfigError(f"--mixed-batches takes a comma-separated list of DECODESxCHUNK, not {text!r}")
+
+
 def _floats(text: str, flag: str, kind=float) -> tuple:
     try:
         return tuple(kind(x) for x in text.split(",") if x.strip())
@@ -391,6 +439,7 @@ def config_from_args(args) -> LiveConfig:
                      requests=args.requests, busy=_floats(args.busy, "--busy"), repeats=args.repeats,
                      decode_batches=_floats(args.decode_batches, "--decode-batches", int),
                      prefill_chunks=_floats(args.prefill_chunks, "--prefill-chunks", int),
+                     mixed_batches=_mixed(args.mixed_batches),
                      step_repeats=args.step_repeats, max_num_batched_tokens=args.max_num_batched_tokens,
                      max_num_seqs=args.max_num_seqs, cpu=None if args.cpu < 0 else args.cpu, seed=args.seed)
     cfg.check()
