@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simkv.serving.requests import Request
@@ -63,12 +64,35 @@ def test_compare_requests_judges_beyond_the_spread_only():
     assert compare_requests(real, sim, judged=False)["e2e_s"]["p50"]["within"] is None
 
 
+def test_mixed_step_is_one_step_of_both_parts_work():
+    """A mixed step of b decodes at context C beside a c-token prompt chunk is priced as ONE step: the fixed step
+    cost and the weights once, the matmuls over b + c rows, b + 1 logit rows, attention work added. So (the toy
+    shape on the xeon-8480 preset): with b = 0 it is the chunk's own prefill (forward_cost, batch 1, context 0);
+    it costs less than the pure decode step plus the pure prefill step by at least the per-step overhead the two
+    separate steps pay twice (step_overhead_s + layers * layer_overhead_s); and it grows with each decode."""
+    from simkv.cost import forward_cost, get_device
+    from simkv.precision import get_precision
+    from simkv.validate.genai.serving import LiveConfig, cost_model, mixed_step_s
+
+    model, dev, kv = cost_model(LiveConfig().spec()), get_device("xeon-8480"), get_precision("bf16")
+    args = dict(weights_precision="bf16", precision="bf16")
+    alone = forward_cost(model, dev, kv, batch=1, context=0, new=64, **args).seconds
+    assert float(mixed_step_s(model, dev, kv, "bf16", batch=0, context=64, chunk=64)) == pytest.approx(alone, rel=1e-12)
+    both = float(mixed_step_s(model, dev, kv, "bf16", batch=16, context=64, chunk=64))
+    apart = alone + forward_cost(model, dev, kv, batch=16, context=64, new=1, **args).seconds
+    assert both <= apart - (dev.step_overhead_s + model.layers * dev.layer_overhead_s) + 1e-15
+    steps = mixed_step_s(model, dev, kv, "bf16", batch=np.arange(5), context=64, chunk=64)
+    assert np.all(np.diff(steps) > 0)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--requests", "0"], "--requests must be in 1..500"),
     (["--busy", "0.3,x"], "--busy takes a comma-separated list"),
     (["--repeats", "11"], "--repeats must be in 1..10"),
     (["--layers", "400"], "weights"),
     (["--device", "no-such-device"], "no-such-device"),
+    (["--mixed-batches", "4x64x2"], "--mixed-batches takes a comma-separated list of DECODESxCHUNK"),
+    (["--mixed-batches", "0x64"], "mixed batches are DECODESxCHUNK"),
 ])
 def test_bad_flags_are_one_line_errors(args, message):
     r = _cli("--serving", *args)
@@ -87,11 +111,12 @@ def test_smoke_real_pipeline_both_stages():
     pytest.importorskip("openvino_genai")
     r = _cli("--serving", "--device", "xeon-8480", "--layers", "1", "--heads", "2", "--kv-heads", "1",
              "--head-dim", "32", "--hidden", "64", "--decode-batches", "1,2", "--prefill-chunks", "16,32",
-             "--step-repeats", "2", "--requests", "3", "--busy", "0.5", "--repeats", "1", "--cpu", "-1", "--json")
+             "--mixed-batches", "2x16", "--step-repeats", "2", "--requests", "3", "--busy", "0.5", "--repeats", "1", "--cpu", "-1", "--json")
     assert r.returncode in (0, 1), r.stderr
     data = json.loads(r.stdout)
     rows = data["steps"]["rows"]
-    assert [(x["kind"], x["size"]) for x in rows] == [("decode", 1), ("decode", 2), ("prefill", 16), ("prefill", 32)]
+    assert [(x["kind"], x["size"]) for x in rows] == [("decode", 1), ("decode", 2), ("prefill", 16), ("prefill", 32),
+                                                     ("mixed", "2x16")]
     assert all(x["measured_ms"] > 0 and x["predicted_ms"] > 0 for x in rows)
     (load,) = data["serving"]["loads"]
     for m in ("ttft_s", "tpot_s", "e2e_s"):
