@@ -293,6 +293,34 @@ def test_matmul_rate_golden():
     assert np.allclose(got, [1e10, 1e10, 2.5e10, 4e10, 6e10, 6e10, 6e10], rtol=1e-12)
 
 
+# Past 64 rows the plugin's brgemm runs 64-row blocks and the rows left over as a block of their own
+# (simkv.cost.devices.MATMUL_ROW_BLOCK, oneDNN's get_os_block). A curve that does not reach the peak (1e12):
+# 1e10 at 1 row, 4e10 at 4, 16e10 at 64 and 128 (held beyond). Interpolated in log2(rows): 2 rows halfway from 0
+# to 2 -> 2.5e10; 8 rows at 3 of 2..6 -> 4e10 + 12e10/4 = 7e10; 16 rows at 4 -> 10e10. Time per row-FLOP:
+#   64 = one block -> 16e10;  128 = 2 full blocks, no rows left -> the curve at 128 = 16e10;
+#   65 = 64/16e10 + 1/1e10 = 4e-10 + 1e-10 = 5e-10 s -> 65/5e-10 = 13e10;
+#   68 = 64/16e10 + 4/4e10 = 4e-10 + 1e-10 = 5e-10 -> 68/5e-10 = 13.6e10;
+#   80 = 64/16e10 + 16/10e10 = 4e-10 + 1.6e-10 = 5.6e-10 -> 80/5.6e-10 = 14.285714...e10;
+#   132 = 128/16e10 + 4/4e10 = 8e-10 + 1e-10 = 9e-10 -> 132/9e-10 = 14.666...e10;
+#   200 = 192/16e10 + 8/7e10 = 1.2e-9 + 1.142857e-10 -> 200/1.3142857e-9 = 15.217391...e10.
+# With the peak at 12e10 each part is capped first: 68 = 64/12e10 + 4/4e10 = 6.3333e-10 -> 10.736842...e10.
+BLOCK_ROWS = [[1, 1e10], [4, 4e10], [64, 16e10], [128, 16e10]]
+
+
+def test_matmul_rate_past_a_row_block_golden():
+    dev = _host(matmul_flops=1e12, matmul_rows_flops=BLOCK_ROWS).paged_kernel()
+    rows = np.array([1, 2, 4, 8, 16, 63, 64, 65, 68, 80, 128, 132, 200])
+    got = dev.matmul_rate(rows, 1e12)
+    below = dev.matmul_rate(np.array([1, 2, 4, 8, 16, 63]), 1e12)  # up to one block: the curve itself
+    assert np.allclose(below, [1e10, 2.5e10, 4e10, 7e10, 10e10, 4e10 + 12e10 * np.log2(63 / 4) / 4], rtol=1e-12)
+    want = [*below, 16e10, 13e10, 13.6e10, 80 / 5.6e-10, 16e10, 132 / 9e-10, 200 / (1.2e-9 + 8 / 7e10)]
+    assert np.allclose(got, want, rtol=1e-12)
+    for r, w in zip(rows, want):  # scalars as arrays
+        assert math.isclose(float(dev.matmul_rate(int(r), 1e12)), w, rel_tol=1e-12)
+    assert math.isclose(float(dev.matmul_rate(68, 12e10)), 68 / (64 / 12e10 + 4 / 4e10), rel_tol=1e-12)
+    assert math.isclose(68 / (64 / 12e10 + 4 / 4e10), 10.736842105263158e10, rel_tol=1e-12)
+
+
 def test_step_cost_prices_matmuls_at_their_rows_golden():
     # The toy decoder: 2 layers x (Q, K, V, O of hidden 256 = 4 x 256^2) = 524,288 layer parameters, LM head
     # 512 x 256 = 131,072. A decode step of 2 sequences (2 rows, 2 logit rows): (2 x 524,288 x 2 + 2 x 131,072 x 2)
@@ -308,6 +336,13 @@ def test_step_cost_prices_matmuls_at_their_rows_golden():
                           kv_write_bytes=0) for d in (dev, plain))
         assert math.isclose(c.terms[1], want, rel_tol=1e-12)
         assert math.isclose(p.terms[1], 83886080 / 64 * n / 6e10, rel_tol=1e-12)
+    # Past a row block (BLOCK_ROWS above): 68 tokens, 68 logit rows = 68 x 1,310,720 = 89,128,960 FLOPs at
+    # 13.6e10 FLOP/s (64 rows at 16e10 + 4 at 4e10) = 6.5536e-4 s; 64 tokens: 83,886,080 at 16e10 = 5.24288e-4 s.
+    blocked = _host(matmul_flops=1e12, matmul_rows_flops=BLOCK_ROWS).paged_kernel()
+    for n, want in ((68, 6.5536e-4), (64, 5.24288e-4)):
+        c = step_cost(model, blocked, weights_bytes=0, new_tokens=n, attended_pairs=0, kv_read_bytes=0,
+                      kv_write_bytes=0)
+        assert math.isclose(c.terms[1], want, rel_tol=1e-12)
 
 
 def test_presets_have_no_rows_rates_and_price_as_before():
@@ -327,18 +362,21 @@ def test_presets_have_no_rows_rates_and_price_as_before():
             assert c.terms[1] == flops / (d.peak() * d.flops_efficiency)
 
 
-def test_step_timer_follows_rows_rates():
+@pytest.mark.parametrize("curve, peak", [(ROWS, 6e10), (BLOCK_ROWS, 1e12)])
+def test_step_timer_follows_rows_rates(curve, peak):
+    """The serving engine's StepTimer prices steps as step_cost does (official() refuses beyond 1e-9), also past a
+    row block (65, 68, 132, 300 rows: full blocks and the rows left over)."""
     from simkv.serving.engine.costing import StepTimer
 
     model = custom_model(layers=4, heads=8, kv_heads=8, head_dim=64)
-    dev = _host(matmul_flops=6e10, matmul_rows_flops=ROWS, sequence_overhead_s=3e-5).paged_kernel()
+    dev = _host(matmul_flops=peak, matmul_rows_flops=curve, sequence_overhead_s=3e-5).paged_kernel()
     timer = StepTimer(model, dev, 10**8, 4096)
-    est = np.array([timer.step(n, n * 50, n * 50, 0, n, n * 50) for n in (1, 2, 5, 32, 300)])
+    counts = (1, 2, 5, 32, 64, 65, 68, 132, 300)
+    est = np.array([timer.step(n, n * 50, n * 50, 0, n, n * 50) for n in counts])
     seconds, _ = timer.official(est)
     assert np.allclose(seconds, est, rtol=1e-12, atol=0)  # official() itself refuses beyond 1e-9
-    many = timer.steps(np.array([1, 2, 5, 32, 300]), np.array([50, 100, 250, 1600, 15000]),
-                       np.array([50, 100, 250, 1600, 15000]), np.array([1, 2, 5, 32, 300]),
-                       np.array([50, 100, 250, 1600, 15000]))
+    n = np.array(counts)
+    many = timer.steps(n, n * 50, n * 50, n, n * 50)
     assert np.allclose(many, est, rtol=1e-12, atol=0)
 
 

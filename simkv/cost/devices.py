@@ -28,6 +28,17 @@ PAGED_TERMS = ("step_overhead_s", "layer_overhead_s", "sequence_overhead_s", "he
                "vocab_overhead_s", "decode_attention_flops", "kv_bandwidth_efficiency", "memory_bandwidth", "matmul_flops",
                "matmul_rows_flops")
 
+#: Rows of one block of the CPU plugin's weight matmuls (a FullyConnected node runs as oneDNN's brgemm inner
+#: product, ``brgemm_avx512_bf16`` on an AVX-512 bf16 host without AMX). ``jit_brgemm_ip_conf_t::get_os_block``
+#: (oneDNN ``src/cpu/x64/jit_brgemm_inner_product_utils.cpp``, forward): ``max_os_block`` is 64 (128 only with AMX
+#: bf16 and rows a multiple of 128, or a "gigantic" shape: ic >= 9,216, oc >= 4,096, rows >= 512); the minimum
+#: block is raised to it when ``div_up(rows, 64) · div_up(oc, 64) > 50 · threads`` (enough blocks per thread), so
+#: then ``os_block = max_div(rows, 64)`` falls below the minimum past 64 rows unless 64 divides them and becomes 64:
+#: ``jit_brgemm_ip_fwd_conf_t::init_conf`` sets ``nb_os = div_up(rows, os_block)``, the last block the rows left
+#: over (its own brgemm kernel, ``get_brg_kernel_index``'s ``is_M_tail``). Up to 64 rows the call is one block of
+#: all its rows. :meth:`Device.matmul_rate` prices a step's matmuls so.
+MATMUL_ROW_BLOCK = 64
+
 
 def _finite_seconds(v: Any) -> bool:
     """A fixed cost per unit of work (seconds) a device file may give: a number in [0, MAX_OVERHEAD_S], not a
@@ -207,15 +218,29 @@ class Device:
         return replace(self, paged={}, **changes)
 
     def matmul_rate(self, rows: Any, peak: float) -> Any:
-        """The weight matmuls' FLOP/s at ``rows`` rows (array or scalar): the lower of ``peak`` (the compute
-        precision's peak · efficiency) and :attr:`matmul_rows_flops` interpolated linearly in log2(rows) between
-        its points (its end points held beyond them; rows below 1 taken as 1); ``peak`` where none is set."""
+        """The weight matmuls' FLOP/s at ``rows`` rows (array or scalar), ``peak`` (the compute precision's peak ·
+        efficiency) where no :attr:`matmul_rows_flops` is set. With it, the rate at r rows is the curve's,
+        interpolated linearly in log2(rows) between its points (its end points held beyond them; rows below 1
+        taken as 1) and capped at ``peak``, as the plugin's brgemm runs them (:data:`MATMUL_ROW_BLOCK` = B): up to B
+        rows, or a multiple of B, the curve at r; past B, the ⌊r/B⌋ full blocks at the curve's rate for their
+        ⌊r/B⌋·B rows and the r mod B rows left over at the rate of their own row count, the two times added
+        (68 rows = 64 at the rate of 64 plus 4 at the rate of 4; 132 = 128 + 4)."""
         if not self.matmul_rows_flops:
             return peak
         xs = np.log2([r for r, _ in self.matmul_rows_flops])
         ys = [f for _, f in self.matmul_rows_flops]
-        at = np.interp(np.log2(np.maximum(np.asarray(rows, dtype=np.float64), 1.0)), xs, ys)
-        return np.minimum(at, peak)
+
+        def curve(r):
+            return np.minimum(np.interp(np.log2(r), xs, ys), peak)
+
+        r = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+        full = np.where(r > MATMUL_ROW_BLOCK, np.floor(r / MATMUL_ROW_BLOCK) * MATMUL_ROW_BLOCK, r)
+        tail = r - full
+        if not np.any(tail > 0):
+            return curve(r)
+        blocked = r / (full / curve(full) + tail / curve(np.maximum(tail, 1.0)))
+        out = np.where(tail > 0, blocked, curve(r))
+        return out if np.ndim(rows) else out[()]
 
     def attention_time(self, kv_s: Any, compute_s: Any) -> Any:
         """Attention's time from its two terms: the larger (a roofline) or, without overlap, their sum."""
