@@ -25,7 +25,8 @@ is their sum plus two separate terms::
                    LM head over the real tokens
     matmul FLOPs = 2 · active_layer_params · graph_tokens + 2 · vocab · hidden · logit_tokens
                    (a device with matmul_rows_flops, the calibrated host: each part over min(peak · η_flops,
-                    the rate measured at its rows: new_tokens, logit_tokens))
+                    the rate measured at its rows: new_tokens, logit_tokens; past 64 rows the full 64-row
+                    blocks at the rate for their rows plus the rows left over at theirs, Device.matmul_rate))
     attention FLOPs = P · attended_pairs + attention_flops,   P = Σ_layers 2 · heads · (k_dim + v_dim)
                                                                (= 4 · layers · heads · head_dim, uniform)
     attention time = (P · (pairs - decode_pairs) + attention_flops - decode_flops) / (peak · η_flops)
