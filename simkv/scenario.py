@@ -229,19 +229,23 @@ def resolve_weights_memory(model: ModelSpec, weights_memory: str | int | None, w
 
 
 def check_weights_fit(model: ModelSpec, weights: int, memory: int, device, *, weights_precision: str | None = None,
-                      memory_given: bool = False, weights_given: bool = False, tp: int | None = None) -> None:
+                      memory_given: bool = False, weights_given: bool = False, tp: int | None = None,
+                      usable: float = 1.0) -> None:
     """Refuse, before anything runs, weights that leave the device no room for a KV cache (weights >= memory), in
     one line that names the fixes that would fit: a device preset that holds them (at its runtime's precision),
     lighter weights, tensor parallelism (``tp``: a serving run's size; None: a single session, which has none), or
     ``--weights-memory 0`` to simulate the KV cache alone. ``model`` is what one device holds (a tensor-parallel
-    share in serving)."""
-    if weights < memory:
+    share in serving). ``usable``: the fraction of the memory the runtime may fill (vLLM's ``gpu_memory_utilization``
+    under ``--scheduler vllm``: its pool is that fraction less the weights and activations)."""
+    if weights < memory * usable:
         return
     where = f"{format_bytes(memory)} of device memory" if memory_given else f"{device.name}'s {format_bytes(memory)}"
+    if usable < 1:
+        where = f"{usable:g} of {where} ({format_bytes(int(memory * usable))}, vLLM's --gpu-memory-utilization)"
     if weights_given:
         raise ConfigError(f"--weights-memory {format_bytes(weights)} is no less than {where}: no room for the KV cache")
     precision = weights_precision or default_weights_precision(model, device)
-    fixes = weight_fixes(model, weights, memory, device, precision, memory_given=memory_given, tp=tp)
+    fixes = weight_fixes(model, weights, memory, device, precision, memory_given=memory_given, tp=tp, usable=usable)
     fixes.append("--weights-memory 0 (the KV cache alone)")
     stored = "as the checkpoint stores them" if precision == CHECKPOINT else f"at {precision}"
     raise ConfigError(f"{model.name}'s weights take {format_bytes(weights)} {stored}, no less than {where}: no "
@@ -250,28 +254,30 @@ def check_weights_fit(model: ModelSpec, weights: int, memory: int, device, *, we
 
 
 def weight_fixes(model: ModelSpec, weights: int, memory: int, device, precision: str, *, memory_given: bool = False,
-                 tp: int | None = None, kv: int = 0) -> list[str]:
+                 tp: int | None = None, kv: int = 0, usable: float = 1.0) -> list[str]:
     """The flags that would make ``weights`` (at ``precision``) and ``kv`` bytes fit: the smallest device preset
     that holds them at its runtime's precision (unless the memory was given), tensor parallelism where the device's
     runtime has it (vLLM; ``tp``: the serving run's size, None: no serving run), lighter weights. Shared by the
-    refusal of weights that leave no room (:func:`check_weights_fit`) and ``simkv cost``'s warning."""
+    refusal of weights that leave no room (:func:`check_weights_fit`) and ``simkv cost``'s warning. ``usable``: the
+    fraction of a device's memory the runtime may fill (vLLM's ``gpu_memory_utilization`` under ``--scheduler
+    vllm``), on every device a fix names."""
     from simkv.models import tp_shard
 
     fixes = []
     if not memory_given:
         bigger = [d for d in sorted(DEVICES.values(), key=lambda d: d.memory_bytes) if d.memory_bytes > memory
-                  and weights_bytes(model, default_weights_precision(model, d)) + kv < d.memory_bytes]
+                  and weights_bytes(model, default_weights_precision(model, d)) + kv < d.memory_bytes * usable]
         if bigger:
             fixes.append(f"--device {bigger[0].name}")
     if tp == 1 and device.runtime == "vllm":
         for n in (2, 4, 8):
             try:
-                if weights_bytes(tp_shard(model, n), precision) + kv // n < memory:
+                if weights_bytes(tp_shard(model, n), precision) + kv // n < memory * usable:
                     fixes.append(f"--tp {n}")
                     break
             except ConfigError:  # the model does not split n ways
                 continue
-    lighter = [p for p in ("int8", "int4") if weights_bytes(model, p) < min(weights, memory - kv)]
+    lighter = [p for p in ("int8", "int4") if weights_bytes(model, p) < min(weights, memory * usable - kv)]
     if lighter:
         fixes.append(f"--weights-precision {lighter[0]}")
     return fixes

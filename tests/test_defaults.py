@@ -98,6 +98,12 @@ def test_the_latency_of_a_session_prices_the_weights_the_memory_holds():
     (["run", "--synthetic", "--model", "llama-3-70b", "--device", "h100-sxm"], "llama-3-70b's weights take 131.41 GiB "
      "at f16, no less than h100-sxm's 79.18 GiB: no room for the KV cache; give --device h200-sxm, --tp 2, "
      "--weights-precision int8 or --weights-memory 0 (the KV cache alone)"),
+    # vLLM's scheduler fills only gpu_memory_utilization 0.9 of a device: 0.9 x 139.80 = 125.82 GiB of an H200 is
+    # short of the 131.41 GiB, 0.9 x 178.36 = 160.52 GiB of a B200 holds them; two H200s hold 65.70 GiB each
+    (["run", "--synthetic", "--model", "llama-3-70b", "--device", "h200-sxm", "--scheduler", "vllm"], "llama-3-70b's "
+     "weights take 131.41 GiB at f16, no less than 0.9 of h200-sxm's 139.80 GiB (125.82 GiB, vLLM's "
+     "--gpu-memory-utilization): no room for the KV cache; give --device b200, --tp 2, --weights-precision int8 or "
+     "--weights-memory 0 (the KV cache alone)"),
     (["run", "--model", "llama-3-8b", "--device-memory", "4GiB"], "llama-3-8b's weights take 7.48 GiB at int8, no "
      "less than 4.00 GiB of device memory: no room for the KV cache; give --weights-precision int4 or "
      "--weights-memory 0 (the KV cache alone)"),
@@ -123,6 +129,8 @@ def test_the_fix_a_refusal_names_runs():
     assert simkv("run", "--model", "deepseek-v3", "--weights-precision", "int4", "--decode", "8").returncode == 0
     assert simkv("run", "--synthetic", "--requests", "3", "--model", "llama-3-70b", "--device", "h100-sxm",
                  "--tp", "2").returncode == 0
+    assert simkv("run", "--synthetic", "--requests", "3", "--model", "llama-3-70b", "--device", "b200",
+                 "--scheduler", "vllm").returncode == 0
 
 
 @pytest.mark.parametrize("name", sorted(all_presets()))

@@ -371,9 +371,11 @@ def check_spec(spec: ServingSpec):
     memory_given = spec.device_memory is not None
     if spec.device_memory is None:
         spec.device_memory = device.memory_bytes
+    # vLLM's scheduler fills only gpu_memory_utilization of the device (its pool is that less weights and activations)
+    usable = spec.paged.gpu_memory_utilization if spec.scheduler == "vllm" and spec.memory == "paged" else 1.0
     check_weights_fit(spec.device_model, spec.weights_bytes, spec.device_memory, device, tp=spec.tp,
                       weights_precision=spec.weights_precision, memory_given=memory_given,
-                      weights_given=spec.weights_given)
+                      weights_given=spec.weights_given, usable=usable)
     # paged memory is a paged-attention engine: the device's paged terms where it has them (the host preset)
     return device.paged_kernel() if spec.memory == "paged" else device
 
