@@ -264,7 +264,8 @@ def test_bad_per_work_overhead_refused(value):
     # a device file's head_overhead_s / prompt_token_overhead_s / vocab_overhead_s: a number of seconds in [0, MAX_OVERHEAD_S], else
     # one line (times a step's tokens, layers and heads, 1e308 s would price a step at inf)
     base = get_device("xeon-8480").to_dict()
-    for name in ("head_overhead_s", "prompt_token_overhead_s", "vocab_overhead_s"):
+    for name in ("step_overhead_s", "layer_overhead_s", "head_overhead_s", "prompt_token_overhead_s",
+                 "vocab_overhead_s"):
         with pytest.raises(ConfigError, match="numbers >= 0") as err:
             Device.from_dict({**base, "name": "t", name: value})
         assert "\n" not in str(err.value)

@@ -163,8 +163,6 @@ class Device:
                 continue
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"device {self.name}: {name} must be in (0, 1]")
-        if not (self.step_overhead_s >= 0 and self.layer_overhead_s >= 0):
-            raise ConfigError(f"device {self.name}: step_overhead_s and layer_overhead_s must be >= 0")
         if not isinstance(self.attention_overlap, bool):
             raise ConfigError(f"device {self.name}: attention_overlap must be true or false")
         if self.decode_attention_flops is not None and not self.decode_attention_flops > 0:
@@ -179,11 +177,13 @@ class Device:
         _check_rows_flops(self.name, self.matmul_rows_flops)
         if "matmul_rows_flops" in self.paged:
             _check_rows_flops(self.name, self.paged["matmul_rows_flops"])
-        per_work = (self.sequence_overhead_s, self.head_overhead_s, self.prompt_token_overhead_s, self.vocab_overhead_s)
+        per_work = (self.step_overhead_s, self.layer_overhead_s, self.sequence_overhead_s, self.head_overhead_s,
+                    self.prompt_token_overhead_s, self.vocab_overhead_s)
         if not all(_finite_seconds(v) for v in per_work) or any(
                 not _finite_seconds(v) if k.endswith("_overhead_s") else not isinstance(v, (int, float)) or not v >= 0
                 for k, v in self.paged.items() if k != "matmul_rows_flops"):
-            raise ConfigError(f"device {self.name}: sequence_overhead_s, head_overhead_s, prompt_token_overhead_s, "
+            raise ConfigError(f"device {self.name}: step_overhead_s, layer_overhead_s, sequence_overhead_s, "
+                              f"head_overhead_s, prompt_token_overhead_s, "
                               f"vocab_overhead_s and the paged terms must be numbers >= 0 (the overheads at most {MAX_OVERHEAD_S:g} s)")
         if "memory_bandwidth" in self.paged and not self.paged["memory_bandwidth"] > 0:
             raise ConfigError(f"device {self.name}: paged memory_bandwidth must be positive")
