@@ -33,7 +33,7 @@ sampling, host time. So the sum is a floor of what the GPU runs, from measured k
 simkv's side is the ``h100-sxm`` preset priced as ``simkv validate --silicon`` prices the row's model: the
 checkpoint's formats (``gemm_mix``), the recipe's KV dtype, the step's tokens padded as vLLM pads them.
 
-    python experiments/aic_h100_ops.py [--aic DIR] [--allreduce-tree /work/wt/allreduce] [OUT.csv]
+    python experiments/aic_h100_ops.py [--aic DIR] [--allreduce-tree CHECKOUT] [OUT.csv]
 
 writes experiments/data/aic_h100_ops.csv (one row per model, TP, step and component) and
 experiments/data/aic_h100_allreduce.csv (the all-reduce table beside simkv's NCCL fit and, with
@@ -118,10 +118,13 @@ class Table:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", nargs="?", default=str(OUT))
-    parser.add_argument("--aic", default=str(AIC), help="aiconfigurator-core's systems/data/h100_sxm folder")
+    parser.add_argument("--aic", default=str(AIC), help="aiconfigurator-core 0.12.0's systems/data/h100_sxm folder "
+                        "(pip download aiconfigurator-core==0.12.0 --no-deps, then unzip the wheel)")
     parser.add_argument("--allreduce-tree", help="a simkv tree whose nvlink4 preset has a 'vllm' all-reduce model")
     args = parser.parse_args(argv)
     aic = Path(args.aic)
+    if not (aic / "moe").is_dir():
+        parser.error(f"--aic {aic}: not aiconfigurator-core's systems/data/h100_sxm folder (no moe/ in it)")
 
     from simkv.cost import gemm_mix, get_device, step_cost
     from simkv.cost.attention import attention_work
