@@ -42,9 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 from simkv.validate.genai.live import time_steps  # noqa: E402
 from simkv.validate.genai.model import GenaiModelSpec, model_dir  # noqa: E402
+from simkv.validate.genai.serving import DECODE_CONTEXT, DEFAULT_SHAPE  # noqa: E402
 
-SPEC = GenaiModelSpec(layers=6, heads=16, kv_heads=8, head_dim=128, hidden=1024, vocab=512)
-CONTEXT = 64  # the prompt of ``validate --serving``'s decode steps
+SPEC = GenaiModelSpec(**DEFAULT_SHAPE)  # the model ``validate --serving`` runs
+CONTEXT = DECODE_CONTEXT  # the prompt of its decode steps
 BLOCK = 32  # the CPU plugin's paged block size (the compiled value cache input's third dimension)
 
 

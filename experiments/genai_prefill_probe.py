@@ -98,7 +98,7 @@ def reprice(path: str) -> int:
     from simkv.cost.weights import matmul_params
     from simkv.precision import get_precision
     from simkv.validate.genai.calibrate import PREFILL_CHUNKS, PROBES, _model
-    from simkv.validate.genai.serving import DECODE_CONTEXT, _step_s, cost_model
+    from simkv.validate.genai.serving import _STEP_UNIT, DECODE_CONTEXT, _step_s, cost_model, mixed_step_s
     from simkv.validate.openvino.ovmodel import inference_precision
 
     run = json.loads(Path(path).read_text())
@@ -120,13 +120,18 @@ def reprice(path: str) -> int:
           f"(plain slope {plain / 1e9:.1f})")
     print("  step               measured ms   before ms  error    after ms  error")
     for r in run["steps"]["rows"]:
-        b, new = (r["size"], 1) if r["kind"] == "decode" else (1, r["size"])
-        ctx = DECODE_CONTEXT + 6 if r["kind"] == "decode" else 0  # the timed decode steps' middle context
-        price = {k: float(_step_s(model, d, kv, wp, batch=b, context=ctx, new=new)) for k, d in devs.items()}
+        ctx = DECODE_CONTEXT + 6  # the timed decode steps' middle context
+        if r["kind"] == "mixed":  # DECODESxCHUNK: the decodes at that context beside one prompt chunk
+            b, c = (int(v) for v in r["size"].split("x"))
+            price = {k: float(mixed_step_s(model, d, kv, wp, batch=b, context=ctx, chunk=c)) for k, d in devs.items()}
+        else:
+            b, new = (r["size"], 1) if r["kind"] == "decode" else (1, r["size"])
+            price = {k: float(_step_s(model, d, kv, wp, batch=b, context=ctx if r["kind"] == "decode" else 0, new=new))
+                     for k, d in devs.items()}
         # the run's own prediction (exact contexts) moved by the difference the term makes
         pred_before = r["predicted_ms"] + 1e3 * (price["before"] - price["after"])
         m = r["measured_ms"]
-        print(f"  {r['kind']} {'batch' if r['kind'] == 'decode' else 'chunk'} {r['size']:<6d}   {m:10.2f}  "
+        print(f"  {r['kind']} {_STEP_UNIT[r['kind']]} {r['size']:<6}   {m:10.2f}  "
               f"{pred_before:9.2f} {100 * (pred_before / m - 1):+6.1f}%  {r['predicted_ms']:9.2f} "
               f"{100 * (r['predicted_ms'] / m - 1):+6.1f}%")
     return 0

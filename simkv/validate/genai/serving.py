@@ -186,24 +186,25 @@ def _fit(x, y) -> float:
 def predict_steps(measured: dict, model, device, kv, weights_precision: str) -> dict:
     """Each fixed batch's measured median beside the preset's step time; the slopes of both."""
     rows = []
-    for d in measured["decode"]:
+
+    def row(kind: str, size, times, pred) -> None:
+        rows.append({"kind": kind, "size": size, "measured_ms": 1e3 * float(np.median(times)),
+                     "predicted_ms": 1e3 * float(np.median(pred)),
+                     "spread_pct": 100 * float(np.ptp(times) / np.median(times))})
+
+    def contexts(d) -> np.ndarray:
         # The j-th timed step follows the prefill and the warm-up steps: P + warmup + j cached tokens.
-        ctx = d["context"] + d["first_step"] + np.arange(len(d["times_s"]))
-        pred = _step_s(model, device, kv, weights_precision, batch=d["batch"], context=ctx, new=1)
-        rows.append({"kind": "decode", "size": d["batch"], "measured_ms": 1e3 * float(np.median(d["times_s"])),
-                     "predicted_ms": 1e3 * float(np.median(pred)),
-                     "spread_pct": 100 * float(np.ptp(d["times_s"]) / np.median(d["times_s"]))})
+        return d["context"] + d["first_step"] + np.arange(len(d["times_s"]))
+
+    for d in measured["decode"]:
+        row("decode", d["batch"], d["times_s"],
+            _step_s(model, device, kv, weights_precision, batch=d["batch"], context=contexts(d), new=1))
     for p in measured["prefill"]:
-        pred = _step_s(model, device, kv, weights_precision, batch=1, context=0, new=p["chunk"])
-        rows.append({"kind": "prefill", "size": p["chunk"], "measured_ms": 1e3 * float(np.median(p["times_s"])),
-                     "predicted_ms": 1e3 * float(pred),
-                     "spread_pct": 100 * float(np.ptp(p["times_s"]) / np.median(p["times_s"]))})
+        row("prefill", p["chunk"], p["times_s"],
+            _step_s(model, device, kv, weights_precision, batch=1, context=0, new=p["chunk"]))
     for m in measured.get("mixed", []):
-        ctx = m["context"] + m["first_step"] + np.arange(len(m["times_s"]))
-        pred = mixed_step_s(model, device, kv, weights_precision, batch=m["batch"], context=ctx, chunk=m["chunk"])
-        rows.append({"kind": "mixed", "size": f"{m['batch']}x{m['chunk']}", "measured_ms": 1e3 * float(np.median(m["times_s"])),
-                     "predicted_ms": 1e3 * float(np.median(pred)),
-                     "spread_pct": 100 * float(np.ptp(m["times_s"]) / np.median(m["times_s"]))})
+        row("mixed", f"{m['batch']}x{m['chunk']}", m["times_s"],
+            mixed_step_s(model, device, kv, weights_precision, batch=m["batch"], context=contexts(m), chunk=m["chunk"]))
     for r in rows:
         r["error_pct"] = 100 * (r["predicted_ms"] / r["measured_ms"] - 1)
         r["within"] = abs(r["error_pct"]) <= 100 * STEP_BOUND

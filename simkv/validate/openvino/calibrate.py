@@ -315,8 +315,8 @@ def _measure(threads: int | None, progress: bool) -> Device:
         bar.update()
         copy_probe = _copy_probe(probes[f"attention{ATTENTION_KV_HEADS[0]}"][0])
         bar.update()
-        paged, paged_sources = _paged(float(np.median([r["weights_rate"] for r in rounds])), precision, bar.update)
-    figure = {key: float(np.median([r[key] for r in rounds])) for key in rounds[0]} | sizes
+        figure = {key: float(np.median([r[key] for r in rounds])) for key in rounds[0]} | sizes
+        paged, paged_sources = _paged(figure["weights_rate"], precision, bar.update)
     overhead = figure["step_overhead_s"] + figure["layer_overhead_s"]
     flops = 2.0 * rows * k2 * n2 / max(mm - overhead, mm * 0.05)
     weights_rate, kv_rate = figure["weights_rate"], figure["kv_rate"]
