@@ -27,6 +27,7 @@ experts streamed and the all-reduces on it, the KV writes, attention and LM head
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
@@ -54,11 +55,14 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, max_capture_si
 def padded_tokens(tokens: Any, sizes: tuple[int, ...]) -> Any:
     """The tokens a step of ``tokens`` new tokens runs its forward pass over: the smallest of ``sizes`` ≥ it where
     one holds it (a CUDA graph replayed), else ``tokens`` itself (eager, or no graphs: ``sizes`` empty); a step
-    of 0 tokens runs nothing (0). An int for an int, else an int64 array."""
+    of 0 tokens runs nothing (0). An int for an int, else an int64 array (a count: bisected in ``sizes``, no
+    array made — :meth:`simkv.serving.engine.costing.StepTimer.step` pads every step's count)."""
     if not sizes:
         return tokens
+    if np.ndim(tokens) == 0:
+        t = int(tokens)
+        return int(sizes[bisect_left(sizes, t)]) if 0 < t <= sizes[-1] else t
     table = np.asarray(sizes, dtype=np.int64)
     t = np.asarray(tokens, dtype=np.int64)
     at = np.minimum(np.searchsorted(table, t, side="left"), len(table) - 1)
-    out = np.where((t > 0) & (t <= table[-1]), table[at], t)
-    return int(out) if np.ndim(tokens) == 0 else out
+    return np.where((t > 0) & (t <= table[-1]), table[at], t)

@@ -86,12 +86,9 @@ class ClosedLoop:
         its prompt token ids (None without prefix caching) — one, or none when every request was sent or the
         warm-up is still draining, or C at once when this was the warm-up's last."""
         self.ended += 1
-        if self.sent < self.warmup:  # the warm-up phase: the next warm-up request
-            n = 1
-        elif self.sent == self.warmup and self.warmup:  # warm-up all sent: the profiling phase waits for it to drain
+        n = 1  # the next request (of the warm-up, or after it)
+        if self.warmup and self.sent == self.warmup:  # warm-up all sent: the profiling phase waits for it to drain
             n = self.concurrency if self.ended == self.warmup else 0
-        else:
-            n = 1
         first, self.sent = self.sent, min(self.sent + n, len(self.requests))
         arrival = math.nextafter(t, math.inf)
         return [(replace(self.requests[i], arrival_s=arrival, arrival_step=None),

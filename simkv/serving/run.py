@@ -421,7 +421,8 @@ def _with_rejected(result, spec: ServingSpec, served: ServingSpec, rejected: lis
     if isinstance(result, ReplicasResult):
         result.rejected = rejected
         return result
-    kept = np.asarray([i for i in range(len(spec.requests)) if i not in {g.index for g in rejected}], dtype=np.int64)
+    out = {g.index for g in rejected}
+    kept = np.asarray([i for i in range(len(spec.requests)) if i not in out], dtype=np.int64)
     for g in result.groups:
         g.index = int(kept[g.index])
     result.groups = result.groups + rejected

@@ -242,16 +242,21 @@ def warmup_requests(row: Row, proto: str) -> int:
     return AIPERF_WARMUP_PER_CLIENT * row.concurrency if proto == "aic" else 0
 
 
+def request_count(row: Row, proto: str) -> int:
+    """The requests the row's benchmark sent: InferenceX's 10·C, aiperf's warm-up and measured ones (22·C)."""
+    per_client = 10 if proto == "inferencex" else AIPERF_WARMUP_PER_CLIENT + AIPERF_REQUESTS_PER_CLIENT
+    return per_client * row.concurrency
+
+
 def lengths(row: Row, proto: str) -> tuple[np.ndarray, np.ndarray]:
     """Each request's input and output tokens, as the row's benchmark client drew them (aic: the warm-up's first)."""
+    n = request_count(row, proto)
     if proto == "inferencex":
-        n = 10 * row.concurrency
         rng = np.random.RandomState(0)  # benchmark_serving.main: np.random.seed(args.seed), seed 0
         rng.randint(0, 1, size=0)  # the shared prefix's ids (--random-prefix-len 0: none)
         inputs = rng.randint(int(row.isl * 0.8), row.isl + 1, size=n)
         outputs = rng.randint(int(row.osl * 0.8), row.osl + 1, size=n)
         return inputs, outputs
-    n = (AIPERF_WARMUP_PER_CLIENT + AIPERF_REQUESTS_PER_CLIENT) * row.concurrency
     return np.full(n, row.isl), np.full(n, row.osl)
 
 
@@ -270,10 +275,10 @@ def refusal(row: Row) -> str | None:
                 f"parallelism over {row.moe_ep} devices, all-to-all dispatch) is not modelled")
     if (row.model_path, row.precision) not in CHECKPOINTS:
         return f"no checkpoint config for {row.model_path} at precision {row.precision or 'bf16'!r}"
-    if protocol(row) == "unknown":
+    proto = protocol(row)
+    if proto == "unknown":
         return "the benchmark that took the row is not known (neither InferenceX's nor AIConfigurator's)"
-    requests = (10 if protocol(row) == "inferencex" else AIPERF_WARMUP_PER_CLIENT + AIPERF_REQUESTS_PER_CLIENT) \
-        * row.concurrency
+    requests = request_count(row, proto)
     if requests * (row.isl + row.osl) > MAX_ROW_TOKENS:
         return (f"{requests:,} requests of {row.isl:,} + {row.osl:,} tokens: more than the {MAX_ROW_TOKENS:,} tokens a "
                 "row may move (simkv.validate.silicon.MAX_ROW_TOKENS)")

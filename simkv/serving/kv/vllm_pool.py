@@ -198,10 +198,9 @@ class GroupTables:
         #: A Mamba group under prefix caching (``mamba_cache_mode="align"``, ``MambaManager``): the state is kept
         #: per block boundary, so a table is mostly null blocks around the live state (:meth:`_align_allocate`).
         self.align = kind == "mamba" and pool.caching
-        #: ``MambaManager.last_state_block_idx``, ``_num_retired_blocks``, ``_allocated_block_reqs`` ("align").
+        #: ``MambaManager.last_state_block_idx``, ``_num_retired_blocks`` ("align").
         self.last_state: dict[str, int] = {}
         self.retired: dict[str, int] = {}
-        self.allocated: set[str] = set()
         #: ``MambaManager.cached_blocks_this_step``: keys cached in this step (cleared by :meth:`new_step`).
         self.cached_this_step: set = set()
         # max_admission_blocks_per_request (kv_cache_interface.py): SlidingWindowSpec / ChunkedLocalAttentionSpec
@@ -284,14 +283,12 @@ class GroupTables:
         table = self.tables.setdefault(rid, [])
         required = cdiv(num_tokens, self.block_size)
         if required <= len(table):
-            self.allocated.add(rid)
             return
         if table:
             self.last_state[rid] = len(table) - 1
         if len(table) < required - 1:
             table.extend([NULL] * (required - 1 - len(table)))
         table.extend(self.pool.get_new_blocks(required - len(table)))
-        self.allocated.add(rid)
 
     def new_step(self) -> None:
         """``new_step_starts``: the states cached in the last step are usable from now on."""
@@ -340,7 +337,7 @@ class GroupTables:
 
     def cache_blocks(self, rid: str, hashes: list, num_tokens: int, boundaries=()) -> None:
         """``SingleTypeKVCacheManager.cache_blocks``: the blocks that became full get their hash
-        (``BlockPool.cache_full_blocks``), null blocks and, in a sliding group, blocks outside
+        (``BlockPool.cache_full_blocks``), null blocks and, in a sliding or Mamba group, blocks outside
         :meth:`reachable_mask` skipped for good (``num_cached_block`` moves past them)."""
         cached = self.num_cached.get(rid, 0)
         full = min(num_tokens, len(hashes) * self.block_size) // self.block_size
@@ -348,12 +345,7 @@ class GroupTables:
             return
         table = self.tables[rid]
         cache, gid = self.pool.cache, self.gid
-        if self.kind == "sliding":
-            mask = self.reachable_mask(cached, full, boundaries)
-        elif self.kind == "mamba":
-            mask = self.reachable_state_mask(cached, full, boundaries)
-        else:
-            mask = None
+        mask = self.reachable_mask(cached, full, boundaries) if self.kind in ("sliding", "mamba") else None
         for i in range(cached, full):
             if table[i] != NULL and (mask is None or mask[i - cached]):
                 cache(table[i], (hashes[i], gid))
@@ -361,18 +353,16 @@ class GroupTables:
                     self.cached_this_step.add(self.pool.hash_of[table[i]])
         self.num_cached[rid] = full
 
-    def reachable_mask(self, start: int, end: int, boundaries) -> list[bool] | None:
-        """``SlidingWindowManager.reachable_block_mask`` (vLLM 0.33.0, no EAGLE) under vLLM's default
-        ``prefix_cache_retention_interval = 0`` (``CacheConfig``, carried into ``KVCacheConfig`` by
-        ``kv_cache_planning.get_kv_cache_config_from_groups``): of blocks ``start … end − 1`` only the
-        ``cdiv(W − 1, block)`` blocks ending at each reachable boundary are cached — the replay boundary
+    def reachable_mask(self, start: int, end: int, boundaries) -> list[bool]:
+        """``reachable_block_mask`` (vLLM 0.33.0, no EAGLE) under vLLM's default ``prefix_cache_retention_interval =
+        0`` (``CacheConfig``, carried into ``KVCacheConfig`` by ``kv_cache_planning.get_kv_cache_config_from_groups``):
+        of blocks ``start … end − 1`` only those ending at each reachable boundary are cached — the replay boundary
         (``prompt − 1``, ``kv_cache_coordinator.replay_boundaries``) and the request's shared-prefix junction
-        (``Request.shared_prefix_boundary``), each floored to the alignment. ``None``: every block (an alignment
-        that is not a whole number of this group's blocks)."""
+        (``Request.shared_prefix_boundary``), each floored to the alignment (a whole number of this group's blocks:
+        the LCM of the groups' block sizes). ``SlidingWindowManager``'s: the ``cdiv(W − 1, block)`` blocks a hit
+        needs; ``MambaManager``'s: the one state block."""
         bs, align = self.block_size, self.alignment
-        if align % bs:
-            return None
-        need = cdiv(self.window - 1, bs)
+        need = 1 if self.kind == "mamba" else cdiv(self.window - 1, bs)
         mask = [False] * (end - start)
         for b in boundaries:
             stop = b // align * align // bs
@@ -380,22 +370,10 @@ class GroupTables:
                 mask[j - start] = True
         return mask
 
-    def reachable_state_mask(self, start: int, end: int, boundaries) -> list[bool]:
-        """``MambaManager.reachable_block_mask`` under vLLM's default ``prefix_cache_retention_interval = 0``: of
-        blocks ``start … end − 1`` only the one state block ending at each reachable boundary (the replay boundary
-        ``prompt − 1`` and the junction, floored to the alignment) is cached."""
-        mask = [False] * (end - start)
-        for b in boundaries:
-            at = b // self.alignment * self.alignment // self.block_size - 1
-            if start <= at < end:
-                mask[at - start] = True
-        return mask
-
     def free(self, rid: str) -> None:
         if self.align:
             self.last_state.pop(rid, None)
             self.retired.pop(rid, None)
-            self.allocated.discard(rid)
         table = self.tables.pop(rid, [])
         self.num_cached.pop(rid, None)
         self.nulls.pop(rid, None)

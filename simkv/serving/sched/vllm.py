@@ -129,11 +129,11 @@ class VllmScheduler:
         s = self.s = settings
         s.check()
         self.pool = VllmBlockPool(s.num_blocks, s.enable_prefix_caching)
-        #: ``scheduler_block_size``: the LCM of the groups' block sizes (a hit's and the cached length's unit).
+        #: ``scheduler_block_size``: the LCM of the groups' block sizes (a hit's and the cached length's unit; one
+        #: group's own block size where there is one, as ``UnitaryKVCacheCoordinator`` uses).
         self.scheduler_block = lcm(*(bs for _, bs, _ in specs))
-        hybrid = len(specs) > 1
         self.groups = [GroupTables(i, kind, bs, w, self.pool, max_in_flight=s.max_num_batched_tokens,
-                                   max_model_len=s.max_model_len, alignment=self.scheduler_block if hybrid else bs)
+                                   max_model_len=s.max_model_len, alignment=self.scheduler_block)
                        for i, (kind, bs, w) in enumerate(specs)]
         #: ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``: groups of one spec looked up together,
         #: full attention (MLA included) first, the rest in group order.
@@ -143,8 +143,8 @@ class VllmScheduler:
         self.hit_batches = sorted(batches.values(), key=lambda b: b[0].kind not in ("full", "mla"))
         self.hash_block = min(bs for _, bs, _ in specs)
         #: ``Scheduler.need_mamba_block_aligned_split``: Mamba groups under prefix caching ("align").
-        self.aligned = s.enable_prefix_caching and any(kind == "mamba" for kind, _, _ in specs)
         self.align_groups = [g for g in self.groups if g.align]
+        self.aligned = bool(self.align_groups)
         #: Groups that never skip a block and share none (full attention or MLA, prefix caching off): their
         #: ``allocate_slots`` is the block count alone (:meth:`_allocate_plain`).
         self.plain = not s.enable_prefix_caching and all(kind in ("full", "mla") for kind, _, _ in specs)
