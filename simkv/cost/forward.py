@@ -28,28 +28,35 @@ def forward_cost(
     precision: str | None = None,
     mla: str = "latent",
     recurrent_bytes: float = F32,
+    beside: tuple[tuple[Any, Any, Any], ...] = (),
 ) -> StepCost:
     """One forward pass of ``batch`` sequences, each with ``context`` cached tokens and
     ``new`` tokens to process: decode is ``new=1``, a prefill is ``context=0, new=prompt``.
     Each layer reads what it attends to (window- and chunk-capped; a linear layer its state) and writes
     the new tokens' KV (:func:`attention_work`; ``mla`` and ``recurrent_bytes`` as there); a mixture of
-    experts reads the experts its ``batch × new`` tokens are routed to (:func:`weights_read_bytes`)."""
-    batch = np.asarray(batch, dtype=np.float64)
-    context = np.asarray(context, dtype=np.float64)
-    new = np.asarray(new, dtype=np.float64)
-    work = attention_work(model, kv, context, new, sequences=batch, mla=mla, recurrent_bytes=recurrent_bytes)
-    result = step_cost(
+    experts reads the experts its ``batch × new`` tokens are routed to (:func:`weights_read_bytes`).
+    ``beside``: further groups ``(batch, context, new)`` in the same step (a prompt chunk beside decodes), each
+    sequence sampling a token: their tokens, logit rows and attention work added to the step's."""
+    tokens = logits = read = write = flops = decode_flops = 0.0
+    for b, c, n in ((batch, context, new), *beside):
+        b = np.asarray(b, dtype=np.float64)
+        c = np.asarray(c, dtype=np.float64)
+        n = np.asarray(n, dtype=np.float64)
+        work = attention_work(model, kv, c, n, sequences=b, mla=mla, recurrent_bytes=recurrent_bytes)
+        tokens, logits = tokens + b * n, logits + b
+        read, write = read + work.read_bytes, write + work.write_bytes
+        flops, decode_flops = flops + work.flops, decode_flops + work.decode_flops  # a one-token query's own rate
+    return step_cost(
         model,
         device,
         weights_bytes=model_weights_bytes(model, weights_precision),
-        new_tokens=batch * new,
+        new_tokens=tokens,
         attended_pairs=0,
-        kv_read_bytes=work.read_bytes,
-        kv_write_bytes=work.write_bytes,
+        kv_read_bytes=read,
+        kv_write_bytes=write,
         copy_bytes=copy_bytes,
         precision=precision,
-        logit_tokens=batch,
-        attention_flops=work.flops,
-        decode_flops=work.decode_flops,  # a one-token query per sequence
+        logit_tokens=logits,
+        attention_flops=flops,
+        decode_flops=decode_flops,
     )
-    return result

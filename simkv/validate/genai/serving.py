@@ -149,20 +149,12 @@ def _step_s(model, device, kv, weights_precision: str, *, batch, context, new) -
 
 def mixed_step_s(model, device, kv, weights_precision: str, *, batch, context, chunk) -> np.ndarray:
     """One step of ``batch`` one-token queries of ``context`` cached tokens beside one ``chunk``-token prompt
-    query of none, which samples its first token (arrays broadcast): one :func:`simkv.cost.step_cost` over the
-    step's tokens, the two parts' attention work (:func:`simkv.cost.attention_work`) added, ``batch + 1`` logit
-    rows — as the serving engine prices such a step."""
-    from simkv.cost import attention_work, step_cost
-    from simkv.models import weights_bytes as model_weights_bytes
+    query of none, which samples its first token (arrays broadcast): one :func:`simkv.cost.forward_cost` of both
+    groups, their attention work added, ``batch + 1`` logit rows — as the serving engine prices such a step."""
+    from simkv.cost import forward_cost
 
-    batch = np.asarray(batch, dtype=np.float64)
-    dec = attention_work(model, kv, context, 1, sequences=batch)
-    pre = attention_work(model, kv, 0, chunk)
-    return np.asarray(step_cost(model, device, weights_bytes=model_weights_bytes(model, weights_precision),
-                                new_tokens=batch + chunk, attended_pairs=0, kv_read_bytes=dec.read_bytes + pre.read_bytes,
-                                kv_write_bytes=dec.write_bytes + pre.write_bytes, precision=weights_precision,
-                                logit_tokens=batch + 1, attention_flops=dec.flops + pre.flops,
-                                decode_flops=dec.decode_flops + pre.decode_flops).seconds)
+    return np.asarray(forward_cost(model, device, kv, batch=batch, context=context, new=1, beside=((1, 0, chunk),),
+                                   weights_precision=weights_precision, precision=weights_precision).seconds)
 
 
 def solo_service_s(requests, model, device, kv, weights_precision: str, chunk: int) -> float:
