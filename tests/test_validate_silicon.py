@@ -19,7 +19,7 @@ from simkv.errors import ConfigError
 from simkv.hfconfig import resolve_model
 from simkv.models import tp_shard
 from simkv.validate import silicon
-from simkv.validate.silicon import CHECKPOINTS, Row, lengths, protocol, read_rows, refusal
+from simkv.validate.silicon import Row, lengths, protocol, read_rows, refusal, resolve_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "experiments" / "data" / "silicon"
@@ -44,6 +44,116 @@ def test_the_shipped_rows_read_and_each_has_a_known_benchmark():
                          ("openai/gpt-oss-120b", "inferencex"): 69, ("MiniMaxAI/MiniMax-M2.5", "inferencex"): 30}
     refused = [r for r in rows if refusal(r)]
     assert len(refused) == 15 and all("attention data parallelism" in refusal(r) for r in refused)
+
+
+def test_the_held_out_rows_read_and_each_has_its_benchmark():
+    """The H200, B200 and B300 rows (aiconfigurator-core 0.12.0, held out: nothing is fitted to them) by model and
+    protocol: InferenceX's dumps and its database records (``db-dump/...; config_id; workflow_run_id``), aic's
+    gap analysis, and the Kimi-K2.5 gap-analysis rows whose client no source names."""
+    counts = {}
+    for system in ("h200", "b200", "b300"):
+        for r in read_rows(SHIPPED / f"{system}_sxm_vllm_agg.csv"):
+            key = (system, r.model_path, protocol(r))
+            counts[key] = counts.get(key, 0) + 1
+    assert counts == {
+        ("h200", "MiniMaxAI/MiniMax-M2.5", "inferencex"): 84, ("h200", "Qwen/Qwen3-235B-A22B-FP8", "aic"): 51,
+        ("h200", "meta-llama/Llama-3.1-70B", "inferencex"): 60, ("h200", "moonshotai/Kimi-K2.5", "inferencex"): 30,
+        ("h200", "moonshotai/Kimi-K2.5", "unknown"): 15, ("h200", "nvidia/Llama-3.1-8B-Instruct-FP8", "aic"): 21,
+        ("h200", "openai/gpt-oss-120b", "inferencex"): 75,
+        ("b200", "MiniMaxAI/MiniMax-M2.5", "inferencex"): 299, ("b200", "meta-llama/Llama-3.1-70B", "inferencex"): 120,
+        ("b200", "moonshotai/Kimi-K2.5", "inferencex"): 88, ("b200", "moonshotai/Kimi-K2.5", "unknown"): 32,
+        ("b200", "openai/gpt-oss-120b", "inferencex"): 84,
+        ("b300", "MiniMaxAI/MiniMax-M2.5", "inferencex"): 110, ("b300", "moonshotai/Kimi-K2.5", "inferencex"): 22}
+
+
+@pytest.mark.parametrize("source, expected", [
+    # InferenceX's dumps, whole and with the file name trimmed (the H100 file's form)
+    ("source_file=2026-04-06.csv; model=Kimi-K2.5; silicon_concurrency=16; measured=2026-03-27T00:00:00.000Z; "
+     "wip=False; image=vllm/vllm-openai:v0.16.0", "inferencex"),
+    ("model=GPT-OSS-120B; silicon_concurrency=4; measured=2026-03-27T08:01:51Z; wip=False", "inferencex"),
+    # InferenceX's database records: (workflow_run_id, config_id, ...) is its throughput point's key
+    ("db-dump/2026-04-27; config_id=606; silicon_concurrency=8; measured=2026-03-01T00:00:00.000Z; "
+     "workflow_run_id=305; vllm/vllm-openai:v0.16.0", "inferencex"),
+    ("db-dump/2026-04-27; silicon_concurrency=8", "unknown"),  # no database key: not a record of it
+    # aic's gap analysis: the file, its gtl job, or (trimmed) nothing but the concurrency
+    ("source_file=/Users/x/aic-auto-gap-analysis/data/h200_sxm/vllm/0.12.0/Qwen_Qwen3-235B-A22B-FP8.csv; "
+     "silicon_concurrency=16", "aic"),
+    ("gtl_job_id=23364591; silicon_concurrency=24", "aic"),
+    ("silicon_concurrency=8", "aic"),
+    # the Kimi-K2.5 gap analysis: no source says which client took it
+    ("source_file=kimi-k2.5-gap-analysis.csv; silicon_concurrency=4; aic_database_mode=SILICON", "unknown"),
+])
+def test_the_protocol_of_each_source_form(source, expected):
+    assert protocol(_row(source=source)) == expected
+
+
+#: Every (model, precision) of the shipped rows → (config, checkpoint, stored format), by the rule of
+#: silicon.resolve_checkpoint: the model's own config where its stored format is the row's precision, else the
+#: checkpoint the benchmark served (silicon.SERVED, each from InferenceX's configuration).
+RESOLVED = {
+    # own checkpoints: bf16; fp8 with weight_block_size [128, 128] (quantization_config quant_method fp8);
+    # gpt-oss's mxfp4 for the rows' fp4; Kimi-K2.5's compressed-tensors int4 (num_bits 4, type int, group 32)
+    ("Qwen/Qwen3-32B", ""): ("Qwen--Qwen3-32B_config.json", "Qwen/Qwen3-32B", "bf16"),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8"): ("MiniMaxAI--MiniMax-M2.5_config.json", "MiniMaxAI/MiniMax-M2.5", "fp8-block"),
+    ("Qwen/Qwen3-235B-A22B-FP8", "fp8"): ("Qwen--Qwen3-235B-A22B-FP8_config.json", "Qwen/Qwen3-235B-A22B-FP8",
+                                          "fp8-block"),
+    ("openai/gpt-oss-120b", "fp4"): ("openai--gpt-oss-120b_config.json", "openai/gpt-oss-120b", "mxfp4"),
+    ("moonshotai/Kimi-K2.5", "int4"): ("moonshotai--Kimi-K2.5_config.json", "moonshotai/Kimi-K2.5", "int4-g32-sym"),
+    # served ones: Qwen's own FP8 release; NVIDIA's ModelOpt NVFP4 (hf_quant_config.json quant_algo NVFP4 for
+    # MiniMax, quantization_config quant_method modelopt for Kimi); Llama-3.3-70B-Instruct-FP8 read from its
+    # same-shape, same-format stand-in
+    ("Qwen/Qwen3-32B", "fp8"): ("Qwen--Qwen3-32B-FP8_config.json", "Qwen/Qwen3-32B-FP8", "fp8-block"),
+    ("MiniMaxAI/MiniMax-M2.5", "fp4"): ("nvidia--MiniMax-M2.5-NVFP4_config.json", "nvidia/MiniMax-M2.5-NVFP4", "nvfp4"),
+    ("moonshotai/Kimi-K2.5", "fp4"): ("nvidia--Kimi-K2.5-NVFP4_config.json", "nvidia/Kimi-K2.5-NVFP4", "nvfp4"),
+    ("meta-llama/Llama-3.1-70B", "fp8"): ("nvidia--Llama-3.1-70B-Instruct-FP8_config.json",
+                                          "nvidia/Llama-3.3-70B-Instruct-FP8", "fp8"),
+}
+
+
+def test_each_shipped_pair_resolves_to_its_checkpoint():
+    configs = SHIPPED / "configs"
+    pairs = {(r.model_path, r.precision) for s in ("h100", "h200", "b200", "b300")
+             for r in read_rows(SHIPPED / f"{s}_sxm_vllm_agg.csv")}
+    missing = {("meta-llama/Llama-3.1-70B", "fp4"): "nvidia--Llama-3.3-70B-Instruct-FP4_config.json (the served "
+               "nvidia/Llama-3.3-70B-Instruct-FP4) is not in",
+               ("nvidia/Llama-3.1-8B-Instruct-FP8", "fp8"): "nvidia--Llama-3.1-8B-Instruct-FP8_config.json is not in"}
+    assert pairs == set(RESOLVED) | set(missing)
+    for pair, (config, name, fmt) in RESOLVED.items():
+        ck = resolve_checkpoint(*pair, configs)
+        assert (ck.config, ck.name, ck.format) == (config, name, fmt), pair
+    for (model, precision), why in missing.items():
+        reason = resolve_checkpoint(model, precision, configs)
+        assert reason.startswith(f"no checkpoint config for {model} at precision {precision!r}: ") and why in reason
+
+
+def test_unknown_pairs_say_why():
+    configs = SHIPPED / "configs"
+    # no config of the model and no served checkpoint known; the model's own is bf16 and no int8 one is known;
+    # a precision simkv has no format for
+    assert resolve_checkpoint("x/y", "fp8", configs) == (
+        f"no checkpoint config for x/y at precision 'fp8': x--y_config.json is not in {configs}")
+    assert resolve_checkpoint("Qwen/Qwen3-32B", "int4", configs) == (
+        "no checkpoint config for Qwen/Qwen3-32B at precision 'int4': its own checkpoint is stored in bf16 and which "
+        "checkpoint the benchmark served is not known")
+    assert "knows no stored format" in resolve_checkpoint("Qwen/Qwen3-32B", "int8", configs)
+    # a model whose own checkpoint is in another format is refused, not run in that format
+    other = resolve_checkpoint("openai/gpt-oss-120b", "fp8", configs)
+    assert "its own checkpoint is stored in mxfp4" in other
+
+
+def test_the_held_out_checkpoints_weights():
+    """What simkv.weights reads from each new config, whole model (``simkv cost --model CONFIG`` prints the same):
+    Kimi-K2.5's routed experts in int4 (0.5 B + a bf16 scale per 32: 0.5625 B), the rest bf16; the NVFP4 ones
+    every Linear but the attention (and MiniMax's router, Kimi's vision tower) at 0.5 B + an e4m3 scale per 16
+    (0.5625 B)."""
+    from simkv.models import weights_bytes
+
+    configs = SHIPPED / "configs"
+    gib = {c: round(weights_bytes(resolve_model(str(configs / c)), "checkpoint") / 2**30, 1) for c in (
+        "moonshotai--Kimi-K2.5_config.json", "nvidia--Kimi-K2.5-NVFP4_config.json",
+        "nvidia--MiniMax-M2.5-NVFP4_config.json", "Qwen--Qwen3-235B-A22B-FP8_config.json")}
+    assert gib == {"moonshotai--Kimi-K2.5_config.json": 553.4, "nvidia--Kimi-K2.5-NVFP4_config.json": 549.3,
+                   "nvidia--MiniMax-M2.5-NVFP4_config.json": 125.2, "Qwen--Qwen3-235B-A22B-FP8_config.json": 220.2}
 
 
 def test_inferencex_lengths_are_the_clients_draws():
@@ -95,14 +205,14 @@ def test_the_checkpoints_weights_and_kernels_by_hand():
     h100 = get_device("h100-sxm")
     # gpt-oss-120b at TP 2: its routed experts in mxfp4 (0.5 B + 1 B per 32 = 0.53125 B), everything else bf16; on
     # an H100 the mxfp4 experts run weight-only kernels that multiply in bf16: no GEMM at another peak
-    model = resolve_model(str(configs / CHECKPOINTS[("openai/gpt-oss-120b", "fp4")].config))
+    model = resolve_model(str(configs / resolve_checkpoint("openai/gpt-oss-120b", "fp4", configs).config))
     share = tp_shard(model, 2)
     assert weights_bytes(share, "checkpoint") == int(share.routed_params * 0.53125
                                                      + (share.weight_params - share.routed_params) * 2)
     assert gemm_mix(share, h100, "checkpoint") is None
     # Llama-3.1-70B FP8 at TP 4: every Linear at 1 B, the embedding table and the LM head at 2 B; on an H100 every
     # layer GEMM runs W8A8 on fp8 tensor cores (the LM head stays bf16, outside the mix)
-    model = resolve_model(str(configs / CHECKPOINTS[("meta-llama/Llama-3.1-70B", "fp8")].config))
+    model = resolve_model(str(configs / resolve_checkpoint("meta-llama/Llama-3.1-70B", "fp8", configs).config))
     share = tp_shard(model, 4)
     vocab = share.vocab * share.hidden
     assert weights_bytes(share, "checkpoint") == int((share.weight_params - 2 * vocab) * 1.0 + 2 * vocab * 2)
@@ -126,7 +236,8 @@ def test_the_llama_rows_kv_cache_is_vllm_0_10_2_fp8_at_one_byte():
 
     recipe = silicon.RECIPES["meta-llama/Llama-3.1-70B"]
     assert recipe.kv_cache_dtype == "fp8" and "v0.10.2" in recipe.source
-    model = resolve_model(str(SHIPPED / "configs" / CHECKPOINTS[("meta-llama/Llama-3.1-70B", "fp8")].config))
+    configs = SHIPPED / "configs"
+    model = resolve_model(str(configs / resolve_checkpoint("meta-llama/Llama-3.1-70B", "fp8", configs).config))
     share = tp_shard(model, 2)
     assert get_precision(recipe.kv_cache_dtype).kv_bytes_per_token(share) == 2 * 4 * 128 * 1 * 80 == 81_920
     vocab = share.vocab * share.hidden
@@ -142,7 +253,6 @@ def test_refusals_are_one_line_each():
     assert "pipeline parallelism" in refusal(_row(pp=2))
     assert "disaggregated" in refusal(_row(mode="disagg"))
     assert "no device preset" in refusal(_row(system="gb300"))
-    assert "no checkpoint config" in refusal(_row(model_path="x/y"))
     assert "not known" in refusal(_row(source="somewhere else; a=1"))
     assert "more than the 200,000,000 tokens" in refusal(_row(concurrency=4096, isl=1_000_000, osl=1_000))
     assert refusal(_row()) is None

@@ -24,6 +24,7 @@ prediction; nothing is fitted to the rows.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,28 +51,107 @@ SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Which config a row's model and precision run (its ``quantization_config`` / ``hf_quant_config.json`` say
-    which parts are stored in which format: simkv.weights)."""
+    """The checkpoint a row's model and precision ran: its config in the configs folder (its
+    ``quantization_config`` / ``hf_quant_config.json`` say which part is stored in which format: simkv.weights),
+    the checkpoint's name, the format simkv reads its quantized parts in, and why this checkpoint."""
 
     config: str  # file name in the configs folder
+    name: str  # the Hugging Face checkpoint
+    format: str  # simkv.weights' name of its quantized parts' format (the dtype where nothing is quantized)
     source: str
 
 
-#: (model_path, precision column) → the checkpoint it names (the configs are those aiconfigurator-core 0.12.0
-#: ships, experiments/data/silicon/configs/).
-CHECKPOINTS: dict[tuple[str, str], Checkpoint] = {
-    ("Qwen/Qwen3-32B", ""): Checkpoint("Qwen--Qwen3-32B_config.json", "bf16 checkpoint"),
-    ("Qwen/Qwen3-32B", "fp8"): Checkpoint("Qwen--Qwen3-32B-FP8_config.json",
-                                          "quantization_config: fp8, weight_block_size [128, 128]"),
-    ("meta-llama/Llama-3.1-70B", "fp8"): Checkpoint("nvidia--Llama-3.1-70B-Instruct-FP8_config.json",
-                                                    "hf_quant_config.json: ModelOpt FP8 (per-tensor), exclude lm_head"),
-    ("openai/gpt-oss-120b", "fp4"): Checkpoint("openai--gpt-oss-120b_config.json",
-                                               "quantization_config: mxfp4 experts; attention, router, embeddings "
-                                               "and LM head not converted"),
-    ("MiniMaxAI/MiniMax-M2.5", "fp8"): Checkpoint("MiniMaxAI--MiniMax-M2.5_config.json",
-                                                  "quantization_config: fp8, weight_block_size [128, 128]; gate, "
-                                                  "e_score_correction_bias and lm_head not converted"),
+@dataclass(frozen=True)
+class Served:
+    """A quantized checkpoint a benchmark served in place of the model's own (``checkpoint``), and where that is
+    written; ``stand_in``: the config read for it where AIConfigurator ships none of it but one of a checkpoint of
+    the same shape and format."""
+
+    checkpoint: str
+    source: str
+    stand_in: str | None = None
+
+
+#: A row's ``precision`` column → the stored formats (simkv.weights' names) a checkpoint at that precision has. The
+#: column names the weights' bits, not the scale layout: fp4 rows of gpt-oss-120b say ``nvfp4`` in
+#: ``gemm_quant_mode`` where its checkpoint is mxfp4 (its ``quantization_config``); ``gemm_quant_mode`` /
+#: ``moe_quant_mode`` restate the column in every shipped row (fp8/fp8, nvfp4/nvfp4, int4_wo/int4_wo) and decide
+#: nothing more. ``int4`` is any int4 layout (Kimi-K2.5's compressed-tensors int4, group 32).
+PRECISION_FORMATS = {"": ("bf16", "f16"), "fp8": ("fp8", "fp8-block"), "fp4": ("mxfp4", "nvfp4"), "int4": ("int4",)}
+
+_IXC = "SemiAnalysisAI/InferenceX "
+#: The rows whose model's own checkpoint is not stored at the row's precision: which checkpoint their benchmark
+#: served instead (each from the benchmark's own configuration).
+SERVED: dict[tuple[str, str], Served] = {
+    ("MiniMaxAI/MiniMax-M2.5", "fp4"): Served(
+        "nvidia/MiniMax-M2.5-NVFP4", _IXC + "@ 09f7769f .github/configs/nvidia-master.yaml: minimaxm2.5-fp4-b200-vllm "
+        "and minimaxm2.5-fp4-b300-vllm, model nvidia/MiniMax-M2.5-NVFP4"),
+    ("moonshotai/Kimi-K2.5", "fp4"): Served(
+        "nvidia/Kimi-K2.5-NVFP4", _IXC + "@ 09f7769f .github/configs/nvidia-master.yaml: kimik2.5-fp4-b200-vllm and "
+        "kimik2.5-fp4-b300-vllm, model nvidia/Kimi-K2.5-NVFP4"),
+    ("meta-llama/Llama-3.1-70B", "fp4"): Served(
+        "nvidia/Llama-3.3-70B-Instruct-FP4", _IXC + "@ 9596d23d7 (the rows' measured=2025-10-29) "
+        ".github/workflows/70b-tmpl.yml bmk-b200-fp4: model nvidia/Llama-3.3-70B-Instruct-FP4"),
+    ("meta-llama/Llama-3.1-70B", "fp8"): Served(
+        "nvidia/Llama-3.3-70B-Instruct-FP8", _IXC + "@ 9596d23d7 .github/workflows/70b-tmpl.yml bmk-h100-fp8 (and the "
+        "H200, B200 jobs): model nvidia/Llama-3.3-70B-Instruct-FP8; aiconfigurator-core ships no config of it but "
+        "that of nvidia/Llama-3.1-70B-Instruct-FP8: the same shape (80 layers, 64/8 heads x 128, hidden 8192, MLP "
+        "28672, vocab 128256) and the same ModelOpt FP8 per-tensor format, lm_head excluded",
+        stand_in="nvidia--Llama-3.1-70B-Instruct-FP8_config.json"),
+    ("Qwen/Qwen3-32B", "fp8"): Served(
+        "Qwen/Qwen3-32B-FP8", "aiconfigurator's own rows name no checkpoint (docs/research/latency-facts.md section "
+        "1); Qwen's own fp8 release (fp8, weight_block_size [128, 128])"),
 }
+
+
+def config_file(checkpoint: str) -> str:
+    """The file aiconfigurator-core's ``model_configs`` keeps a checkpoint's config.json in: ``<org>--<name>``."""
+    return checkpoint.replace("/", "--") + "_config.json"
+
+
+@functools.lru_cache(maxsize=64)
+def _stored_format(path: Path) -> str:
+    """The format simkv.weights reads a config's quantized parts in (its WeightScheme's ``quantized``), or the
+    checkpoint's dtype where nothing is quantized (simkv.models.checkpoint_weights_precision)."""
+    from simkv.hfconfig import resolve_model
+    from simkv.models import checkpoint_weights_precision
+
+    model = resolve_model(str(path))
+    return model.weight_scheme.quantized if model.weight_scheme else checkpoint_weights_precision(model)
+
+
+def _at_precision(fmt: str, precision: str) -> bool:
+    return any(fmt == f or fmt.startswith(f + "-") for f in PRECISION_FORMATS.get(precision, ()))
+
+
+def resolve_checkpoint(model_path: str, precision: str, configs: str | Path) -> Checkpoint | str:
+    """Which checkpoint config a row runs, or why none (one line). The rule: the model's own checkpoint
+    (``configs/<org>--<name>_config.json``) where its stored format is the row's precision (:data:`PRECISION_FORMATS`:
+    Qwen3-235B-A22B-FP8 is itself fp8, Kimi-K2.5's own is compressed-tensors int4, gpt-oss-120b's own mxfp4 is the
+    rows' fp4); else the quantized checkpoint the benchmark served (:data:`SERVED`), whose config must be in the
+    folder — a missing one is named, never made up."""
+    configs = Path(configs)
+    where = f"no checkpoint config for {model_path} at precision {precision or 'bf16'!r}"
+    if precision not in PRECISION_FORMATS:
+        return f"{where}: simkv knows no stored format for that precision ({', '.join(map(repr, PRECISION_FORMATS))})"
+    try:
+        own = configs / config_file(model_path)
+        fmt = _stored_format(own) if own.is_file() else None
+        if fmt is not None and _at_precision(fmt, precision):
+            return Checkpoint(own.name, model_path, fmt, f"the model's own checkpoint, stored in {fmt}")
+        served = SERVED.get((model_path, precision))
+        if served is None:
+            return (f"{where}: {own.name} is not in {configs}" if fmt is None else
+                    f"{where}: its own checkpoint is stored in {fmt} and which checkpoint the benchmark served is not known")
+        path = configs / (served.stand_in or config_file(served.checkpoint))
+        if not path.is_file():
+            return f"{where}: {path.name} (the served {served.checkpoint}) is not in {configs}"
+        fmt = _stored_format(path)
+    except ConfigError as exc:
+        return f"{where}: {exc}"
+    if not _at_precision(fmt, precision):
+        return f"{where}: {path.name} is stored in {fmt}"
+    return Checkpoint(path.name, served.checkpoint, fmt, served.source)
 
 
 @dataclass(frozen=True)
@@ -216,11 +296,23 @@ def _row(rec: dict, where: str) -> Row:
 
 def protocol(row: Row) -> str:
     """Which benchmark took the row, by its ``silicon_data_source`` (docs/research/latency-facts.md §1):
-    ``inferencex`` — InferenceX's database records (``source_file=<date>.csv; model=...; wip=...``); ``aic`` —
-    AIConfigurator's gap analysis (``source_file=.../aic-auto-gap-analysis/...``, its ``gtl_job_id`` records, or,
-    with the file name trimmed off, nothing but ``silicon_concurrency=C``); else ``unknown``."""
+
+    * ``inferencex`` — InferenceX's database: its dumps (``source_file=<date>.csv; model=...; wip=...``, or with the
+      file name trimmed ``model=...; wip=...``), and the records of its database itself (``db-dump/<date>;
+      config_id=N; ...; workflow_run_id=N; <image>``): ``(workflow_run_id, config_id, benchmark_type, isl, osl,
+      conc)`` is the key of InferenceX's throughput database point (InferenceX @ f559835ae
+      docs/results-and-ingestion.md, "Identity at each layer"); a row with an ISL and OSL is a fixed-sequence
+      throughput run (AgentX points have none), i.e. ``benchmark_serving.py`` run by ``benchmark_lib.sh``, and the
+      images the rows name are those of its ``nvidia-master.yaml`` entries (@ 09f7769f: kimik2.5-fp4-b200-vllm
+      v0.17.0, minimaxm2.5-fp4-b200-vllm v0.19.0-cu130, ...);
+    * ``aic`` — AIConfigurator's gap analysis (``source_file=.../aic-auto-gap-analysis/...``, its ``gtl_job_id``
+      records, or, with the file name trimmed off, nothing but ``silicon_concurrency=C``);
+    * else ``unknown`` — e.g. ``source_file=kimi-k2.5-gap-analysis.csv; ...; aic_database_mode=SILICON``: no
+      aiconfigurator, aisimulate or InferenceX source found says which client took those."""
     src = row.source.strip()
     if "wip=" in src or src.startswith("source_file=20"):
+        return "inferencex"
+    if src.startswith("db-dump/") and "config_id=" in src and "workflow_run_id=" in src:
         return "inferencex"
     if "aic-auto-gap-analysis" in src or "gtl_job_id=" in src or src.startswith("silicon_concurrency=") and ";" not in src:
         return "aic"
@@ -273,8 +365,6 @@ def refusal(row: Row) -> str | None:
     if row.attention_dp > 1:
         return (f"attention data parallelism ({row.attention_dp} engine cores, vLLM --data-parallel-size with expert "
                 f"parallelism over {row.moe_ep} devices, all-to-all dispatch) is not modelled")
-    if (row.model_path, row.precision) not in CHECKPOINTS:
-        return f"no checkpoint config for {row.model_path} at precision {row.precision or 'bf16'!r}"
     proto = protocol(row)
     if proto == "unknown":
         return "the benchmark that took the row is not known (neither InferenceX's nor AIConfigurator's)"
@@ -297,9 +387,9 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
     from simkv.serving.sched.vllm import profile_peak_bytes
 
     why = refusal(row)
-    if why:
-        return Outcome(row, reason=why)
-    ck = CHECKPOINTS[(row.model_path, row.precision)]
+    ck = resolve_checkpoint(row.model_path, row.precision, configs) if why is None else None
+    if why or isinstance(ck, str):
+        return Outcome(row, reason=why or ck)
     proto = protocol(row)
     recipe = RECIPES["aic"] if proto == "aic" else RECIPES.get(row.model_path)
     if recipe is None:
