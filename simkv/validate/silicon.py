@@ -365,6 +365,11 @@ def refusal(row: Row) -> str | None:
     if row.attention_dp > 1:
         return (f"attention data parallelism ({row.attention_dp} engine cores, vLLM --data-parallel-size with expert "
                 f"parallelism over {row.moe_ep} devices, all-to-all dispatch) is not modelled")
+    if row.moe_tp * row.moe_ep > row.tp:
+        # e.g. aic's H200 Qwen3-235B-A22B-FP8 rows at tp_size 1 or 2 with moe_tp_size 2 or 4 and no attention_dp_size:
+        # the MoE layers span devices that the attention's TP does not, and the row does not say what runs there
+        return (f"MoE over moe_tp x moe_ep = {row.moe_tp * row.moe_ep} devices but attention over tp = {row.tp}: "
+                "the layout of the other devices (attention data parallelism?) is not stated, not modelled")
     proto = protocol(row)
     if proto == "unknown":
         return "the benchmark that took the row is not known (neither InferenceX's nor AIConfigurator's)"
