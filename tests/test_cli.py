@@ -185,3 +185,13 @@ def test_cost_names_fixes_that_work_on_the_device():
     for fix in (["--device", "h200-sxm"], ["--device", "h100-sxm", "--weights-precision", "int8"]):
         assert simkv("cost", "--model", "llama-3-70b", *fix).stderr == ""
     assert simkv(*fixes[1].split()[4:]).returncode == 0
+
+
+def test_python_dash_m_simkv_is_the_same_command():
+    """``python -m simkv`` (simkv/__main__.py) runs the same command line as the ``simkv`` script, exit codes included."""
+    args = ["run", *TINY, "--decode", "4", "--json"]
+    ok = subprocess.run([sys.executable, "-m", "simkv", *args], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout == simkv(*args).stdout
+    bad = subprocess.run([sys.executable, "-m", "simkv", "run", "--decode", "-1"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.strip()

@@ -1,15 +1,25 @@
 """The device and interconnect presets as data: one file each, every number with its source, the datasheet-only
-presets (h200-sxm, b200) priced by hand, and every GPU's memory as CUDA reports it."""
+presets (h200-sxm, b200, b300) priced by hand, and every GPU's memory as CUDA reports it."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from simkv.cost import DEVICE_DIR, DEVICES, INTERCONNECTS, PRESET_NAMES, forward_cost, get_device, load_device
 from simkv.cost.interconnects import INTERCONNECT_DIR, INTERCONNECT_NAMES
+from simkv.cost.step import step_cost
+from simkv.cost.weights import matmul_params
 from simkv.models import get_model, weights_bytes
 from simkv.precision import get_precision
+from simkv.serving.engine.core import memory_path
 from simkv.serving.sched.vllm import batch_defaults
+from simkv.validate.silicon import SYSTEMS
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_preset_file_is_listed_and_loads():
@@ -90,3 +100,75 @@ def test_h200_decode_step_by_hand():
     h100 = forward_cost(model, get_device("h100-sxm"), get_precision("f16"), batch=1, context=1024, new=1,
                         weights_precision="bf16")
     assert h100.seconds == pytest.approx((c.seconds - 32 * 3.77e-5) * 4.8 / 3.35 + 32 * 3.77e-5, rel=1e-12)
+
+
+def test_b300_from_the_blackwell_ultra_datasheet():
+    """The HGX B300 per-GPU column of NVIDIA's Blackwell Ultra datasheet, dense (half the sparse figures), as
+    aiconfigurator-core 0.12.0 systems/b300_sxm.yaml transcribes it (docs/research/latency-facts.md §6): BF16 2,250,
+    FP8 4,500, FP4 14,000 TFLOPS; INT8 cut to 307 / 2 = 153.5 TOPS (the B200: 4,500); TF32 18 PFLOPS sparse for
+    8 GPUs / 16 = 1,125; FP32 600 / 8 = 75; 7.7 TB/s HBM3e; NVLink 5."""
+    b300 = get_device("b300")
+    assert b300.memory_bandwidth == 7.7e12
+    assert dict(b300.peak_flops) == {"bf16": 2.25e15, "f16": 2.25e15, "f8": 4.5e15, "int8": 153.5e12, "f4": 14e15,
+                                     "tf32": 1.125e15, "f32": 75e12}
+    assert b300.peak("int8") * 29 < get_device("b200").peak("int8") < b300.peak("int8") * 30  # Blackwell Ultra's cut
+    assert (b300.runtime, b300.interconnect, b300.compute_precision) == ("vllm", "nvlink5", "bf16")
+    # the terms no B300 measurement gives are the B200's, taken by the same rule (the H100's measured fractions and
+    # per-layer cost, a copy reading and writing each byte): nothing fitted to B300 rows
+    b200 = get_device("b200")
+    for term in ("bandwidth_efficiency", "kv_bandwidth_efficiency", "flops_efficiency", "step_overhead_s",
+                 "layer_overhead_s", "copy_bandwidth"):
+        assert getattr(b300, term) == getattr(b200, term), term
+    assert b300.copy_bandwidth == pytest.approx(0.892 * 7.7e12 / 2, rel=1e-12)
+    # memory: nvidia-smi's 275,040 MiB (every published B300 SXM6 AC listing; aiconfigurator-core's mem_capacity
+    # 288,400,343,040 B) less the B200's driver reserve, 183,359 - 182,642 = 717 MiB (derived: no CUDA total published)
+    assert b300.memory_bytes == (275_040 - (183_359 - 182_642)) * 2**20 == 287_648_514_048
+    assert 270e9 < b300.memory_bytes < 275_040 * 2**20 == 288_400_343_040
+    assert "DERIVED" in b300.sources["memory_bytes"]
+    # vLLM's server defaults: >= 160 GiB; KV memory on the GPU path; AIC's system name maps to it
+    assert batch_defaults("b300", b300.memory_bytes) == (16384, 1024)
+    assert memory_path(b300) == "gpu"
+    assert SYSTEMS["b300_sxm"] == "b300"
+
+
+def test_b300_gemm_kernels_on_sm103():
+    """vLLM on SM103 (the SM100 family, docs/research/latency-facts.md §4): fp8 W8A8 and nvfp4 W4A4 on their tensor
+    cores, mxfp4 experts through FlashInfer's MXFP4 x BF16 kernel and int4 Marlin in bf16, int8 W8A8 on the cut int8
+    cores. A prefill of 4,096 tokens of llama-3-8b's layers priced per kernel, compute bound: the layers' GEMMs
+    2 · P · 4,096 FLOPs at peak x 0.575, the LM head's one logit row at bf16, worked out here by hand."""
+    b300 = get_device("b300")
+    assert {f: b300.gemm_precision(f) for f in ("fp8", "fp8-block", "mxfp8", "nvfp4", "mxfp4", "int4-g128", "int8")} \
+        == {"fp8": "f8", "fp8-block": "f8", "mxfp8": "f8", "nvfp4": "f4", "mxfp4": "bf16", "int4-g128": "bf16",
+            "int8": "int8"}
+    model = get_model("llama-3-8b")
+    head = model.vocab * model.hidden
+    layers = matmul_params(model) - head
+    n = 4096
+    times = {}
+    for key, peak in (("f4", 14e15), ("f8", 4.5e15), ("bf16", 2.25e15), ("int8", 153.5e12)):
+        c = step_cost(model, b300, weights_bytes=layers, new_tokens=n, attended_pairs=0, kv_read_bytes=0,
+                      kv_write_bytes=0, logit_tokens=1, gemm_mix=((key, layers),))
+        expected = 2 * head / (2.25e15 * 0.575) + 2 * layers * n / (peak * 0.575)
+        assert c.matmul_s == pytest.approx(expected, rel=1e-12), key
+        times[key] = c.matmul_s
+    # fp4 runs 14 / 4.5 = 3.1x fp8's rate, int8 4,500 / 153.5 = 29.3x slower (the LM head's one row is < 0.1 %)
+    assert times["f8"] / times["f4"] == pytest.approx(14 / 4.5, rel=1e-3)
+    assert times["int8"] / times["f8"] == pytest.approx(4500 / 153.5, rel=1e-3)
+
+
+def test_b300_decode_step_by_hand_and_on_the_cli():
+    """A memory-bound decode step on the B300 is the B200's (the same 7.7 TB/s and assumed fractions): llama-3-8b
+    bf16, batch 1, context 1,024, f16 KV — weights at 7.7 TB/s x 0.877, KV (131,072 B a token, 1,024 read + 1
+    written) at 7.7 TB/s x 0.892, 32 layers x 37.7 us; `simkv cost --device b300` prints that step."""
+    model = get_model("llama-3-8b")
+    w = weights_bytes(model, "bf16")
+    expected = w / (7.7e12 * 0.877) + 131072 * 1025 / (7.7e12 * 0.892) + 32 * 3.77e-5
+    c = forward_cost(model, get_device("b300"), get_precision("f16"), batch=1, context=1024, new=1,
+                     weights_precision="bf16")
+    assert c.seconds == pytest.approx(expected, rel=1e-12)
+    out = subprocess.run([sys.executable, "-m", "simkv.cli", "cost", "--device", "b300", "--model", "llama-3-8b",
+                          "--weights-precision", "bf16"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "on b300" in out.stdout
+    assert f"decode step           {expected * 1e3:.3f} ms (memory bound)" in out.stdout

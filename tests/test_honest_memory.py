@@ -46,8 +46,8 @@ def run(device: str, memory: int, fast: bool = False, **cfg):
 
 
 def test_which_presets_take_the_gpu_path():
-    assert [memory_path(get_device(d)) for d in ("h100-sxm", "a100-80gb", "h200-sxm", "b200", "arc-a770",
-                                                 "core-ultra-155h-igpu")] == ["gpu"] * 6
+    assert [memory_path(get_device(d)) for d in ("h100-sxm", "a100-80gb", "h200-sxm", "b200", "b300", "arc-a770",
+                                                 "core-ultra-155h-igpu")] == ["gpu"] * 7
     assert memory_path(get_device("xeon-8480")) == "cpu"
 
 

@@ -308,7 +308,7 @@ class Device:
 #: with device files that are no preset (``--device PATH``: an NPU).
 
 #: The presets, in the order they are listed (each is ``DEVICE_DIR/<name>.json``).
-PRESET_NAMES = ("h100-sxm", "a100-80gb", "arc-a770", "xeon-8480", "core-ultra-155h-igpu", "h200-sxm", "b200")
+PRESET_NAMES = ("h100-sxm", "a100-80gb", "arc-a770", "xeon-8480", "core-ultra-155h-igpu", "h200-sxm", "b200", "b300")
 
 
 def host_preset_path() -> Path:

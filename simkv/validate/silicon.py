@@ -46,7 +46,7 @@ MAX_LENGTH = 1_000_000
 #: (5,120 requests of 1k + 8k tokens, ~30 s here); beyond this a row is listed as not modelled, not run for hours.
 MAX_ROW_TOKENS = 200_000_000
 #: AIConfigurator's systems → simkv's device presets.
-SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80gb"}
+SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "b300_sxm": "b300", "a100_sxm": "a100-80gb"}
 
 
 @dataclass(frozen=True)

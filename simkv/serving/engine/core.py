@@ -48,7 +48,7 @@ _index = attrgetter("index")
 #: Device presets whose dynamic pool follows GenAI's GPU path (a growth check, then preemption or waiting); every
 #: other device (xeon-8480, host, a custom one) follows its CPU path: no check, and an allocation that does not fit
 #: is out of memory. NVIDIA presets have no OpenVINO plugin; they take the GPU path, a device's own memory.
-GPU_DEVICES = frozenset({"h100-sxm", "a100-80gb", "h200-sxm", "b200", "arc-a770", "core-ultra-155h-igpu"})
+GPU_DEVICES = frozenset({"h100-sxm", "a100-80gb", "h200-sxm", "b200", "b300", "arc-a770", "core-ultra-155h-igpu"})
 
 
 #: The scheduling rules the engine serves with (``SchedulerConfig.scheduler``).
