@@ -234,7 +234,7 @@ def test_the_llama_rows_kv_cache_is_vllm_0_10_2_fp8_at_one_byte():
     from simkv.precision import get_precision
     from simkv.serving.sched.vllm import profile_peak_bytes
 
-    recipe = silicon.RECIPES["meta-llama/Llama-3.1-70B"]
+    recipe = silicon.RECIPES[("meta-llama/Llama-3.1-70B", silicon.ANY, "h100_sxm", silicon.ANY)]
     assert recipe.kv_cache_dtype == "fp8" and "v0.10.2" in recipe.source
     configs = SHIPPED / "configs"
     model = resolve_model(str(configs / resolve_checkpoint("meta-llama/Llama-3.1-70B", "fp8", configs).config))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import csv
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -169,29 +169,159 @@ class Recipe:
     #: the capture sizes a step is padded to (simkv.cost.cudagraphs). Every recipe runs CUDA graphs (FULL_AND_PIECEWISE
     #: by default, MiniMax PIECEWISE: both pad alike).
     max_cudagraph_capture_size: int | None = None
+    #: ``--max-num-batched-tokens "$((ISL * 2))"``: the token budget as a multiple of the row's input length (the
+    #: script's ``ISL``); 0: the fixed ``max_num_batched_tokens``.
+    batched_tokens_per_isl: int = 0
+
+    def for_row(self, row: Row) -> Recipe:
+        """The recipe with the row's own token budget where the script derives it from the ISL."""
+        if not self.batched_tokens_per_isl:
+            return self
+        return replace(self, max_num_batched_tokens=self.batched_tokens_per_isl * row.isl)
 
 
 _IX = "SemiAnalysisAI/InferenceX "
-#: The InferenceX recipes per model (docs/research/latency-facts.md §1) and vLLM 0.12.0's H100 defaults (§2).
-RECIPES = {
-    "openai/gpt-oss-120b": Recipe(None, 8192, 0.9, "bf16", _IX + "benchmarks/gptoss_fp4_h100.sh: --max-num-seqs=$CONC, "
-                                  "max-num-batched-tokens 8192, --gpu-memory-utilization=0.9, async-scheduling, prefix "
-                                  "caching off, max-cudagraph-capture-size 2048", async_scheduling=True,
-                                  max_cudagraph_capture_size=2048),
-    "meta-llama/Llama-3.1-70B": Recipe(None, 8192, 0.9, "fp8", _IX + "@ 9596d23d7 (measured 2025-10-29), "
-                                       "benchmarks/70b_fp8_h100_{slurm,docker}.sh on vllm/vllm-openai:v0.10.2: "
-                                       "kv-cache-dtype fp8, --max-num-seqs=$CONC, max-num-batched-tokens 8192, 0.9, "
-                                       "async-scheduling, prefix caching off; vLLM 0.10.2 stores it at 1 B per element "
-                                       "(FlashAttention 3 on SM90; STR_DTYPE_TO_TORCH_DTYPE fp8 -> uint8, "
-                                       "AttentionSpec.page_size_bytes; latency-facts.md section 11)",
-                                       async_scheduling=True),
-    "MiniMaxAI/MiniMax-M2.5": Recipe(256, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/fixed_seq_len/"
-                                     "minimaxm2.5_fp8_h100.sh: --max-num-seqs 256, --gpu-memory-utilization 0.90, "
-                                     "prefix caching off, cudagraph_mode PIECEWISE; max_num_batched_tokens: vLLM's "
-                                     "H100 default"),
-    "aic": Recipe(1024, 8192, 0.9, "bf16", "vLLM 0.12.0 defaults on an H100 (engine/arg_utils.py get_batch_defaults: "
-                  "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9)"),
+#: vLLM >= 0.15 turns async scheduling on unless told otherwise (vllm 0.15.1 config/vllm.py VllmConfig.__post_init__:
+#: ``async_scheduling is None`` and no speculative decoding, executor mp/uni -> True); vLLM 0.10.2-0.12 needs the flag.
+_ASYNC_DEFAULT = "async scheduling vLLM's default (>= 0.15)"
+#: vLLM's batch defaults for ``vllm serve`` on a GPU of >= 70 GiB that is not an A100 (engine/arg_utils.py
+#: get_batch_defaults, read in 0.12.0 and 0.15.1): 8192 tokens, 1024 sequences; H100, H200, B200 and B300 all qualify.
+_SERVE_DEFAULT_SEQS = 1024
+ANY = "*"
+#: How the server of each row was started, keyed (model_path, precision, system, backend_version), ANY matching all
+#: (:func:`recipe_for`; model_path ``aic`` for AIConfigurator's own rows). The InferenceX recipes are the script its
+#: workflow ran for the row's config at the commit of the row's image and measured date (docs/research/latency-facts.md
+#: §1, "The H200, B200 and B300 rows"); AIConfigurator's rows run vLLM 0.12.0's defaults (§2).
+RECIPES: dict[tuple[str, str, str, str], Recipe] = {
+    # ---- H100 (docs/research/latency-facts.md §1)
+    ("openai/gpt-oss-120b", ANY, "h100_sxm", ANY): Recipe(
+        None, 8192, 0.9, "bf16", _IX + "benchmarks/gptoss_fp4_h100.sh: --max-num-seqs=$CONC, "
+        "max-num-batched-tokens 8192, --gpu-memory-utilization=0.9, async-scheduling, prefix "
+        "caching off, max-cudagraph-capture-size 2048", async_scheduling=True,
+        max_cudagraph_capture_size=2048),
+    ("meta-llama/Llama-3.1-70B", ANY, "h100_sxm", ANY): Recipe(
+        None, 8192, 0.9, "fp8", _IX + "@ 9596d23d7 (measured 2025-10-29), "
+        "benchmarks/70b_fp8_h100_{slurm,docker}.sh on vllm/vllm-openai:v0.10.2: "
+        "kv-cache-dtype fp8, --max-num-seqs=$CONC, max-num-batched-tokens 8192, 0.9, "
+        "async-scheduling, prefix caching off; vLLM 0.10.2 stores it at 1 B per element "
+        "(FlashAttention 3 on SM90; STR_DTYPE_TO_TORCH_DTYPE fp8 -> uint8, "
+        "AttentionSpec.page_size_bytes; latency-facts.md section 11)",
+        async_scheduling=True),
+    ("MiniMaxAI/MiniMax-M2.5", ANY, "h100_sxm", ANY): Recipe(
+        256, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/fixed_seq_len/"
+        "minimaxm2.5_fp8_h100.sh: --max-num-seqs 256, --gpu-memory-utilization 0.90, "
+        "prefix caching off, cudagraph_mode PIECEWISE; max_num_batched_tokens: vLLM's "
+        "H100 default"),
+    ("aic", ANY, "h100_sxm", ANY): Recipe(
+        1024, 8192, 0.9, "bf16", "vLLM 0.12.0 defaults on an H100 (engine/arg_utils.py get_batch_defaults: "
+        "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9)"),
+    # ---- H200
+    ("aic", ANY, "h200_sxm", ANY): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.9, "bf16", "vLLM 0.12.0 defaults on an H200 (engine/arg_utils.py "
+        "get_batch_defaults: 141 GB >= 70 GiB and not an A100: 8192 tokens, 1024 sequences for vllm serve; "
+        "config/cache.py: 0.9)"),
+    ("openai/gpt-oss-120b", "fp4", "h200_sxm", "0.18.0"): Recipe(
+        None, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/gptoss_fp4_h200.sh @ cec542a9a (image v0.18.0): "
+        "--max-num-seqs $CONC, max-num-batched-tokens 8192, 0.9, prefix caching off, max-cudagraph-capture-size "
+        "2048, VLLM_MXFP4_USE_MARLIN=1; " + _ASYNC_DEFAULT, async_scheduling=True, max_cudagraph_capture_size=2048),
+    ("openai/gpt-oss-120b", "fp4", "h200_sxm", ""): Recipe(
+        None, 8192, 0.9, "bf16", _IX + "benchmarks/gptoss_fp4_h200_slurm.sh @ e06929c70 (measured 2025-11-02; "
+        "gptoss-tmpl.yml: vllm/vllm-openai:v0.10.2): --max-num-seqs $CONC, max-num-batched-tokens 8192, 0.9, "
+        "async-scheduling, prefix caching off, cuda-graph-sizes 2048", async_scheduling=True,
+        max_cudagraph_capture_size=2048),
+    ("meta-llama/Llama-3.1-70B", "fp8", "h200_sxm", ""): Recipe(
+        None, 8192, 0.9, "fp8", _IX + "benchmarks/70b_fp8_h200_slurm.sh @ 9596d23d7 (measured 2025-10-29; "
+        "70b-tmpl.yml: vllm/vllm-openai:v0.10.2, nvidia/Llama-3.3-70B-Instruct-FP8): kv-cache-dtype fp8, "
+        "--max-num-seqs $CONC, max-num-batched-tokens 8192, 0.9, async-scheduling, prefix caching off",
+        async_scheduling=True),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "h200_sxm", "0.16.0"): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.95, "bf16", _IX + "benchmarks/single_node/minimaxm2.5_fp8_h200.sh @ "
+        "a36346339 (image v0.16.0): --gpu-memory-utilization 0.95; max-num-seqs, max-num-batched-tokens, "
+        "cudagraphs: vLLM's defaults; " + _ASYNC_DEFAULT, async_scheduling=True),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "h200_sxm", "0.18.0"): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.95, "bf16", _IX + "benchmarks/single_node/minimaxm2.5_fp8_h200.sh @ "
+        "1d5cae141..626932a11 (image v0.18.0): --gpu-memory-utilization 0.95, --enable-expert-parallel when "
+        "EP_SIZE >= 1, prefix caching off from 626932a11; max-num-seqs, max-num-batched-tokens, cudagraphs: "
+        "vLLM's defaults; " + _ASYNC_DEFAULT, async_scheduling=True),
+    ("moonshotai/Kimi-K2.5", "int4", "h200_sxm", "0.16.0"): Recipe(
+        None, 8192, 0.95, "bf16", _IX + "benchmarks/single_node/kimik2.5_int4_h200.sh @ 749096c4c..79a42e20a "
+        "(image v0.16.0): --max-num-seqs $CONC, --gpu-memory-utilization 0.95, pass_config.fuse_allreduce_rms; "
+        "max-num-batched-tokens, cudagraphs: vLLM's defaults; " + _ASYNC_DEFAULT, async_scheduling=True),
+    # ---- B200
+    ("openai/gpt-oss-120b", "fp4", "b200_sxm", "0.15.1"): Recipe(
+        512, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/gptoss_fp4_b200.sh @ d2c2acb19 (image v0.15.1): "
+        "kv-cache-dtype fp8, --max-num-seqs 512, max-num-batched-tokens 8192, 0.9, prefix caching off, "
+        "max-cudagraph-capture-size 2048, VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, fuse_allreduce_rms; "
+        + _ASYNC_DEFAULT, async_scheduling=True, max_cudagraph_capture_size=2048),
+    ("openai/gpt-oss-120b", "fp4", "b200_sxm", ""): Recipe(
+        512, 8192, 0.9, "bf16", _IX + "benchmarks/gptoss_fp4_b200_docker.sh @ e06929c70 (measured 2025-11-02; "
+        "gptoss-tmpl.yml: vllm/vllm-openai:v0.10.2): --max-num-seqs 512, max-num-batched-tokens 8192, 0.9, "
+        "async-scheduling, prefix caching off, cuda-graph-sizes 2048, FULL_AND_PIECEWISE, "
+        "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1", async_scheduling=True, max_cudagraph_capture_size=2048),
+    ("meta-llama/Llama-3.1-70B", "fp8", "b200_sxm", ""): Recipe(
+        512, 8192, 0.9, "fp8", _IX + "benchmarks/70b_fp8_b200_docker.sh @ 9596d23d7 (measured 2025-10-29; "
+        "70b-tmpl.yml: vllm/vllm-openai:v0.10.2, nvidia/Llama-3.3-70B-Instruct-FP8): kv-cache-dtype fp8, "
+        "--max-num-seqs 512, max-num-batched-tokens 8192, 0.9, async-scheduling, prefix caching off, "
+        "cudagraph_mode FULL_DECODE_ONLY", async_scheduling=True),
+    ("meta-llama/Llama-3.1-70B", "fp4", "b200_sxm", ""): Recipe(
+        512, 8192, 0.9, "fp8", _IX + "benchmarks/70b_fp4_b200_docker.sh @ 9596d23d7 (measured 2025-10-29; "
+        "70b-tmpl.yml: vllm/vllm-openai:v0.10.2, nvidia/Llama-3.3-70B-Instruct-FP4): kv-cache-dtype fp8, "
+        "--max-num-seqs 512, max-num-batched-tokens 8192, 0.9, async-scheduling, prefix caching off, "
+        "cudagraph_mode FULL_DECODE_ONLY", async_scheduling=True),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "b200_sxm", "0.17.0"): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.95, "bf16", _IX + "benchmarks/single_node/minimaxm2.5_fp8_b200.sh @ "
+        "f342df18e..626932a11 (image v0.17.0-cu130): --gpu-memory-utilization 0.95, --block-size 32, "
+        "VLLM_USE_FLASHINFER_MOE_FP8=0, VLLM_MOE_USE_DEEP_GEMM=0, --enable-expert-parallel when EP_SIZE >= 1; "
+        "max-num-seqs, max-num-batched-tokens, cudagraphs: vLLM's defaults; " + _ASYNC_DEFAULT,
+        async_scheduling=True),
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "b200_sxm", "0.19.0"): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/minimaxm2.5_fp8_b200.sh @ "
+        "bddbf4031..8c3eb5b86 (image v0.19.0-cu130): --gpu-memory-utilization 0.90, --block-size 32, "
+        "--kv-cache-dtype fp8, --max-cudagraph-capture-size 2048, --max-num-batched-tokens $((ISL * 2)), "
+        "--stream-interval 20, prefix caching off, --enable-expert-parallel when EP_SIZE > 1; max-num-seqs: "
+        "vLLM's default; " + _ASYNC_DEFAULT, async_scheduling=True, max_cudagraph_capture_size=2048,
+        batched_tokens_per_isl=2),
+    ("MiniMaxAI/MiniMax-M2.5", "fp4", "b200_sxm", "0.19.0"): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/minimaxm2.5_fp4_b200.sh @ "
+        "79bd988e9..8c3eb5b86 (image v0.19.0-cu130, nvidia/MiniMax-M2.5-NVFP4): --gpu-memory-utilization 0.90, "
+        "--kv-cache-dtype fp8, --max-cudagraph-capture-size 2048, --max-num-batched-tokens $((ISL * 2)), "
+        "--stream-interval 20, prefix caching off, EP / attention DP per config; max-num-seqs: vLLM's default; "
+        + _ASYNC_DEFAULT, async_scheduling=True, max_cudagraph_capture_size=2048, batched_tokens_per_isl=2),
+    ("moonshotai/Kimi-K2.5", "int4", "b200_sxm", "0.15.1"): Recipe(
+        None, 8192, 0.95, "bf16", _IX + "benchmarks/single_node/kimik2.5_int4_b200.sh @ eb02101ef..1cb92d21d "
+        "(image v0.15.1): --max-num-seqs $CONC, --gpu-memory-utilization 0.95, fuse_allreduce_rms, "
+        "VLLM_USE_FLASHINFER_MOE_INT4=1 from 79ea3651a; max-num-batched-tokens, cudagraphs: vLLM's defaults; "
+        + _ASYNC_DEFAULT, async_scheduling=True),
+    ("moonshotai/Kimi-K2.5", "fp4", "b200_sxm", "0.17.0"): Recipe(
+        None, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/kimik2.5_fp4_b200.sh @ a58dedd5a..626932a11 "
+        "(image v0.17.0, nvidia/Kimi-K2.5-NVFP4): --max-num-seqs $CONC, --gpu-memory-utilization 0.90, "
+        "fuse_allreduce_rms; max-num-batched-tokens, cudagraphs: vLLM's defaults; " + _ASYNC_DEFAULT
+        + " (6c3acebfa, 2026-04-20, adds kv-cache-dtype fp8, capture 2048, ISL * 2 tokens: not these rows')",
+        async_scheduling=True),
+    # ---- B300 (no device preset yet: the rows are refused before their recipe is used)
+    ("MiniMaxAI/MiniMax-M2.5", "fp8", "b300_sxm", "0.19.0"): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/minimaxm2.5_fp8_b300.sh @ "
+        "340d7854c..77b259a5e (image v0.19.0-cu130): as minimaxm2.5_fp8_b200.sh at v0.19.0",
+        async_scheduling=True, max_cudagraph_capture_size=2048, batched_tokens_per_isl=2),
+    ("MiniMaxAI/MiniMax-M2.5", "fp4", "b300_sxm", "0.19.0"): Recipe(
+        _SERVE_DEFAULT_SEQS, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/minimaxm2.5_fp4_b300.sh @ "
+        "22d0f12f7..77b259a5e (image v0.19.0-cu130): as minimaxm2.5_fp4_b200.sh at v0.19.0",
+        async_scheduling=True, max_cudagraph_capture_size=2048, batched_tokens_per_isl=2),
+    ("moonshotai/Kimi-K2.5", "fp4", "b300_sxm", "0.19.0"): Recipe(
+        None, 8192, 0.9, "bf16", _IX + "benchmarks/single_node/kimik2.5_fp4_b300.sh @ f34a83b25 (image "
+        "v0.19.0-cu130): --max-num-seqs $CONC, --gpu-memory-utilization 0.90, fuse_allreduce_rms, prefix caching "
+        "off; max-num-batched-tokens, cudagraphs: vLLM's defaults; " + _ASYNC_DEFAULT, async_scheduling=True),
 }
+
+
+def recipe_for(row: Row, proto: str) -> Recipe | None:
+    """The recipe of the row's server (:data:`RECIPES`: the most specific key that matches), or None."""
+    model = "aic" if proto == "aic" else row.model_path
+    for key in ((model, row.precision, row.system, row.backend_version), (model, row.precision, row.system, ANY),
+                (model, ANY, row.system, ANY)):
+        if key in RECIPES:
+            return RECIPES[key].for_row(row)
+    return None
 
 
 @dataclass
@@ -396,9 +526,10 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
     if why or isinstance(ck, str):
         return Outcome(row, reason=why or ck)
     proto = protocol(row)
-    recipe = RECIPES["aic"] if proto == "aic" else RECIPES.get(row.model_path)
+    recipe = recipe_for(row, proto)
     if recipe is None:
-        return Outcome(row, reason=f"no InferenceX recipe for {row.model_path}")
+        return Outcome(row, reason=f"no recipe for {row.model_path} {row.precision or 'bf16'} on {row.system} at vLLM "
+                                   f"{row.backend_version or '(unversioned)'}: the script it ran is not recorded")
     notes = []
     try:
         model = resolve_model(str(configs / ck.config))
