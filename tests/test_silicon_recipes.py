@@ -116,7 +116,7 @@ def test_an_h200_gpt_oss_row_end_to_end(tmp_path):
     on an image whose script is not recorded is listed with the one-line reason."""
     configs = tmp_path / "configs"
     configs.mkdir()
-    name = silicon.CHECKPOINTS[(GPT, "fp4")].config
+    name = silicon.resolve_checkpoint(GPT, "fp4", SHIPPED / "configs").config
     (configs / name).write_text((SHIPPED / "configs" / name).read_text())
     row = {"id": "gptoss_h200_c4", "backend": "vllm", "backend_version": "0.18.0", "model_path": GPT,
            "system": "h200_sxm", "precision": "fp4", "mode": "agg", "isl": "256", "osl": "16", "batch_size": "4",
