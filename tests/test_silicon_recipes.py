@@ -35,15 +35,16 @@ GPT, LLAMA, MINIMAX, KIMI = ("openai/gpt-oss-120b", "meta-llama/Llama-3.1-70B", 
 #:   ``--kv-cache-dtype`` (vLLM's default);
 #: * block 32: ``--block-size 32`` (the MiniMax fp8 B200 scripts and the B300 one "as the B200 v0.19.0 fp8 script");
 #:   16: none, vLLM's CUDA default;
-#: * version "0.10.2": rows without a ``backend_version`` whose workflow template names ``vllm/vllm-openai:v0.10.2``.
+#: * version "0.10.2": rows without a ``backend_version`` whose workflow template names ``vllm/vllm-openai:v0.10.2``;
+#:   "0.12.0": aic's gap analysis (its rows' ``backend_version``, §2).
 PINNED = {
     # H100 (latency-facts §1); MiniMax's rows ran v0.18.0 without the flag: async on (it was False before)
     (GPT, ANY, "h100_sxm", ANY): (None, 8192, 0.9, "auto", True, 2048, 0, 16, "", "gptoss_fp4_h100.sh"),
     (LLAMA, ANY, "h100_sxm", ANY): (None, 8192, 0.9, "fp8", True, None, 0, 16, "0.10.2", "70b_fp8_h100_"),
     (MINIMAX, ANY, "h100_sxm", ANY): (256, 8192, 0.9, "auto", None, None, 0, 16, "", "minimaxm2.5_fp8_h100.sh"),
-    ("aic", ANY, "h100_sxm", ANY): (1024, 8192, 0.9, "auto", None, None, 0, 16, "", "get_batch_defaults"),
+    ("aic", ANY, "h100_sxm", ANY): (1024, 8192, 0.9, "auto", None, None, 0, 16, "0.12.0", "get_batch_defaults"),
     # H200
-    ("aic", ANY, "h200_sxm", ANY): (1024, 8192, 0.9, "auto", None, None, 0, 16, "", "get_batch_defaults"),
+    ("aic", ANY, "h200_sxm", ANY): (1024, 8192, 0.9, "auto", None, None, 0, 16, "0.12.0", "get_batch_defaults"),
     (GPT, "fp4", "h200_sxm", "0.18.0"): (None, 8192, 0.9, "auto", None, 2048, 0, 16, "",
                                          "gptoss_fp4_h200.sh @ cec542a9a"),
     (GPT, "fp4", "h200_sxm", ""): (None, 8192, 0.9, "auto", True, 2048, 0, 16, "0.10.2",

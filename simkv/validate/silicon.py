@@ -289,12 +289,12 @@ RECIPES: dict[tuple[str, str, str, str], Recipe] = {
         "H100 default; the rows' image v0.18.0: " + _ASYNC_DEFAULT),
     ("aic", ANY, "h100_sxm", ANY): Recipe(
         1024, 8192, 0.9, "auto", "vLLM 0.12.0 defaults on an H100 (engine/arg_utils.py get_batch_defaults: "
-        "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9); " + _ASYNC_DEFAULT),
+        "8192 tokens, 1024 sequences for vllm serve on >= 70 GiB; config/cache.py: 0.9); " + _ASYNC_DEFAULT, vllm_version="0.12.0"),
     # ---- H200
     ("aic", ANY, "h200_sxm", ANY): Recipe(
         _SERVE_DEFAULT_SEQS, 8192, 0.9, "auto", "vLLM 0.12.0 defaults on an H200 (engine/arg_utils.py "
         "get_batch_defaults: 141 GB >= 70 GiB and not an A100: 8192 tokens, 1024 sequences for vllm serve; "
-        "config/cache.py: 0.9); " + _ASYNC_DEFAULT),
+        "config/cache.py: 0.9); " + _ASYNC_DEFAULT, vllm_version="0.12.0"),
     ("openai/gpt-oss-120b", "fp4", "h200_sxm", "0.18.0"): Recipe(
         None, 8192, 0.9, "auto", _IX + "benchmarks/single_node/gptoss_fp4_h200.sh @ cec542a9a (image v0.18.0): "
         "--max-num-seqs $CONC, max-num-batched-tokens 8192, 0.9, prefix caching off, max-cudagraph-capture-size "
