@@ -45,6 +45,12 @@ MAX_LENGTH = 1_000_000
 #: The most tokens one row's benchmark may move (requests x (input + output)): the largest shipped row moves 47 M
 #: (5,120 requests of 1k + 8k tokens, ~30 s here); beyond this a row is listed as not modelled, not run for hours.
 MAX_ROW_TOKENS = 200_000_000
+#: The most rows one command simulates and the most tokens they move together (the rows :func:`refusal` lets
+#: through, counted before any runs): the largest shipped file, B200's, simulates 527 rows moving 1.37 G tokens; a
+#: small row costs ~0.1 s however few tokens it moves, so 100,000 of them would run for hours. Beyond either bound
+#: the command refuses in one line and ``--match`` picks a part.
+MAX_SIMULATED_ROWS = 1_000
+MAX_FILE_TOKENS = 3_000_000_000
 #: AIConfigurator's systems → simkv's device presets.
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "b300_sxm": "b300", "a100_sxm": "a100-80gb"}
 
@@ -133,7 +139,8 @@ def resolve_checkpoint(model_path: str, precision: str, configs: str | Path) -> 
     configs = Path(configs)
     where = f"no checkpoint config for {model_path} at precision {precision or 'bf16'!r}"
     if precision not in PRECISION_FORMATS:
-        return f"{where}: simkv knows no stored format for that precision ({', '.join(map(repr, PRECISION_FORMATS))})"
+        known = ", ".join(p or "empty (bf16)" for p in PRECISION_FORMATS)
+        return f"{where}: simkv knows no stored format for that precision column ({known})"
     try:
         own = configs / config_file(model_path)
         fmt = _stored_format(own) if own.is_file() else None
@@ -149,6 +156,8 @@ def resolve_checkpoint(model_path: str, precision: str, configs: str | Path) -> 
         fmt = _stored_format(path)
     except ConfigError as exc:
         return f"{where}: {exc}"
+    except OSError as exc:  # e.g. a model_path too long for a file name: this row's reason, not the whole file's
+        return f"{where}: cannot read its config: {exc.strerror}"
     if not _at_precision(fmt, precision):
         return f"{where}: {path.name} is stored in {fmt}"
     return Checkpoint(path.name, served.checkpoint, fmt, served.source)
@@ -367,7 +376,8 @@ class Outcome:
 
 def read_rows(path: str | Path) -> list[Row]:
     """The rows of a silicon CSV (one line naming the problem, as a :class:`ConfigError`, for a file simkv cannot
-    read: missing, too large, a missing column, a value that is not a number)."""
+    read: missing, too large, not UTF-8 CSV, a missing column, a row of another width, a value that is not a number,
+    a text with a control character, an id given twice)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -375,36 +385,62 @@ def read_rows(path: str | Path) -> list[Row]:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     if size > MAX_FILE_BYTES:
         raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_FILE_BYTES:,} a silicon file may have")
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ConfigError(f"{path}: no column {', '.join(missing)} (the silicon_sample.csv format)")
-        rows = []
-        for n, rec in enumerate(reader, start=2):
-            if len(rows) >= MAX_ROWS:
-                raise ConfigError(f"{path}: more than {MAX_ROWS:,} rows")
-            rows.append(_row(rec, f"{path}:{n}"))
+    rows: list[Row] = []
+    first_line: dict[str, int] = {}
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ConfigError(f"{path}: no column {', '.join(missing)} (the silicon_sample.csv format)")
+            for rec in reader:
+                where = f"{path}:{reader.line_num}"
+                if len(rows) >= MAX_ROWS:
+                    raise ConfigError(f"{path}: more than {MAX_ROWS:,} rows")
+                row = _row(rec, where, len(reader.fieldnames))
+                if row.id in first_line:
+                    raise ConfigError(f"{where}: id {row.id!r} again (first on line {first_line[row.id]}): an id names "
+                                      "one row (--json, --beside)")
+                first_line[row.id] = reader.line_num
+                rows.append(row)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start} of a read: {exc.reason})") from None
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: not CSV ({exc})") from None
     if not rows:
         raise ConfigError(f"{path}: no rows")
     return rows
 
 
-def _row(rec: dict, where: str) -> Row:
+#: The text columns a row's outcome and report print: a control character in one (a newline, a NUL, a direction
+#: override) would break the report's one line per row, so the file is refused.
+TEXT_COLUMNS = ("id", "backend", "backend_version", "model_path", "system", "precision", "mode", "silicon_data_source")
+
+
+def _row(rec: dict, where: str, width: int) -> Row:
+    if None in rec or any(v is None for v in rec.values()):  # csv.DictReader's restkey / restval
+        fields = width + len(rec.get(None, ())) - sum(v is None for v in rec.values())
+        raise ConfigError(f"{where}: {fields} fields where the header has {width}")
+    for name in TEXT_COLUMNS:
+        if not rec[name].isprintable():
+            raise ConfigError(f"{where}: {name} {rec[name]!r} has a control character")
+
     def integer(name: str, low: int, high: int, empty: int | None = None) -> int:
-        text = (rec.get(name) or "").strip()
+        text = rec[name].strip()
         if not text and empty is not None:
             return empty
         try:
-            value = int(float(text))
+            number = float(text)
         except ValueError:
             raise ConfigError(f"{where}: {name} {text!r} is not an integer") from None
-        if not low <= value <= high or value != float(text):
+        if not (low <= number <= high and number.is_integer()):
             raise ConfigError(f"{where}: {name} must be an integer in {low}..{high:,}, got {text!r}")
-        return value
+        return int(number)
 
     def positive(name: str) -> float:
-        text = (rec.get(name) or "").strip()
+        text = rec[name].strip()
         try:
             value = float(text)
         except ValueError:
@@ -413,15 +449,15 @@ def _row(rec: dict, where: str) -> Row:
             raise ConfigError(f"{where}: {name} must be a positive number, got {text!r}")
         return value
 
-    return Row(id=rec["id"], model_path=rec["model_path"].strip(), precision=(rec["precision"] or "").strip(),
+    return Row(id=rec["id"], model_path=rec["model_path"].strip(), precision=rec["precision"].strip(),
                system=rec["system"].strip(), mode=rec["mode"].strip(), isl=integer("isl", 1, MAX_LENGTH),
                osl=integer("osl", 1, MAX_LENGTH), concurrency=integer("batch_size", 1, MAX_CONCURRENCY),
                tp=integer("tp_size", 1, 1024), pp=integer("pp_size", 1, 1024, empty=1),
                attention_dp=integer("attention_dp_size", 0, 1024, empty=1),
                moe_tp=integer("moe_tp_size", 0, 1024, empty=1), moe_ep=integer("moe_ep_size", 0, 1024, empty=1),
                ttft_ms=positive("silicon_ttft_ms"), tpot_ms=positive("silicon_tpot_ms"),
-               source=rec["silicon_data_source"] or "", backend=(rec["backend"] or "").strip(),
-               backend_version=(rec["backend_version"] or "").strip())
+               source=rec["silicon_data_source"], backend=rec["backend"].strip(),
+               backend_version=rec["backend_version"].strip())
 
 
 def protocol(row: Row) -> str:
@@ -486,6 +522,8 @@ def refusal(row: Row) -> str | None:
     """Why a row cannot be modelled (one line), or None."""
     if row.backend != "vllm":
         return f"backend {row.backend!r}: only vLLM's serving engine is modelled"
+    if not row.model_path:
+        return "no model_path"
     if row.mode != "agg":
         return f"mode {row.mode!r}: disaggregated prefill/decode is not modelled"
     if row.system not in SYSTEMS:
@@ -702,6 +740,17 @@ def render(outcomes: list[Outcome], path: str, beside: dict | None = None) -> st
     return "\n".join(lines)
 
 
+def check_work(rows: list[Row], path: str | Path) -> None:
+    """Refuse (one line) rows that together would run for too long: :data:`MAX_SIMULATED_ROWS`,
+    :data:`MAX_FILE_TOKENS`; the rows :func:`refusal` turns away cost nothing and do not count."""
+    runs = [r for r in rows if refusal(r) is None]
+    tokens = sum(request_count(r, protocol(r)) * (r.isl + r.osl) for r in runs)
+    if len(runs) > MAX_SIMULATED_ROWS or tokens > MAX_FILE_TOKENS:
+        raise ConfigError(f"{path}: {len(runs):,} rows to simulate moving {tokens:,} tokens, more than the "
+                          f"{MAX_SIMULATED_ROWS:,} rows and {MAX_FILE_TOKENS:,} tokens one command runs "
+                          "(--match TEXT runs a part)")
+
+
 def _simulate(job):
     row, configs, engine, scheduler = job
     return simulate(row, configs, engine=engine, scheduler=scheduler)
@@ -722,6 +771,7 @@ def validate(path: str | Path, configs: str | Path | None = None, *, match: str 
         rows = [r for r in rows if match in r.id]
         if not rows:
             raise ConfigError(f"no row of {path} has {match!r} in its id")
+    check_work(rows, path)
     jobs = [(r, configs, engine, scheduler) for r in rows]
     if workers == 1 or len(rows) == 1:
         return [_simulate(j) for j in jobs]
