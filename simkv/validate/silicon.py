@@ -13,12 +13,19 @@ How the rows were taken (docs/research/latency-facts.md §1) decides how they ar
 * **AIConfigurator's own rows** (``aic-auto-gap-analysis``): its generated benchmark's protocol, aiperf 0.3.0 —
   fixed lengths, a warm-up of 2·C requests that drains before 20·C measured ones (``bench_run.sh.j2``:
   ``--warmup-request-count C·2 --num-requests C·MULTI_ROUND``, MULTI_ROUND 20; simkv.serving.closed_loop) — on
-  vLLM 0.12.0's defaults for an H100 (``max_num_batched_tokens`` 8192, ``max_num_seqs`` 1024,
-  ``gpu_memory_utilization`` 0.9).
+  vLLM 0.12.0's defaults for a GPU of at least 70 GiB, the H100's and the H200's (``max_num_batched_tokens`` 8192,
+  ``max_num_seqs`` 1024, ``gpu_memory_utilization`` 0.9).
 
 The prediction is the mean TTFT and the mean per-request TPOT (``(e2e − ttft) / (output − 1)``) over the measured
-requests, as ``benchmark_serving.calculate_metrics`` and aiperf's ``avg`` of TTFT and ITL report them. A row simkv cannot model is listed with its reason and no
-prediction; nothing is fitted to the rows.
+requests, as ``benchmark_serving.calculate_metrics`` and aiperf's ``avg`` of TTFT and ITL report them. A row simkv
+cannot model is listed with its reason and no prediction; nothing is fitted to the rows.
+
+In this file, in order: the bounds; which checkpoint a row ran (:func:`resolve_checkpoint`, the rule, with
+:data:`PRECISION_FORMATS` and :data:`SERVED`); how its server was started (:data:`RECIPES`, :func:`recipe_for`);
+reading the rows (:func:`read_rows`); which benchmark took a row and what its client sent (:func:`protocol`,
+:func:`request_count`, :func:`lengths`); why a row is not modelled (:func:`refusal`); one row simulated
+(:func:`simulate`); the report (:func:`summary`, :func:`render`, :func:`to_json`); the command (:func:`check_work`,
+:func:`validate`).
 """
 
 from __future__ import annotations
@@ -127,6 +134,7 @@ def _stored_format(path: Path) -> str:
 
 
 def _at_precision(fmt: str, precision: str) -> bool:
+    """Whether a stored format (``fp8-block`` is an fp8 layout) is one a row of that precision column runs."""
     return any(fmt == f or fmt.startswith(f + "-") for f in PRECISION_FORMATS.get(precision, ()))
 
 
@@ -335,6 +343,9 @@ def recipe_for(row: Row, proto: str) -> Recipe | None:
 
 @dataclass
 class Row:
+    """One measured benchmark: a row of the silicon CSV (:data:`COLUMNS`) as :func:`read_rows` reads it; ``precision``
+    empty is the model's bf16, ``concurrency`` is ``batch_size``, ``source`` is ``silicon_data_source``."""
+
     id: str
     model_path: str
     precision: str
