@@ -377,6 +377,18 @@ def test_another_predictors_errors_beside_on_the_same_rows(tmp_path):
     assert data["rows"][1]["beside_ttft_ms"] is None and data["rows"][1]["beside_error"] == "ValueError: no data"
 
 
+def test_bad_predictions_beside_are_one_line_and_exit_2(tmp_path):
+    path = _tiny_csv(tmp_path, [ROW])
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00")  # was UnicodeDecodeError
+    (tmp_path / "inf.csv").write_text("id,aic_ttft_ms,aic_tpot_ms\nq1,inf,4.0\n")  # was taken, numpy warned
+    (tmp_path / "minus.csv").write_text("id,aic_ttft_ms,aic_tpot_ms\nq1,55.0,-4\n")
+    for name, message in (("binary", "binary.csv: not UTF-8 text"), ("inf", "row 'q1': aic_ttft_ms 'inf' is not a positive"),
+                          ("minus", "row 'q1': aic_tpot_ms '-4' is not a positive")):
+        out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--silicon", str(path), "--beside",
+                              str(tmp_path / f"{name}.csv")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
 def test_the_command_under_vllms_scheduler(tmp_path):
     # --vllm-scheduler: the rows run on vLLM's scheduler and vLLM's pool sizing (simkv run --scheduler vllm)
     path = _tiny_csv(tmp_path, [ROW])

@@ -30,6 +30,7 @@ reading the rows (:func:`read_rows`); which benchmark took a row and what its cl
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import math
@@ -385,41 +386,45 @@ class Outcome:
         return None if self.predicted_tpot_ms is None else self.predicted_tpot_ms / self.row.tpot_ms - 1.0
 
 
-def read_rows(path: str | Path) -> list[Row]:
-    """The rows of a silicon CSV (one line naming the problem, as a :class:`ConfigError`, for a file simkv cannot
-    read: missing, too large, not UTF-8 CSV, a missing column, a row of another width, a value that is not a number,
-    a text with a control character, an id given twice)."""
-    path = Path(path)
+@contextlib.contextmanager
+def _csv_errors(path: Path):
+    """A file that cannot be read as UTF-8 CSV: one line (a :class:`ConfigError`) naming it, not a traceback."""
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    if size > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_FILE_BYTES:,} a silicon file may have")
-    rows: list[Row] = []
-    first_line: dict[str, int] = {}
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ConfigError(f"{path}: no column {', '.join(missing)} (the silicon_sample.csv format)")
-            for rec in reader:
-                where = f"{path}:{reader.line_num}"
-                if len(rows) >= MAX_ROWS:
-                    raise ConfigError(f"{path}: more than {MAX_ROWS:,} rows")
-                row = _row(rec, where, len(reader.fieldnames))
-                if row.id in first_line:
-                    raise ConfigError(f"{where}: id {row.id!r} again (first on line {first_line[row.id]}): an id names "
-                                      "one row (--json, --beside)")
-                first_line[row.id] = reader.line_num
-                rows.append(row)
+        yield
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start} of a read: {exc.reason})") from None
     except csv.Error as exc:
         raise ConfigError(f"{path}: not CSV ({exc})") from None
+
+
+def read_rows(path: str | Path) -> list[Row]:
+    """The rows of a silicon CSV (one line naming the problem, as a :class:`ConfigError`, for a file simkv cannot
+    read: missing, too large, not UTF-8 CSV, a missing column, a row of another width, a value that is not a number,
+    a text with a control character, an id given twice)."""
+    path = Path(path)
+    with _csv_errors(path):
+        size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_FILE_BYTES:,} a silicon file may have")
+    rows: list[Row] = []
+    first_line: dict[str, int] = {}
+    with _csv_errors(path), path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{path}: no column {', '.join(missing)} (the silicon_sample.csv format)")
+        for rec in reader:
+            where = f"{path}:{reader.line_num}"
+            if len(rows) >= MAX_ROWS:
+                raise ConfigError(f"{path}: more than {MAX_ROWS:,} rows")
+            row = _row(rec, where, len(reader.fieldnames))
+            if row.id in first_line:
+                raise ConfigError(f"{where}: id {row.id!r} again (first on line {first_line[row.id]}): an id names "
+                                  "one row (--json, --beside)")
+            first_line[row.id] = reader.line_num
+            rows.append(row)
     if not rows:
         raise ConfigError(f"{path}: no rows")
     return rows
@@ -646,24 +651,31 @@ def _stats(errors: list[float]) -> tuple[float | None, float | None]:
 
 def read_beside(path: str | Path) -> dict[str, tuple[float | None, float | None, str]]:
     """Another predictor's predictions of the same rows (``id, aic_ttft_ms, aic_tpot_ms, aic_error``, as
-    experiments/silicon_aic.py writes AIConfigurator's): id → (TTFT ms, TPOT ms, its error or "")."""
+    experiments/silicon_aic.py writes AIConfigurator's): id → (TTFT ms, TPOT ms, its error or ""); a file simkv
+    cannot read (too large, not UTF-8 CSV, a prediction that is not a positive number) is one line."""
     path = Path(path)
-    try:
-        with path.open(newline="") as fh:
+
+    def prediction(rec: dict, name: str) -> float | None:
+        text = (rec.get(name) or "").strip()
+        if not text:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{path}: row {rec['id']!r}: {name} {text!r} is not a positive number")
+        return value
+
+    with _csv_errors(path):
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ConfigError(f"{path}: more than the {MAX_FILE_BYTES:,} bytes a predictions file may have")
+        with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             if not {"id", "aic_ttft_ms", "aic_tpot_ms"} <= set(reader.fieldnames or []):
                 raise ConfigError(f"{path}: needs the columns id, aic_ttft_ms, aic_tpot_ms (experiments/silicon_aic.py)")
-            out = {}
-            for rec in reader:
-                try:
-                    ttft = float(rec["aic_ttft_ms"]) if rec["aic_ttft_ms"] else None
-                    tpot = float(rec["aic_tpot_ms"]) if rec["aic_tpot_ms"] else None
-                except ValueError:
-                    raise ConfigError(f"{path}: row {rec['id']!r} has a prediction that is not a number") from None
-                out[rec["id"]] = (ttft, tpot, rec.get("aic_error") or "")
-            return out
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+            return {rec["id"]: (prediction(rec, "aic_ttft_ms"), prediction(rec, "aic_tpot_ms"), rec.get("aic_error") or "")
+                    for rec in reader}
 
 
 def summary(outcomes: list[Outcome], beside: dict | None = None) -> dict:
