@@ -135,10 +135,28 @@ def test_unknown_pairs_say_why():
     assert resolve_checkpoint("Qwen/Qwen3-32B", "int4", configs) == (
         "no checkpoint config for Qwen/Qwen3-32B at precision 'int4': its own checkpoint is stored in bf16 and which "
         "checkpoint the benchmark served is not known")
-    assert "knows no stored format" in resolve_checkpoint("Qwen/Qwen3-32B", "int8", configs)
+    for precision in ("int8", "fp6", "bf16"):  # the column says bf16 by leaving itself empty
+        assert resolve_checkpoint("Qwen/Qwen3-32B", precision, configs) == (
+            f"no checkpoint config for Qwen/Qwen3-32B at precision {precision!r}: simkv knows no stored format for "
+            "that precision column (empty (bf16), fp8, fp4, int4)")
     # a model whose own checkpoint is in another format is refused, not run in that format
     other = resolve_checkpoint("openai/gpt-oss-120b", "fp8", configs)
     assert "its own checkpoint is stored in mxfp4" in other
+
+
+def test_odd_configs_are_the_rows_reason(tmp_path):
+    """A config that cannot be read is that row's reason (one line), never the whole command's end: broken or huge
+    JSON under the expected name, a folder under it, a model_path too long for a file name."""
+    (tmp_path / "a--broken_config.json").write_text('{"num_hidden_layers": ')
+    (tmp_path / "a--list_config.json").write_text("[1, 2]")
+    (tmp_path / "a--huge_config.json").write_text('{"pad": "' + "x" * (16 << 20) + '"}')
+    (tmp_path / "a--dir_config.json").mkdir()
+    for model, why in (("a/broken", "not valid JSON"), ("a/list", "must be a JSON object"),
+                       ("a/huge", "over the limit of 16,777,216"), ("a/dir", "a--dir_config.json is not in"),
+                       ("a/" + "x" * 5000, "cannot read its config: File name too long")):
+        reason = resolve_checkpoint(model, "", tmp_path)
+        assert isinstance(reason, str) and why in reason and "\n" not in reason, (model, reason)
+    assert refusal(_row(model_path="")) == "no model_path"
 
 
 def test_the_held_out_checkpoints_weights():
@@ -302,6 +320,9 @@ def test_the_command_end_to_end(tmp_path):
     ({"silicon_ttft_ms": "fast"}, "is not a number"),
     ({"batch_size": "0"}, "batch_size must be an integer in 1..4,096"),
     ({"isl": "1.5"}, "isl must be an integer"),
+    ({"isl": "1e400"}, "isl must be an integer in 1..1,000,000, got '1e400'"),  # was OverflowError
+    ({"model_path": "Qwen/Qwen3-32B\x00"}, "model_path 'Qwen/Qwen3-32B\\x00' has a control character"),
+    ({"system": "h100_sxm\n"}, "system 'h100_sxm\\n' has a control character"),
 ])
 def test_bad_rows_are_one_line_and_exit_2(tmp_path, change, message):
     path = _tiny_csv(tmp_path, [{**ROW, **change}])
@@ -313,8 +334,29 @@ def test_bad_rows_are_one_line_and_exit_2(tmp_path, change, message):
 def test_bad_files_are_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("id,model_path\nx,y\n")
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00bad")
+    (tmp_path / "empty.csv").write_text("")
+    rows = _tiny_csv(tmp_path, [ROW])
+    header, line = rows.read_text().splitlines()
+    (tmp_path / "header.csv").write_text(header + "\n")
+    (tmp_path / "short.csv").write_text(header + "\n" + ",".join(line.split(",")[:5]) + "\n")
+    (tmp_path / "long.csv").write_text(header + "\n" + line + ",x,y\n")
+    (tmp_path / "twice.csv").write_text(header + "\n" + line + "\n" + line + "\n")
+    # 100,000 small rows: ~0.1 s each would run for hours; refused before any runs
+    (tmp_path / "many.csv").write_text(header + "\n" + "".join(f"q{i}{line[2:]}\n" for i in range(100_000)))
     for args, message in (([str(tmp_path / "none.csv")], "cannot read"), ([str(bad)], "no column"),
-                          ([str(SHIPPED / "h100_sxm_vllm_agg.csv"), "--match", "nothing-like-it"], "no row")):
+                          ([str(SHIPPED / "h100_sxm_vllm_agg.csv"), "--match", "nothing-like-it"], "no row"),
+                          ([str(tmp_path)], "cannot read"),  # a folder: was a bare OSError line
+                          ([str(tmp_path / "binary.csv")], "not UTF-8 text"),  # was UnicodeDecodeError
+                          ([str(tmp_path / "empty.csv")], "no column id"),
+                          ([str(tmp_path / "header.csv")], "header.csv: no rows"),
+                          ([str(tmp_path / "short.csv")], "short.csv:2: 5 fields where the header has 20"),  # was AttributeError
+                          ([str(tmp_path / "long.csv")], "long.csv:2: 22 fields where the header has 20"),
+                          ([str(tmp_path / "twice.csv")], "twice.csv:3: id 'q1' again (first on line 2)"),
+                          ([str(tmp_path / "many.csv")], "100,000 rows to simulate moving 1,196,800,000 tokens, more than "
+                                                         "the 1,000 rows"),
+                          ([str(rows), "--configs", str(bad)], "no configs folder"),
+                          ([str(rows), "--configs", str(tmp_path / "none")], "no configs folder")):
         out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--silicon", *args],
                              capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
@@ -333,6 +375,18 @@ def test_another_predictors_errors_beside_on_the_same_rows(tmp_path):
     b = data["summary"]["overall"]["beside"]
     assert b["rows"] == 1 and b["ttft_median_abs_error"] == pytest.approx(0.10) and b["tpot_median_abs_error"] == pytest.approx(0.20)
     assert data["rows"][1]["beside_ttft_ms"] is None and data["rows"][1]["beside_error"] == "ValueError: no data"
+
+
+def test_bad_predictions_beside_are_one_line_and_exit_2(tmp_path):
+    path = _tiny_csv(tmp_path, [ROW])
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00")  # was UnicodeDecodeError
+    (tmp_path / "inf.csv").write_text("id,aic_ttft_ms,aic_tpot_ms\nq1,inf,4.0\n")  # was taken, numpy warned
+    (tmp_path / "minus.csv").write_text("id,aic_ttft_ms,aic_tpot_ms\nq1,55.0,-4\n")
+    for name, message in (("binary", "binary.csv: not UTF-8 text"), ("inf", "row 'q1': aic_ttft_ms 'inf' is not a positive"),
+                          ("minus", "row 'q1': aic_tpot_ms '-4' is not a positive")):
+        out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--silicon", str(path), "--beside",
+                              str(tmp_path / f"{name}.csv")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
 def test_the_command_under_vllms_scheduler(tmp_path):

@@ -13,16 +13,24 @@ How the rows were taken (docs/research/latency-facts.md §1) decides how they ar
 * **AIConfigurator's own rows** (``aic-auto-gap-analysis``): its generated benchmark's protocol, aiperf 0.3.0 —
   fixed lengths, a warm-up of 2·C requests that drains before 20·C measured ones (``bench_run.sh.j2``:
   ``--warmup-request-count C·2 --num-requests C·MULTI_ROUND``, MULTI_ROUND 20; simkv.serving.closed_loop) — on
-  vLLM 0.12.0's defaults for an H100 (``max_num_batched_tokens`` 8192, ``max_num_seqs`` 1024,
-  ``gpu_memory_utilization`` 0.9).
+  vLLM 0.12.0's defaults for a GPU of at least 70 GiB, the H100's and the H200's (``max_num_batched_tokens`` 8192,
+  ``max_num_seqs`` 1024, ``gpu_memory_utilization`` 0.9).
 
 The prediction is the mean TTFT and the mean per-request TPOT (``(e2e − ttft) / (output − 1)``) over the measured
-requests, as ``benchmark_serving.calculate_metrics`` and aiperf's ``avg`` of TTFT and ITL report them. A row simkv cannot model is listed with its reason and no
-prediction; nothing is fitted to the rows.
+requests, as ``benchmark_serving.calculate_metrics`` and aiperf's ``avg`` of TTFT and ITL report them. A row simkv
+cannot model is listed with its reason and no prediction; nothing is fitted to the rows.
+
+In this file, in order: the bounds; which checkpoint a row ran (:func:`resolve_checkpoint`, the rule, with
+:data:`PRECISION_FORMATS` and :data:`SERVED`); how its server was started (:data:`RECIPES`, :func:`recipe_for`);
+reading the rows (:func:`read_rows`); which benchmark took a row and what its client sent (:func:`protocol`,
+:func:`request_count`, :func:`lengths`); why a row is not modelled (:func:`refusal`); one row simulated
+(:func:`simulate`); the report (:func:`summary`, :func:`render`, :func:`to_json`); the command (:func:`check_work`,
+:func:`validate`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import math
@@ -45,6 +53,12 @@ MAX_LENGTH = 1_000_000
 #: The most tokens one row's benchmark may move (requests x (input + output)): the largest shipped row moves 47 M
 #: (5,120 requests of 1k + 8k tokens, ~30 s here); beyond this a row is listed as not modelled, not run for hours.
 MAX_ROW_TOKENS = 200_000_000
+#: The most rows one command simulates and the most tokens they move together (the rows :func:`refusal` lets
+#: through, counted before any runs): the largest shipped file, B200's, simulates 527 rows moving 1.37 G tokens; a
+#: small row costs ~0.1 s however few tokens it moves, so 100,000 of them would run for hours. Beyond either bound
+#: the command refuses in one line and ``--match`` picks a part.
+MAX_SIMULATED_ROWS = 1_000
+MAX_FILE_TOKENS = 3_000_000_000
 #: AIConfigurator's systems → simkv's device presets.
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "b300_sxm": "b300", "a100_sxm": "a100-80gb"}
 
@@ -121,6 +135,7 @@ def _stored_format(path: Path) -> str:
 
 
 def _at_precision(fmt: str, precision: str) -> bool:
+    """Whether a stored format (``fp8-block`` is an fp8 layout) is one a row of that precision column runs."""
     return any(fmt == f or fmt.startswith(f + "-") for f in PRECISION_FORMATS.get(precision, ()))
 
 
@@ -133,7 +148,8 @@ def resolve_checkpoint(model_path: str, precision: str, configs: str | Path) -> 
     configs = Path(configs)
     where = f"no checkpoint config for {model_path} at precision {precision or 'bf16'!r}"
     if precision not in PRECISION_FORMATS:
-        return f"{where}: simkv knows no stored format for that precision ({', '.join(map(repr, PRECISION_FORMATS))})"
+        known = ", ".join(p or "empty (bf16)" for p in PRECISION_FORMATS)
+        return f"{where}: simkv knows no stored format for that precision column ({known})"
     try:
         own = configs / config_file(model_path)
         fmt = _stored_format(own) if own.is_file() else None
@@ -149,6 +165,8 @@ def resolve_checkpoint(model_path: str, precision: str, configs: str | Path) -> 
         fmt = _stored_format(path)
     except ConfigError as exc:
         return f"{where}: {exc}"
+    except OSError as exc:  # e.g. a model_path too long for a file name: this row's reason, not the whole file's
+        return f"{where}: cannot read its config: {exc.strerror}"
     if not _at_precision(fmt, precision):
         return f"{where}: {path.name} is stored in {fmt}"
     return Checkpoint(path.name, served.checkpoint, fmt, served.source)
@@ -400,6 +418,9 @@ def recipe_for(row: Row, proto: str) -> Recipe | None:
 
 @dataclass
 class Row:
+    """One measured benchmark: a row of the silicon CSV (:data:`COLUMNS`) as :func:`read_rows` reads it; ``precision``
+    empty is the model's bf16, ``concurrency`` is ``batch_size``, ``source`` is ``silicon_data_source``."""
+
     id: str
     model_path: str
     precision: str
@@ -439,46 +460,77 @@ class Outcome:
         return None if self.predicted_tpot_ms is None else self.predicted_tpot_ms / self.row.tpot_ms - 1.0
 
 
-def read_rows(path: str | Path) -> list[Row]:
-    """The rows of a silicon CSV (one line naming the problem, as a :class:`ConfigError`, for a file simkv cannot
-    read: missing, too large, a missing column, a value that is not a number)."""
-    path = Path(path)
+@contextlib.contextmanager
+def _csv_errors(path: Path):
+    """A file that cannot be read as UTF-8 CSV: one line (a :class:`ConfigError`) naming it, not a traceback."""
     try:
-        size = path.stat().st_size
+        yield
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start} of a read: {exc.reason})") from None
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: not CSV ({exc})") from None
+
+
+def read_rows(path: str | Path) -> list[Row]:
+    """The rows of a silicon CSV (one line naming the problem, as a :class:`ConfigError`, for a file simkv cannot
+    read: missing, too large, not UTF-8 CSV, a missing column, a row of another width, a value that is not a number,
+    a text with a control character, an id given twice)."""
+    path = Path(path)
+    with _csv_errors(path):
+        size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_FILE_BYTES:,} a silicon file may have")
-    with path.open(newline="") as fh:
+    rows: list[Row] = []
+    first_line: dict[str, int] = {}
+    with _csv_errors(path), path.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise ConfigError(f"{path}: no column {', '.join(missing)} (the silicon_sample.csv format)")
-        rows = []
-        for n, rec in enumerate(reader, start=2):
+        for rec in reader:
+            where = f"{path}:{reader.line_num}"
             if len(rows) >= MAX_ROWS:
                 raise ConfigError(f"{path}: more than {MAX_ROWS:,} rows")
-            rows.append(_row(rec, f"{path}:{n}"))
+            row = _row(rec, where, len(reader.fieldnames))
+            if row.id in first_line:
+                raise ConfigError(f"{where}: id {row.id!r} again (first on line {first_line[row.id]}): an id names "
+                                  "one row (--json, --beside)")
+            first_line[row.id] = reader.line_num
+            rows.append(row)
     if not rows:
         raise ConfigError(f"{path}: no rows")
     return rows
 
 
-def _row(rec: dict, where: str) -> Row:
+#: The text columns a row's outcome and report print: a control character in one (a newline, a NUL, a direction
+#: override) would break the report's one line per row, so the file is refused.
+TEXT_COLUMNS = ("id", "backend", "backend_version", "model_path", "system", "precision", "mode", "silicon_data_source")
+
+
+def _row(rec: dict, where: str, width: int) -> Row:
+    if None in rec or any(v is None for v in rec.values()):  # csv.DictReader's restkey / restval
+        fields = width + len(rec.get(None, ())) - sum(v is None for v in rec.values())
+        raise ConfigError(f"{where}: {fields} fields where the header has {width}")
+    for name in TEXT_COLUMNS:
+        if not rec[name].isprintable():
+            raise ConfigError(f"{where}: {name} {rec[name]!r} has a control character")
+
     def integer(name: str, low: int, high: int, empty: int | None = None) -> int:
-        text = (rec.get(name) or "").strip()
+        text = rec[name].strip()
         if not text and empty is not None:
             return empty
         try:
-            value = int(float(text))
+            number = float(text)
         except ValueError:
             raise ConfigError(f"{where}: {name} {text!r} is not an integer") from None
-        if not low <= value <= high or value != float(text):
+        if not (low <= number <= high and number.is_integer()):
             raise ConfigError(f"{where}: {name} must be an integer in {low}..{high:,}, got {text!r}")
-        return value
+        return int(number)
 
     def positive(name: str) -> float:
-        text = (rec.get(name) or "").strip()
+        text = rec[name].strip()
         try:
             value = float(text)
         except ValueError:
@@ -487,15 +539,15 @@ def _row(rec: dict, where: str) -> Row:
             raise ConfigError(f"{where}: {name} must be a positive number, got {text!r}")
         return value
 
-    return Row(id=rec["id"], model_path=rec["model_path"].strip(), precision=(rec["precision"] or "").strip(),
+    return Row(id=rec["id"], model_path=rec["model_path"].strip(), precision=rec["precision"].strip(),
                system=rec["system"].strip(), mode=rec["mode"].strip(), isl=integer("isl", 1, MAX_LENGTH),
                osl=integer("osl", 1, MAX_LENGTH), concurrency=integer("batch_size", 1, MAX_CONCURRENCY),
                tp=integer("tp_size", 1, 1024), pp=integer("pp_size", 1, 1024, empty=1),
                attention_dp=integer("attention_dp_size", 0, 1024, empty=1),
                moe_tp=integer("moe_tp_size", 0, 1024, empty=1), moe_ep=integer("moe_ep_size", 0, 1024, empty=1),
                ttft_ms=positive("silicon_ttft_ms"), tpot_ms=positive("silicon_tpot_ms"),
-               source=rec["silicon_data_source"] or "", backend=(rec["backend"] or "").strip(),
-               backend_version=(rec["backend_version"] or "").strip())
+               source=rec["silicon_data_source"], backend=rec["backend"].strip(),
+               backend_version=rec["backend_version"].strip())
 
 
 def protocol(row: Row) -> str:
@@ -560,6 +612,8 @@ def refusal(row: Row) -> str | None:
     """Why a row cannot be modelled (one line), or None."""
     if row.backend != "vllm":
         return f"backend {row.backend!r}: only vLLM's serving engine is modelled"
+    if not row.model_path:
+        return "no model_path"
     if row.mode != "agg":
         return f"mode {row.mode!r}: disaggregated prefill/decode is not modelled"
     if row.system not in SYSTEMS:
@@ -675,24 +729,31 @@ def _stats(errors: list[float]) -> tuple[float | None, float | None]:
 
 def read_beside(path: str | Path) -> dict[str, tuple[float | None, float | None, str]]:
     """Another predictor's predictions of the same rows (``id, aic_ttft_ms, aic_tpot_ms, aic_error``, as
-    experiments/silicon_aic.py writes AIConfigurator's): id → (TTFT ms, TPOT ms, its error or "")."""
+    experiments/silicon_aic.py writes AIConfigurator's): id → (TTFT ms, TPOT ms, its error or ""); a file simkv
+    cannot read (too large, not UTF-8 CSV, a prediction that is not a positive number) is one line."""
     path = Path(path)
-    try:
-        with path.open(newline="") as fh:
+
+    def prediction(rec: dict, name: str) -> float | None:
+        text = (rec.get(name) or "").strip()
+        if not text:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{path}: row {rec['id']!r}: {name} {text!r} is not a positive number")
+        return value
+
+    with _csv_errors(path):
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ConfigError(f"{path}: more than the {MAX_FILE_BYTES:,} bytes a predictions file may have")
+        with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             if not {"id", "aic_ttft_ms", "aic_tpot_ms"} <= set(reader.fieldnames or []):
                 raise ConfigError(f"{path}: needs the columns id, aic_ttft_ms, aic_tpot_ms (experiments/silicon_aic.py)")
-            out = {}
-            for rec in reader:
-                try:
-                    ttft = float(rec["aic_ttft_ms"]) if rec["aic_ttft_ms"] else None
-                    tpot = float(rec["aic_tpot_ms"]) if rec["aic_tpot_ms"] else None
-                except ValueError:
-                    raise ConfigError(f"{path}: row {rec['id']!r} has a prediction that is not a number") from None
-                out[rec["id"]] = (ttft, tpot, rec.get("aic_error") or "")
-            return out
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+            return {rec["id"]: (prediction(rec, "aic_ttft_ms"), prediction(rec, "aic_tpot_ms"), rec.get("aic_error") or "")
+                    for rec in reader}
 
 
 def summary(outcomes: list[Outcome], beside: dict | None = None) -> dict:
@@ -780,6 +841,17 @@ def render(outcomes: list[Outcome], path: str, beside: dict | None = None) -> st
     return "\n".join(lines)
 
 
+def check_work(rows: list[Row], path: str | Path) -> None:
+    """Refuse (one line) rows that together would run for too long: :data:`MAX_SIMULATED_ROWS`,
+    :data:`MAX_FILE_TOKENS`; the rows :func:`refusal` turns away cost nothing and do not count."""
+    runs = [r for r in rows if refusal(r) is None]
+    tokens = sum(request_count(r, protocol(r)) * (r.isl + r.osl) for r in runs)
+    if len(runs) > MAX_SIMULATED_ROWS or tokens > MAX_FILE_TOKENS:
+        raise ConfigError(f"{path}: {len(runs):,} rows to simulate moving {tokens:,} tokens, more than the "
+                          f"{MAX_SIMULATED_ROWS:,} rows and {MAX_FILE_TOKENS:,} tokens one command runs "
+                          "(--match TEXT runs a part)")
+
+
 def _simulate(job):
     row, configs, engine, scheduler = job
     return simulate(row, configs, engine=engine, scheduler=scheduler)
@@ -800,6 +872,7 @@ def validate(path: str | Path, configs: str | Path | None = None, *, match: str 
         rows = [r for r in rows if match in r.id]
         if not rows:
             raise ConfigError(f"no row of {path} has {match!r} in its id")
+    check_work(rows, path)
     jobs = [(r, configs, engine, scheduler) for r in rows]
     if workers == 1 or len(rows) == 1:
         return [_simulate(j) for j in jobs]
