@@ -1,6 +1,6 @@
-"""The servers the silicon rows ran: each recipe of :data:`simkv.validate.silicon.RECIPES` pinned flag by flag from the
-InferenceX script its key names (docs/research/latency-facts.md §1, "The H200, B200 and B300 rows"), the lookup
-that picks one per row, and an H200 gpt-oss row end to end."""
+"""The servers the silicon rows ran: each recipe of :data:`simkv.validate.silicon_recipes.RECIPES` pinned flag by
+flag from the InferenceX script its key names (docs/research/latency-facts.md §1, "The H200, B200 and B300 rows"),
+the lookup that picks one per row, and an H200 gpt-oss row end to end."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from simkv.validate import silicon
 from simkv.errors import ConfigError
-from simkv.validate.silicon import ANY, RECIPES, VLLM_DEFAULTS, Row, kv_cache_precision, recipe_for
+from simkv.validate.silicon_recipes import ANY, RECIPES, VLLM_DEFAULTS, Row, kv_cache_precision, recipe_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "experiments" / "data" / "silicon"

@@ -19,7 +19,8 @@ from simkv.errors import ConfigError
 from simkv.hfconfig import resolve_model
 from simkv.models import tp_shard
 from simkv.validate import silicon
-from simkv.validate.silicon import Row, lengths, protocol, read_rows, refusal, resolve_checkpoint
+from simkv.validate.silicon import lengths, protocol, read_rows, refusal, resolve_checkpoint
+from simkv.validate.silicon_recipes import ANY, RECIPES, Row
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "experiments" / "data" / "silicon"
@@ -89,7 +90,7 @@ def test_the_protocol_of_each_source_form(source, expected):
 
 #: Every (model, precision) of the shipped rows → (config, checkpoint, stored format), by the rule of
 #: silicon.resolve_checkpoint: the model's own config where its stored format is the row's precision, else the
-#: checkpoint the benchmark served (silicon.SERVED, each from InferenceX's configuration).
+#: checkpoint the benchmark served (silicon_recipes.SERVED, each from InferenceX's configuration).
 RESOLVED = {
     # own checkpoints: bf16; fp8 with weight_block_size [128, 128] (quantization_config quant_method fp8);
     # gpt-oss's mxfp4 for the rows' fp4; Kimi-K2.5's compressed-tensors int4 (num_bits 4, type int, group 32)
@@ -252,7 +253,7 @@ def test_the_llama_rows_kv_cache_is_vllm_0_10_2_fp8_at_one_byte():
     from simkv.precision import get_precision
     from simkv.serving.sched.vllm import profile_peak_bytes
 
-    recipe = silicon.RECIPES[("meta-llama/Llama-3.1-70B", silicon.ANY, "h100_sxm", silicon.ANY)]
+    recipe = RECIPES[("meta-llama/Llama-3.1-70B", ANY, "h100_sxm", ANY)]
     assert recipe.kv_cache_dtype == "fp8" and "v0.10.2" in recipe.source
     configs = SHIPPED / "configs"
     model = resolve_model(str(configs / resolve_checkpoint("meta-llama/Llama-3.1-70B", "fp8", configs).config))

@@ -10,6 +10,9 @@ One subpackage per runtime, over the pieces they share (every module is imported
   pipeline vs simkv's paged serving model, step by step.
 * :mod:`simkv.validate.transformers` -- ``simkv validate --runtime transformers``: Hugging Face caches on
   torch CPU vs ``hf-dynamic`` / ``hf-static``, event by event.
+* :mod:`simkv.validate.silicon` -- ``simkv validate --silicon``: measured serving benchmarks (TTFT, TPOT) vs
+  simkv's serving simulation of the same deployment, row by row; what each row ran (its checkpoint, its vLLM
+  server's flags, with their sources) is the data of :mod:`simkv.validate.silicon_recipes`.
 
 Shared:
 
