@@ -43,8 +43,11 @@ def test_the_shipped_rows_read_and_each_has_a_known_benchmark():
     # docs/research/latency-facts.md §1: aic's own gap analysis for Qwen3-32B, InferenceX's database for the rest
     assert protocols == {("Qwen/Qwen3-32B", "aic"): 93, ("meta-llama/Llama-3.1-70B", "inferencex"): 45,
                          ("openai/gpt-oss-120b", "inferencex"): 69, ("MiniMaxAI/MiniMax-M2.5", "inferencex"): 30}
-    refused = [r for r in rows if refusal(r)]
-    assert len(refused) == 15 and all("attention data parallelism" in refusal(r) for r in refused)
+    assert not [r for r in rows if refusal(r)]
+    # the 15 rows labelled attention-DP 4 hold one rank's concurrency in batch_size: the clients are 4 times it,
+    # as their silicon_concurrency says (docs/research/vllm-dp.md section 1)
+    dp = [r for r in rows if r.attention_dp > 1]
+    assert len(dp) == 15 and all(f"silicon_concurrency={r.concurrency};" in r.source for r in dp)
 
 
 def test_the_held_out_rows_read_and_each_has_its_benchmark():
@@ -419,3 +422,25 @@ def test_held_out_rows_are_modelled_end_to_end(system, match, rows):
     assert len(data) == rows
     for r in data:
         assert r["reason"] is None and r["predicted_ttft_ms"] > 0 and r["predicted_tpot_ms"] > 0, r
+
+
+def test_dp_labelled_rows_run_what_their_script_launched():
+    """InferenceX's ``dp-attn`` label (docs/research/vllm-dp.md section 2): minimaxm2.5_fp8_b200.sh never reads it and
+    launches one engine at ``--tensor-parallel-size=$TP --enable-expert-parallel``, so the row labelled TP 2 /
+    attention-DP 2 / EP 4 at batch_size 2 ran one TP 2 engine with EP 2 for 4 clients; minimaxm2.5_fp4_b200.sh (from
+    a9c199207) launches ``--data-parallel-size=$TP`` for it, which is not modelled: that row says so."""
+    rows = {}
+    for match in ("fp8_agg_1024x1024_c4_cfg690", "fp4_agg_1024x1024_c32_cfg703"):
+        out = subprocess.run([sys.executable, "-m", "simkv.cli", "validate", "--silicon",
+                              str(SHIPPED / "b200_sxm_vllm_agg.csv"), "--match", match, "--json"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert out.returncode == 0, out.stderr
+        rows |= {r["id"]: r for r in json.loads(out.stdout)["rows"]}
+    one = rows["minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c4_cfg690"]
+    assert one["reason"] is None and one["concurrency"] == 4 and one["predicted_ttft_ms"] > 0
+    assert any("one engine at TP 2 with expert parallelism over 2, 4 clients" in n for n in one["notes"])
+    assert any("expert parallelism over 2: each device holds 128 whole experts" in n for n in one["notes"])
+    dp = rows["minimaxm2_5_b200_vllm_fp4_agg_1024x1024_c32_cfg703"]
+    assert dp["predicted_ttft_ms"] is None and dp["concurrency"] == 32
+    assert dp["reason"] == ("vLLM data parallelism (4 engine cores of TP 1, experts over 4 devices: the script launches "
+                            "--data-parallel-size for dp-attn) is not modelled")

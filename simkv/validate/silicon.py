@@ -1,7 +1,8 @@
 """``simkv validate --silicon PATH.csv``: measured serving benchmarks (AIConfigurator's ``silicon_sample.csv`` column
 format) against simkv's serving simulation of the same deployment and load, row by row.
 
-Each row is one benchmark: ``batch_size`` closed-loop clients (the concurrency), every request ``isl`` input and
+Each row is one benchmark: ``batch_size`` closed-loop clients (the concurrency; times ``attention_dp_size`` on
+AIConfigurator's attention-DP rows, which hold one rank's), every request ``isl`` input and
 ``osl`` output tokens, ``tp_size`` GPUs, a model and its checkpoint's format, the measured mean TTFT and TPOT.
 How the rows were taken (docs/research/latency-facts.md §1) decides how they are simulated:
 
@@ -229,11 +230,18 @@ def _row(rec: dict, where: str, width: int) -> Row:
             raise ConfigError(f"{where}: {name} must be a positive number, got {text!r}")
         return value
 
+    # AIConfigurator's attention-DP rows hold the concurrency of one DP rank in ``batch_size``; the benchmark's
+    # clients (``silicon_concurrency`` in ``silicon_data_source``, its ``--max-concurrency``) are that times
+    # ``attention_dp_size`` on every such row shipped (97 of 97; docs/research/vllm-dp.md §1)
+    attention_dp = integer("attention_dp_size", 0, 1024, empty=1)
+    clients = integer("batch_size", 1, MAX_CONCURRENCY) * max(1, attention_dp)
+    if clients > MAX_CONCURRENCY:
+        raise ConfigError(f"{where}: batch_size x attention_dp_size = {clients:,} clients, more than {MAX_CONCURRENCY:,}")
     return Row(id=rec["id"], model_path=rec["model_path"].strip(), precision=rec["precision"].strip(),
                system=rec["system"].strip(), mode=rec["mode"].strip(), isl=integer("isl", 1, MAX_LENGTH),
-               osl=integer("osl", 1, MAX_LENGTH), concurrency=integer("batch_size", 1, MAX_CONCURRENCY),
+               osl=integer("osl", 1, MAX_LENGTH), concurrency=clients,
                tp=integer("tp_size", 1, 1024), pp=integer("pp_size", 1, 1024, empty=1),
-               attention_dp=integer("attention_dp_size", 0, 1024, empty=1),
+               attention_dp=attention_dp,
                moe_tp=integer("moe_tp_size", 0, 1024, empty=1), moe_ep=integer("moe_ep_size", 0, 1024, empty=1),
                ttft_ms=positive("silicon_ttft_ms"), tpot_ms=positive("silicon_tpot_ms"),
                source=rec["silicon_data_source"], backend=rec["backend"].strip(),
@@ -310,10 +318,7 @@ def refusal(row: Row) -> str | None:
         return f"system {row.system!r} has no device preset ({', '.join(SYSTEMS)})"
     if row.pp != 1:
         return f"pipeline parallelism ({row.pp} stages) is not modelled"
-    if row.attention_dp > 1:
-        return (f"attention data parallelism ({row.attention_dp} engine cores, vLLM --data-parallel-size with expert "
-                f"parallelism over {row.moe_ep} devices, all-to-all dispatch) is not modelled")
-    if row.moe_tp * row.moe_ep > row.tp:
+    if row.attention_dp <= 1 and row.moe_tp * row.moe_ep > row.tp:
         # e.g. aic's H200 Qwen3-235B-A22B-FP8 rows at tp_size 1 or 2 with moe_tp_size 2 or 4 and no attention_dp_size:
         # the MoE layers span devices that the attention's TP does not, and the row does not say what runs there
         return (f"MoE over moe_tp x moe_ep = {row.moe_tp * row.moe_ep} devices but attention over tp = {row.tp}: "
@@ -359,10 +364,19 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
         shard = tp_shard(model, row.tp)
     except ConfigError as exc:
         return Outcome(row, reason=str(exc))
-    if row.moe_ep > 1:
+    ep = row.moe_ep
+    if row.attention_dp > 1:
+        # InferenceX's ``dp-attn`` label: only some scripts launch vLLM data parallelism for it (docs/research/vllm-dp.md)
+        if recipe.data_parallel_attention:
+            return Outcome(row, reason=f"vLLM data parallelism ({row.tp} engine cores of TP 1, experts over {row.tp} "
+                                       "devices: the script launches --data-parallel-size for dp-attn) is not modelled")
+        ep = row.tp
+        notes.append(f"labelled attention-DP {row.attention_dp} / EP {row.moe_ep}, but its script ignores the label: "
+                     f"one engine at TP {row.tp} with expert parallelism over {row.tp}, {row.concurrency} clients")
+    if ep > 1:
         if not model.experts:
-            return Outcome(row, reason=f"expert parallelism over {row.moe_ep} devices on a dense model")
-        notes.append(f"expert parallelism over {row.moe_ep}: each device holds {model.experts // row.moe_ep} whole "
+            return Outcome(row, reason=f"expert parallelism over {ep} devices on a dense model")
+        notes.append(f"expert parallelism over {ep}: each device holds {model.experts // ep} whole "
                      "experts — the same expected expert bytes per step and the same all-reduces as TP (vLLM's "
                      "FusedMoEParallelConfig with DP 1: no all-to-all); the busiest device's excess is not modelled")
     weights = weights_bytes(shard, "checkpoint")  # every part in its stored format, scales included

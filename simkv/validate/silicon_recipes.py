@@ -157,6 +157,12 @@ class Recipe:
     block_size: int = VLLM_BLOCK_SIZE
     #: the vLLM release the script's image ran, where the rows' ``backend_version`` does not name it ("": unknown)
     vllm_version: str = ""
+    #: The script reads InferenceX's ``dp-attn`` flag (``DP_ATTENTION``) and then launches vLLM data parallelism,
+    #: ``--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel`` (minimaxm2.5_fp4_b200.sh from
+    #: a9c199207, minimaxm2.5_fp4_b300.sh from b0308eda6). False: the script never reads the flag and a row labelled
+    #: ``dp-attn`` ran one engine at ``--tensor-parallel-size=$TP`` with ``--enable-expert-parallel``
+    #: (docs/research/vllm-dp.md §2).
+    data_parallel_attention: bool = False
 
     def for_row(self, row: Row) -> Recipe:
         """The recipe as the row's server ran it: its vLLM version (the row's ``backend_version``, else the
@@ -294,8 +300,9 @@ RECIPES: dict[tuple[str, str, str, str], Recipe] = {
         _SERVE_DEFAULT_SEQS, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/minimaxm2.5_fp4_b200.sh @ "
         "79bd988e9..8c3eb5b86 (image v0.19.0-cu130, nvidia/MiniMax-M2.5-NVFP4): --gpu-memory-utilization 0.90, "
         "--kv-cache-dtype fp8, --max-cudagraph-capture-size 2048, --max-num-batched-tokens $((ISL * 2)), "
-        "--stream-interval 20, prefix caching off, EP / attention DP per config; max-num-seqs: vLLM's default; "
-        + _ASYNC_DEFAULT, max_cudagraph_capture_size=2048, batched_tokens_per_isl=2),
+        "--stream-interval 20, prefix caching off, EP / attention DP per config (from a9c199207: DP_ATTENTION -> "
+        "--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel); max-num-seqs: vLLM's default; "
+        + _ASYNC_DEFAULT, max_cudagraph_capture_size=2048, batched_tokens_per_isl=2, data_parallel_attention=True),
     ("moonshotai/Kimi-K2.5", "int4", "b200_sxm", "0.15.1"): Recipe(
         None, 8192, 0.95, "auto", _IX + "benchmarks/single_node/kimik2.5_int4_b200.sh @ eb02101ef..1cb92d21d "
         "(image v0.15.1): --max-num-seqs $CONC, --gpu-memory-utilization 0.95, fuse_allreduce_rms, "
@@ -306,15 +313,16 @@ RECIPES: dict[tuple[str, str, str, str], Recipe] = {
         "(image v0.17.0, nvidia/Kimi-K2.5-NVFP4): --max-num-seqs $CONC, --gpu-memory-utilization 0.90, "
         "fuse_allreduce_rms; max-num-batched-tokens, cudagraphs: vLLM's defaults; " + _ASYNC_DEFAULT
         + " (6c3acebfa, 2026-04-20, adds kv-cache-dtype fp8, capture 2048, ISL * 2 tokens: not these rows')"),
-    # ---- B300 (no device preset yet: the rows are refused before their recipe is used)
+    # ---- B300
     ("MiniMaxAI/MiniMax-M2.5", "fp8", "b300_sxm", "0.19.0"): Recipe(
         _SERVE_DEFAULT_SEQS, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/minimaxm2.5_fp8_b300.sh @ "
         "340d7854c..77b259a5e (image v0.19.0-cu130): as minimaxm2.5_fp8_b200.sh at v0.19.0",
         max_cudagraph_capture_size=2048, batched_tokens_per_isl=2, block_size=32),
     ("MiniMaxAI/MiniMax-M2.5", "fp4", "b300_sxm", "0.19.0"): Recipe(
         _SERVE_DEFAULT_SEQS, 8192, 0.9, "fp8", _IX + "benchmarks/single_node/minimaxm2.5_fp4_b300.sh @ "
-        "22d0f12f7..77b259a5e (image v0.19.0-cu130): as minimaxm2.5_fp4_b200.sh at v0.19.0",
-        max_cudagraph_capture_size=2048, batched_tokens_per_isl=2),
+        "22d0f12f7..77b259a5e (image v0.19.0-cu130): as minimaxm2.5_fp4_b200.sh at v0.19.0 (DP_ATTENTION from "
+        "its first version, b0308eda6)", max_cudagraph_capture_size=2048, batched_tokens_per_isl=2,
+        data_parallel_attention=True),
     ("moonshotai/Kimi-K2.5", "fp4", "b300_sxm", "0.19.0"): Recipe(
         None, 8192, 0.9, "auto", _IX + "benchmarks/single_node/kimik2.5_fp4_b300.sh @ f34a83b25 (image "
         "v0.19.0-cu130): --max-num-seqs $CONC, --gpu-memory-utilization 0.90, fuse_allreduce_rms, prefix caching "
