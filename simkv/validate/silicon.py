@@ -57,7 +57,7 @@ MAX_LENGTH = 1_000_000
 #: (5,120 requests of 1k + 8k tokens, ~30 s here); beyond this a row is listed as not modelled, not run for hours.
 MAX_ROW_TOKENS = 200_000_000
 #: The most rows one command simulates and the most tokens they move together (the rows :func:`refusal` lets
-#: through, counted before any runs): the largest shipped file, B200's, simulates 527 rows moving 1.37 G tokens; a
+#: through, counted before any runs): the largest shipped file, B200's, lets 591 rows through moving 1.60 G tokens; a
 #: small row costs ~0.1 s however few tokens it moves, so 100,000 of them would run for hours. Beyond either bound
 #: the command refuses in one line and ``--match`` picks a part.
 MAX_SIMULATED_ROWS = 1_000
