@@ -356,6 +356,10 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
     if recipe.async_scheduling is None:
         return Outcome(row, reason=f"vLLM {recipe.vllm_version or '(unversioned)'}: its async-scheduling default is "
                                    "not read (simkv.validate.silicon_recipes.VLLM_DEFAULTS)")
+    # InferenceX's ``dp-attn`` label: only some scripts launch vLLM data parallelism for it (docs/research/vllm-dp.md)
+    if row.attention_dp > 1 and recipe.data_parallel_attention:
+        return Outcome(row, reason=f"vLLM data parallelism ({row.tp} engine cores of TP 1, experts over {row.tp} "
+                                   "devices: the script launches --data-parallel-size for dp-attn) is not modelled")
     notes = []
     try:
         model = resolve_model(str(configs / ck.config))
@@ -365,11 +369,7 @@ def simulate(row: Row, configs: Path, *, engine: str = "fast", scheduler: str = 
     except ConfigError as exc:
         return Outcome(row, reason=str(exc))
     ep = row.moe_ep
-    if row.attention_dp > 1:
-        # InferenceX's ``dp-attn`` label: only some scripts launch vLLM data parallelism for it (docs/research/vllm-dp.md)
-        if recipe.data_parallel_attention:
-            return Outcome(row, reason=f"vLLM data parallelism ({row.tp} engine cores of TP 1, experts over {row.tp} "
-                                       "devices: the script launches --data-parallel-size for dp-attn) is not modelled")
+    if row.attention_dp > 1:  # a label its script ignores: the one engine it launched
         ep = row.tp
         notes.append(f"labelled attention-DP {row.attention_dp} / EP {row.moe_ep}, but its script ignores the label: "
                      f"one engine at TP {row.tp} with expert parallelism over {row.tp}, {row.concurrency} clients")
