@@ -23,7 +23,8 @@ from simkv.errors import ConfigError
 class Row:
     """One measured benchmark: a row of the silicon CSV (:data:`simkv.validate.silicon.COLUMNS`) as
     :func:`simkv.validate.silicon.read_rows` reads it; ``precision`` empty is the model's bf16, ``concurrency`` is
-    ``batch_size``, ``source`` is ``silicon_data_source``."""
+    the benchmark's clients (``batch_size``, times ``attention_dp_size`` on AIConfigurator's attention-DP rows,
+    which hold one rank's), ``source`` is ``silicon_data_source``."""
 
     id: str
     model_path: str
